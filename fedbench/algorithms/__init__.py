@@ -1,0 +1,12 @@
+"""Algorithm registry: name -> class. Each module implements one algorithm of one paper."""
+from __future__ import annotations
+
+from fedbench.algorithms.base import Algorithm, Round
+from fedbench.algorithms.ditto import Ditto
+from fedbench.algorithms.fedavg import FedAvg
+from fedbench.algorithms.fedda import FedDA
+from fedbench.algorithms.fedmid import FedMiD
+
+ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (FedAvg, FedMiD, FedDA, Ditto)}
+
+__all__ = ["ALGORITHMS", "Algorithm", "Round"]

@@ -1,0 +1,61 @@
+"""Ditto (Li, Hu, Beirami, Smith, ICML 2021; spec 000 §2.3(e)): FedAvg for the global model plus a
+persistent personal model v_k per client, pulled towards the global model.
+
+    client k (when sampled), for each of E local steps on one minibatch:
+        u   ← u   − η_c (∇f(u; D) + g(u))                          # global-model local solver
+        v_k ← v_k − η_p (∇f(v_k; D) + g(v_k) + λ_d (v_k − w))      # personal model, anchored at w
+    server: w ← w + η_s Σ_k π̂_k (u_k − w)
+
+g is a subgradient of h (spec 000's default treatment of the nonsmooth part) or, with
+`h_mode: prox`, the step is followed by prox_{η h} instead. v_k starts at w₀ and lives across rounds
+(`[N, d]` client state); metrics evaluate the personal models. Defaults λ_d = 0.1, η_p = η_c
+(spec 000's proposal).
+"""
+from __future__ import annotations
+
+from fedbench.algorithms.base import CLIENT_LR, SERVER_LR, Algorithm, aggregate, broadcast, per_client_copies
+from fedbench.hparams import Param
+
+
+class Ditto(Algorithm):
+    name = "ditto"
+    personalized = True
+    hparams = (
+        CLIENT_LR,
+        SERVER_LR,
+        Param("personal_lr", "float", None, "personal step size η_p (None: client_lr)",
+              low=0, low_open=True, log=True, nullable=True),
+        Param("ditto_lambda", "float", 0.1, "pull λ_d of the personal model towards the global one",
+              low=0, log=True),
+        Param("h_mode", "choice", "subgradient", "treatment of h in local steps", choices=("subgradient", "prox")),
+    )
+
+    def init_clients(self, w0, num_clients):
+        return {"v": per_client_copies(w0, num_clients)}
+
+    def _step(self, x, direction, lr):
+        if self.h_mode == "prox":
+            return self.reg.prox(x - lr * direction, lr)
+        return x - lr * (direction + self.reg.subgradient(x))
+
+    def client_init(self, server, rows, rnd):
+        return {"u": broadcast(server["w"], rnd), "v": rows["v"], "w": server["w"]}
+
+    def client_step(self, local, grad, rnd, step):
+        u, v, w = local["u"], local["v"], local["w"]
+        personal_lr = self.client_lr if self.personal_lr is None else self.personal_lr
+        return {
+            "u": self._step(u, grad(u), self.client_lr),
+            "v": self._step(v, grad(v) + self.ditto_lambda * (v - w), personal_lr),
+            "w": w,
+        }
+
+    def client_final(self, local, rnd):
+        return {"u": local["u"]}, {"v": local["v"]}
+
+    def server_update(self, server, message, weights, rnd):
+        w = server["w"]
+        return {"w": w + self.server_lr * (aggregate(message["u"], weights) - w)}
+
+    def personal_params(self, server, clients):
+        return clients["v"]

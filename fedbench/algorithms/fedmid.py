@@ -1,0 +1,45 @@
+"""FedMiD, federated mirror descent with the Euclidean mirror map (Yuan, Zaheer, Reddi, ICML 2021;
+spec 002 §2.4, spec 000 §2.3(b)): client proximal SGD, then primal averaging and a server prox.
+
+    client:  u ← w;  repeat E times:  u ← prox_{η_c h}(u − η_c ∇f(u; minibatch))
+    server:  Δ ← Σ_k π̂_k (u_k − w);   w ← prox_{τ_s h}(w + η_s Δ)
+
+Server threshold τ_s (spec 002 §7 item 9):
+* `bao`  — η_s·η_c, the released code of Bao et al. (2022) [default, reproduces their Figures 1–2];
+* `yuan` — η_s·η_c·E, Yuan et al.'s own implementation (the round's total client learning rate);
+* `none` — plain averaging, no server prox (spec 000's default "Fedmirror").
+"""
+from __future__ import annotations
+
+from fedbench.algorithms.base import CLIENT_LR, SERVER_LR, Algorithm, aggregate, broadcast
+from fedbench.hparams import Param
+
+
+class FedMiD(Algorithm):
+    name = "fedmid"
+    hparams = (
+        CLIENT_LR,
+        SERVER_LR,
+        Param("server_threshold", "choice", "bao", "server prox step: η_s·η_c (bao), η_s·η_c·E (yuan), none",
+              choices=("bao", "yuan", "none")),
+    )
+
+    def client_init(self, server, rows, rnd):
+        return {"u": broadcast(server["w"], rnd)}
+
+    def client_step(self, local, grad, rnd, step):
+        u = local["u"]
+        return {"u": self.reg.prox(u - self.client_lr * grad(u), self.client_lr)}
+
+    def client_final(self, local, rnd):
+        return {"u": local["u"]}, {}
+
+    def server_update(self, server, message, weights, rnd):
+        w = server["w"]
+        w = w + self.server_lr * (aggregate(message["u"], weights) - w)
+        if self.server_threshold == "none":
+            return {"w": w}
+        step = self.server_lr * self.client_lr
+        if self.server_threshold == "yuan":
+            step *= rnd.local_steps
+        return {"w": self.reg.prox(w, step)}

@@ -1,0 +1,85 @@
+"""One declaration per tunable parameter: type, default, valid range, tuning scale, help.
+
+Algorithms and problems declare their parameters here once; the recipe schema, `fedbench list`,
+validation messages and the Optuna search space all read the same declaration.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+KINDS = ("float", "int", "bool", "choice", "floats")
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    kind: str  # one of KINDS; "floats" is a list of floats (e.g. a per-stage schedule)
+    default: Any
+    help: str
+    low: float | None = None  # inclusive unless low_open
+    high: float | None = None
+    low_open: bool = False
+    log: bool = False  # tune on a log scale
+    choices: tuple[Any, ...] = ()
+    nullable: bool = False  # None is a valid value (e.g. "derive from the trial seed")
+
+    def describe_range(self) -> str:
+        if self.kind == "choice":
+            return " | ".join(map(str, self.choices))
+        if self.kind == "bool":
+            return "true | false"
+        if self.low is None and self.high is None:
+            return "any"
+        lo = "-inf" if self.low is None else f"{self.low:g}"
+        hi = "inf" if self.high is None else f"{self.high:g}"
+        return f"{'(' if self.low_open else '['}{lo}, {hi}{']' if self.high is not None else ')'}"
+
+    def check(self, value: Any) -> Any:
+        """Return the value coerced to this parameter's type, or raise ValueError saying what was expected."""
+        if value is None and self.nullable:
+            return None
+        expected = f"{self.kind} in {self.describe_range()}"
+        if self.kind == "bool":
+            if not isinstance(value, bool):
+                raise ValueError(f"expected true or false, found {value!r}")
+            return value
+        if self.kind == "choice":
+            if value not in self.choices:
+                raise ValueError(f"expected one of {self.describe_range()}, found {value!r}")
+            return value
+        if self.kind == "floats":
+            if not isinstance(value, (list, tuple)) or not value:
+                raise ValueError(f"expected a non-empty list of numbers, found {value!r}")
+            return [self._number(v, float, expected) for v in value]
+        return self._number(value, int if self.kind == "int" else float, expected)
+
+    def _number(self, value: Any, cast: type, expected: str) -> float | int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"expected {expected}, found {value!r}")
+        if cast is int and not float(value).is_integer():
+            raise ValueError(f"expected an integer in {self.describe_range()}, found {value!r}")
+        number = cast(value)
+        if cast is float and not math.isfinite(number):
+            raise ValueError(f"expected a finite {expected}, found {value!r}")
+        too_low = self.low is not None and (number <= self.low if self.low_open else number < self.low)
+        too_high = self.high is not None and number > self.high
+        if too_low or too_high:
+            raise ValueError(f"expected {expected}, found {value!r}")
+        return number
+
+
+def resolve(declared: Sequence[Param], given: dict[str, Any], owner: str) -> dict[str, Any]:
+    """Defaults overlaid with `given`, every value checked. Unknown names raise KeyError."""
+    by_name = {p.name: p for p in declared}
+    unknown = sorted(set(given) - set(by_name))
+    if unknown:
+        raise KeyError(f"{owner} has no parameter {unknown[0]!r} (known: {', '.join(sorted(by_name))})")
+    values = {}
+    for p in declared:
+        try:
+            values[p.name] = p.check(given[p.name]) if p.name in given else p.default
+        except ValueError as err:
+            raise ValueError(f"{owner}.{p.name}: {err}") from None
+    return values

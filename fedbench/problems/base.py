@@ -1,0 +1,76 @@
+"""What a federated problem provides to the engine.
+
+A problem owns its federated data, the smooth per-sample loss f (whose minibatch gradient the
+algorithms call, for all sampled clients at once), the regularizer h, the initial point and the
+metrics. Parameters are flat vectors `[d]`; a batch of clients is `[S, d]`.
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from fedbench.hparams import Param, resolve
+from fedbench.prox import Regularizer
+
+
+class Problem:
+    name: ClassVar[str]
+    params: ClassVar[tuple[Param, ...]]
+    presets: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    num_clients: int
+    dim: int
+    regularizer: Regularizer
+    client_sizes: Tensor  # [N] samples per client
+    client_offsets: Tensor  # [N+1] clients' rows are contiguous in the flat data
+    client_weights: Tensor  # [N] π_k of the global objective Σ π_k L_k + h, summing to 1
+
+    def __init__(self, config: dict[str, Any], seed: int, device: str | torch.device = "cpu"):
+        self.config = config
+        self.seed = seed
+        self.data_seed = seed if config.get("data_seed") is None else config["data_seed"]
+        self.device = torch.device(device)
+
+    @classmethod
+    def resolve_config(cls, given: dict[str, Any]) -> dict[str, Any]:
+        """Declared defaults, overlaid by the chosen preset, overlaid by `given`; all checked."""
+        given = dict(given)
+        preset = given.get("preset", next(p.default for p in cls.params if p.name == "preset"))
+        if preset not in cls.presets:
+            raise ValueError(f"{cls.name}.preset: expected one of {' | '.join(cls.presets)}, found {preset!r}")
+        return resolve(cls.params, {**cls.presets[preset], **given}, cls.name)
+
+    # -- the engine's needs --------------------------------------------------------------------
+    def init_params(self, gen: torch.Generator) -> Tensor:
+        raise NotImplementedError
+
+    def draw_minibatches(self, clients: Tensor, steps: int, batch_size: int, gen: torch.Generator) -> Tensor:
+        """Row indices `[steps, S, b]` into the flat data: for every step and sampled client, a
+        minibatch drawn without replacement from that client's samples (spec 002 §2.0)."""
+        sizes = self.client_sizes_cpu[clients]
+        keys = torch.rand(steps, len(clients), int(sizes.max()), generator=gen)
+        if bool((sizes != sizes.max()).any()):
+            keys.masked_fill_(torch.arange(keys.shape[-1]) >= sizes[:, None], float("inf"))
+        picks = keys.argsort(dim=-1)[..., :batch_size]
+        return (self.client_offsets_cpu[clients][:, None] + picks).to(self.device)
+
+    def gather(self, rows: Tensor) -> Any:
+        """The minibatch of one local step for all sampled clients, from `rows` `[S, b]`."""
+        raise NotImplementedError
+
+    def grad(self, w: Tensor, batch: Any) -> Tensor:
+        """Minibatch gradient of the smooth loss at `w` `[S, d]`, one row per sampled client."""
+        raise NotImplementedError
+
+    def evaluate(self, w: Tensor, personal: Tensor | None = None) -> dict[str, float]:
+        """Metrics of the global model `w` `[d]` (and of per-client models `personal` `[N, d]`)."""
+        raise NotImplementedError
+
+    def _set_clients(self, sizes: Tensor) -> None:
+        self.client_sizes_cpu = sizes.cpu()
+        self.client_offsets_cpu = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)]).cpu()
+        self.num_clients = len(sizes)
+        self.client_sizes = sizes.to(self.device)
+        self.client_offsets = self.client_offsets_cpu.to(self.device)

@@ -1,0 +1,155 @@
+"""Regularizers h = λ·ℛ with their values, proximal maps and subgradients, batched over leading axes.
+
+Parameters are flat vectors `[..., d]`. A regularizer penalizes the leading `size` coordinates (viewed
+as a vector for ℓ1, as a `shape` matrix for the nuclear norm); trailing coordinates (an intercept) are
+left free: their prox is the identity and their subgradient zero.
+
+Proximal map convention (spec 002 §1.5, spec 000 §1.2): `prox(v, step) = argmin_w ½‖w − v‖² + step·h(w)`.
+With `radius` set, the domain is the ball ‖w‖₂ ≤ radius (the theory's 𝒲 of spec 002 §1.1); the exact
+prox is then "threshold, then rescale onto the ball", because ℓ1 and nuclear norm are positively
+homogeneous (spec 002 §1.5).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+
+def project_l2_ball(u: Tensor, radius: float) -> Tensor:
+    """Euclidean (Frobenius, for flattened matrices) projection of each row of `u` onto ‖·‖₂ ≤ radius."""
+    norms = torch.linalg.vector_norm(u, dim=-1, keepdim=True)
+    return u * torch.clamp(radius / norms.clamp_min(torch.finfo(u.dtype).tiny), max=1.0)
+
+
+def project_l1_ball(u: Tensor, radius: float) -> Tensor:
+    """Projection of each row onto ‖·‖₁ ≤ radius (Duchi et al. 2008; spec 002 §1.5, `ProjectOntoL1Ball.m`)."""
+    magnitude = u.abs()
+    inside = magnitude.sum(-1, keepdim=True) <= radius
+    sorted_desc = magnitude.sort(dim=-1, descending=True).values
+    cumsum = sorted_desc.cumsum(-1)
+    j = torch.arange(1, u.shape[-1] + 1, dtype=u.dtype, device=u.device)
+    active = sorted_desc > (cumsum - radius) / j
+    rho = active.to(u.dtype).mul(j).argmax(-1, keepdim=True)  # last index where the condition holds
+    theta = ((cumsum.gather(-1, rho) - radius) / (rho + 1).to(u.dtype)).clamp_min(0.0)
+    projected = u.sign() * (magnitude - theta).clamp_min(0.0)
+    return torch.where(inside, u, projected)
+
+
+def project_nuclear_ball(a: Tensor, radius: float) -> Tensor:
+    """Projection of each matrix `[..., p1, p2]` onto ‖·‖_nuc ≤ radius: its singular values onto the
+    capped simplex {σ ≥ 0, Σσ ≤ radius} (spec 002 §1.5, `nuc_prox_cs.m` + `ProjectOntoSimplex.m`)."""
+    u, s, vh = torch.linalg.svd(a, full_matrices=False)
+    return (u * project_l1_ball(s, radius).unsqueeze(-2)) @ vh
+
+
+class Regularizer:
+    """h(w) = lam · ℛ(w[..., :size]); see the module docstring for the conventions."""
+
+    name = "none"
+
+    def __init__(self, lam: float, size: int, radius: float | None = None):
+        self.lam = float(lam)
+        self.size = int(size)
+        self.radius = radius
+
+    # -- to be specialised: the penalized block only -------------------------------------------
+    def _norm(self, x: Tensor) -> Tensor:
+        return x.new_zeros(x.shape[:-1])
+
+    def _dual_norm(self, x: Tensor) -> Tensor:
+        return x.new_zeros(x.shape[:-1])
+
+    def _prox(self, x: Tensor, threshold) -> Tensor:
+        return x
+
+    def _subgradient(self, x: Tensor) -> Tensor:
+        return torch.zeros_like(x)
+
+    # -- public, handles the free trailing coordinates and the optional ball ------------------
+    def value(self, w: Tensor) -> Tensor:
+        return self.lam * self._norm(w[..., : self.size])
+
+    def norm(self, w: Tensor) -> Tensor:
+        return self._norm(w[..., : self.size])
+
+    def dual_norm(self, g: Tensor) -> Tensor:
+        return self._dual_norm(g[..., : self.size])
+
+    def prox(self, v: Tensor, step) -> Tensor:
+        """argmin_w ½‖w − v‖² + step·h(w) (over the ball if `radius`). `step` is a float or a tensor
+        broadcastable to `[..., 1]`."""
+        threshold = step * self.lam
+        if self.size == v.shape[-1]:
+            out = self._prox(v, threshold)
+        else:
+            out = v.clone()
+            out[..., : self.size] = self._prox(v[..., : self.size], threshold)
+        return out if self.radius is None else project_l2_ball(out, self.radius)
+
+    def subgradient(self, w: Tensor) -> Tensor:
+        """An element of ∂h(w): the one of minimum norm's sign pattern (0 where ℓ1 has a kink)."""
+        out = torch.zeros_like(w)
+        out[..., : self.size] = self.lam * self._subgradient(w[..., : self.size])
+        return out
+
+
+class NoRegularizer(Regularizer):
+    name = "none"
+
+    def __init__(self, lam: float = 0.0, size: int = 0, radius: float | None = None):
+        super().__init__(0.0, 0, radius)
+
+
+class L1(Regularizer):
+    """λ‖w‖₁; prox = soft-thresholding sign(v)·max(|v| − τ, 0), written v − clamp(v, −τ, τ)."""
+
+    name = "l1"
+
+    def _norm(self, x):
+        return x.abs().sum(-1)
+
+    def _dual_norm(self, x):
+        return x.abs().amax(-1)
+
+    def _prox(self, x, threshold):
+        if isinstance(threshold, Tensor):
+            return x - torch.maximum(torch.minimum(x, threshold), -threshold)
+        return x - x.clamp(-threshold, threshold)
+
+    def _subgradient(self, x):
+        return x.sign()
+
+
+class Nuclear(Regularizer):
+    """λ‖W‖_nuc of the `shape` matrix stored row-major in the penalized block; prox = singular value
+    thresholding U diag(max(σ − τ, 0)) Vᵀ by a batched SVD."""
+
+    name = "nuclear"
+
+    def __init__(self, lam: float, shape: tuple[int, int], radius: float | None = None):
+        super().__init__(lam, math.prod(shape), radius)
+        self.shape = tuple(shape)
+
+    def _matrix(self, x: Tensor) -> Tensor:
+        return x.reshape(*x.shape[:-1], *self.shape)
+
+    def _norm(self, x):
+        return torch.linalg.svdvals(self._matrix(x)).sum(-1)
+
+    def _dual_norm(self, x):
+        return torch.linalg.svdvals(self._matrix(x))[..., 0]
+
+    def _prox(self, x, threshold):
+        u, s, vh = torch.linalg.svd(self._matrix(x), full_matrices=False)
+        if isinstance(threshold, Tensor):
+            threshold = threshold.unsqueeze(-1)
+        shrunk = (s - threshold).clamp_min(0.0)
+        return ((u * shrunk.unsqueeze(-2)) @ vh).reshape(x.shape)
+
+    def _subgradient(self, x):
+        u, s, vh = torch.linalg.svd(self._matrix(x), full_matrices=False)
+        tol = s[..., :1] * max(self.shape) * torch.finfo(x.dtype).eps
+        positive = (s > tol).to(x.dtype)
+        return ((u * positive.unsqueeze(-2)) @ vh).reshape(x.shape)

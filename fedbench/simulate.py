@@ -1,0 +1,145 @@
+"""The round loop: sample clients, run one batched round, evaluate on a schedule, emit rows.
+
+    sim = Simulation(problem, FedMiD(problem, client_lr=1e-3), Federation(2000, 10, 10, 10), seed=0)
+    for row in sim:            # {'round': r, metric: value, ...} every `eval_every` rounds
+        ...
+    sim.status                 # 'finished' or 'diverged'
+
+Random streams (see `fedbench.rng`): "init" (initial point), "clients" (who is sampled each round),
+"minibatches" (local minibatches); the problem's data use its own "data" stream.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import Iterator
+
+import torch
+from torch import Tensor
+
+from fedbench.algorithms.base import Algorithm, Round
+from fedbench.problems.base import Problem
+from fedbench.rng import generator
+
+
+@dataclass(frozen=True)
+class Federation:
+    rounds: int
+    clients_per_round: int
+    local_steps: int
+    batch_size: int
+    aggregation: str = "uniform"  # "uniform": π̂_k = 1/S; "samples": π̂_k ∝ n_k over the sampled set
+
+    def check(self, problem: Problem) -> None:
+        if not 1 <= self.clients_per_round <= problem.num_clients:
+            raise ValueError(f"clients_per_round={self.clients_per_round} must be in [1, {problem.num_clients}]")
+        smallest = int(problem.client_sizes.min())
+        if not 1 <= self.batch_size <= smallest:
+            raise ValueError(f"batch_size={self.batch_size} must be in [1, {smallest}] (smallest client)")
+        if self.rounds < 0 or self.local_steps < 1:
+            raise ValueError("rounds must be >= 0 and local_steps >= 1")
+        if self.aggregation not in ("uniform", "samples"):
+            raise ValueError(f"aggregation must be uniform or samples, found {self.aggregation!r}")
+
+
+class RoundSampler:
+    """Each round's random draws: the sampled clients (without replacement) and their minibatches."""
+
+    def __init__(self, problem: Problem, federation: Federation, seed: int):
+        self.problem, self.federation = problem, federation
+        self.client_gen = generator(seed, "clients")
+        self.batch_gen = generator(seed, "minibatches")
+
+    def draw(self) -> tuple[Tensor, Tensor]:
+        fed = self.federation
+        clients = torch.randperm(self.problem.num_clients, generator=self.client_gen)[: fed.clients_per_round]
+        rows = self.problem.draw_minibatches(clients, fed.local_steps, fed.batch_size, self.batch_gen)
+        return clients.to(self.problem.device), rows
+
+
+class Simulation:
+    def __init__(self, problem: Problem, algorithm: Algorithm, federation: Federation, seed: int,
+                 eval_every: int = 10):
+        federation.check(problem)
+        self.problem, self.algorithm, self.federation = problem, algorithm, federation
+        self.eval_every = max(1, int(eval_every))
+        self.sampler = RoundSampler(problem, federation, seed)
+        w0 = problem.init_params(generator(seed, "init"))
+        self.server = algorithm.init_server(w0)
+        self.clients = algorithm.init_clients(w0, problem.num_clients)
+        self.rounds_done = 0
+        self.comm_up = 0
+        self.comm_down = 0
+        self.train_seconds = 0.0
+        self.eval_seconds = 0.0
+        self.status = "running"
+
+    def __iter__(self) -> Iterator[dict[str, float]]:
+        row = self.evaluate()
+        yield row
+        while self.rounds_done < self.federation.rounds and self.status == "running":
+            start = time.perf_counter()
+            self.run_round()
+            self.train_seconds += time.perf_counter() - start
+            if self.rounds_done % self.eval_every == 0 or self.rounds_done == self.federation.rounds:
+                row = self.evaluate()
+                if not all(math.isfinite(v) for v in row.values()):
+                    self.status = "diverged"
+                yield row
+        if self.status == "running":
+            self.status = "finished"
+
+    def run_round(self) -> None:
+        problem, algorithm = self.problem, self.algorithm
+        clients, rows = self.sampler.draw()
+        rnd = Round(self.rounds_done, clients, self.federation.local_steps)
+        local = algorithm.client_init(self.server, {k: v[clients] for k, v in self.clients.items()}, rnd)
+        for step in range(rnd.local_steps):
+            local = algorithm.client_step(local, partial(problem.grad, batch=problem.gather(rows[step])), rnd, step)
+        message, updated_rows = algorithm.client_final(local, rnd)
+        self.comm_down += len(clients) * sum(self.server[k].numel() for k in algorithm.downloads)
+        self.comm_up += sum(m.numel() for m in message.values())
+        self.server = algorithm.server_update(self.server, message, self.aggregation_weights(clients), rnd)
+        for key, value in updated_rows.items():
+            self.clients[key][clients] = value
+        self.rounds_done += 1
+
+    def aggregation_weights(self, clients: Tensor) -> Tensor:
+        dtype = self.server[self.algorithm.downloads[0]].dtype
+        if self.federation.aggregation == "uniform":
+            return torch.full((len(clients),), 1.0 / len(clients), dtype=dtype, device=clients.device)
+        sizes = self.problem.client_sizes[clients].to(dtype)
+        return sizes / sizes.sum()
+
+    def evaluate(self) -> dict[str, float]:
+        start = time.perf_counter()
+        algorithm = self.algorithm
+        metrics = self.problem.evaluate(algorithm.global_params(self.server),
+                                        algorithm.personal_params(self.server, self.clients))
+        self.eval_seconds += time.perf_counter() - start
+        return {"round": self.rounds_done, **metrics,
+                "comm_up": float(self.comm_up), "comm_down": float(self.comm_down)}
+
+
+@dataclass
+class Result:
+    rows: list[dict[str, float]]
+    status: str
+    params: Tensor
+    personal: Tensor | None
+    train_seconds: float
+    eval_seconds: float
+
+    @property
+    def final(self) -> dict[str, float]:
+        return self.rows[-1]
+
+
+def simulate(problem: Problem, algorithm: Algorithm, federation: Federation, seed: int = 0,
+             eval_every: int = 10) -> Result:
+    sim = Simulation(problem, algorithm, federation, seed, eval_every)
+    rows = list(sim)
+    return Result(rows, sim.status, algorithm.global_params(sim.server),
+                  algorithm.personal_params(sim.server, sim.clients), sim.train_seconds, sim.eval_seconds)
