@@ -1,0 +1,29 @@
+# Two commands do all set-up on a fresh machine:
+#   make demo   install, then run the shipped full-size Lasso recipe with FedMiD
+#   make test   install, then run the test suite (paper-size runs: make test-slow)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build of torch first, so that nothing pulls the CUDA wheels (a GPU user installs their own).
+TORCH ?= torch==2.13.0
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(VENV)/bin/fedbench run recipes/lasso.yaml --algorithm fedmid --json runs/demo-lasso-fedmid.json
+
+test: install
+	$(PY) -m pytest -q
+
+test-slow: install
+	$(PY) -m pytest -q -m slow -s
+
+bench: install
+	$(PY) bench/clients_batched.py
+
+.PHONY: install demo test test-slow bench

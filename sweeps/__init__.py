@@ -1,0 +1,1 @@
+"""Orchestration on top of the engine: recipes -> trials -> execution -> tracking -> reports."""
