@@ -110,8 +110,11 @@ def list_components() -> None:
     for title, registry, attribute in (("problem", PROBLEMS, "params"), ("algorithm", ALGORITHMS, "hparams")):
         for name, cls in registry.items():
             table = Table(title=f"{title} [bold]{name}[/]", title_justify="left", show_lines=False)
-            for column in ("parameter", "type", "default", "range", "description"):
-                table.add_column(column)
+            table.add_column("parameter", no_wrap=True)
+            table.add_column("type", no_wrap=True)
+            table.add_column("default", no_wrap=True)
+            table.add_column("range", overflow="fold")
+            table.add_column("description", ratio=1)
             for p in getattr(cls, attribute):
                 table.add_row(p.name, p.kind + (" (log)" if p.log else ""), str(p.default), p.describe_range(), p.help)
             console.print(table)
