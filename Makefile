@@ -24,6 +24,6 @@ test-slow: install
 	$(PY) -m pytest -q -m slow -s
 
 bench: install
-	$(PY) bench/clients_batched.py
+	MALLOC_MMAP_THRESHOLD_=4294967296 $(PY) bench/clients_batched.py
 
 .PHONY: install demo test test-slow bench

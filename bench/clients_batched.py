@@ -10,6 +10,8 @@ timed three ways in the same run, at S = 10 and S = 100 sampled clients:
 
 Prints `loop/engine` (the batching speed-up) and `engine/floor` (the engine's own overhead). Times are
 medians over interleaved repetitions; the machine is shared, so only the ratios mean anything.
+On glibc, run it with MALLOC_MMAP_THRESHOLD_ set high (as `make bench` does): otherwise every fresh
+8 MB gather output is a new mmap whose page faults add noise unrelated to the code being compared.
 Usage: python bench/clients_batched.py [--device cuda] [--rounds 20] [--repeats 5]
 """
 from __future__ import annotations

@@ -49,11 +49,14 @@ class Problem:
     def draw_minibatches(self, clients: Tensor, steps: int, batch_size: int, gen: torch.Generator) -> Tensor:
         """Row indices `[steps, S, b]` into the flat data: for every step and sampled client, a
         minibatch drawn without replacement from that client's samples (spec 002 §2.0)."""
-        sizes = self.client_sizes_cpu[clients]
-        keys = torch.rand(steps, len(clients), int(sizes.max()), generator=gen)
-        if bool((sizes != sizes.max()).any()):
-            keys.masked_fill_(torch.arange(keys.shape[-1]) >= sizes[:, None], float("inf"))
-        picks = keys.argsort(dim=-1)[..., :batch_size]
+        # The b largest of i.i.d. uniform keys are a uniform subset; topk is ~4x cheaper than argsort here.
+        if self.equal_sizes:
+            keys = torch.rand(steps, len(clients), self.max_size, generator=gen)
+        else:
+            sizes = self.client_sizes_cpu[clients]
+            keys = torch.rand(steps, len(clients), int(sizes.max()), generator=gen)
+            keys.masked_fill_(torch.arange(keys.shape[-1]) >= sizes[:, None], -1.0)
+        picks = keys.topk(batch_size, dim=-1, sorted=False).indices
         return (self.client_offsets_cpu[clients][:, None] + picks).to(self.device)
 
     def gather(self, rows: Tensor) -> Any:
@@ -72,5 +75,7 @@ class Problem:
         self.client_sizes_cpu = sizes.cpu()
         self.client_offsets_cpu = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)]).cpu()
         self.num_clients = len(sizes)
+        self.max_size = int(sizes.max())
+        self.equal_sizes = bool((sizes == self.max_size).all())
         self.client_sizes = sizes.to(self.device)
         self.client_offsets = self.client_offsets_cpu.to(self.device)
