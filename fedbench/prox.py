@@ -143,8 +143,6 @@ class Nuclear(Regularizer):
 
     def _prox(self, x, threshold):
         u, s, vh = torch.linalg.svd(self._matrix(x), full_matrices=False)
-        if isinstance(threshold, Tensor):
-            threshold = threshold.unsqueeze(-1)
         shrunk = (s - threshold).clamp_min(0.0)
         return ((u * shrunk.unsqueeze(-2)) @ vh).reshape(x.shape)
 

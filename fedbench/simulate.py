@@ -75,13 +75,20 @@ class Simulation:
         self.train_seconds = 0.0
         self.eval_seconds = 0.0
         self.status = "running"
+        self.metric_names: list[str] = []
 
     def __iter__(self) -> Iterator[dict[str, float]]:
         row = self.evaluate()
         yield row
         while self.rounds_done < self.federation.rounds and self.status == "running":
             start = time.perf_counter()
-            self.run_round()
+            try:
+                self.run_round()
+            except torch.linalg.LinAlgError:  # an SVD of an iterate that overflowed within the round
+                self.rounds_done += 1
+                self.status = "diverged"
+                yield self.evaluate(failed=True)
+                return
             self.train_seconds += time.perf_counter() - start
             if self.rounds_done % self.eval_every == 0 or self.rounds_done == self.federation.rounds:
                 row = self.evaluate()
@@ -113,11 +120,20 @@ class Simulation:
         sizes = self.problem.client_sizes[clients].to(dtype)
         return sizes / sizes.sum()
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, failed: bool = False) -> dict[str, float]:
+        """The metrics row; all metrics NaN when the iterate is beyond evaluation (overflowed)."""
         start = time.perf_counter()
         algorithm = self.algorithm
-        metrics = self.problem.evaluate(algorithm.global_params(self.server),
-                                        algorithm.personal_params(self.server, self.clients))
+        metrics = None
+        if not failed:
+            try:
+                metrics = self.problem.evaluate(algorithm.global_params(self.server),
+                                                algorithm.personal_params(self.server, self.clients))
+                self.metric_names = list(metrics)
+            except torch.linalg.LinAlgError:
+                pass
+        if metrics is None:
+            metrics = dict.fromkeys(self.metric_names, math.nan)
         self.eval_seconds += time.perf_counter() - start
         return {"round": self.rounds_done, **metrics,
                 "comm_up": float(self.comm_up), "comm_down": float(self.comm_down)}
