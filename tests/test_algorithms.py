@@ -13,21 +13,12 @@ import pytest
 import torch
 
 import fedbench
+from small_problems import small_lasso, small_lowrank
 from fedbench.loop_reference import loop_simulate
 from fedbench.rng import generator
 from fedbench.simulate import Federation, Simulation, simulate
 
 
-def small_lasso(**overrides):
-    config = dict(clients=8, samples_per_client=20, dim=30, support=10, lam=0.05)
-    config.update(overrides)
-    return fedbench.make_problem("lasso", seed=0, **config)
-
-
-def small_lowrank(**overrides):
-    config = dict(rows=6, cols=5, rank=2, clients=6, samples_per_client=30)
-    config.update(overrides)
-    return fedbench.make_problem("lowrank", seed=0, **config)
 
 
 def run(problem, name, federation, seed=0, **hp):

@@ -8,22 +8,13 @@ import torch
 from sklearn.linear_model import Lasso as SkLasso
 
 import fedbench
+from small_problems import small_lasso, small_lowrank
 from fedbench import reference
 from fedbench.reference import minimize, solve
 
 LAM = 0.05
 
 
-def small_lasso(**overrides):
-    config = dict(clients=8, samples_per_client=20, dim=30, support=10, lam=LAM)
-    config.update(overrides)
-    return fedbench.make_problem("lasso", seed=0, **config)
-
-
-def small_lowrank(**overrides):
-    config = dict(rows=6, cols=5, rank=2, clients=6, samples_per_client=30)
-    config.update(overrides)
-    return fedbench.make_problem("lowrank", seed=0, **config)
 
 
 def pooled_objective(problem, w: np.ndarray) -> float:
