@@ -36,8 +36,12 @@ def local_fedmid(problem, w, rows, rnd_index, hp):
     return u
 
 
+def fedda_offset(hp) -> int:
+    return 1 if hp.get("offset", "bao") == "bao" else 0
+
+
 def local_fedda(problem, z, rows, rnd_index, hp):
-    lr, o, steps = hp["client_lr"], (1 if hp.get("offset", "bao") == "bao" else 0), len(rows)
+    lr, o, steps = hp["client_lr"], fedda_offset(hp), len(rows)
     z_k = z.clone()
     for j, step_rows in enumerate(rows):
         elapsed = hp.get("server_lr", 1.0) * lr * (rnd_index + o) * steps + lr * (j + o)
@@ -68,7 +72,7 @@ def loop_simulate(name: str, problem, federation: Federation, seed: int, **hp) -
         clients, rows = sampler.draw()
         server = loop_round(name, problem, server, clients, rows, r, hp)
     if name == "fedda":
-        o = 1 if hp.get("offset", "bao") == "bao" else 0
-        elapsed = hp.get("server_lr", 1.0) * hp["client_lr"] * (federation.rounds + o) * federation.local_steps
+        elapsed = (hp.get("server_lr", 1.0) * hp["client_lr"] * (federation.rounds + fedda_offset(hp))
+                   * federation.local_steps)
         return problem.regularizer.prox(server, elapsed)
     return server

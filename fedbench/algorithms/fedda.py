@@ -30,16 +30,18 @@ class FedDA(Algorithm):
     def init_server(self, w0):
         return {"z": w0.clone(), "w": w0.clone()}
 
+    @property
+    def _o(self) -> int:
+        return 1 if self.offset == "bao" else 0
+
     def _round_elapsed(self, round_index: int, local_steps: int) -> float:
-        o = 1 if self.offset == "bao" else 0
-        return self.server_lr * self.client_lr * (round_index + o) * local_steps
+        return self.server_lr * self.client_lr * (round_index + self._o) * local_steps
 
     def client_init(self, server, rows, rnd):
         return {"z": broadcast(server["z"], rnd)}
 
     def client_step(self, local, grad, rnd, step):
-        o = 1 if self.offset == "bao" else 0
-        elapsed = self._round_elapsed(rnd.index, rnd.local_steps) + self.client_lr * (step + o)
+        elapsed = self._round_elapsed(rnd.index, rnd.local_steps) + self.client_lr * (step + self._o)
         z = local["z"]
         return {"z": z - self.client_lr * grad(self.reg.prox(z, elapsed))}
 

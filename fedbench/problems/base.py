@@ -50,12 +50,9 @@ class Problem:
         """Row indices `[steps, S, b]` into the flat data: for every step and sampled client, a
         minibatch drawn without replacement from that client's samples (spec 002 §2.0)."""
         # The b largest of i.i.d. uniform keys are a uniform subset; topk is ~4x cheaper than argsort here.
-        if self.equal_sizes:
-            keys = torch.rand(steps, len(clients), self.max_size, generator=gen)
-        else:
-            sizes = self.client_sizes_cpu[clients]
-            keys = torch.rand(steps, len(clients), int(sizes.max()), generator=gen)
-            keys.masked_fill_(torch.arange(keys.shape[-1]) >= sizes[:, None], -1.0)
+        keys = torch.rand(steps, len(clients), self.max_size, generator=gen)
+        if not self.equal_sizes:  # padding positions beyond a client's n_k are never picked
+            keys.masked_fill_(torch.arange(self.max_size) >= self.client_sizes_cpu[clients][:, None], -1.0)
         picks = keys.topk(batch_size, dim=-1, sorted=False).indices
         return (self.client_offsets_cpu[clients][:, None] + picks).to(self.device)
 
