@@ -1,9 +1,11 @@
-"""fedbench command line: `fedbench run | list | validate`."""
+"""fedbench command line: `fedbench run | sweep | validate | list | ui`."""
 from __future__ import annotations
 
 import json
 import math
-import time
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -18,6 +20,8 @@ console = Console()
 errors = Console(stderr=True)
 
 SetOption = typer.Option(None, "--set", "-s", help="Override a recipe field: path=value, e.g. algorithm.client_lr=1e-3")
+TrackingOption = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI",
+                              help="MLflow store (default sqlite:///mlflow.db in this directory)")
 
 
 def fail(message: str) -> None:
@@ -41,10 +45,12 @@ def run(
     seed: Optional[int] = typer.Option(None, "--seed", help="Trial seed (default: the recipe's first)"),
     sets: Optional[List[str]] = SetOption,
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write every evaluated row to this JSON file"),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: the recipe's)"),
+    device: Optional[str] = typer.Option(None, "--device", help="auto, cpu or cuda (default: the recipe's)"),
+    tracking_uri: Optional[str] = TrackingOption,
+    track: bool = typer.Option(True, "--track/--no-track", help="Log the run to MLflow"),
 ) -> None:
     """Run one trial in-process (no Ray): one algorithm, one value per hyperparameter."""
-    from sweeps.execute import build_simulation
+    from sweeps.execute import build_simulation, drive
     from sweeps.recipe import RecipeError
 
     recipe = load_recipe(recipe_path, sets, algorithm)
@@ -59,30 +65,89 @@ def run(
     hp = ", ".join(f"{k}={v}" for k, v in trial.hyperparameters.items())
     console.print(f"[bold]{trial.recipe}[/]: {trial.problem} / {trial.algorithm} ({hp}), seed {trial.seed}",
                   highlight=False)
-    rows = []
-    start = time.perf_counter()
     with Progress(TextColumn("rounds"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TimeRemainingColumn(), console=console, transient=False) as progress:
         task = progress.add_task("rounds", total=trial.federation.rounds)
-        for row in simulation:
-            rows.append(row)
-            progress.update(task, completed=row["round"])
-    elapsed = time.perf_counter() - start
+        outcome = drive(simulation, lambda row: progress.update(task, completed=row["round"]))
+    rows = outcome.rows
 
-    table = Table(title=f"round {rows[-1]['round']} ({simulation.status})", show_header=True)
+    table = Table(title=f"round {rows[-1]['round']} ({outcome.status})", show_header=True)
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in rows[-1].items():
         if key != "round":
             table.add_row(key, f"{value:.6g}" if math.isfinite(value) else str(value))
     console.print(table)
-    console.print(f"{elapsed:.1f} s wall: {simulation.train_seconds:.1f} s training, "
-                  f"{simulation.eval_seconds:.1f} s evaluation ({len(rows)} evaluations)", highlight=False)
+    console.print(f"{outcome.wall_seconds:.1f} s wall: {outcome.train_seconds:.1f} s training, "
+                  f"{outcome.eval_seconds:.1f} s evaluation ({len(rows)} evaluations)", highlight=False)
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(rows, indent=1))
         console.print(f"rows written to {json_path}", highlight=False)
-    if simulation.status == "diverged":
+    if track:
+        from dataclasses import asdict
+
+        from sweeps.tracking import Store
+
+        store = Store(tracking_uri)
+        start_time = outcome.end_time - outcome.wall_seconds
+        run_id = store.start_trial(store.experiment(recipe.name), trial, None, start_time,
+                                   {"recipe_hash": recipe.recipe_hash})
+        store.finish_trial(run_id, asdict(outcome))
+        console.print(f"logged to {store.uri} (experiment {recipe.name!r}, run {run_id})", highlight=False)
+    if outcome.status == "diverged":
+        raise typer.Exit(1)
+
+
+@app.command()
+def sweep(
+    recipe_path: Path = typer.Argument(..., metavar="RECIPE", help="YAML recipe"),
+    sets: Optional[List[str]] = SetOption,
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (default: start a local Ray)"),
+    tracking_uri: Optional[str] = TrackingOption,
+    max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent", min=1,
+                                                 help="At most this many Ray trials at once"),
+) -> None:
+    """Run every (config, seed) of the recipe on Ray Tune; runs already finished in the store are skipped."""
+    from sweeps.execute import ClusterError
+    from sweeps.execute import sweep as run_sweep
+
+    recipe = load_recipe(recipe_path, sets)
+    columns = (TextColumn("runs"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[detail]}"),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    with Progress(*columns, console=console) as bar:
+        task = bar.add_task("runs", total=None, detail="starting Ray")
+
+        def progress(event: str, counts: dict) -> None:
+            if event == "start":
+                skipped = f", {counts['skipped']} already done" if counts["skipped"] else ""
+                bar.update(task, total=counts["total"], detail=f"to run{skipped}")
+                return
+            ended = counts["finished"] + counts["diverged"] + counts["failed"]
+            bar.update(task, completed=ended, detail=f"running {counts['running']} · diverged {counts['diverged']} · "
+                                                     f"failed {counts['failed']}")
+
+        try:
+            summary = run_sweep(recipe, sets or [], tracking_uri, address, max_concurrent, progress)
+        except ClusterError as err:
+            bar.stop()
+            fail(str(err))
+    table = Table(title=f"sweep {recipe.name}", show_header=True)
+    for column in ("runs", "skipped (done before)", "finished", "diverged", "failed", "wall s", "compute s"):
+        table.add_column(column, justify="right")
+    counts = summary.counts
+    table.add_row(str(summary.total), str(summary.skipped), str(counts["finished"]), str(counts["diverged"]),
+                  str(counts["failed"]), f"{summary.wall_seconds:.1f}", f"{summary.compute_seconds:.1f}")
+    console.print(table)
+    from sweeps.tracking import tracking_uri as resolve_uri
+
+    console.print(f"tracked in {resolve_uri(tracking_uri)} (experiment {recipe.name!r}, parent run "
+                  f"{summary.parent_run_id})", highlight=False)
+    for error in summary.tracking_errors:
+        errors.print(f"tracking error: {error}", highlight=False)
+    if summary.interrupted:
+        errors.print("the sweep was interrupted; run the same command again to finish it", highlight=False)
+    if not summary.ok:
         raise typer.Exit(1)
 
 
@@ -121,6 +186,27 @@ def list_components() -> None:
             presets = getattr(cls, "presets", None)
             if presets:
                 console.print(f"  presets: {', '.join(presets)}", highlight=False)
+
+
+@app.command()
+def ui(
+    tracking_uri: Optional[str] = TrackingOption,
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind (0.0.0.0 exposes it to the network)"),
+    port: int = typer.Option(5000, "--port"),
+) -> None:
+    """Start the MLflow UI on the tracking store."""
+    from sweeps.tracking import sqlite_path, tracking_uri as resolve_uri
+
+    uri = resolve_uri(tracking_uri)
+    path = sqlite_path(uri)
+    if path is None:
+        fail(f"the tracking store {uri} is a server; open it in a browser")
+    if not path.exists():
+        fail(f"no MLflow store at {path}; run `fedbench sweep` or `fedbench run` here first, or pass --tracking-uri")
+    console.print(f"MLflow UI for {uri} at http://{host}:{port}", highlight=False)
+    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", f"sqlite:///{path.resolve()}",
+               "--host", host, "--port", str(port)]
+    raise typer.Exit(subprocess.call(command, env={**os.environ, "MLFLOW_TRACKING_URI": uri}))
 
 
 if __name__ == "__main__":

@@ -20,8 +20,11 @@ import torch
 from torch import Tensor
 
 from fedbench.algorithms.base import Algorithm, Round
+from fedbench.hparams import Param
 from fedbench.problems.base import Problem
 from fedbench.rng import generator
+
+DIVERGENCE_FACTOR = 1e4
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,15 @@ class Federation:
     local_steps: int
     batch_size: int
     aggregation: str = "uniform"  # "uniform": π̂_k = 1/S; "samples": π̂_k ∝ n_k over the sampled set
+
+    params = (
+        Param("rounds", "int", None, "communication rounds R", low=0),
+        Param("clients_per_round", "int", None, "clients sampled per round S", low=1),
+        Param("local_steps", "int", None, "local steps E per round", low=1),
+        Param("batch_size", "int", None, "minibatch size b", low=1),
+        Param("aggregation", "choice", "uniform", "server weights over the sampled clients",
+              choices=("uniform", "samples")),
+    )
 
     def check(self, problem: Problem) -> None:
         if not 1 <= self.clients_per_round <= problem.num_clients:
@@ -60,11 +72,16 @@ class RoundSampler:
 
 
 class Simulation:
+    """Runs until `federation.rounds` or divergence: a non-finite metric, or an objective above
+    `divergence_factor` times its value at the start (the partial curve is kept either way)."""
+
     def __init__(self, problem: Problem, algorithm: Algorithm, federation: Federation, seed: int,
-                 eval_every: int = 10):
+                 eval_every: int = 10, divergence_factor: float = DIVERGENCE_FACTOR):
         federation.check(problem)
         self.problem, self.algorithm, self.federation = problem, algorithm, federation
         self.eval_every = max(1, int(eval_every))
+        self.divergence_factor = divergence_factor
+        self.start_objective: float | None = None
         self.sampler = RoundSampler(problem, federation, seed)
         w0 = problem.init_params(generator(seed, "init"))
         self.server = algorithm.init_server(w0)
@@ -79,6 +96,7 @@ class Simulation:
 
     def __iter__(self) -> Iterator[dict[str, float]]:
         row = self.evaluate()
+        self.start_objective = row.get("objective")
         yield row
         while self.rounds_done < self.federation.rounds and self.status == "running":
             start = time.perf_counter()
@@ -92,11 +110,17 @@ class Simulation:
             self.train_seconds += time.perf_counter() - start
             if self.rounds_done % self.eval_every == 0 or self.rounds_done == self.federation.rounds:
                 row = self.evaluate()
-                if not all(math.isfinite(v) for v in row.values()):
+                if self.exploded(row):
                     self.status = "diverged"
                 yield row
         if self.status == "running":
             self.status = "finished"
+
+    def exploded(self, row: dict[str, float]) -> bool:
+        if not all(math.isfinite(v) for v in row.values()):
+            return True
+        start = self.start_objective
+        return start is not None and row["objective"] > self.divergence_factor * max(abs(start), 1e-12)
 
     def run_round(self) -> None:
         problem, algorithm = self.problem, self.algorithm
@@ -154,8 +178,8 @@ class Result:
 
 
 def simulate(problem: Problem, algorithm: Algorithm, federation: Federation, seed: int = 0,
-             eval_every: int = 10) -> Result:
-    sim = Simulation(problem, algorithm, federation, seed, eval_every)
+             eval_every: int = 10, divergence_factor: float = DIVERGENCE_FACTOR) -> Result:
+    sim = Simulation(problem, algorithm, federation, seed, eval_every, divergence_factor)
     rows = list(sim)
     return Result(rows, sim.status, algorithm.global_params(sim.server),
                   algorithm.personal_params(sim.server, sim.clients), sim.train_seconds, sim.eval_seconds)

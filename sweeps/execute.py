@@ -1,15 +1,42 @@
-"""Executors: turn a Trial into a running simulation (in-process here; on Ray Tune in `sweep`)."""
+"""Executors: one trial in-process (`fedbench run`), or a whole sweep on Ray Tune (`fedbench sweep`).
+
+A sweep is a list of (config, seed) runs. Ray Tune costs ~0.35 s per trial even with actors reused,
+which is as long as a small federated run, so runs of one algorithm are packed into one Ray trial
+(`resources.pack`, by default enough packs to keep every slot busy about four times over). A Ray trial
+reports `start` and `end` events per run; the driver turns them into MLflow runs through one writer
+thread (`tracking.SweepLog`) and a live progress display. Resume is content-addressed: a (config hash,
+seed) that finished in the recipe's experiment is skipped.
+"""
 from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
 
 import torch
 
 from fedbench.algorithms import ALGORITHMS
 from fedbench.problems import PROBLEMS
 from fedbench.simulate import Simulation
-from sweeps.recipe import Trial
+from sweeps.recipe import Recipe, Trial
+
+PACKS_PER_SLOT = 4
 
 
-def resolve_device(requested: str) -> str:
+class ClusterError(ValueError):
+    """The cluster cannot run the sweep as asked (e.g. GPUs requested where there are none)."""
+
+
+def resolve_device(requested: str, holds_gpu: bool = True) -> str:
+    """`auto` is `cuda` when CUDA is available and the trial holds a GPU (share), else `cpu`."""
+    if requested == "auto":
+        return "cuda" if holds_gpu and torch.cuda.is_available() else "cpu"
     if requested.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {requested!r} requested but CUDA is not available on this machine")
     return requested
@@ -19,4 +46,202 @@ def build_simulation(trial: Trial, device: str | None = None) -> Simulation:
     problem = PROBLEMS[trial.problem](trial.problem_config, seed=trial.seed,
                                       device=resolve_device(device or trial.device))
     algorithm = ALGORITHMS[trial.algorithm](problem, **trial.hyperparameters)
-    return Simulation(problem, algorithm, trial.federation, trial.seed, trial.eval_every)
+    return Simulation(problem, algorithm, trial.federation, trial.seed, trial.eval_every, trial.divergence_factor)
+
+
+@dataclass
+class Outcome:
+    """What one (config, seed) run produced: its evaluated rows and how it ended."""
+    rows: list[dict[str, float]]
+    status: str  # finished | diverged | failed
+    device: str
+    train_seconds: float = 0.0
+    eval_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    error: str | None = None
+    end_time: float = field(default_factory=time.time)  # epoch seconds, where the run ran
+
+
+def drive(simulation: Simulation, on_row: Callable[[dict[str, float]], None] | None = None) -> Outcome:
+    """Run a built simulation to its end."""
+    start = time.perf_counter()
+    rows = []
+    for row in simulation:
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+    return Outcome(rows, simulation.status, str(simulation.problem.device), simulation.train_seconds,
+                   simulation.eval_seconds, time.perf_counter() - start)
+
+
+# -- inside a Ray trial -------------------------------------------------------------------------------
+
+def run_pack(config: dict[str, Any], packs: list[list[tuple[int, Trial]]]) -> None:
+    """Function trainable: run one pack of (config, seed) runs, one after another, reporting each."""
+    import ray
+    from ray import tune
+
+    gpu_ids = ",".join(map(str, ray.get_gpu_ids()))
+    node = ray.get_runtime_context().get_node_id()
+    torch.set_num_threads(max(1, int(config["cpus"])))
+    for key, trial in packs[config["pack"]]:
+        tags = {"node": node, "gpu_ids": gpu_ids}
+        tune.report({"event": "start", "key": key, "time": time.time(), "tags": tags})
+        start = time.perf_counter()
+        try:
+            outcome = drive(build_simulation(trial, resolve_device(trial.device, bool(gpu_ids))))
+        except Exception:  # a failing run is recorded and the pack goes on
+            outcome = Outcome([], "failed", trial.device, wall_seconds=time.perf_counter() - start,
+                              error=traceback.format_exc())
+        tune.report({"event": "end", "key": key, "outcome": asdict(outcome)})
+
+
+# -- on the driver ----------------------------------------------------------------------------------
+
+@dataclass
+class SweepSummary:
+    total: int
+    skipped: int
+    counts: dict[str, int] = field(default_factory=lambda: {"finished": 0, "diverged": 0, "failed": 0})
+    compute_seconds: float = 0.0  # sum of in-trial wall time of the runs that ended
+    wall_seconds: float = 0.0
+    interrupted: bool = False
+    tracking_errors: list[str] = field(default_factory=list)
+    parent_run_id: str = ""
+    experiment_id: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not (self.counts["failed"] or self.interrupted or self.tracking_errors)
+
+
+def slots(resources, nodes: list[dict], max_concurrent: int | None) -> int:
+    """How many trials the cluster can run at once; ClusterError if not even one fits on a node."""
+    cpus, gpus = resources.cpus_per_trial, resources.gpus_per_trial
+    per_node = [min(math.floor(node.get("CPU", 0) / cpus + 1e-9),
+                    math.floor(node.get("GPU", 0) / gpus + 1e-9) if gpus else math.inf) for node in nodes]
+    total = int(sum(per_node))
+    if total == 0:
+        have = ", ".join(f"{node.get('CPU', 0):g} CPU / {node.get('GPU', 0):g} GPU" for node in nodes)
+        raise ClusterError(f"resources ask {cpus:g} CPU and {gpus:g} GPU per trial, but no node of the Ray cluster "
+                           f"has that much (nodes: {have})")
+    return min(total, max_concurrent or total)
+
+
+def plan_packs(runs: list[tuple[int, Trial]], pack: int | str, slot_count: int) -> list[list[tuple[int, Trial]]]:
+    """Chunks of runs of one algorithm each; `auto` makes about PACKS_PER_SLOT packs per slot."""
+    size = pack if pack != "auto" else max(1, math.ceil(len(runs) / (PACKS_PER_SLOT * slot_count)))
+    by_algorithm: dict[str, list[tuple[int, Trial]]] = {}
+    for key, trial in runs:
+        by_algorithm.setdefault(trial.algorithm, []).append((key, trial))
+    return [group[i:i + size] for group in by_algorithm.values() for i in range(0, len(group), size)]
+
+
+def connect(address: str | None) -> bool:
+    """Join the given cluster, or start a local Ray; True when this call started Ray (and must stop it)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    for name in ("ray", "ray.tune", "mlflow"):  # the progress display says what matters
+        logging.getLogger(name).setLevel(logging.ERROR)
+    ray.init(address=address, log_to_driver=False, include_dashboard=False, configure_logging=True,
+             logging_level=logging.WARNING)
+    return True
+
+
+def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | None = None,
+          address: str | None = None, max_concurrent: int | None = None,
+          progress: Callable[[str, dict[str, int]], None] | None = None) -> SweepSummary:
+    """Run every (config, seed) of the recipe not yet finished in the store, on Ray Tune."""
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # our tracker records everything
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    import ray
+    from ray import tune
+
+    from sweeps.tracking import Store, SweepLog
+
+    resources = recipe.resources
+    if recipe.device.startswith("cuda") and not resources.gpus_per_trial:
+        raise ClusterError(f"{recipe.source}: device {recipe.device} needs resources.gpus_per_trial > 0")
+    store = Store(tracking)
+    experiment_id = store.experiment(recipe.name)
+    trials = recipe.trials()
+    done = store.completed(experiment_id)
+    pending = [(key, trial) for key, trial in enumerate(trials) if (trial.config_hash, trial.seed) not in done]
+    summary = SweepSummary(total=len(trials), skipped=len(trials) - len(pending), experiment_id=experiment_id)
+    parent_id, attempt = store.open_sweep(experiment_id, recipe, overrides or [])
+    summary.parent_run_id = parent_id
+    store.fail_stale(experiment_id, parent_id)
+    if not pending:
+        store.close_sweep(parent_id, attempt, "FINISHED", {**summary.counts, "skipped": summary.skipped})
+        return summary
+
+    started_ray = connect(address)
+    start = time.perf_counter()
+    log = SweepLog(store, experiment_id, parent_id)
+    state: dict[str, set[int]] = {"running": set(), "ended": set()}
+    try:
+        nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+        packs = plan_packs(pending, resources.pack, slots(resources, nodes, max_concurrent or resources.max_concurrent))
+        by_key = dict(pending)
+
+        class Relay(tune.Callback):
+            def __reduce__(self):  # Tune pickles its callbacks for restoring, which we never use
+                return tune.Callback, ()
+
+            def on_trial_result(self, iteration, trials, trial, result, **info):
+                key = result["key"]
+                if result["event"] == "start":
+                    state["running"].add(key)
+                    log.started(key, by_key[key], result["time"], {**result["tags"], "recipe_hash": recipe.recipe_hash})
+                else:
+                    state["running"].discard(key)
+                    state["ended"].add(key)
+                    outcome = result["outcome"]
+                    summary.counts[outcome["status"]] += 1
+                    summary.compute_seconds += outcome["wall_seconds"]
+                    log.ended(key, outcome)
+                if progress is not None:
+                    progress("update", {**summary.counts, "running": len(state["running"])})
+
+            def on_trial_error(self, iteration, trials, trial, **info):
+                """The pack's actor died: its running run failed; its unstarted runs wait for a re-run."""
+                for key, _ in packs[trial.config["pack"]]:
+                    if key in state["running"]:
+                        state["running"].discard(key)
+                        log.abandoned(key, f"the Ray trial running it died: {trial.error_file or 'no error file'}")
+                    if key not in state["ended"]:
+                        state["ended"].add(key)
+                        summary.counts["failed"] += 1
+
+        if progress is not None:
+            progress("start", {"total": len(pending), "skipped": summary.skipped})
+        storage = tempfile.mkdtemp(prefix="fedbench-tune-")
+        trainable = tune.with_resources(tune.with_parameters(run_pack, packs=packs),
+                                        {"cpu": resources.cpus_per_trial, "gpu": resources.gpus_per_trial})
+        tuner = tune.Tuner(
+            trainable,
+            param_space={"pack": tune.grid_search(list(range(len(packs)))), "cpus": resources.cpus_per_trial},
+            tune_config=tune.TuneConfig(reuse_actors=True,
+                                        max_concurrent_trials=max_concurrent or resources.max_concurrent),
+            run_config=tune.RunConfig(name=f"{recipe.name}-{recipe.recipe_hash}", storage_path=storage, verbose=0,
+                                      callbacks=[Relay()], failure_config=tune.FailureConfig(max_failures=0)),
+        )
+        try:
+            tuner.fit()
+        except KeyboardInterrupt:
+            summary.interrupted = True
+        finally:
+            shutil.rmtree(storage, ignore_errors=True)
+        summary.interrupted = summary.interrupted or len(state["ended"]) < len(pending)
+    finally:
+        for key in state["running"]:
+            log.abandoned(key, "interrupted: the sweep stopped while this run was going")
+        summary.tracking_errors = log.close()
+        summary.wall_seconds = time.perf_counter() - start
+        status = "FINISHED" if summary.ok else ("KILLED" if summary.interrupted else "FAILED")
+        store.close_sweep(parent_id, attempt, status, {**summary.counts, "skipped": summary.skipped})
+        if started_ray:
+            ray.shutdown()
+    return summary

@@ -7,28 +7,21 @@ and the closest valid name for a misspelt problem, algorithm or parameter.
 from __future__ import annotations
 
 import difflib
+import hashlib
+import itertools
+import json
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fedbench.algorithms import ALGORITHMS
 from fedbench.hparams import Param, resolve
 from fedbench.problems import PROBLEMS
-from fedbench.simulate import Federation
-
-FEDERATION_FIELDS = {
-    "rounds": Param("rounds", "int", None, "communication rounds R", low=0),
-    "clients_per_round": Param("clients_per_round", "int", None, "clients sampled per round S", low=1),
-    "local_steps": Param("local_steps", "int", None, "local steps E per round", low=1),
-    "batch_size": Param("batch_size", "int", None, "minibatch size b", low=1),
-    "aggregation": Param("aggregation", "choice", "uniform", "server weights over the sampled clients",
-                         choices=("uniform", "samples")),
-}
-TOP_LEVEL = ("name", "problem", "federation", "algorithms", "seeds", "eval_every", "device")
-
+from fedbench.simulate import DIVERGENCE_FACTOR, Federation
 
 class RecipeLoader(yaml.SafeLoader):
     """SafeLoader (no tags that build Python objects) that also reads `1e-3` as a float, as YAML 1.2
@@ -56,20 +49,6 @@ class RecipeError(ValueError):
 def closest(name: str, options) -> str:
     match = difflib.get_close_matches(str(name), list(options), n=1, cutoff=0.5)
     return f" (did you mean {match[0]!r}?)" if match else ""
-
-
-@dataclass(frozen=True)
-class Trial:
-    """One fully specified run: a problem instance, one algorithm with one value per hyperparameter, a seed."""
-    recipe: str
-    problem: str
-    problem_config: dict[str, Any]
-    algorithm: str
-    hyperparameters: dict[str, Any]
-    federation: Federation
-    seed: int
-    eval_every: int
-    device: str
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -100,6 +79,9 @@ def apply_overrides(raw: dict[str, Any], assignments: list[str], source: str, al
             raise RecipeError(source, "--set", f"expected path=value, found {assignment!r}")
         keys = path.split(".")
         if keys[0] == "algorithm":
+            listed = raw.get("algorithms")
+            if algorithm is None and isinstance(listed, dict) and len(listed) == 1:
+                algorithm = next(iter(listed))
             if algorithm is None:
                 raise RecipeError(source, "--set", f"{path!r} needs a selected algorithm; write algorithms.NAME.{'.'.join(keys[1:])}")
             keys = ["algorithms", algorithm, *keys[1:]]
@@ -152,6 +134,145 @@ def _check_params(source, path, declared, given: dict) -> dict[str, list[Any]]:
     return grid
 
 
+@dataclass(frozen=True)
+class Trial:
+    """One fully specified run: a problem instance, one algorithm with one value per hyperparameter, a seed."""
+    recipe: str
+    problem: str
+    problem_config: dict[str, Any]
+    algorithm: str
+    hyperparameters: dict[str, Any]
+    federation: Federation
+    seed: int
+    eval_every: int
+    device: str
+    divergence_factor: float = DIVERGENCE_FACTOR
+
+    def config(self) -> dict[str, Any]:
+        """Everything that determines the run except the seed (and the device it runs on)."""
+        return {"problem": {"name": self.problem, **self.problem_config},
+                "federation": asdict(self.federation),
+                "algorithm": {"name": self.algorithm, **self.hyperparameters},
+                "eval_every": self.eval_every, "divergence_factor": self.divergence_factor}
+
+    @property
+    def config_hash(self) -> str:
+        return stable_hash(self.config())
+
+    def params(self) -> dict[str, Any]:
+        """The configuration flattened to dotted names, plus the seed: what the tracker records."""
+        flat = {}
+        for section, values in self.config().items():
+            if isinstance(values, dict):
+                flat.update({f"{section}.{key}": value for key, value in values.items()})
+            else:
+                flat[section] = values
+        return {**flat, "seed": self.seed}
+
+
+def stable_hash(value: Any) -> str:
+    return hashlib.sha1(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class Resources(StrictModel):
+    """What one Ray trial holds, and how many (config, seed) runs it packs."""
+    cpus_per_trial: float = Field(1.0, gt=0)
+    gpus_per_trial: float = Field(0.0, ge=0)
+    max_concurrent: Optional[int] = Field(None, ge=1)
+    pack: Any = "auto"
+
+    @field_validator("gpus_per_trial")
+    @classmethod
+    def _whole_above_one(cls, value: float) -> float:
+        if value > 1 and not float(value).is_integer():
+            raise ValueError(f"found {value}, expected a fraction <= 1 or a whole number of GPUs")
+        return value
+
+    @field_validator("pack")
+    @classmethod
+    def _pack(cls, value: Any) -> Any:
+        if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"found {value!r}, expected 'auto' or an integer >= 1 (runs per Ray trial)")
+        return value
+
+
+class TuneSpec(StrictModel):
+    """The optional `tune:` block (Optuna search); `fedbench tune` reads it."""
+    space: dict[str, dict[str, Any]] = Field(min_length=1)
+    metric: str
+    mode: str = "min"
+    trials: int = Field(20, ge=1)
+
+    @field_validator("mode")
+    @classmethod
+    def _mode(cls, value: str) -> str:
+        if value not in ("min", "max"):
+            raise ValueError(f"found {value!r}, expected min or max")
+        return value
+
+
+class RecipeModel(StrictModel):
+    name: str = Field(min_length=1)
+    problem: dict[str, Any]
+    federation: dict[str, Any]
+    algorithms: dict[str, Optional[dict[str, Any]]] = Field(min_length=1)
+    seeds: Any = 1
+    eval_every: int = Field(10, ge=1)
+    device: str = "auto"
+    divergence_factor: float = Field(DIVERGENCE_FACTOR, gt=1)
+    resources: Resources = Field(default_factory=Resources)
+    tune: Optional[TuneSpec] = None
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, value: Any) -> list[int]:
+        def seed_like(s):
+            return isinstance(s, int) and not isinstance(s, bool) and s >= 0
+
+        if seed_like(value) and value >= 1:
+            return list(range(value))
+        if isinstance(value, list) and value and all(map(seed_like, value)):
+            if len(set(value)) != len(value):
+                raise ValueError(f"found repeated seeds {value}")
+            return value
+        raise ValueError(f"found {value!r}, expected a count >= 1 or a non-empty list of integers >= 0")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        if value.split(":")[0] not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"found {value!r}, expected auto, cpu or cuda[:N]")
+        return value
+
+
+SECTIONS = {(): RecipeModel, ("resources",): Resources, ("tune",): TuneSpec}
+
+
+def _schema_error(source: str, err: ValidationError) -> RecipeError:
+    """The first pydantic error as one line: field path, what was found, what was expected."""
+    error = err.errors()[0]
+    loc = [part for part in error["loc"] if part != "[key]"]
+    path = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")
+    kind = error["type"]
+    if kind == "missing":
+        return RecipeError(source, path, "missing required field")
+    if kind == "extra_forbidden":
+        fields = list(SECTIONS.get(tuple(loc[:-1]), RecipeModel).model_fields)
+        return RecipeError(source, path, f"unknown field{closest(loc[-1], fields)}; expected one of {', '.join(fields)}")
+    if kind == "value_error":
+        return RecipeError(source, path, error["msg"].removeprefix("Value error, "))
+    expected = error["msg"].removeprefix("Input should be ").replace("a valid dictionary", "a mapping")
+    return RecipeError(source, path, f"found {error['input']!r}, expected {expected}")
+
+
 @dataclass
 class Recipe:
     source: str
@@ -163,6 +284,25 @@ class Recipe:
     seeds: list[int]
     eval_every: int
     device: str
+    divergence_factor: float
+    resources: Resources
+    tune: Optional[TuneSpec]
+    document: dict[str, Any]  # the validated YAML after overrides, as written
+
+    @property
+    def recipe_hash(self) -> str:
+        return stable_hash(self.document)
+
+    def trials(self, algorithm: str | None = None) -> list[Trial]:
+        """The grid expanded: algorithm × problem point × federation point × hyperparameter point × seed."""
+        trials = []
+        for algo, hp_grid in self.algorithms.items():
+            if algorithm not in (None, algo):
+                continue
+            for problem_values, federation_values, hps in itertools.product(
+                    grid_points(self.problem_grid), grid_points(self.federation_grid), grid_points(hp_grid)):
+                trials += [self._trial(problem_values, federation_values, algo, hps, seed) for seed in self.seeds]
+        return trials
 
     def single_trial(self, algorithm: str | None = None, seed: int | None = None) -> Trial:
         """The one trial `fedbench run` runs: every parameter must have exactly one value."""
@@ -199,60 +339,39 @@ class Recipe:
                               f"found {federation.batch_size}, expected at most problem.samples_per_client = {samples}")
         cls = ALGORITHMS[algorithm]
         return Trial(self.name, self.problem, problem_config, algorithm,
-                     resolve(cls.hparams, hyperparameters, algorithm), federation, seed, self.eval_every, self.device)
+                     resolve(cls.hparams, hyperparameters, algorithm), federation, seed, self.eval_every, self.device,
+                     self.divergence_factor)
 
 
 def parse(raw: dict[str, Any], source: str) -> Recipe:
-    for key in raw:
-        if key not in TOP_LEVEL:
-            raise RecipeError(source, str(key), f"unknown field{closest(key, TOP_LEVEL)}; expected one of {', '.join(TOP_LEVEL)}")
-    for key in ("name", "problem", "federation", "algorithms"):
-        if key not in raw:
-            raise RecipeError(source, key, "missing required field")
-    name = raw["name"]
-    if not isinstance(name, str) or not name.strip():
-        raise RecipeError(source, "name", f"expected a non-empty string, found {name!r}")
+    try:
+        model = RecipeModel.model_validate(raw)
+    except ValidationError as err:
+        raise _schema_error(source, err) from None
 
-    problem = dict(_mapping(source, "problem", raw["problem"]))
+    problem = dict(model.problem)
     problem_name = problem.pop("name", None)
     if problem_name not in PROBLEMS:
         raise RecipeError(source, "problem.name", f"found {problem_name!r}, expected one of "
                           f"{', '.join(PROBLEMS)}{closest(problem_name, PROBLEMS)}")
     problem_grid = _check_params(source, "problem", PROBLEMS[problem_name].params, problem)
 
-    federation = _mapping(source, "federation", raw["federation"])
-    for key in FEDERATION_FIELDS:
-        if key not in federation and FEDERATION_FIELDS[key].default is None:
-            raise RecipeError(source, f"federation.{key}", "missing required field")
-    federation_grid = _check_params(source, "federation", FEDERATION_FIELDS.values(), federation)
+    for param in Federation.params:
+        if param.name not in model.federation and param.default is None:
+            raise RecipeError(source, f"federation.{param.name}", "missing required field")
+    federation_grid = _check_params(source, "federation", Federation.params, model.federation)
 
-    algorithms_raw = _mapping(source, "algorithms", raw["algorithms"])
-    if not algorithms_raw:
-        raise RecipeError(source, "algorithms", "found no algorithm, expected at least one")
     algorithms = {}
-    for algo, hps in algorithms_raw.items():
+    for algo, hps in model.algorithms.items():
         if algo not in ALGORITHMS:
             raise RecipeError(source, f"algorithms.{algo}", f"unknown algorithm{closest(algo, ALGORITHMS)}; "
                               f"expected one of {', '.join(ALGORITHMS)}")
-        hps = {} if hps is None else _mapping(source, f"algorithms.{algo}", hps)
-        algorithms[algo] = _check_params(source, f"algorithms.{algo}", ALGORITHMS[algo].hparams, hps)
+        algorithms[algo] = _check_params(source, f"algorithms.{algo}", ALGORITHMS[algo].hparams, hps or {})
 
-    seeds = raw.get("seeds", 1)
-    if isinstance(seeds, bool) or not (isinstance(seeds, int) and seeds >= 1 or
-                                       isinstance(seeds, list) and seeds and
-                                       all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)):
-        raise RecipeError(source, "seeds", f"found {seeds!r}, expected a count >= 1 or a non-empty list of integers >= 0")
-    seeds = list(range(seeds)) if isinstance(seeds, int) else seeds
-    if len(set(seeds)) != len(seeds):
-        raise RecipeError(source, "seeds", f"found repeated seeds {seeds}")
-
-    eval_every = raw.get("eval_every", 10)
-    if isinstance(eval_every, bool) or not isinstance(eval_every, int) or eval_every < 1:
-        raise RecipeError(source, "eval_every", f"found {eval_every!r}, expected an integer >= 1")
-    device = raw.get("device", "cpu")
-    if not isinstance(device, str) or device.split(":")[0] not in ("cpu", "cuda"):
-        raise RecipeError(source, "device", f"found {device!r}, expected cpu or cuda[:N]")
-    return Recipe(source, name, problem_name, problem_grid, federation_grid, algorithms, seeds, eval_every, device)
+    recipe = Recipe(source, model.name, problem_name, problem_grid, federation_grid, algorithms, model.seeds,
+                    model.eval_every, model.device, model.divergence_factor, model.resources, model.tune, raw)
+    recipe.trials()  # every grid point must make a valid trial (e.g. clients_per_round <= clients)
+    return recipe
 
 
 def load(path: str | Path, overrides: list[str] | None = None, algorithm: str | None = None) -> Recipe:
