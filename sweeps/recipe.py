@@ -269,8 +269,12 @@ def _schema_error(source: str, err: ValidationError) -> RecipeError:
         return RecipeError(source, path, f"unknown field{closest(loc[-1], fields)}; expected one of {', '.join(fields)}")
     if kind == "value_error":
         return RecipeError(source, path, error["msg"].removeprefix("Value error, "))
-    expected = error["msg"].removeprefix("Input should be ").replace("a valid dictionary", "a mapping")
+    expected = PHRASES.get(kind) or error["msg"].removeprefix("Input should be ")
     return RecipeError(source, path, f"found {error['input']!r}, expected {expected}")
+
+
+PHRASES = {"dict_type": "a mapping", "string_type": "a string", "string_too_short": "a non-empty string",
+           "too_short": "at least one entry", "int_type": "an integer", "float_type": "a number"}
 
 
 @dataclass
@@ -356,10 +360,10 @@ def parse(raw: dict[str, Any], source: str) -> Recipe:
                           f"{', '.join(PROBLEMS)}{closest(problem_name, PROBLEMS)}")
     problem_grid = _check_params(source, "problem", PROBLEMS[problem_name].params, problem)
 
+    federation_grid = _check_params(source, "federation", Federation.params, model.federation)
     for param in Federation.params:
         if param.name not in model.federation and param.default is None:
             raise RecipeError(source, f"federation.{param.name}", "missing required field")
-    federation_grid = _check_params(source, "federation", Federation.params, model.federation)
 
     algorithms = {}
     for algo, hps in model.algorithms.items():

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -37,7 +40,7 @@ def invoke(*args):
 
 def test_run_writes_rows_equal_to_the_engine(recipe, tmp_path):
     out = tmp_path / "rows.json"
-    result = invoke("run", recipe, "--algorithm", "fedmid", "--json", out)
+    result = invoke("run", recipe, "--algorithm", "fedmid", "--json", out, "--no-track")
     assert result.exit_code == 0, result.output
     rows = json.loads(out.read_text())
     assert [r["round"] for r in rows] == [0, 5, 10, 12]
@@ -52,7 +55,7 @@ def test_run_writes_rows_equal_to_the_engine(recipe, tmp_path):
 def test_set_overrides_and_seed(recipe, tmp_path):
     out = tmp_path / "rows.json"
     result = invoke("run", recipe, "-a", "fedda", "--seed", "3", "--set", "algorithm.client_lr=1e-3",
-                    "--set", "federation.rounds=4", "--set", "eval_every=2", "--json", out)
+                    "--set", "federation.rounds=4", "--set", "eval_every=2", "--json", out, "--no-track")
     assert result.exit_code == 0, result.output
     rows = json.loads(out.read_text())
     assert [r["round"] for r in rows] == [0, 2, 4]
@@ -60,6 +63,52 @@ def test_set_overrides_and_seed(recipe, tmp_path):
     direct = fedbench.run("fedda", problem, rounds=4, clients_per_round=4, local_steps=3, batch_size=5,
                           eval_every=2, client_lr=1e-3)
     assert rows == direct.rows
+
+
+def test_run_logs_its_trial_to_mlflow(recipe, tmp_path, tracking_uri):
+    from mlflow.tracking import MlflowClient
+
+    out = tmp_path / "rows.json"
+    result = invoke("run", recipe, "-a", "fedda", "--set", "algorithm.client_lr=1e-2", "--json", out,
+                    "--tracking-uri", tracking_uri)
+    assert result.exit_code == 0, result.output
+    client = MlflowClient(tracking_uri)
+    experiment = client.get_experiment_by_name("small-lasso")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FINISHED" and run.data.tags["role"] == "run" and "mlflow.parentRunId" not in run.data.tags
+    assert run.data.tags["algorithm"] == "fedda" and run.data.tags["seed"] == "7" and run.data.tags["status"] == "finished"
+    assert run.data.params["algorithm.client_lr"] == "0.01" and run.data.params["federation.rounds"] == "12"
+    rows = json.loads(out.read_text())
+    history = client.get_metric_history(run.info.run_id, "objective_gap")
+    assert [(m.step, m.value) for m in history] == [(row["round"], row["objective_gap"]) for row in rows]
+
+
+def test_ui_serves_the_store_on_localhost(recipe, tracking_uri, free_tcp_port):
+    import urllib.request
+
+    invoke("run", recipe, "-a", "fedmid", "--tracking-uri", tracking_uri)
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "ui", "--tracking-uri", tracking_uri,
+                             "--port", str(free_tcp_port)], cwd=Path(__file__).resolve().parents[1],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        for _ in range(120):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{free_tcp_port}/health", timeout=1) as response:
+                    assert response.status == 200
+                    break
+            except OSError:
+                assert proc.poll() is None, proc.stdout.read()
+                time.sleep(0.5)
+        else:
+            raise AssertionError("the MLflow UI did not answer within 60 s")
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def test_ui_without_a_store_says_so(tmp_path):
+    result = invoke("ui", "--tracking-uri", f"sqlite:///{tmp_path / 'none.db'}")
+    assert result.exit_code == 2 and "no MLflow store" in result.output
 
 
 def test_validate_and_list(recipe):
@@ -92,24 +141,79 @@ BAD = {
     "python tag": ("name: !!python/object/apply:os.system ['echo hacked']", "", "!!python tag is refused"),
     "bad problem param": ("problem: {name: lasso, clients: 8, samples_per_client: 20, dim: 30, ar_rho: 2.0}",
                           "problem.ar_rho", "found 2.0"),
+    "empty name": ('name: ""', "name", "expected a non-empty string"),
+    "federation not a mapping": ("federation: [1, 2]", "federation", "expected a mapping"),
+    "no algorithms": ("algorithms: {}", "algorithms", "at least one"),
+    "eval_every zero": ("eval_every: 0", "eval_every", "greater than or equal to 1"),
+    "eval_every as a string": ('eval_every: "5"', "eval_every", "found '5', expected an integer"),
+    "unknown device": ("device: tpu", "device", "found 'tpu'"),
+    "negative cpus": ("resources: {cpus_per_trial: -1}", "resources.cpus_per_trial", "found -1"),
+    "gpu fraction above one": ("resources: {gpus_per_trial: 1.5}", "resources.gpus_per_trial", "whole number"),
+    "misspelt resources field": ("resources: {cpu_per_trial: 1}", "resources.cpu_per_trial",
+                                 "did you mean 'cpus_per_trial'"),
+    "zero pack": ("resources: {pack: 0}", "resources.pack", "found 0"),
+    "tune mode": ("tune: {space: {client_lr: {log_uniform: [1e-4, 1e-1]}}, metric: objective, mode: up}",
+                  "tune.mode", "found 'up'"),
+    "tune empty space": ("tune: {space: {}, metric: objective}", "tune.space", "at least one"),
+    "divergence factor below one": ("divergence_factor: 0.5", "divergence_factor", "found 0.5"),
+    "repeated seeds": ("seeds: [1, 1]", "seeds", "repeated"),
+    "negative seed": ("seeds: [1, -2]", "seeds", "found [1, -2]"),
+    "bool local steps": ("federation: {rounds: 5, clients_per_round: 4, local_steps: true, batch_size: 5}",
+                         "federation.local_steps", "found True"),
+    "zero batch size": ("federation: {rounds: 5, clients_per_round: 4, local_steps: 3, batch_size: 0}",
+                        "federation.batch_size", "found 0"),
+    "fractional rounds": ("federation: {rounds: 2.5, clients_per_round: 4, local_steps: 3, batch_size: 5}",
+                          "federation.rounds", "found 2.5"),
+    "bad aggregation": ("federation: {rounds: 5, clients_per_round: 4, local_steps: 3, batch_size: 5, "
+                        "aggregation: mean}", "federation.aggregation", "uniform | samples"),
+    "misspelt federation field": ("federation: {rounds: 5, clients_per_round: 4, local_step: 3, batch_size: 5}",
+                                  "federation.local_step", "did you mean 'local_steps'"),
+    "missing federation field": ("federation: {rounds: 5, clients_per_round: 4, batch_size: 5}",
+                                 "federation.local_steps", "missing required field"),
+    "problem without a name": ("problem: {clients: 8}", "problem.name", "found None"),
+    "string in a grid": ('algorithms: {fedmid: {client_lr: [0.1, "x"]}}', "algorithms.fedmid.client_lr[1]",
+                         "found 'x'"),
+    "bool flag as a word": ("algorithms: {fedavg: {subgradient: maybe}}", "algorithms.fedavg.subgradient",
+                            "expected true or false"),
+    "hyperparameters not a mapping": ("algorithms: {fedmid: 0.1}", "algorithms.fedmid", "expected a mapping"),
+    "missing federation": ("federation: null", "federation", "found None, expected a mapping"),
+}
+WHOLE_FILE = {
+    "bad indentation": ("name: x\n  problem: 1\n", "", "malformed YAML: line 2"),
+    "a list at the top": ("- a\n- b\n", "", "expected a mapping at the top level"),
+    "missing algorithms": (SMALL.split("algorithms:")[0], "algorithms", "missing required field"),
 }
 
 
-@pytest.mark.parametrize("case", sorted(BAD))
-def test_malformed_recipe_is_refused_with_the_field(case, tmp_path):
-    replacement, path, fragment = BAD[case]
+def bad_recipe_text(case: str) -> str:
+    if case in WHOLE_FILE:
+        return WHOLE_FILE[case][0]
+    replacement = BAD[case][0]
     key = replacement.split(":")[0]
     lines = [line for line in SMALL.splitlines() if not line.startswith(key + ":")]
     if key == "algorithms":  # drop the indented algorithm entries too
         lines = [line for line in lines if not line.startswith("  ")]
+    return "\n".join(lines + [replacement]) + "\n"
+
+
+@pytest.mark.parametrize("command", ["validate", "run", "sweep"])
+@pytest.mark.parametrize("case", sorted(BAD) + sorted(WHOLE_FILE))
+def test_malformed_recipe_is_refused_with_the_field(case, command, tmp_path):
+    _, path, fragment = {**BAD, **WHOLE_FILE}[case]
     file = tmp_path / "bad.yaml"
-    file.write_text("\n".join(lines + [replacement]) + "\n")
-    algorithm = ["--algorithm", "fedmid"] if "fedmid" in SMALL and key not in ("algorithms",) else []
-    result = invoke("run", file, *algorithm)
+    file.write_text(bad_recipe_text(case))
+    result = invoke(command, file, *(["--no-track"] if command == "run" else []))
     assert result.exit_code == 2, result.output
     message = result.output.strip()
     assert "Traceback" not in message and len(message.splitlines()) == 1, message
-    assert str(file) in message and path in message and fragment in message, message
+    assert str(file) in message and fragment in message, message
+    if path:
+        assert f": {path}: " in message, message
+    assert not (tmp_path / "mlflow.db").exists() and not list(tmp_path.glob("default-mlflow.db"))
+
+
+def test_the_corpus_is_large():
+    assert len(BAD) + len(WHOLE_FILE) >= 25
 
 
 def test_malformed_yaml_names_the_line(tmp_path):

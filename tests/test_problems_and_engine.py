@@ -215,15 +215,21 @@ def test_data_depend_on_data_seed_only_when_it_is_set():
 # -- (f) divergence ---------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("eval_every", [1, 4])
-def test_diverging_step_size_is_reported(eval_every):
+@pytest.mark.parametrize("factor", [1e4, math.inf])
+def test_diverging_step_size_is_reported(eval_every, factor):
+    """Stopped when the objective exceeds `factor` × its start, or (factor = inf) when it overflows."""
     problem = small_lasso()
     rounds = 200
     result = simulate(problem, fedbench.make_algorithm("fedmid", problem, client_lr=1e3),
-                      Federation(rounds, 4, 3, 5), seed=0, eval_every=eval_every)
+                      Federation(rounds, 4, 3, 5), seed=0, eval_every=eval_every, divergence_factor=factor)
     assert result.status == "diverged"
     assert result.final["round"] < rounds
-    assert not all(math.isfinite(v) for v in result.final.values())
     assert all(math.isfinite(v) for row in result.rows[:-1] for v in row.values())
+    assert all(row["objective"] <= factor * result.rows[0]["objective"] for row in result.rows[:-1])
+    if math.isfinite(factor):
+        assert result.final["objective"] > factor * result.rows[0]["objective"]
+    else:
+        assert not all(math.isfinite(v) for v in result.final.values())
 
 
 @pytest.mark.parametrize("name", ["fedmid", "fedda", "fedavg"])

@@ -146,12 +146,12 @@ def test_ball_domain_solution_is_feasible_and_a_fixed_point():
     assert float((mapped - w).abs().max()) <= 1e-6
 
 
-def test_solve_caches_in_memory_and_on_disk(monkeypatch, _isolated_reference_cache):
+def test_solve_caches_in_memory_and_on_disk(monkeypatch, _isolated_stores):
     monkeypatch.setattr(reference, "_MEMORY", {})
     problem = small_lasso()
     first = solve(problem)
     assert solve(problem) is first
-    files = list(_isolated_reference_cache.rglob("*.pt"))
+    files = list(_isolated_stores.rglob("*.pt"))
     assert len(files) == 1
     assert files[0].parent == reference.cache_dir()
     # A fresh process (empty memory) reads the disk file instead of solving again.

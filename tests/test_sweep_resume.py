@@ -1,0 +1,77 @@
+"""A sweep killed with SIGKILL (driver, Ray and all) and run again completes with no duplicated and no
+lost runs; the runs the kill interrupted are marked FAILED rather than left RUNNING."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = """\
+name: resume
+problem: {name: lasso, clients: 8, samples_per_client: 40, dim: 60, support: 10, lam: 0.05}
+federation: {rounds: 5000, clients_per_round: 4, local_steps: 5, batch_size: 5}
+algorithms:
+  fedmid: {client_lr: [1e-2, 2e-2]}
+  fedda: {client_lr: [1e-3, 1e-2]}
+seeds: 2
+eval_every: 500
+resources: {pack: 1}
+"""
+
+
+def runs(uri):
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("resume")
+    return [] if experiment is None else client.search_runs([experiment.experiment_id])
+
+
+def by_role(uri, role):
+    return [run for run in runs(uri) if run.data.tags.get("role") == role]
+
+
+def test_sigkill_then_rerun_completes_the_sweep(tmp_path, tracking_uri):
+    path = tmp_path / "resume.yaml"
+    path.write_text(RECIPE)
+    command = [sys.executable, "-m", "cli", "sweep", str(path), "--tracking-uri", tracking_uri]
+    first = subprocess.Popen(command, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 180
+    try:
+        while time.monotonic() < deadline:  # kill while some runs have finished and others are going
+            statuses = Counter(run.info.status for run in by_role(tracking_uri, "trial"))
+            if statuses["FINISHED"] >= 2 and statuses["RUNNING"] >= 1:
+                break
+            assert first.poll() is None, "the sweep ended before it could be killed"
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"no kill point reached: {statuses}")
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # the whole session: the CLI and the Ray it started
+        first.wait()
+
+    killed = by_role(tracking_uri, "trial")
+    finished_before = {run.info.run_id for run in killed if run.info.status == "FINISHED"}
+    running_before = {run.info.run_id for run in killed if run.info.status == "RUNNING"}
+    assert finished_before and running_before and by_role(tracking_uri, "sweep")[0].info.status == "RUNNING"
+
+    second = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stdout + second.stderr
+
+    trials = by_role(tracking_uri, "trial")
+    finished = [run for run in trials if run.info.status == "FINISHED"]
+    failed = [run for run in trials if run.info.status == "FAILED"]
+    assert len(finished) == 8  # 2 algorithms x 2 step sizes x 2 seeds
+    assert len({(run.data.tags["config_hash"], run.data.tags["seed"]) for run in finished}) == 8  # no duplicates
+    assert finished_before <= {run.info.run_id for run in finished}  # not run again
+    assert {run.info.run_id for run in failed} == running_before  # interrupted, marked failed
+    assert all(run.data.tags["status"] == "failed" for run in failed)
+    assert len(trials) == 8 + len(running_before)  # nothing RUNNING, nothing else
+    parents = by_role(tracking_uri, "sweep")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED" and parents[0].data.tags["attempts"] == "2"
