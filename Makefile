@@ -25,5 +25,6 @@ test-slow: install
 
 bench: install
 	MALLOC_MMAP_THRESHOLD_=4294967296 $(PY) bench/clients_batched.py
+	$(PY) bench/sweep_overhead.py
 
 .PHONY: install demo test test-slow bench

@@ -102,6 +102,7 @@ def run_pack(config: dict[str, Any], packs: list[list[tuple[int, Trial]]]) -> No
 class SweepSummary:
     total: int
     skipped: int
+    ray_trials: int = 0  # packs the pending runs went into
     counts: dict[str, int] = field(default_factory=lambda: {"finished": 0, "diverged": 0, "failed": 0})
     compute_seconds: float = 0.0  # sum of in-trial wall time of the runs that ended
     wall_seconds: float = 0.0
@@ -143,10 +144,8 @@ def connect(address: str | None) -> bool:
 
     if ray.is_initialized():
         return False
-    for name in ("ray", "ray.tune", "mlflow"):  # the progress display says what matters
-        logging.getLogger(name).setLevel(logging.ERROR)
     ray.init(address=address, log_to_driver=False, include_dashboard=False, configure_logging=True,
-             logging_level=logging.WARNING)
+             logging_level=logging.ERROR)
     return True
 
 
@@ -178,6 +177,8 @@ def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | No
         return summary
 
     started_ray = connect(address)
+    for name in ("ray", "ray.tune", "mlflow"):  # the progress display says what matters
+        logging.getLogger(name).setLevel(logging.ERROR)
     start = time.perf_counter()
     log = SweepLog(store, experiment_id, parent_id)
     state: dict[str, set[int]] = {"running": set(), "ended": set()}
@@ -185,6 +186,7 @@ def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | No
         nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
         packs = plan_packs(pending, resources.pack, slots(resources, nodes, max_concurrent or resources.max_concurrent))
         by_key = dict(pending)
+        summary.ray_trials = len(packs)
 
         class Relay(tune.Callback):
             def __reduce__(self):  # Tune pickles its callbacks for restoring, which we never use

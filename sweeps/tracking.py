@@ -147,12 +147,13 @@ class Store:
         last_round = int(outcome["rows"][-1]["round"]) if outcome["rows"] else 0
         metrics += [Metric(key, float(outcome[key]), stamp, last_round)
                     for key in ("train_seconds", "eval_seconds", "wall_seconds")]
-        for part in chunks(metrics, BATCH):
-            self.client.log_batch(run_id, metrics=part)
         tags = [RunTag("status", outcome["status"]), RunTag("device", outcome["device"])]
         if outcome.get("error"):
             tags.append(RunTag("error", outcome["error"][-5000:]))
-        self.client.log_batch(run_id, tags=tags)
+        parts = list(chunks(metrics, BATCH)) or [[]]
+        for part in parts[:-1]:
+            self.client.log_batch(run_id, metrics=part)
+        self.client.log_batch(run_id, metrics=parts[-1], tags=tags)
         self.client.set_terminated(run_id, "FAILED" if outcome["status"] == "failed" else "FINISHED",
                                    end_time=int(outcome["end_time"] * 1000))
 
