@@ -92,7 +92,7 @@ def run(
         store = Store(tracking_uri)
         start_time = outcome.end_time - outcome.wall_seconds
         run_id = store.start_trial(store.experiment(recipe.name), trial, None, start_time,
-                                   {"recipe_hash": recipe.recipe_hash})
+                                   {"recipe_hash": recipe.recipe_hash}, role="run")
         store.finish_trial(run_id, asdict(outcome))
         console.print(f"logged to {store.uri} (experiment {recipe.name!r}, run {run_id})", highlight=False)
     if outcome.status == "diverged":
@@ -149,6 +149,67 @@ def sweep(
         errors.print("the sweep was interrupted; run the same command again to finish it", highlight=False)
     if not summary.ok:
         raise typer.Exit(1)
+
+
+@app.command()
+def tune(
+    recipe_path: Path = typer.Argument(..., metavar="RECIPE", help="YAML recipe with a tune: block"),
+    algorithm: Optional[List[str]] = typer.Option(None, "--algorithm", "-a", help="Tune only these algorithms"),
+    sets: Optional[List[str]] = SetOption,
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (default: start a local Ray)"),
+    tracking_uri: Optional[str] = TrackingOption,
+    max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent", min=1),
+    fresh: bool = typer.Option(False, "--fresh", help="Delete the studies of an earlier call and start over"),
+    rerun_best: Optional[int] = typer.Option(None, "--rerun-best", min=0,
+                                             help="Re-run each best configuration on N fresh seeds (default: tune.rerun_best)"),
+) -> None:
+    """Optuna search of the recipe's tune: space, the same budget for every algorithm, on Ray Tune."""
+    from sweeps.execute import ClusterError
+    from sweeps.recipe import RecipeError
+    from sweeps.tuning import describe, tune_recipe
+
+    recipe = load_recipe(recipe_path, sets)
+    if recipe.tune is None:
+        fail(f"{recipe_path}: tune: missing; `fedbench tune` needs a tune: block (space, metric, mode, trials)")
+    chosen = algorithm or list(recipe.algorithms)
+    for name in chosen:
+        if name not in recipe.algorithms:
+            fail(f"{recipe_path}: --algorithm: found {name!r}, expected one of {', '.join(recipe.algorithms)}")
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[detail]}"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console) as bar:
+        tasks = {}
+
+        def progress(event: str, info: dict) -> None:
+            name = info["algorithm"]
+            if event == "algorithm":
+                tasks[name] = bar.add_task(name, total=info["trials"], detail="")
+                return
+            done = sum(info[k] for k in ("finished", "pruned", "diverged", "failed"))
+            bar.update(tasks[name], completed=done, detail=f"pruned {info['pruned']} · diverged {info['diverged']} · "
+                                                           f"failed {info['failed']}")
+
+        try:
+            summary = tune_recipe(recipe, chosen, sets or [], tracking_uri, address, max_concurrent, fresh,
+                                  rerun_best, progress)
+        except (ClusterError, RecipeError) as err:
+            bar.stop()
+            fail(str(err))
+    spec = recipe.tune
+    table = Table(title=f"tune {recipe.name}: {spec.objective} {spec.metric} ({spec.mode})")
+    for column in ("algorithm", "trials", "ok/pruned/diverged/failed", "best params", "best", "fresh seeds: mean ± std"):
+        table.add_column(column)
+    for result in summary.results:
+        counts = result.counts
+        params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in result.best_params.items())
+        fresh = f"{describe(result.fresh_values)} ({','.join(map(str, result.fresh_seeds))})" if result.fresh_seeds else "-"
+        table.add_row(result.algorithm, str(result.study_trials), "/".join(str(counts[k]) for k in counts),
+                      params or "-", f"{result.best_value:.4g}", fresh)
+    console.print(table)
+    console.print(f"studies in {summary.storage} (optuna-dashboard {summary.storage}); runs under parent "
+                  f"{summary.parent_run_id} in experiment {recipe.name!r}", highlight=False)
+    for error in summary.tracking_errors:
+        errors.print(f"tracking error: {error}", highlight=False)
 
 
 @app.command()

@@ -149,42 +149,58 @@ def connect(address: str | None) -> bool:
     return True
 
 
-def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | None = None,
-          address: str | None = None, max_concurrent: int | None = None,
-          progress: Callable[[str, dict[str, int]], None] | None = None) -> SweepSummary:
-    """Run every (config, seed) of the recipe not yet finished in the store, on Ray Tune."""
+def open_cluster(recipe: Recipe, address: str | None, max_concurrent: int | None) -> tuple[bool, int]:
+    """Join or start Ray and count the trials it can run at once: (whether Ray was started here, slots).
+    Raises ClusterError, with Ray stopped again, when the recipe's per-trial resources fit on no node."""
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # our tracker records everything
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    import ray
+
+    resources = recipe.resources
+    if recipe.device.startswith("cuda") and not resources.gpus_per_trial:
+        raise ClusterError(f"{recipe.source}: device {recipe.device} needs resources.gpus_per_trial > 0")
+    started = connect(address)
+    for name in ("ray", "ray.tune", "mlflow"):  # the progress display says what matters
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+        return started, slots(resources, nodes, max_concurrent or resources.max_concurrent)
+    except ClusterError:
+        if started:
+            ray.shutdown()
+        raise
+
+
+def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | None = None,
+          address: str | None = None, max_concurrent: int | None = None,
+          progress: Callable[[str, dict[str, int]], None] | None = None,
+          parent_tags: dict[str, str] | None = None) -> SweepSummary:
+    """Run every (config, seed) of the recipe not yet finished in the store, on Ray Tune."""
     import ray
     from ray import tune
 
     from sweeps.tracking import Store, SweepLog
 
     resources = recipe.resources
-    if recipe.device.startswith("cuda") and not resources.gpus_per_trial:
-        raise ClusterError(f"{recipe.source}: device {recipe.device} needs resources.gpus_per_trial > 0")
     store = Store(tracking)
     experiment_id = store.experiment(recipe.name)
     trials = recipe.trials()
     done = store.completed(experiment_id)
     pending = [(key, trial) for key, trial in enumerate(trials) if (trial.config_hash, trial.seed) not in done]
     summary = SweepSummary(total=len(trials), skipped=len(trials) - len(pending), experiment_id=experiment_id)
-    parent_id, attempt = store.open_sweep(experiment_id, recipe, overrides or [])
+    started_ray, slot_count = open_cluster(recipe, address, max_concurrent) if pending else (False, 1)
+    parent_id, attempt = store.open_sweep(experiment_id, recipe, overrides or [], parent_tags)
     summary.parent_run_id = parent_id
     store.fail_stale(experiment_id, parent_id)
     if not pending:
         store.close_sweep(parent_id, attempt, "FINISHED", {**summary.counts, "skipped": summary.skipped})
         return summary
 
-    started_ray = connect(address)
-    for name in ("ray", "ray.tune", "mlflow"):  # the progress display says what matters
-        logging.getLogger(name).setLevel(logging.ERROR)
     start = time.perf_counter()
     log = SweepLog(store, experiment_id, parent_id)
     state: dict[str, set[int]] = {"running": set(), "ended": set()}
     try:
-        nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
-        packs = plan_packs(pending, resources.pack, slots(resources, nodes, max_concurrent or resources.max_concurrent))
+        packs = plan_packs(pending, resources.pack, slot_count)
         by_key = dict(pending)
         summary.ray_trials = len(packs)
 

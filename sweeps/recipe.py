@@ -204,19 +204,64 @@ class Resources(StrictModel):
         return value
 
 
+class PrunerSpec(StrictModel):
+    """Asynchronous successive halving (ASHA) on the evaluated curve, in rounds."""
+    grace_rounds: int = Field(ge=1)
+    reduction_factor: float = Field(3.0, gt=1)
+
+
 class TuneSpec(StrictModel):
-    """The optional `tune:` block (Optuna search); `fedbench tune` reads it."""
+    """The optional `tune:` block: an Optuna search per algorithm, each with the same budget."""
     space: dict[str, dict[str, Any]] = Field(min_length=1)
-    metric: str
+    metric: str = Field(min_length=1)
     mode: str = "min"
-    trials: int = Field(20, ge=1)
+    objective: str = "final"  # final value of the metric, or best value over the curve
+    trials: int = Field(20, ge=1)  # per algorithm and per `fedbench tune` call
+    timeout_s: Optional[float] = Field(None, gt=0)  # wall budget per algorithm
+    sampler: str = "tpe"
+    sampler_seed: int = Field(0, ge=0)
+    seed: Optional[int] = Field(None, ge=0)  # the run seed while tuning (default: the recipe's first)
+    pruner: Optional[PrunerSpec] = None
+    rerun_best: int = Field(0, ge=0)  # fresh seeds on which each algorithm's best configuration is re-run
 
     @field_validator("mode")
     @classmethod
     def _mode(cls, value: str) -> str:
-        if value not in ("min", "max"):
-            raise ValueError(f"found {value!r}, expected min or max")
-        return value
+        return _one_of(value, ("min", "max"))
+
+    @field_validator("objective")
+    @classmethod
+    def _objective(cls, value: str) -> str:
+        return _one_of(value, ("final", "best"))
+
+    @field_validator("sampler")
+    @classmethod
+    def _sampler(cls, value: str) -> str:
+        return _one_of(value, SAMPLERS)
+
+
+SAMPLERS = ("tpe", "random", "cmaes", "gp")
+DISTRIBUTIONS = ("log_uniform", "uniform", "int", "log_int", "categorical")
+
+
+def _one_of(value: str, options: tuple[str, ...]) -> str:
+    if value not in options:
+        raise ValueError(f"found {value!r}, expected one of {', '.join(options)}{closest(value, options)}")
+    return value
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """One axis of the search space, as written in `tune.space` (`problem.lam`, `client_lr`,
+    `algorithms.fedmid.server_lr`), and the algorithms whose trials it varies."""
+    key: str
+    algorithms: tuple[str, ...]
+    distribution: str
+    bounds: tuple[Any, ...]  # (low, high), or the categories
+
+    def path(self, algorithm: str) -> str:
+        """The recipe field this dimension sets in `algorithm`'s trials."""
+        return self.key if "." in self.key else f"algorithms.{algorithm}.{self.key}"
 
 
 class RecipeModel(StrictModel):
@@ -253,7 +298,7 @@ class RecipeModel(StrictModel):
         return value
 
 
-SECTIONS = {(): RecipeModel, ("resources",): Resources, ("tune",): TuneSpec}
+SECTIONS = {(): RecipeModel, ("resources",): Resources, ("tune",): TuneSpec, ("tune", "pruner"): PrunerSpec}
 
 
 def _schema_error(source: str, err: ValidationError) -> RecipeError:
@@ -292,6 +337,7 @@ class Recipe:
     resources: Resources
     tune: Optional[TuneSpec]
     document: dict[str, Any]  # the validated YAML after overrides, as written
+    dimensions: tuple[Dimension, ...] = ()  # the tune block's search space, resolved
 
     @property
     def recipe_hash(self) -> str:
@@ -308,8 +354,10 @@ class Recipe:
                 trials += [self._trial(problem_values, federation_values, algo, hps, seed) for seed in self.seeds]
         return trials
 
-    def single_trial(self, algorithm: str | None = None, seed: int | None = None) -> Trial:
-        """The one trial `fedbench run` runs: every parameter must have exactly one value."""
+    def single_trial(self, algorithm: str | None = None, seed: int | None = None,
+                     fixed: dict[str, Any] | None = None) -> Trial:
+        """The one trial `fedbench run` runs: every parameter must have exactly one value, except those
+        `fixed` gives (by recipe path, e.g. `problem.lam` or `algorithms.fedmid.client_lr`)."""
         if algorithm is None:
             if len(self.algorithms) != 1:
                 raise RecipeError(self.source, "algorithms",
@@ -318,15 +366,19 @@ class Recipe:
         if algorithm not in self.algorithms:
             raise RecipeError(self.source, "--algorithm", f"found {algorithm!r}, expected one of "
                               f"{', '.join(self.algorithms)}{closest(algorithm, self.algorithms)}")
+        fixed = fixed or {}
         sections = {"problem": self.problem_grid, "federation": self.federation_grid,
                     f"algorithms.{algorithm}": self.algorithms[algorithm]}
         chosen = {}
         for section, grid in sections.items():
+            chosen[section] = {}
             for key, values in grid.items():
-                if len(values) != 1:
+                if f"{section}.{key}" not in fixed and len(values) != 1:
                     raise RecipeError(self.source, f"{section}.{key}", f"found {len(values)} values {values}, "
                                       f"expected one for a single run; pick one with --set {section}.{key}=VALUE")
-            chosen[section] = {k: v[0] for k, v in grid.items()}
+                chosen[section][key] = values[0]
+            chosen[section].update({path.removeprefix(section + "."): value for path, value in fixed.items()
+                                    if path.startswith(section + ".")})
         return self._trial(chosen["problem"], chosen["federation"], algorithm,
                            chosen[f"algorithms.{algorithm}"], self.seeds[0] if seed is None else seed)
 
@@ -372,10 +424,68 @@ def parse(raw: dict[str, Any], source: str) -> Recipe:
                               f"expected one of {', '.join(ALGORITHMS)}")
         algorithms[algo] = _check_params(source, f"algorithms.{algo}", ALGORITHMS[algo].hparams, hps or {})
 
+    dimensions = _check_space(source, model.tune, problem_name, algorithms) if model.tune else ()
     recipe = Recipe(source, model.name, problem_name, problem_grid, federation_grid, algorithms, model.seeds,
-                    model.eval_every, model.device, model.divergence_factor, model.resources, model.tune, raw)
+                    model.eval_every, model.device, model.divergence_factor, model.resources, model.tune, raw,
+                    dimensions)
     recipe.trials()  # every grid point must make a valid trial (e.g. clients_per_round <= clients)
     return recipe
+
+
+def _check_space(source: str, tune: TuneSpec, problem: str, algorithms: dict) -> tuple[Dimension, ...]:
+    """Each `tune.space` entry names a declared parameter and a valid range of it:
+    `problem.X`, `federation.X`, `algorithms.A.X`, or a bare `X` for every algorithm declaring X."""
+    dimensions = []
+    for key, spec in tune.space.items():
+        where = f"tune.space.{key}"
+        section, _, name = key.rpartition(".")
+        if section in ("problem", "federation"):
+            declared = PROBLEMS[problem].params if section == "problem" else Federation.params
+            owners = {None: {p.name: p for p in declared}}
+        elif section.startswith("algorithms.") and section.count(".") == 1:
+            algorithm = section.split(".")[1]
+            if algorithm not in algorithms:
+                raise RecipeError(source, where, f"the recipe has no algorithm {algorithm!r}; expected one of "
+                                  f"{', '.join(algorithms)}{closest(algorithm, algorithms)}")
+            owners = {algorithm: {p.name: p for p in ALGORITHMS[algorithm].hparams}}
+        elif not section:
+            owners = {a: {p.name: p for p in ALGORITHMS[a].hparams} for a in algorithms}
+        else:
+            raise RecipeError(source, where, "expected problem.NAME, federation.NAME, algorithms.ALGO.NAME or a "
+                              "hyperparameter name")
+        params = [by_name[name] for by_name in owners.values() if name in by_name]
+        if not params:
+            known = sorted({n for by_name in owners.values() for n in by_name})
+            raise RecipeError(source, where, f"unknown parameter{closest(name, known)}; expected one of {', '.join(known)}")
+        if len(spec) != 1 or next(iter(spec)) not in DISTRIBUTIONS:
+            raise RecipeError(source, where, f"found {spec!r}, expected one of {', '.join(DISTRIBUTIONS)} "
+                              f"with its range, e.g. {{log_uniform: [1.0e-4, 1.0e-1]}}")
+        distribution, bounds = next(iter(spec.items()))
+        where = f"{where}.{distribution}"
+        if distribution == "categorical":
+            if not isinstance(bounds, list) or not bounds:
+                raise RecipeError(source, where, f"found {bounds!r}, expected a non-empty list of values")
+        else:
+            if not (isinstance(bounds, list) and len(bounds) == 2):
+                raise RecipeError(source, where, f"found {bounds!r}, expected [low, high]")
+            if not bounds[0] < bounds[1]:
+                raise RecipeError(source, where, f"found the empty range {bounds}, expected low < high")
+            if distribution.startswith("log") and bounds[0] <= 0:
+                raise RecipeError(source, where, f"found {bounds}, a log scale needs low > 0")
+            wanted = "int" if distribution.endswith("int") else "float"
+            if any(p.kind != wanted for p in params):
+                raise RecipeError(source, where, f"{name} is {params[0].kind}; expected a {params[0].kind} "
+                                  f"distribution ({'int, log_int' if params[0].kind == 'int' else 'uniform, log_uniform'})"
+                                  if params[0].kind in ("int", "float") else f"{name} is {params[0].kind}; use categorical")
+        for param in params:
+            for i, value in enumerate(bounds):
+                try:
+                    param.check(value)
+                except ValueError as err:
+                    raise RecipeError(source, f"{where}[{i}]", str(err)) from None
+        applies = tuple(algorithms) if None in owners else tuple(a for a in owners if name in owners[a])
+        dimensions.append(Dimension(key, applies, distribution, tuple(bounds)))
+    return tuple(dimensions)
 
 
 def load(path: str | Path, overrides: list[str] | None = None, algorithm: str | None = None) -> Recipe:

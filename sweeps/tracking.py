@@ -100,7 +100,8 @@ class Store:
             self.client.set_terminated(run.info.run_id, "FAILED")
         return len(stale)
 
-    def open_sweep(self, experiment_id: str, recipe: Recipe, overrides: list[str]) -> tuple[str, int]:
+    def open_sweep(self, experiment_id: str, recipe: Recipe, overrides: list[str],
+                   tags: dict[str, str] | None = None) -> tuple[str, int]:
         """The sweep's parent run (the one of an earlier attempt of the same recipe, or a new one), and
         which attempt this is."""
         previous = self.search(experiment_id, f"tags.role = 'sweep' and tags.recipe_hash = '{recipe.recipe_hash}'")
@@ -110,24 +111,50 @@ class Store:
             self.client.update_run(run_id, status="RUNNING")
             self.client.set_tag(run_id, "attempts", str(attempts))
             return run_id, attempts
-        run = self.client.create_run(experiment_id, run_name=f"sweep {recipe.name}", tags={
-            "role": "sweep", "recipe_hash": recipe.recipe_hash, "recipe": recipe.source, "overrides": " ".join(overrides),
-            "git_commit": tool_commit(), "host": platform.node(), "attempts": "1"})
+        return self.open_parent(experiment_id, recipe, overrides, f"sweep {recipe.name}",
+                                {"role": "sweep", "attempts": "1", **(tags or {})}), 1
+
+    def open_parent(self, experiment_id: str, recipe: Recipe, overrides: list[str], name: str,
+                    tags: dict[str, str]) -> str:
+        """A run that groups others: the recipe (file and resolved) as artifacts, and provenance tags."""
+        run = self.client.create_run(experiment_id, run_name=name, tags={
+            "recipe_hash": recipe.recipe_hash, "recipe": recipe.source, "overrides": " ".join(overrides),
+            "git_commit": tool_commit(), "host": platform.node(), **tags})
         run_id = run.info.run_id
         if Path(recipe.source).is_file():
             self.client.log_artifact(run_id, recipe.source)
         self.client.log_text(run_id, yaml.safe_dump(recipe.document, sort_keys=False), "recipe.resolved.yaml")
-        return run_id, 1
+        return run_id
 
     def close_sweep(self, run_id: str, attempt: int, status: str, counts: dict[str, int]) -> None:
         """This attempt's counts (step = attempt) and the parent's status."""
         self.client.log_batch(run_id, metrics=[Metric(f"runs_{k}", v, now_ms(), attempt) for k, v in counts.items()])
         self.client.set_terminated(run_id, status)
 
+    def log_summary(self, run_id: str, params: dict[str, Any], metrics: dict[str, float]) -> None:
+        self.client.log_batch(run_id, metrics=[Metric(k, float(v), now_ms(), 0) for k, v in metrics.items()],
+                              params=[Param(k, str(v)) for k, v in params.items()])
+
+    def final_values(self, experiment_id: str, trials: list[Trial], metric: str, mode: str, objective: str) -> list[float]:
+        """The metric of each trial's finished sweep run: its last value, or its best over the curve."""
+        values = []
+        for trial in trials:
+            runs = self.search(experiment_id, f"tags.role = 'trial' and tags.config_hash = '{trial.config_hash}' "
+                                              f"and tags.seed = '{trial.seed}' and attributes.status = 'FINISHED'")
+            for run in runs[:1]:
+                if objective == "final":
+                    values.append(run.data.metrics[metric])
+                else:
+                    curve = [m.value for m in self.client.get_metric_history(run.info.run_id, metric)]
+                    values.append(min(curve) if mode == "min" else max(curve))
+        return values
+
     def start_trial(self, experiment_id: str, trial: Trial, parent_id: str | None, start_time: float,
-                    tags: dict[str, str]) -> str:
+                    tags: dict[str, str], role: str = "trial") -> str:
+        """A run of one (config, seed): role `trial` in a sweep, `tune_trial` in a tuning session, `run`
+        for `fedbench run`."""
         hp = ", ".join(f"{k}={v}" for k, v in trial.hyperparameters.items())
-        run_tags = {"role": "trial" if parent_id else "run", "problem": trial.problem, "algorithm": trial.algorithm,
+        run_tags = {"role": role, "problem": trial.problem, "algorithm": trial.algorithm,
                     "seed": str(trial.seed), "config_hash": trial.config_hash, "status": "running", **tags}
         if parent_id:
             run_tags[PARENT_TAG] = parent_id
@@ -167,7 +194,7 @@ class SweepLog:
 
     def __init__(self, store: Store, experiment_id: str, parent_id: str):
         self.store, self.experiment_id, self.parent_id = store, experiment_id, parent_id
-        self.run_ids: dict[int, str] = {}
+        self.run_ids: dict[Any, str] = {}
         self.errors: list[str] = []
         self.queue: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self.thread = threading.Thread(target=self._work, name="fedbench-mlflow", daemon=True)
@@ -180,15 +207,16 @@ class SweepLog:
             except Exception as err:  # keep the sweep going; the summary reports tracking errors
                 self.errors.append(f"{type(err).__name__}: {err}")
 
-    def started(self, key: int, trial: Trial, start_time: float, tags: dict[str, str]) -> None:
+    def started(self, key: Any, trial: Trial, start_time: float, tags: dict[str, str], role: str = "trial") -> None:
         def job():
-            self.run_ids[key] = self.store.start_trial(self.experiment_id, trial, self.parent_id, start_time, tags)
+            self.run_ids[key] = self.store.start_trial(self.experiment_id, trial, self.parent_id, start_time, tags,
+                                                       role)
         self.queue.put(job)
 
-    def ended(self, key: int, outcome: dict[str, Any]) -> None:
+    def ended(self, key: Any, outcome: dict[str, Any]) -> None:
         self.queue.put(lambda: self.store.finish_trial(self.run_ids[key], outcome))
 
-    def abandoned(self, key: int, reason: str) -> None:
+    def abandoned(self, key: Any, reason: str) -> None:
         """A run that started but will not end (its Ray trial died, or the sweep was interrupted)."""
         def job():
             self.store.client.log_batch(self.run_ids[key], tags=[RunTag("status", "failed"), RunTag("error", reason)])

@@ -177,6 +177,23 @@ BAD = {
                             "expected true or false"),
     "hyperparameters not a mapping": ("algorithms: {fedmid: 0.1}", "algorithms.fedmid", "expected a mapping"),
     "missing federation": ("federation: null", "federation", "found None, expected a mapping"),
+    "tune unknown hyperparameter": ("tune: {space: {client_rl: {log_uniform: [1e-4, 1e-1]}}, metric: objective}",
+                                    "tune.space.client_rl", "did you mean 'client_lr'"),
+    "tune empty range": ("tune: {space: {client_lr: {uniform: [0.1, 0.1]}}, metric: objective}",
+                         "tune.space.client_lr.uniform", "empty range"),
+    "tune log range from zero": ("tune: {space: {problem.lam: {log_uniform: [0, 1]}}, metric: objective}",
+                                 "tune.space.problem.lam.log_uniform", "low > 0"),
+    "tune unknown distribution": ("tune: {space: {client_lr: {loguniform: [1e-4, 1]}}, metric: objective}",
+                                  "tune.space.client_lr", "log_uniform"),
+    "tune bound outside the declared range": ("tune: {space: {server_lr: {uniform: [-1, 1]}}, metric: objective}",
+                                              "tune.space.server_lr.uniform[0]", "found -1"),
+    "tune int distribution for a float": ("tune: {space: {client_lr: {int: [1, 3]}}, metric: objective}",
+                                          "tune.space.client_lr.int", "expected a float distribution"),
+    "tune algorithm not in the recipe": ("tune: {space: {algorithms.fedavg.client_lr: {uniform: [0.1, 1]}}, "
+                                         "metric: objective}", "tune.space.algorithms.fedavg.client_lr",
+                                         "no algorithm 'fedavg'"),
+    "tune sampler": ("tune: {space: {client_lr: {uniform: [0.1, 1]}}, metric: objective, sampler: bayes}",
+                     "tune.sampler", "expected one of tpe, random, cmaes, gp"),
 }
 WHOLE_FILE = {
     "bad indentation": ("name: x\n  problem: 1\n", "", "malformed YAML: line 2"),
@@ -196,7 +213,7 @@ def bad_recipe_text(case: str) -> str:
     return "\n".join(lines + [replacement]) + "\n"
 
 
-@pytest.mark.parametrize("command", ["validate", "run", "sweep"])
+@pytest.mark.parametrize("command", ["validate", "run", "sweep", "tune"])
 @pytest.mark.parametrize("case", sorted(BAD) + sorted(WHOLE_FILE))
 def test_malformed_recipe_is_refused_with_the_field(case, command, tmp_path):
     _, path, fragment = {**BAD, **WHOLE_FILE}[case]
@@ -210,6 +227,12 @@ def test_malformed_recipe_is_refused_with_the_field(case, command, tmp_path):
     if path:
         assert f": {path}: " in message, message
     assert not (tmp_path / "mlflow.db").exists() and not list(tmp_path.glob("default-mlflow.db"))
+
+
+def test_tune_refuses_an_unknown_metric_before_starting_ray(recipe, tmp_path):
+    recipe.write_text(recipe.read_text() + "tune: {space: {client_lr: {log_uniform: [1e-4, 1]}}, metric: objective_gapp}\n")
+    result = invoke("tune", recipe, "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}")
+    assert result.exit_code == 2 and "tune.metric" in result.output and "did you mean 'objective_gap'" in result.output
 
 
 def test_the_corpus_is_large():
