@@ -9,13 +9,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-KINDS = ("float", "int", "bool", "choice", "floats")
+KINDS = ("float", "int", "bool", "choice", "floats", "str")
 
 
 @dataclass(frozen=True)
 class Param:
     name: str
-    kind: str  # one of KINDS; "floats" is a list of floats (e.g. a per-stage schedule)
+    kind: str  # one of KINDS; "floats" is a list of floats (e.g. a per-stage schedule), "str" any text (a path)
     default: Any
     help: str
     low: float | None = None  # inclusive unless low_open
@@ -24,12 +24,15 @@ class Param:
     log: bool = False  # tune on a log scale
     choices: tuple[Any, ...] = ()
     nullable: bool = False  # None is a valid value (e.g. "derive from the trial seed")
+    infinite: bool = False  # +inf is a valid value (e.g. "no ball")
 
     def describe_range(self) -> str:
         if self.kind == "choice":
             return " | ".join(map(str, self.choices))
         if self.kind == "bool":
             return "true | false"
+        if self.kind == "str":
+            return "any string"
         if self.low is None and self.high is None:
             return "any"
         lo = "-inf" if self.low is None else f"{self.low:g}"
@@ -44,6 +47,10 @@ class Param:
         if self.kind == "bool":
             if not isinstance(value, bool):
                 raise ValueError(f"expected true or false, found {value!r}")
+            return value
+        if self.kind == "str":
+            if not isinstance(value, str):
+                raise ValueError(f"expected a string, found {value!r}")
             return value
         if self.kind == "choice":
             if value not in self.choices:
@@ -61,7 +68,7 @@ class Param:
         if cast is int and not float(value).is_integer():
             raise ValueError(f"expected an integer in {self.describe_range()}, found {value!r}")
         number = cast(value)
-        if cast is float and not math.isfinite(number):
+        if cast is float and not math.isfinite(number) and not (self.infinite and number == math.inf):
             raise ValueError(f"expected a finite {expected}, found {value!r}")
         too_low = self.low is not None and (number <= self.low if self.low_open else number < self.low)
         too_high = self.high is not None and number > self.high

@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 from fedbench.algorithms.base import Algorithm, Round
+from fedbench.algorithms.c_fedda import CFedDA
 from fedbench.algorithms.ditto import Ditto
+from fedbench.algorithms.fast_fedda import FastFedDA
 from fedbench.algorithms.fedavg import FedAvg
 from fedbench.algorithms.fedda import FedDA
 from fedbench.algorithms.fedmid import FedMiD
+from fedbench.algorithms.mc_fedda import MCFedDA
 
-ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (FedAvg, FedMiD, FedDA, Ditto)}
+ALGORITHMS: dict[str, type[Algorithm]] = {
+    cls.name: cls for cls in (FedAvg, FedMiD, FedDA, Ditto, FastFedDA, CFedDA, MCFedDA)}
 
 __all__ = ["ALGORITHMS", "Algorithm", "Round"]

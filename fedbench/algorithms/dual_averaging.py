@@ -1,0 +1,40 @@
+"""What Fast-FedDA, C-FedDA and MC-FedDA share (Bao, Crawshaw, Luo, Liu, ICML 2022; spec 002 §2.1–2.3):
+the weights α and the closed-form prox of dual averaging with strong-convexity quadratics.
+
+Weights: `const` α ≡ 1, as the authors' released code [default]; `quadratic` α_t = (t + a)², the
+theory's choice (Thm 2.1), with A_t = Σ_{i=0}^{t} α_i.
+
+Prox (spec 002 §2.1, eq. (13) of the paper):
+    argmin_w ⟨w, z − γ w₀⟩ + (μA/2 + γ)‖w‖²/2 + A·h(w)  =  prox_{(A/c)·h}((γ w₀ − z)/c),  c = μA/2 + γ,
+optionally restricted to the ℛ-ball ℛ(w − w₀) ≤ ε around the anchor w₀ (C-/MC-FedDA, spec 002 §2.2).
+"""
+from __future__ import annotations
+
+from torch import Tensor
+
+from fedbench.hparams import Param
+from fedbench.prox import Regularizer
+
+ALPHA = Param("alpha", "choice", "const", "weights α: const α ≡ 1 (released code) or quadratic (t + a)² (theory)",
+              choices=("const", "quadratic"))
+ALPHA_OFFSET = Param("a", "float", 1.0, "offset a of the quadratic weights (t + a)²", low=0)
+MU = Param("mu", "float", 0.1, "strong-convexity weight μ of the iterate-history quadratics", low=0, log=True)
+
+
+def alpha(index: int, schedule: str, a: float) -> float:
+    return 1.0 if schedule == "const" else (index + a) ** 2
+
+
+def cumulative_alpha(index: int, schedule: str, a: float) -> float:
+    """A_index = Σ_{i=0}^{index} α_i, in closed form."""
+    n = index + 1
+    if schedule == "const":
+        return float(n)
+    return n * a * a + a * n * (n - 1) + (n - 1) * n * (2 * n - 1) / 6
+
+
+def dual_averaging_prox(reg: Regularizer, z: Tensor, anchor: Tensor, total_weight: float, mu: float, gamma: float,
+                        radius: float | None = None, exact: bool = False) -> Tensor:
+    """argmin_w ⟨w, z − γ·anchor⟩ + (μA/2 + γ)‖w‖²/2 + A·h(w) [s.t. ℛ(w − anchor) ≤ radius], A = total_weight."""
+    c = mu * total_weight / 2 + gamma
+    return reg.prox_in_ball((gamma * anchor - z) / c, total_weight / c, anchor, radius, exact)

@@ -1,0 +1,73 @@
+"""Fast-FedDA (Bao, Crawshaw, Luo, Liu, ICML 2022, Algorithm 1; spec 002 §2.1): federated dual
+averaging whose prox adds strong-convexity quadratics centred at past iterates. Clients exchange the
+α-weighted cumulative gradient g and the α-weighted cumulative iterate w̃ (2p floats each way).
+
+    Prox_t(z) = argmin_w ⟨w, z − γw₀⟩ + (μA_t/2 + γ)‖w‖²/2 + A_t h(w)          (paper eq. (13))
+    client k, round r (t = rE + j):  g_k ← g;  w̃_k ← w̃;  u ← w
+        for j = 0..E−1:  g_k ← g_k + α_t ∇f(u; minibatch)
+                         if j < E−1:  u ← Prox_t(g_k − μw̃_k/2);  w̃_k ← w̃_k + α_{t+1} u
+    server:  g ← Σ π̂_k g_k;  w̃ ← Σ π̂_k w̃_k;  w ← Prox_{(r+1)E−1}(g − μw̃/2);  w̃ ← w̃ + α_{(r+1)E} w
+
+Conventions (spec 002 §2.1, §7 items 3 and 10):
+* `alpha`: const α ≡ 1 (released code, default) or quadratic (t + a)² (theory; γ = 2μa³ there, here γ
+  is free).
+* `local_order`: `grad_then_prox` (LassoRun.m, EmnistRun.m) [default] or `prox_then_grad`
+  (NuclearRun.m: every step first recomputes u ← Prox(g_k − μw̃_k/2) from the g_k it holds, with
+  A = t + 1, then takes the gradient there and adds u to w̃_k).
+* `reference_compat` (grad_then_prox only): the released scripts also prox and add to w̃_k at the
+  last local step, so w̃ gains one extra iterate per round [default true, as the code].
+γ here is the paper's γ (Appendix F's "L = 550" is this γ, spec 002 §2.7).
+"""
+from __future__ import annotations
+
+from fedbench.algorithms.base import Algorithm, aggregate, broadcast
+from fedbench.algorithms.dual_averaging import ALPHA, ALPHA_OFFSET, MU, alpha, cumulative_alpha, dual_averaging_prox
+from fedbench.hparams import Param
+
+
+class FastFedDA(Algorithm):
+    name = "fast_fedda"
+    hparams = (
+        MU,
+        Param("gamma", "float", 550.0, "anchor weight γ (paper convention)", low=0, low_open=True, log=True),
+        ALPHA,
+        ALPHA_OFFSET,
+        Param("local_order", "choice", "grad_then_prox", "client step order: lasso/EMNIST scripts or nuclear script",
+              choices=("grad_then_prox", "prox_then_grad")),
+        Param("reference_compat", "bool", True, "prox and w̃ update at the last local step too (released code)"),
+    )
+    downloads = ("g", "wt")  # w is recomputable from them; uploads are g_k and w̃_k
+
+    def init_server(self, w0):
+        return {"g": w0.new_zeros(w0.shape), "wt": self._alpha(0) * w0, "w": w0.clone(), "anchor": w0.clone()}
+
+    def _alpha(self, t: int) -> float:
+        return alpha(t, self.alpha, self.a)
+
+    def _prox(self, z, t: int, anchor):
+        return dual_averaging_prox(self.reg, z, anchor, cumulative_alpha(t, self.alpha, self.a), self.mu, self.gamma)
+
+    def client_init(self, server, rows, rnd):
+        return {"g": broadcast(server["g"], rnd), "wt": broadcast(server["wt"], rnd),
+                "u": broadcast(server["w"], rnd), "anchor": server["anchor"]}
+
+    def client_step(self, local, grad, rnd, step):
+        t = rnd.index * rnd.local_steps + step
+        g, wt, u, anchor = local["g"], local["wt"], local["u"], local["anchor"]
+        if self.local_order == "prox_then_grad":
+            u = self._prox(g - self.mu * wt / 2, t, anchor)
+            return {"g": g + self._alpha(t) * grad(u), "wt": wt + self._alpha(t) * u, "u": u, "anchor": anchor}
+        g = g + self._alpha(t) * grad(u)
+        if step < rnd.local_steps - 1 or self.reference_compat:
+            u = self._prox(g - self.mu * wt / 2, t, anchor)
+            wt = wt + self._alpha(t + 1) * u
+        return {"g": g, "wt": wt, "u": u, "anchor": anchor}
+
+    def client_final(self, local, rnd):
+        return {"g": local["g"], "wt": local["wt"]}, {}
+
+    def server_update(self, server, message, weights, rnd):
+        end = (rnd.index + 1) * rnd.local_steps
+        g, wt = aggregate(message["g"], weights), aggregate(message["wt"], weights)
+        w = self._prox(g - self.mu * wt / 2, end - 1, server["anchor"])
+        return {"g": g, "wt": wt + self._alpha(end) * w, "w": w, "anchor": server["anchor"]}
