@@ -20,6 +20,8 @@ console = Console()
 errors = Console(stderr=True)
 
 SetOption = typer.Option(None, "--set", "-s", help="Override a recipe field: path=value, e.g. algorithm.client_lr=1e-3")
+DataOption = typer.Option(None, "--data-dir", envvar="FEDBENCH_DATA",
+                          help="Root of real datasets (sets FEDBENCH_DATA for this run and its Ray workers)")
 TrackingOption = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI",
                               help="MLflow store (default sqlite:///mlflow.db in this directory)")
 
@@ -27,6 +29,12 @@ TrackingOption = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_UR
 def fail(message: str) -> None:
     errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
+
+
+def use_data_dir(data_dir: Optional[Path]) -> None:
+    """Real datasets are read from FEDBENCH_DATA; set before Ray starts, its workers inherit it."""
+    if data_dir is not None:
+        os.environ["FEDBENCH_DATA"] = str(data_dir.resolve())
 
 
 def load_recipe(path: Path, sets: Optional[List[str]], algorithm: Optional[str] = None):
@@ -48,8 +56,10 @@ def run(
     device: Optional[str] = typer.Option(None, "--device", help="auto, cpu or cuda (default: the recipe's)"),
     tracking_uri: Optional[str] = TrackingOption,
     track: bool = typer.Option(True, "--track/--no-track", help="Log the run to MLflow"),
+    data_dir: Optional[Path] = DataOption,
 ) -> None:
     """Run one trial in-process (no Ray): one algorithm, one value per hyperparameter."""
+    use_data_dir(data_dir)
     from sweeps.execute import build_simulation, drive
     from sweeps.recipe import RecipeError
 
@@ -107,8 +117,10 @@ def sweep(
     tracking_uri: Optional[str] = TrackingOption,
     max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent", min=1,
                                                  help="At most this many Ray trials at once"),
+    data_dir: Optional[Path] = DataOption,
 ) -> None:
     """Run every (config, seed) of the recipe on Ray Tune; runs already finished in the store are skipped."""
+    use_data_dir(data_dir)
     from sweeps.execute import ClusterError
     from sweeps.execute import sweep as run_sweep
 
@@ -162,8 +174,10 @@ def tune(
     fresh: bool = typer.Option(False, "--fresh", help="Delete the studies of an earlier call and start over"),
     rerun_best: Optional[int] = typer.Option(None, "--rerun-best", min=0,
                                              help="Re-run each best configuration on N fresh seeds (default: tune.rerun_best)"),
+    data_dir: Optional[Path] = DataOption,
 ) -> None:
     """Optuna search of the recipe's tune: space, the same budget for every algorithm, on Ray Tune."""
+    use_data_dir(data_dir)
     from sweeps.execute import ClusterError
     from sweeps.recipe import RecipeError
     from sweeps.tuning import describe, tune_recipe

@@ -47,9 +47,10 @@ class Federation:
     def check(self, problem: Problem) -> None:
         if not 1 <= self.clients_per_round <= problem.num_clients:
             raise ValueError(f"clients_per_round={self.clients_per_round} must be in [1, {problem.num_clients}]")
-        smallest = int(problem.client_sizes.min())
-        if not 1 <= self.batch_size <= smallest:
-            raise ValueError(f"batch_size={self.batch_size} must be in [1, {smallest}] (smallest client)")
+        largest = math.inf if problem.caps_batches else int(problem.client_sizes.min())
+        if not 1 <= self.batch_size <= largest:
+            raise ValueError(f"batch_size={self.batch_size} must be in [1, {largest}] (the smallest client, "
+                             "for problems that do not cap batches at n_k)")
         if self.rounds < 0 or self.local_steps < 1:
             raise ValueError("rounds must be >= 0 and local_steps >= 1")
         if self.aggregation not in ("uniform", "samples"):

@@ -385,8 +385,8 @@ class Recipe:
     def _trial(self, problem_values, federation_values, algorithm, hyperparameters, seed) -> Trial:
         federation = Federation(**federation_values)
         problem_config = PROBLEMS[self.problem].resolve_config(problem_values)
-        clients = problem_config["clients"]
-        if federation.clients_per_round > clients:
+        clients = problem_config.get("clients")  # known before loading for synthetic problems only
+        if clients is not None and federation.clients_per_round > clients:
             raise RecipeError(self.source, "federation.clients_per_round",
                               f"found {federation.clients_per_round}, expected at most problem.clients = {clients}")
         samples = problem_config.get("samples_per_client")

@@ -5,13 +5,26 @@
 - `tracking_uri`: a real MLflow SQLite store in tmp_path, copied from one migrated at the start of the
   session (creating a fresh store runs ~8 s of schema migrations).
 - `ray_local`: one real local Ray instance shared by a module's tests.
+- FEDBENCH_DATA (the data root of real data sets, e.g. femnist/femnist_sample10.npz) defaults to the
+  `shared/data` folder beside the repository, when it exists and the variable is unset.
 """
 from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _default_data_root():
+    with pytest.MonkeyPatch.context() as patch:
+        if "FEDBENCH_DATA" not in os.environ and SHARED_DATA.is_dir():
+            patch.setenv("FEDBENCH_DATA", str(SHARED_DATA))
+        yield
 
 
 @pytest.fixture(autouse=True)

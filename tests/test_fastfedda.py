@@ -205,6 +205,42 @@ def test_fast_fedda_one_client_matches_numpy_transcription(make, order, compat):
     assert not np.allclose(want, initial_point(problem, 2))
 
 
+def numpy_c_fedda(problem, w0, rounds, local_steps, mu, gamma_code, order):
+    """Spec 002 §2.2 Algorithm 2 with α ≡ 1, the code's γ (paper γ = γ_code / E), one client, full batch."""
+    x, y = client_data(problem)
+    gamma = gamma_code / local_steps
+
+    def cprox(g, wt, total):
+        c = mu * total / 2 + gamma
+        return np_prox(problem, (gamma * w0 + mu * wt / 2 - g / local_steps) / c, total / c)
+
+    g, wt, w = np.zeros_like(w0), w0.copy(), w0.copy()
+    for r in range(rounds):
+        gk, u = g.copy(), w.copy()
+        for j in range(local_steps):
+            if order == "prox_then_grad":
+                u = cprox(gk, wt, r + 1)
+                gk = gk + full_gradient(x, y, u)
+            else:
+                gk = gk + full_gradient(x, y, u)
+                if j < local_steps - 1:
+                    u = cprox(gk, wt, r + 1)
+        g = gk
+        w = cprox(g, wt, r + 1)
+        wt = wt + w
+    return w
+
+
+@pytest.mark.parametrize("order", ["grad_then_prox", "prox_then_grad"])
+@pytest.mark.parametrize("make", [small_lasso, small_lowrank])
+def test_c_fedda_one_client_matches_numpy_transcription(make, order):
+    problem = make(clients=1)
+    n = int(problem.client_sizes[0])
+    result = run(problem, "c_fedda", Federation(6, 1, 3, n), seed=2, mu=0.1, gamma=9.0, local_order=order)
+    want = numpy_c_fedda(problem, initial_point(problem, 2), 6, 3, 0.1, 9.0, order)
+    np.testing.assert_allclose(result.params.numpy(), want, rtol=1e-9, atol=1e-9)
+
+
 # -- reductions ---------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name,gamma_key", [("fast_fedda", {}), ("c_fedda", {"gamma_convention": "code"})])

@@ -14,12 +14,15 @@ Conventions (spec 002 §2.2, §2.7, §7 items 4–5):
 * `radius`: ε₀ of the ball (None: no ball, as every released C-FedDA run). `constrained_prox`:
   `sequential` (threshold then project, `l1_soft_cs` / `nuc_prox_cs`) [default] or `exact` (ℓ1 only).
 * `alpha`: const α ≡ 1 [default, code] or quadratic (r + a)² per round.
+* `local_order`: `grad_then_prox` [default] or `prox_then_grad` (NuclearRun.m: each step first
+  computes u ← CProx_r(g_k − μE w̃_r/2) from the g_k it holds, then takes the gradient there).
 The round counter r, the anchor and the weights restart with each MC-FedDA stage (`mc_fedda.py`).
 """
 from __future__ import annotations
 
 from fedbench.algorithms.base import Algorithm, aggregate, broadcast
-from fedbench.algorithms.dual_averaging import ALPHA, ALPHA_OFFSET, MU, alpha, cumulative_alpha, dual_averaging_prox
+from fedbench.algorithms.dual_averaging import (ALPHA, ALPHA_OFFSET, LOCAL_ORDER, MU, alpha, cumulative_alpha,
+                                                dual_averaging_prox)
 from fedbench.hparams import Param
 
 GAMMA_CONVENTION = Param("gamma_convention", "choice", "code", "γ per local step (code: paper γ = γ/E) or per round",
@@ -37,6 +40,7 @@ class CFedDA(Algorithm):
         GAMMA_CONVENTION,
         ALPHA,
         ALPHA_OFFSET,
+        LOCAL_ORDER,
         Param("radius", "float", None, "radius ε₀ of the ℛ-ball around the anchor (None: no ball)", low=0,
               low_open=True, nullable=True),
         CONSTRAINED_PROX,
@@ -72,7 +76,11 @@ class CFedDA(Algorithm):
                 "anchor": server["anchor"]}
 
     def client_step(self, local, grad, rnd, step):
-        g = local["g"] + self._alpha(self.stage_round(rnd.index)) * grad(local["u"])
+        weight = self._alpha(self.stage_round(rnd.index))
+        if self.local_order == "prox_then_grad":
+            u = self._cprox(local["g"], local["wt"], local["anchor"], rnd.index, rnd.local_steps)
+            return {**local, "g": local["g"] + weight * grad(u), "u": u}
+        g = local["g"] + weight * grad(local["u"])
         u = local["u"]
         if step < rnd.local_steps - 1:
             u = self._cprox(g, local["wt"], local["anchor"], rnd.index, rnd.local_steps)

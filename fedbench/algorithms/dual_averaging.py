@@ -18,6 +18,9 @@ from fedbench.prox import Regularizer
 ALPHA = Param("alpha", "choice", "const", "weights α: const α ≡ 1 (released code) or quadratic (t + a)² (theory)",
               choices=("const", "quadratic"))
 ALPHA_OFFSET = Param("a", "float", 1.0, "offset a of the quadratic weights (t + a)²", low=0)
+LOCAL_ORDER = Param("local_order", "choice", "grad_then_prox",
+                    "client step order: gradient then prox (lasso/EMNIST scripts) or prox then gradient (nuclear)",
+                    choices=("grad_then_prox", "prox_then_grad"))
 MU = Param("mu", "float", 0.1, "strong-convexity weight μ of the iterate-history quadratics", low=0, log=True)
 
 

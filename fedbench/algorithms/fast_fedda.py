@@ -21,7 +21,8 @@ Conventions (spec 002 §2.1, §7 items 3 and 10):
 from __future__ import annotations
 
 from fedbench.algorithms.base import Algorithm, aggregate, broadcast
-from fedbench.algorithms.dual_averaging import ALPHA, ALPHA_OFFSET, MU, alpha, cumulative_alpha, dual_averaging_prox
+from fedbench.algorithms.dual_averaging import (ALPHA, ALPHA_OFFSET, LOCAL_ORDER, MU, alpha, cumulative_alpha,
+                                                dual_averaging_prox)
 from fedbench.hparams import Param
 
 
@@ -32,8 +33,7 @@ class FastFedDA(Algorithm):
         Param("gamma", "float", 550.0, "anchor weight γ (paper convention)", low=0, low_open=True, log=True),
         ALPHA,
         ALPHA_OFFSET,
-        Param("local_order", "choice", "grad_then_prox", "client step order: lasso/EMNIST scripts or nuclear script",
-              choices=("grad_then_prox", "prox_then_grad")),
+        LOCAL_ORDER,
         Param("reference_compat", "bool", True, "prox and w̃ update at the last local step too (released code)"),
     )
     downloads = ("g", "wt")  # w is recomputable from them; uploads are g_k and w̃_k

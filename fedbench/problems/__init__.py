@@ -4,10 +4,11 @@ from __future__ import annotations
 from typing import Any
 
 from fedbench.problems.base import Problem
+from fedbench.problems.emnist import EMNIST
 from fedbench.problems.lasso import Lasso
 from fedbench.problems.lowrank import LowRank
 
-PROBLEMS: dict[str, type[Problem]] = {cls.name: cls for cls in (Lasso, LowRank)}
+PROBLEMS: dict[str, type[Problem]] = {cls.name: cls for cls in (Lasso, LowRank, EMNIST)}
 
 
 def make_problem(name: str, seed: int = 0, device: str = "cpu", **config: Any) -> Problem:

@@ -19,6 +19,9 @@ class Problem:
     name: ClassVar[str]
     params: ClassVar[tuple[Param, ...]]
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
+    # True: a client with n_k < b takes all its n_k samples (spec 002 §2.0) and the problem's
+    # draw_minibatches/grad handle the short batches, so b may exceed the smallest client.
+    caps_batches: ClassVar[bool] = False
 
     num_clients: int
     dim: int
