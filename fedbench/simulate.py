@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Iterator
 
 import torch
@@ -129,7 +128,7 @@ class Simulation:
         rnd = Round(self.rounds_done, clients, self.federation.local_steps)
         local = algorithm.client_init(self.server, {k: v[clients] for k, v in self.clients.items()}, rnd)
         for step in range(rnd.local_steps):
-            local = algorithm.client_step(local, partial(problem.grad, batch=problem.gather(rows[step])), rnd, step)
+            local = algorithm.client_step(local, problem.step_oracle(rows[step]), rnd, step)
         message, updated_rows = algorithm.client_final(local, rnd)
         self.comm_down += len(clients) * sum(self.server[k].numel() for k in algorithm.downloads)
         self.comm_up += sum(m.numel() for m in message.values())

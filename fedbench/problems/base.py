@@ -6,7 +6,8 @@ metrics. Parameters are flat vectors `[d]`; a batch of clients is `[S, d]`.
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from functools import partial
+from typing import Any, Callable, ClassVar
 
 import torch
 from torch import Tensor
@@ -62,6 +63,12 @@ class Problem:
     def gather(self, rows: Tensor) -> Any:
         """The minibatch of one local step for all sampled clients, from `rows` `[S, b]`."""
         raise NotImplementedError
+
+    def step_oracle(self, rows: Tensor) -> Callable[[Tensor], Tensor]:
+        """What `client_step` receives for one local step: `oracle(w [S,d]) -> [S,d]` is the minibatch
+        gradient. Problems whose algorithms need more than a gradient (the scores of X-risk
+        problems, `pauc.py`) return an object that is also callable this way."""
+        return partial(self.grad, batch=self.gather(rows))
 
     def grad(self, w: Tensor, batch: Any) -> Tensor:
         """Minibatch gradient of the smooth loss at `w` `[S, d]`, one row per sampled client."""

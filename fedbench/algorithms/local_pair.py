@@ -1,0 +1,67 @@
+"""Local Pair (spec 001 §2.4 item 3), the FeDXL paper's baseline without cross-client pairs: each client
+optimizes the same compositional X-risk on the pairs inside its own minibatches, by SOX (Wang & Yang
+2022): u moving averages for its positives, momentum β, and FedAvg of the model every round.
+
+    u[idx] ← (1 − γ) u[idx] + γ mean_q ℓ(a_p, b_q);   G ← (1 − β) G + β ∇[mean_p ∇f(u_p) mean_q ℓ(a_p, b_q)]
+    w ← w − η G  (K steps);   server: w̄ ← mean_i w_i
+
+As the released code, the momentum stays on each client (not averaged; `average_momentum` to average
+it) and u stays local. With one client this is centralized SOX.
+"""
+from __future__ import annotations
+
+import torch
+
+from fedbench.algorithms.base import CLIENT_LR, Algorithm, aggregate, broadcast
+from fedbench.algorithms.xrisk import (BETA, DECAY, DECAY_EVERY, GAMMA, U_INIT, local_pair_surrogate, pair_means,
+                                       step_size, u_table, updated_u)
+from fedbench.hparams import Param
+
+
+class LocalPair(Algorithm):
+    name = "local_pair"
+    hparams = (
+        CLIENT_LR,
+        BETA,
+        GAMMA,
+        U_INIT,
+        Param("average_momentum", "bool", False, "the server averages the momentum too (the code does not)"),
+        DECAY_EVERY,
+        DECAY,
+    )
+    downloads = ("w",)
+
+    def init_server(self, w0):
+        return {"w": w0.clone(), "G": torch.zeros_like(w0)}
+
+    def init_clients(self, w0, num_clients):
+        clients = {"u": u_table(self.problem, self.u_init)}
+        if not self.average_momentum:
+            clients["G"] = torch.zeros(num_clients, *w0.shape, dtype=w0.dtype, device=w0.device)
+        return clients
+
+    def client_init(self, server, rows, rnd):
+        momentum = rows["G"] if "G" in rows else broadcast(server["G"], rnd)
+        return {"w": broadcast(server["w"], rnd), "G": momentum, "u": rows["u"]}
+
+    def client_step(self, local, oracle, rnd, step):
+        fresh = {}
+
+        def surrogate(a, b):
+            fresh["u"] = updated_u(local["u"], oracle.positive_index, pair_means(self.problem, a, b), self.gamma)
+            return local_pair_surrogate(self.problem, a, b, self.problem.outer_grad(fresh["u"]))
+
+        direction, _ = oracle.surrogate_grad(local["w"], surrogate)
+        momentum = (1 - self.beta) * local["G"] + self.beta * direction
+        lr = step_size(self.client_lr, self.decay, self.decay_every, rnd.index)
+        return {"w": local["w"] - lr * momentum, "G": momentum,
+                "u": local["u"].scatter(1, oracle.positive_index, fresh["u"])}
+
+    def client_final(self, local, rnd):
+        if self.average_momentum:
+            return {"w": local["w"], "G": local["G"]}, {"u": local["u"]}
+        return {"w": local["w"]}, {"u": local["u"], "G": local["G"]}
+
+    def server_update(self, server, message, weights, rnd):
+        momentum = aggregate(message["G"], weights) if self.average_momentum else server["G"]
+        return {"w": aggregate(message["w"], weights), "G": momentum}

@@ -1,0 +1,58 @@
+"""Pieces shared by the federated X-risk algorithms (Guo, Jin, Luo, Yang, ICML 2023 "FeDXL"; spec 001
+§1.3, §2): the compositional surrogates whose autograd gives the paper's gradient estimators, the
+moving-average update of the inner function u, and the server's pools of stale scores.
+
+For F(w) = mean_{z∈S1} f(mean_{z'∈S2} ℓ(h(w,z), h(w,z'))):
+* FeDXL2's estimator (eqs. (12)–(13)) is the gradient of
+      mean_p c1_p · mean_q ℓ(a_p, hb_q)  +  mean_p' c2_p' · mean_q ℓ(ha_p', b_q)
+  with active scores a (local positives), b (local negatives), passive stale scores ha, hb (constants)
+  and c = ∇f(u) constants: c1 from the updated u of the local positives, c2 from the stored u paired
+  with ha.
+* Local Pair's (SOX on local pairs) is the gradient of mean_p c_p · mean_q ℓ(a_p, b_q), through both.
+With ha = a, hb = b (no staleness) the two gradients coincide (tests/test_fedxl.py).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from fedbench.hparams import Param
+
+BETA = Param("beta", "float", 0.1, "weight β of the new gradient in the momentum average", low=0, low_open=True, high=1)
+GAMMA = Param("gamma", "float", 0.1, "moving-average rate γ of the inner-function estimates u", low=0, low_open=True,
+              high=1)
+U_INIT = Param("u_init", "float", 1.0, "initial u of every positive (the code's 1; the paper's 0 breaks λ log)",
+               low=0, low_open=True)
+DECAY_EVERY = Param("decay_every", "int", 0, "multiply the step size by `decay` every this many rounds (0: never)",
+                    low=0)
+DECAY = Param("decay", "float", 0.1, "step-size decay factor", low=0, low_open=True, high=1)
+
+
+def pair_means(problem, a: Tensor, b: Tensor) -> Tensor:
+    """mean_q ℓ(a_p, b_q) for a [S, P] and b [S, Q]: [S, P]."""
+    return problem.pair_loss(a.unsqueeze(-1), b.unsqueeze(-2)).mean(-1)
+
+
+def fedxl2_surrogate(problem, a, b, ha, hb, c1, c2) -> Tensor:
+    """[S] per client; its gradient is FeDXL2's G1 + G2 (the passive ha, hb, c1, c2 carry no gradient)."""
+    return (c1 * pair_means(problem, a, hb)).mean(-1) + (c2 * pair_means(problem, ha, b)).mean(-1)
+
+
+def local_pair_surrogate(problem, a, b, c) -> Tensor:
+    """[S] per client; its gradient is SOX's on the client's own pairs, through both scores."""
+    return (c * pair_means(problem, a, b)).mean(-1)
+
+
+def updated_u(u_table: Tensor, index: Tensor, inner: Tensor, gamma: float) -> Tensor:
+    """(1 − γ) u[idx] + γ ĝ for the sampled positives (spec 001 eq. (11)); the table is not modified."""
+    return (1 - gamma) * u_table.gather(1, index) + gamma * inner.detach()
+
+
+def step_size(client_lr: float, decay: float, decay_every: int, round_index: int) -> float:
+    return client_lr * decay ** (round_index // decay_every) if decay_every else client_lr
+
+
+def u_table(problem, u_init: float) -> Tensor:
+    """`[N, max positives]` per-client u of every local positive (padding never indexed)."""
+    return torch.full((problem.num_clients, int(problem.positive_counts.max())), u_init, dtype=problem.dtype,
+                      device=problem.device)

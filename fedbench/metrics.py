@@ -1,0 +1,37 @@
+"""Ranking metrics shared by problems: AUC and the McClish-standardised partial AUC.
+
+`partial_auc(labels, scores, max_fpr)` is what `sklearn.metrics.roc_auc_score(y, s, max_fpr=β)` returns, and
+what the FeDXL paper and LibAUC report (spec 001 §3.5): the ROC area over FPR ∈ [0, β] (the ROC
+interpolated linearly at β), standardised so that a random scorer gets 0.5 and a perfect one 1:
+    pAUC = ½ (1 + (A − β²/2) / (β − β²/2)).
+With β = 1 it is the plain AUC. Ties are handled as in sklearn (one ROC point per distinct score).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def roc_curve(labels: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """FPR and TPR at every distinct score threshold, from (0, 0) up to (1, 1)."""
+    order = np.argsort(-scores, kind="mergesort")
+    scores, labels = scores[order], labels[order].astype(float)
+    last_of_tie = np.r_[np.flatnonzero(np.diff(scores)), len(scores) - 1]
+    true_positives = np.cumsum(labels)[last_of_tie]
+    false_positives = (last_of_tie + 1) - true_positives
+    fpr = np.r_[0.0, false_positives / false_positives[-1]]
+    tpr = np.r_[0.0, true_positives / true_positives[-1]]
+    return fpr, tpr
+
+
+def partial_auc(labels, scores, max_fpr: float = 1.0) -> float:
+    labels, scores = np.asarray(labels), np.asarray(scores, dtype=float)
+    if labels.min() == labels.max():
+        raise ValueError("partial_auc needs both classes among the labels")
+    fpr, tpr = roc_curve(labels, scores)
+    if max_fpr >= 1:
+        return float(np.trapezoid(tpr, fpr))
+    stop = np.searchsorted(fpr, max_fpr, side="right")
+    tpr_at = np.interp(max_fpr, fpr[stop - 1: stop + 1], tpr[stop - 1: stop + 1])
+    area = np.trapezoid(np.r_[tpr[:stop], tpr_at], np.r_[fpr[:stop], max_fpr])
+    least, most = max_fpr**2 / 2, max_fpr
+    return float(0.5 * (1 + (area - least) / (most - least)))
