@@ -81,3 +81,19 @@ def test_fedxl2_pools_communication_and_learning():
     d = problem.dim
     assert rows[-1]["comm_up"] == 6 * s * (2 * d + k * (b // 2) * 2 + k * (b - b // 2))  # w, G, scores, u
     assert rows[-1]["test_auc"] > rows[0]["test_auc"] and rows[-1]["objective"] < rows[0]["objective"]
+
+
+def test_local_sgd_ce_is_fedavg_on_cross_entropy_and_decays_its_step():
+    problem = one_client(clients=3, noise_scale=0.0)
+
+    def final(name, rounds, **hp):
+        sim = Simulation(problem, fedbench.make_algorithm(name, problem, **hp), Federation(rounds, 3, 3, 8), seed=2)
+        list(sim)
+        return sim.server["w"]
+
+    torch.testing.assert_close(final("local_sgd_ce", 4, client_lr=0.2),
+                               final("fedavg", 4, client_lr=0.2, subgradient=False))
+    torch.testing.assert_close(final("local_sgd_ce", 2, client_lr=0.2, decay_every=2),
+                               final("local_sgd_ce", 2, client_lr=0.2))  # the decay starts at round 2
+    assert not torch.allclose(final("local_sgd_ce", 4, client_lr=0.2, decay_every=2),
+                              final("local_sgd_ce", 4, client_lr=0.2))

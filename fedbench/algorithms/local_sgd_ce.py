@@ -1,0 +1,23 @@
+"""Local SGD on cross-entropy (spec 001 §2.4 item 1), the FeDXL paper's "Local SGD (CE loss)" baseline:
+each client runs plain SGD on the problem's minibatch gradient, which for `pauc` is the binary
+cross-entropy of a class-balanced minibatch (b/2 positives + b/2 negatives, as the released code), and
+the server averages the models every round (server step 1, no momentum). The step size is multiplied
+by `decay` every `decay_every` rounds, as for the FeDXL methods.
+"""
+from __future__ import annotations
+
+from fedbench.algorithms.base import CLIENT_LR, aggregate
+from fedbench.algorithms.fedavg import FedAvg
+from fedbench.algorithms.xrisk import DECAY, DECAY_EVERY, step_size
+
+
+class LocalSGDCE(FedAvg):
+    name = "local_sgd_ce"
+    hparams = (CLIENT_LR, DECAY_EVERY, DECAY)
+
+    def client_step(self, local, grad, rnd, step):
+        lr = step_size(self.client_lr, self.decay, self.decay_every, rnd.index)
+        return {"u": local["u"] - lr * grad(local["u"])}
+
+    def server_update(self, server, message, weights, rnd):
+        return {"w": aggregate(message["u"], weights)}
