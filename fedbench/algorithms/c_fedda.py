@@ -20,9 +20,9 @@ The round counter r, the anchor and the weights restart with each MC-FedDA stage
 """
 from __future__ import annotations
 
-from fedbench.algorithms.base import Algorithm, aggregate, broadcast
-from fedbench.algorithms.dual_averaging import (ALPHA, ALPHA_OFFSET, LOCAL_ORDER, MU, alpha, cumulative_alpha,
-                                                dual_averaging_prox)
+from fedbench.algorithms.base import aggregate, broadcast
+from fedbench.algorithms.dual_averaging import (ALPHA, ALPHA_OFFSET, LOCAL_ORDER, MU, DualAveraging,
+                                                cumulative_alpha, dual_averaging_prox)
 from fedbench.hparams import Param
 
 GAMMA_CONVENTION = Param("gamma_convention", "choice", "code", "γ per local step (code: paper γ = γ/E) or per round",
@@ -32,7 +32,7 @@ CONSTRAINED_PROX = Param("constrained_prox", "choice", "sequential",
                          choices=("sequential", "exact"))
 
 
-class CFedDA(Algorithm):
+class CFedDA(DualAveraging):
     name = "c_fedda"
     hparams = (
         MU,
@@ -46,12 +46,6 @@ class CFedDA(Algorithm):
         CONSTRAINED_PROX,
     )
     downloads = ("g", "wt", "w")
-
-    def init_server(self, w0):
-        return {"g": w0.new_zeros(w0.shape), "wt": self._alpha(0) * w0, "w": w0.clone(), "anchor": w0.clone()}
-
-    def _alpha(self, r: int) -> float:
-        return alpha(r, self.alpha, self.a)
 
     # -- what a stage fixes: MC-FedDA overrides these three ------------------------------------
     def stage_round(self, round_index: int) -> int:

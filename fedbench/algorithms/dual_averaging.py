@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from fedbench.algorithms.base import Algorithm
 from fedbench.hparams import Param
 from fedbench.prox import Regularizer
 
@@ -41,3 +42,14 @@ def dual_averaging_prox(reg: Regularizer, z: Tensor, anchor: Tensor, total_weigh
     """argmin_w ⟨w, z − γ·anchor⟩ + (μA/2 + γ)‖w‖²/2 + A·h(w) [s.t. ℛ(w − anchor) ≤ radius], A = total_weight."""
     c = mu * total_weight / 2 + gamma
     return reg.prox_in_ball((gamma * anchor - z) / c, total_weight / c, anchor, radius, exact)
+
+
+class DualAveraging(Algorithm):
+    """The state Fast-FedDA and C-FedDA share: cumulative gradient g, cumulative iterate w̃ = α₀w₀,
+    the primal w and the anchor w₀; and the weights α of the chosen schedule."""
+
+    def init_server(self, w0):
+        return {"g": w0.new_zeros(w0.shape), "wt": self._alpha(0) * w0, "w": w0.clone(), "anchor": w0.clone()}
+
+    def _alpha(self, index: int) -> float:
+        return alpha(index, self.alpha, self.a)

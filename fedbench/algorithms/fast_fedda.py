@@ -20,13 +20,13 @@ Conventions (spec 002 §2.1, §7 items 3 and 10):
 """
 from __future__ import annotations
 
-from fedbench.algorithms.base import Algorithm, aggregate, broadcast
-from fedbench.algorithms.dual_averaging import (ALPHA, ALPHA_OFFSET, LOCAL_ORDER, MU, alpha, cumulative_alpha,
-                                                dual_averaging_prox)
+from fedbench.algorithms.base import aggregate, broadcast
+from fedbench.algorithms.dual_averaging import (ALPHA, ALPHA_OFFSET, LOCAL_ORDER, MU, DualAveraging,
+                                                cumulative_alpha, dual_averaging_prox)
 from fedbench.hparams import Param
 
 
-class FastFedDA(Algorithm):
+class FastFedDA(DualAveraging):
     name = "fast_fedda"
     hparams = (
         MU,
@@ -37,12 +37,6 @@ class FastFedDA(Algorithm):
         Param("reference_compat", "bool", True, "prox and w̃ update at the last local step too (released code)"),
     )
     downloads = ("g", "wt")  # w is recomputable from them; uploads are g_k and w̃_k
-
-    def init_server(self, w0):
-        return {"g": w0.new_zeros(w0.shape), "wt": self._alpha(0) * w0, "w": w0.clone(), "anchor": w0.clone()}
-
-    def _alpha(self, t: int) -> float:
-        return alpha(t, self.alpha, self.a)
 
     def _prox(self, z, t: int, anchor):
         return dual_averaging_prox(self.reg, z, anchor, cumulative_alpha(t, self.alpha, self.a), self.mu, self.gamma)
