@@ -97,3 +97,26 @@ def test_local_sgd_ce_is_fedavg_on_cross_entropy_and_decays_its_step():
                                final("local_sgd_ce", 2, client_lr=0.2))  # the decay starts at round 2
     assert not torch.allclose(final("local_sgd_ce", 4, client_lr=0.2, decay_every=2),
                               final("local_sgd_ce", 4, client_lr=0.2))
+
+
+def test_fedxl1_without_staleness_is_the_gradient_of_the_pooled_pairwise_objective():
+    problem = one_client(task="auc", flip_rate=0.2)
+    oracle = problem.step_oracle(problem.draw_minibatches(torch.tensor([0]), 1, 16, generator(0, "mb"))[0])
+    w = 0.5 * torch.randn(1, problem.dim, generator=generator(1, "w"))
+    want, scores = oracle.surrogate_grad(w, lambda a, b: torch.sigmoid(b[:, None, :] - a[:, :, None]).mean((1, 2)))
+    a, b = scores[:, : oracle.positives], scores[:, oracle.positives:]
+    one = torch.ones(())
+    got, _ = oracle.surrogate_grad(w, lambda a_, b_: fedxl2_surrogate(problem, a_, b_, a, b, one, one))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+
+
+def test_fedxl1_on_the_noisy_auc_task_communicates_scores_and_learns():
+    problem = fedbench.make_problem("pauc", seed=0, preset="guo2023_noisy_auc", clients=4, positives_per_client=10,
+                                    negatives_per_client=50, features=6, test_size=600)
+    s, k, b = 3, 5, 8
+    sim = Simulation(problem, fedbench.make_algorithm("fedxl1", problem, client_lr=2.0), Federation(6, s, k, b),
+                     seed=1, eval_every=6)
+    rows = list(sim)
+    assert rows[-1]["comm_up"] == 6 * s * (problem.dim + k * b)  # w and every score of the round
+    assert set(sim.server) == {"w", "pool_pos", "pool_neg"}
+    assert rows[-1]["test_auc"] > rows[0]["test_auc"] and rows[-1]["objective"] < rows[0]["objective"]

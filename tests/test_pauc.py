@@ -89,7 +89,7 @@ def test_kl_opauc_objective_written_out():
     y = problem.labels.numpy()
     want = np.mean([2.0 * math.log(np.mean([math.exp(max(0.0, 1 - (hp - hn)) ** 2 / 2.0) for hn in h[y == 0]]))
                     for hp in h[y == 1]])
-    assert problem.kl_opauc_objective(w) == pytest.approx(want, rel=1e-5)
+    assert problem.pooled_objective(w) == pytest.approx(want, rel=1e-5)
 
 
 def test_local_sgd_ce_learns_a_ranking_and_data_are_deterministic():
@@ -102,3 +102,17 @@ def test_local_sgd_ce_learns_a_ranking_and_data_are_deterministic():
     start, end = result.rows[0], result.rows[-1]
     assert start["test_auc"] == pytest.approx(0.5) and end["test_auc"] > 0.75
     assert end["test_pauc_0.3"] > 0.6 and end["objective"] < start["objective"]
+
+
+def test_auc_task_flips_labels_and_uses_the_psm_loss():
+    clean = small(task="auc")
+    noisy = small(task="auc", flip_rate=0.2)
+    assert int(noisy.labels.sum()) == 4 * (6 - round(0.2 * 6) + round(0.2 * 30))  # per client: kept + flipped in
+    assert torch.equal(noisy.test_labels, clean.test_labels)  # test labels stay clean
+    a, b = torch.tensor([0.9, 0.2]), torch.tensor([0.1, 0.7])
+    torch.testing.assert_close(noisy.pair_loss(a, b), 1 / (1 + torch.exp(a - b)))
+    torch.testing.assert_close(noisy.outer_grad(a), torch.ones(2))
+    w = torch.randn(noisy.dim, generator=generator(4, "w"))
+    h = torch.sigmoid(noisy.features @ w[:-1] + w[-1])
+    want = torch.sigmoid(h[noisy.labels == 0][None, :] - h[noisy.labels == 1][:, None]).mean()
+    assert noisy.pooled_objective(w) == pytest.approx(float(want), rel=1e-6)

@@ -8,13 +8,14 @@ from fedbench.algorithms.fast_fedda import FastFedDA
 from fedbench.algorithms.fedavg import FedAvg
 from fedbench.algorithms.fedda import FedDA
 from fedbench.algorithms.fedmid import FedMiD
+from fedbench.algorithms.fedxl1 import FeDXL1
 from fedbench.algorithms.fedxl2 import FeDXL2
 from fedbench.algorithms.local_pair import LocalPair
 from fedbench.algorithms.local_sgd_ce import LocalSGDCE
 from fedbench.algorithms.mc_fedda import MCFedDA
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (FedAvg, FedMiD, FedDA, Ditto, FastFedDA, CFedDA, MCFedDA, FeDXL2, LocalPair,
-                                              LocalSGDCE)}
+    cls.name: cls for cls in (FedAvg, FedMiD, FedDA, Ditto, FastFedDA, CFedDA, MCFedDA, FeDXL1, FeDXL2,
+                                              LocalPair, LocalSGDCE)}
 
 __all__ = ["ALGORITHMS", "Algorithm", "Round"]

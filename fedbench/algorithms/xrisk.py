@@ -16,7 +16,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fedbench.algorithms.base import Algorithm, State
 from fedbench.hparams import Param
+from fedbench.rng import generator
 
 BETA = Param("beta", "float", 0.1, "weight β of the new gradient in the momentum average", low=0, low_open=True, high=1)
 GAMMA = Param("gamma", "float", 0.1, "moving-average rate γ of the inner-function estimates u", low=0, low_open=True,
@@ -56,3 +58,59 @@ def u_table(problem, u_init: float) -> Tensor:
     """`[N, max positives]` per-client u of every local positive (padding never indexed)."""
     return torch.full((problem.num_clients, int(problem.positive_counts.max())), u_init, dtype=problem.dtype,
                       device=problem.device)
+
+
+HISTORY_ROUNDS = Param("history_rounds", "int", 2, "rounds of merged scores kept in the passive pools (code 2, "
+                       "paper 1)", low=1)
+
+
+class StaleScores(Algorithm):
+    """FeDXL's federated merging (spec 001 §2.0–2.2): the server keeps pools of the scores its clients
+    recorded in the last `history_rounds` rounds, positives with their u values when `with_u`; each
+    local step draws its passive values from them uniformly with replacement (the released code; the
+    paper shuffles the previous round's list), a positive score and its u by one index. Before round 1
+    the pools hold every training sample's score under w₀ (u = `u_init`)."""
+
+    with_u = False
+
+    def __init__(self, problem, **hyperparameters):
+        super().__init__(problem, **hyperparameters)
+        self.passive_gen = generator(problem.seed, "passive-scores")
+
+    def init_pools(self, w0: Tensor) -> State:
+        positives, negatives = self.problem.bootstrap_scores(w0)
+        pools = {"pool_pos": positives, "pool_neg": negatives}
+        if self.with_u:
+            pools["pool_u"] = torch.full_like(positives, self.u_init)
+        return pools
+
+    def open_round(self, server: State, rnd) -> State:
+        """Empty score records, and the pools the clients received."""
+        empty = server["w"].new_zeros(len(rnd.clients), 0)
+        records = {"h_pos": empty, "h_neg": empty, **({"u_pos": empty} if self.with_u else {})}
+        return {**records, "pools": {k: v for k, v in server.items() if k.startswith("pool_")}}
+
+    def draw_passive(self, pools: State, clients: int, positives: int, negatives: int) -> tuple:
+        """(ha [S,b₁], its u or None, hb [S,b₂]): passive positive scores with their u, negative scores."""
+        def index(pool, count):
+            return torch.randint(len(pool), (clients, count), generator=self.passive_gen).to(pool.device)
+
+        pair = index(pools["pool_pos"], positives)
+        paired_u = pools["pool_u"][pair] if self.with_u else None
+        return pools["pool_pos"][pair], paired_u, pools["pool_neg"][index(pools["pool_neg"], negatives)]
+
+    def record(self, local: State, scores: Tensor, positives: int, u: Tensor | None = None) -> State:
+        """The step's detached scores (and u of its positives) appended to the round's records."""
+        records = {"h_pos": torch.cat([local["h_pos"], scores[:, :positives]], 1),
+                   "h_neg": torch.cat([local["h_neg"], scores[:, positives:]], 1)}
+        if u is not None:
+            records["u_pos"] = torch.cat([local["u_pos"], u], 1)
+        return records
+
+    def merge_pools(self, server: State, message: State) -> State:
+        """The round's records of all sampled clients, newest first, then up to τ − 1 earlier rounds."""
+        pools = {}
+        for key in [k for k in ("pos", "neg", "u") if f"pool_{k}" in server]:
+            fresh = message[f"h_{key}" if key != "u" else "u_pos"].reshape(-1)
+            pools[f"pool_{key}"] = torch.cat([fresh, server[f"pool_{key}"]])[: self.history_rounds * len(fresh)]
+        return pools

@@ -17,9 +17,11 @@ negatives of the client, uniformly with replacement. `grad` is the gradient of t
 on them, so FedAvg on this problem is the paper's "Local SGD (CE)" baseline.
 
 Metrics on the averaged model: `test_pauc_0.3`, `test_pauc_0.5`, `test_auc` (McClish-standardised, as
-`roc_auc_score(max_fpr)`, `fedbench.metrics`), the same on the clean training data, and `objective`, the
-pooled KL-OPAUC objective mean₊ λ log mean₋ exp(ℓ̃/λ) with ℓ̃ = (m − (h₊ − h₋))₊² over all training pairs.
-The FeDXL algorithms themselves (spec 001 §2) are not implemented yet.
+`roc_auc_score(max_fpr)`, `fedbench.metrics`), the same on the training data, and `objective`, the
+pooled X-risk over all training pairs: KL-OPAUC mean₊ λ log mean₋ exp(ℓ̃/λ), ℓ̃ = (m − (h₊ − h₋))₊², for
+`task: pauc`; for `task: auc` (preset `guo2023_noisy_auc`, spec 001 §1.5) the symmetric PSM loss
+mean₊ mean₋ σ(h₋ − h₊) with a linear f, on training labels of which `flip_rate` of the positives and of
+the negatives are flipped (test labels stay clean).
 """
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ class PartialAUC(Problem):
     caps_batches = True  # class-balanced draws with replacement: any b works with any client size
     params = (
         Param("preset", "choice", "guo2023_synthetic", "paper setting whose defaults to start from",
-              choices=("guo2023_synthetic",)),
+              choices=("guo2023_synthetic", "guo2023_noisy_auc")),
         Param("clients", "int", 16, "number of clients N", low=1),
         Param("positives_per_client", "int", 40, "positives per client (their total with split: dirichlet)", low=1),
         Param("negatives_per_client", "int", 200, "negatives per client", low=1),
@@ -55,12 +57,16 @@ class PartialAUC(Problem):
         Param("noise_scale", "float", 1.0, "multiplier of the per-client feature noise N(μ_i, 0.2²)", low=0),
         Param("model", "choice", "linear", "score model: linear or a one-hidden-layer MLP", choices=("linear", "mlp")),
         Param("hidden", "int", 64, "hidden units of the MLP", low=1),
+        Param("task", "choice", "pauc", "objective: pauc (KL-OPAUC, f = λ log) or auc (symmetric PSM loss, f linear)",
+              choices=("pauc", "auc")),
+        Param("flip_rate", "float", 0.0, "share of training positives and of negatives whose labels are flipped",
+              low=0, high=0.5),
         Param("kl_lambda", "float", 1.0, "λ of the KL-OPAUC objective", low=0, low_open=True),
         Param("margin", "float", 1.0, "margin m of the squared hinge", low=0),
         Param("test_size", "int", 10000, "clean test samples", low=2),
         Param("data_seed", "int", None, "seed of the data (None: the trial's seed)", low=0, nullable=True),
     )
-    presets = {"guo2023_synthetic": {}}
+    presets = {"guo2023_synthetic": {}, "guo2023_noisy_auc": {"task": "auc", "flip_rate": 0.2}}
 
     def __init__(self, config: dict[str, Any], seed: int, device="cpu"):
         super().__init__(config, seed, device)
@@ -69,13 +75,20 @@ class PartialAUC(Problem):
         n_clients, d = config["clients"], config["features"]
         positives = self._positive_counts(gen)
         negatives = torch.full((n_clients,), config["negatives_per_client"], dtype=torch.long)
-        blocks, labels = [], []
+        blocks, labels, noisy_positives = [], [], []
         for k in range(n_clients):  # data generation only, once; the simulation never loops over clients
-            blocks += [self._draw(1, int(positives[k]), gen), self._draw(0, int(negatives[k]), gen)]
-            labels += [torch.ones(int(positives[k])), torch.zeros(int(negatives[k]))]
+            x = torch.cat([self._draw(1, int(positives[k]), gen), self._draw(0, int(negatives[k]), gen)])
+            y = torch.cat([torch.ones(int(positives[k])), torch.zeros(int(negatives[k]))])
+            y = self._flip(y, gen)
+            order = torch.argsort(-y, stable=True)  # (noisy) positives first: S1 is what the labels say
+            blocks.append(x[order])
+            labels.append(y[order])
+            noisy_positives.append(int(y.sum()))
         self.features = torch.cat(blocks).to(self.device)
         self.labels = torch.cat(labels).to(self.device)
-        self.positive_counts, self.negative_counts = positives, negatives
+        self.positive_counts = torch.tensor(noisy_positives)
+        self.negative_counts = positives + negatives - self.positive_counts
+        positives, negatives = self.positive_counts, self.negative_counts
         self._set_clients(positives + negatives)
         self.client_weights = torch.full((n_clients,), 1.0 / n_clients, device=self.device)  # spec 001 §1.2
         self.row_client = torch.repeat_interleave(torch.arange(n_clients), positives + negatives).to(self.device)
@@ -99,6 +112,18 @@ class PartialAUC(Problem):
         seed = int(torch.randint(2**31 - 1, (1,), generator=gen))  # numpy draws the Dirichlet, seeded from the stream
         shares = torch.from_numpy(np.random.default_rng(seed).dirichlet([self.config["dirichlet_alpha"]] * n_clients))
         return torch.floor(shares * (n_clients * per_client - n_clients)).long() + 1
+
+    def _flip(self, y: Tensor, gen) -> Tensor:
+        """Flip round(rate·n) random positives and as many of the negatives (spec 001 §1.5)."""
+        rate = self.config["flip_rate"]
+        if not rate:
+            return y
+        flipped = y.clone()
+        for label in (1.0, 0.0):
+            members = torch.nonzero(y == label).squeeze(1)
+            chosen = members[torch.randperm(len(members), generator=gen)[: round(rate * len(members))]]
+            flipped[chosen] = 1.0 - label
+        return flipped
 
     def _draw(self, label: int, count: int, gen) -> Tensor:
         d = self.config["features"]
@@ -173,12 +198,17 @@ class PartialAUC(Problem):
 
     # -- the X-risk (spec 001 §1.4): F(w) = mean₊ f(mean₋ ℓ(h₊, h₋)), f = λ log, ℓ = exp(ℓ̃/λ) ----------------
     def pair_loss(self, a: Tensor, b: Tensor) -> Tensor:
-        """ℓ(a, b) = exp((m − (a − b))₊² / λ) for positive scores a and negative scores b (broadcast)."""
+        """ℓ(a, b) for positive scores a and negative scores b (broadcast): exp((m − (a − b))₊² / λ) for
+        the pAUC task (§1.4), the symmetric PSM loss σ(b − a) for the AUC task (§1.5)."""
+        if self.config["task"] == "auc":
+            return torch.sigmoid(b - a)
         lam, margin = self.config["kl_lambda"], self.config["margin"]
         return torch.exp((margin - (a - b)).clamp_min(0) ** 2 / lam)
 
     def outer_grad(self, u: Tensor) -> Tensor:
-        """∇f(u) = λ / u for f = λ log."""
+        """∇f(u): λ / u for f = λ log (pAUC); 1 for the linear f of the AUC task."""
+        if self.config["task"] == "auc":
+            return torch.ones_like(u)
         return self.config["kl_lambda"] / u
 
     def bootstrap_scores(self, w: Tensor) -> tuple[Tensor, Tensor]:
@@ -186,11 +216,15 @@ class PartialAUC(Problem):
         h = self.scores(w.unsqueeze(0), self.features.unsqueeze(0))[0]
         return h[self.labels == 1], h[self.labels == 0]
 
-    def kl_opauc_objective(self, w: Tensor) -> float:
-        """mean over positives of λ log mean over negatives of exp((m − (h₊ − h₋))₊² / λ), pooled."""
+    def pooled_objective(self, w: Tensor) -> float:
+        """The task's X-risk over all training pairs: mean₊ λ log mean₋ exp((m − (h₊ − h₋))₊²/λ) (pAUC),
+        or mean₊ mean₋ σ(h₋ − h₊) (AUC), with the (possibly flipped) training labels."""
         h = self.scores(w.unsqueeze(0), self.features.unsqueeze(0))[0]
+        positives, negatives = h[self.labels == 1][:, None], h[self.labels == 0][None, :]
+        if self.config["task"] == "auc":
+            return float(torch.sigmoid(negatives - positives).mean())
         lam, margin = self.config["kl_lambda"], self.config["margin"]
-        hinge = (margin - (h[self.labels == 1][:, None] - h[self.labels == 0][None, :])).clamp_min(0) ** 2
+        hinge = (margin - (positives - negatives)).clamp_min(0) ** 2
         inner = torch.logsumexp(hinge / lam, dim=1) - math.log(hinge.shape[1])
         return float((lam * inner).mean())
 
@@ -202,7 +236,7 @@ class PartialAUC(Problem):
             for beta in (0.3, 0.5):
                 metrics[f"{split}_pauc_{beta}"] = partial_auc(labels, scores, beta)
             metrics[f"{split}_auc"] = partial_auc(labels, scores)
-        metrics["objective"] = self.kl_opauc_objective(w)
+        metrics["objective"] = self.pooled_objective(w)
         return metrics
 
 
