@@ -474,9 +474,9 @@ def _check_space(source: str, tune: TuneSpec, problem: str, algorithms: dict) ->
                 raise RecipeError(source, where, f"found {bounds}, a log scale needs low > 0")
             wanted = "int" if distribution.endswith("int") else "float"
             if any(p.kind != wanted for p in params):
-                raise RecipeError(source, where, f"{name} is {params[0].kind}; expected a {params[0].kind} "
-                                  f"distribution ({'int, log_int' if params[0].kind == 'int' else 'uniform, log_uniform'})"
-                                  if params[0].kind in ("int", "float") else f"{name} is {params[0].kind}; use categorical")
+                kind = params[0].kind
+                hint = {"int": "an int or log_int", "float": "a uniform or log_uniform"}.get(kind, "a categorical")
+                raise RecipeError(source, where, f"{name} is {kind}; expected {hint} distribution")
         for param in params:
             for i, value in enumerate(bounds):
                 try:

@@ -188,7 +188,7 @@ BAD = {
     "tune bound outside the declared range": ("tune: {space: {server_lr: {uniform: [-1, 1]}}, metric: objective}",
                                               "tune.space.server_lr.uniform[0]", "found -1"),
     "tune int distribution for a float": ("tune: {space: {client_lr: {int: [1, 3]}}, metric: objective}",
-                                          "tune.space.client_lr.int", "expected a float distribution"),
+                                          "tune.space.client_lr.int", "expected a uniform or log_uniform distribution"),
     "tune algorithm not in the recipe": ("tune: {space: {algorithms.fedavg.client_lr: {uniform: [0.1, 1]}}, "
                                          "metric: objective}", "tune.space.algorithms.fedavg.client_lr",
                                          "no algorithm 'fedavg'"),

@@ -23,7 +23,7 @@ import torch
 
 from fedbench.algorithms.base import CLIENT_LR, aggregate, broadcast
 from fedbench.algorithms.xrisk import (BETA, DECAY, DECAY_EVERY, GAMMA, HISTORY_ROUNDS, U_INIT, StaleScores,
-                                       fedxl2_surrogate, pair_means, step_size, u_table, updated_u)
+                                       client_tables, fedxl2_surrogate, pair_means, step_size, updated_u)
 from fedbench.hparams import Param
 
 
@@ -46,10 +46,7 @@ class FeDXL2(StaleScores):
         return {"w": w0.clone(), "G": torch.zeros_like(w0), **self.init_pools(w0)}
 
     def init_clients(self, w0, num_clients):
-        clients = {"u": u_table(self.problem, self.u_init)}
-        if not self.average_momentum:
-            clients["G"] = torch.zeros(num_clients, *w0.shape, dtype=w0.dtype, device=w0.device)
-        return clients
+        return client_tables(self.problem, self.u_init, self.average_momentum, w0)
 
     def client_init(self, server, rows, rnd):
         momentum = rows["G"] if "G" in rows else broadcast(server["G"], rnd)

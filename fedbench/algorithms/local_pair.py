@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 
 from fedbench.algorithms.base import CLIENT_LR, Algorithm, aggregate, broadcast
-from fedbench.algorithms.xrisk import (BETA, DECAY, DECAY_EVERY, GAMMA, U_INIT, local_pair_surrogate, pair_means,
-                                       step_size, u_table, updated_u)
+from fedbench.algorithms.xrisk import (BETA, DECAY, DECAY_EVERY, GAMMA, U_INIT, client_tables, local_pair_surrogate,
+                                       pair_means, step_size, updated_u)
 from fedbench.hparams import Param
 
 
@@ -35,10 +35,7 @@ class LocalPair(Algorithm):
         return {"w": w0.clone(), "G": torch.zeros_like(w0)}
 
     def init_clients(self, w0, num_clients):
-        clients = {"u": u_table(self.problem, self.u_init)}
-        if not self.average_momentum:
-            clients["G"] = torch.zeros(num_clients, *w0.shape, dtype=w0.dtype, device=w0.device)
-        return clients
+        return client_tables(self.problem, self.u_init, self.average_momentum, w0)
 
     def client_init(self, server, rows, rnd):
         momentum = rows["G"] if "G" in rows else broadcast(server["G"], rnd)

@@ -54,10 +54,14 @@ def step_size(client_lr: float, decay: float, decay_every: int, round_index: int
     return client_lr * decay ** (round_index // decay_every) if decay_every else client_lr
 
 
-def u_table(problem, u_init: float) -> Tensor:
-    """`[N, max positives]` per-client u of every local positive (padding never indexed)."""
-    return torch.full((problem.num_clients, int(problem.positive_counts.max())), u_init, dtype=problem.dtype,
-                      device=problem.device)
+def client_tables(problem, u_init: float, average_momentum: bool, w0: Tensor) -> State:
+    """Per-client state `[N, ...]`: u of every local positive (padding never indexed), and the momentum
+    when it stays on the clients instead of being averaged."""
+    tables = {"u": torch.full((problem.num_clients, int(problem.positive_counts.max())), u_init, dtype=problem.dtype,
+                              device=problem.device)}
+    if not average_momentum:
+        tables["G"] = w0.new_zeros(problem.num_clients, *w0.shape)
+    return tables
 
 
 HISTORY_ROUNDS = Param("history_rounds", "int", 2, "rounds of merged scores kept in the passive pools (code 2, "
