@@ -76,7 +76,7 @@ def main() -> None:
     uri = fresh_store(template, folder, "naive")
     experiment = MlflowClient(uri).create_experiment("naive", artifact_location=(folder / "artifacts").as_uri())
     start = time.perf_counter()
-    ray.init(num_cpus=args.slots, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=args.slots, include_dashboard=False, log_to_driver=False)
     naive_startup = time.perf_counter() - start
     results = tune.Tuner(
         naive_trial,
@@ -88,7 +88,7 @@ def main() -> None:
     naive_compute = sum(result.metrics["compute"] for result in results)
     ray.shutdown()
     start = time.perf_counter()
-    ray.init(num_cpus=args.slots, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=args.slots, include_dashboard=False, log_to_driver=False)
     startup = time.perf_counter() - start
     ours = sweep(recipe, tracking=fresh_store(template, folder, "ours"))
     ours_wall = time.perf_counter() - start

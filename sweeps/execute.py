@@ -144,7 +144,8 @@ def connect(address: str | None) -> bool:
 
     if ray.is_initialized():
         return False
-    ray.init(address=address, log_to_driver=False, include_dashboard=False, configure_logging=True,
+    # "local": a fresh Ray of our own, never whatever cluster `ray start` left on this machine.
+    ray.init(address=address or "local", log_to_driver=False, include_dashboard=False, configure_logging=True,
              logging_level=logging.ERROR)
     return True
 

@@ -56,7 +56,7 @@ def start_ray(tmp_path_factory, **resources):
     import ray
 
     os.environ["FEDBENCH_CACHE"] = str(tmp_path_factory.mktemp("ray-worker-cache"))
-    ray.init(include_dashboard=False, log_to_driver=False, **resources)
+    ray.init(address="local", include_dashboard=False, log_to_driver=False, **resources)
     return ray
 
 

@@ -120,3 +120,25 @@ def test_fedxl1_on_the_noisy_auc_task_communicates_scores_and_learns():
     assert rows[-1]["comm_up"] == 6 * s * (problem.dim + k * b)  # w and every score of the round
     assert set(sim.server) == {"w", "pool_pos", "pool_neg"}
     assert rows[-1]["test_auc"] > rows[0]["test_auc"] and rows[-1]["objective"] < rows[0]["objective"]
+
+
+def test_centralized_is_sox_on_the_pooled_data():
+    federated = fedbench.make_problem("pauc", seed=0, clients=3, positives_per_client=5, negatives_per_client=20,
+                                      features=4, test_size=300)
+    pooled = fedbench.make_problem("pauc", seed=0, clients=3, positives_per_client=5, negatives_per_client=20,
+                                   features=4, test_size=300, pooled=True)
+    assert pooled.num_clients == 1 and int(pooled.positive_counts[0]) == 15 and len(pooled.features) == 75
+    assert (pooled.labels[:15] == 1).all() and (pooled.labels[15:] == 0).all()
+    # the same samples, each with its writer's noise mean
+    key = lambda p: sorted(zip(p.features[:, 0].tolist(), p.row_source.tolist()))  # noqa: E731
+    assert key(pooled) == key(federated)
+    with pytest.raises(ValueError, match="pooled"):
+        fedbench.make_algorithm("centralized", federated)
+    federation = Federation(3, 1, 4, 8)
+
+    def final(name):
+        sim = Simulation(pooled, fedbench.make_algorithm(name, pooled, client_lr=0.5), federation, seed=0)
+        list(sim)
+        return sim.server["w"]
+
+    torch.testing.assert_close(final("centralized"), final("local_pair"))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from fedbench.algorithms.base import Algorithm, Round
 from fedbench.algorithms.c_fedda import CFedDA
+from fedbench.algorithms.centralized import Centralized
 from fedbench.algorithms.ditto import Ditto
 from fedbench.algorithms.fast_fedda import FastFedDA
 from fedbench.algorithms.fedavg import FedAvg
@@ -16,6 +17,6 @@ from fedbench.algorithms.mc_fedda import MCFedDA
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls for cls in (FedAvg, FedMiD, FedDA, Ditto, FastFedDA, CFedDA, MCFedDA, FeDXL1, FeDXL2,
-                                              LocalPair, LocalSGDCE)}
+                                              LocalPair, LocalSGDCE, Centralized)}
 
 __all__ = ["ALGORITHMS", "Algorithm", "Round"]

@@ -55,6 +55,8 @@ class PartialAUC(Problem):
               choices=("even", "dirichlet")),
         Param("dirichlet_alpha", "float", 0.3, "concentration of the Dirichlet label skew", low=0, low_open=True),
         Param("noise_scale", "float", 1.0, "multiplier of the per-client feature noise N(μ_i, 0.2²)", low=0),
+        Param("pooled", "bool", False, "all clients' data on one client (the centralized reference), each sample "
+              "keeping its client's noise"),
         Param("model", "choice", "linear", "score model: linear or a one-hidden-layer MLP", choices=("linear", "mlp")),
         Param("hidden", "int", 64, "hidden units of the MLP", low=1),
         Param("task", "choice", "pauc", "objective: pauc (KL-OPAUC, f = λ log) or auc (symmetric PSM loss, f linear)",
@@ -84,18 +86,25 @@ class PartialAUC(Problem):
             blocks.append(x[order])
             labels.append(y[order])
             noisy_positives.append(int(y.sum()))
-        self.features = torch.cat(blocks).to(self.device)
-        self.labels = torch.cat(labels).to(self.device)
+        features, labels = torch.cat(blocks), torch.cat(labels)
+        source = torch.repeat_interleave(torch.arange(n_clients), positives + negatives)
         self.positive_counts = torch.tensor(noisy_positives)
         self.negative_counts = positives + negatives - self.positive_counts
-        positives, negatives = self.positive_counts, self.negative_counts
-        self._set_clients(positives + negatives)
-        self.client_weights = torch.full((n_clients,), 1.0 / n_clients, device=self.device)  # spec 001 §1.2
-        self.row_client = torch.repeat_interleave(torch.arange(n_clients), positives + negatives).to(self.device)
+        if config["pooled"]:  # one machine with everything, each sample keeping its writer's noise (§3.2)
+            order = torch.argsort(-labels, stable=True)
+            features, labels, source = features[order], labels[order], source[order]
+            self.positive_counts = self.positive_counts.sum(0, keepdim=True)
+            self.negative_counts = self.negative_counts.sum(0, keepdim=True)
+        self.features, self.labels = features.to(self.device), labels.to(self.device)
+        sizes = self.positive_counts + self.negative_counts
+        self._set_clients(sizes)
+        self.client_weights = torch.full((len(sizes),), 1.0 / len(sizes), device=self.device)  # spec 001 §1.2
+        self.row_client = torch.repeat_interleave(torch.arange(len(sizes)), sizes).to(self.device)
+        self.row_source = source.to(self.device)  # whose feature noise a row gets
         scale = config["noise_scale"]
         self.noise_mean = (scale * (-0.08 + 0.01 * torch.arange(n_clients, dtype=self.dtype))).to(self.device)
         self.noise_std = 0.2 * scale
-        self.noise_gen = generator(seed, "feature-noise")
+        self.restart_noise()
         test_positives = config["test_size"] // 6
         self.test_features = torch.cat([self._draw(1, test_positives, gen),
                                         self._draw(0, config["test_size"] - test_positives, gen)]).to(self.device)
@@ -156,7 +165,13 @@ class PartialAUC(Problem):
         return torch.sigmoid(self.logits(w, x))
 
     # -- engine interface ----------------------------------------------------------------------
+    def restart_noise(self) -> None:
+        self.noise_gen = generator(self.seed, "feature-noise")
+
     def init_params(self, gen: torch.Generator) -> Tensor:
+        """The initial point; also restarts the feature-noise stream, so that every simulation of this
+        problem instance draws the same noise."""
+        self.restart_noise()
         d = self.config["features"]
         if not self.hidden:
             return torch.zeros(self.dim, dtype=self.dtype, device=self.device)
@@ -182,7 +197,7 @@ class PartialAUC(Problem):
         s, b = rows.shape
         flat = rows.reshape(-1)
         noise = torch.randn(s * b, self.features.shape[1], generator=self.noise_gen, dtype=self.dtype)
-        noisy = self.features[flat] + self.noise_mean[self.row_client[flat]].unsqueeze(-1) \
+        noisy = self.features[flat] + self.noise_mean[self.row_source[flat]].unsqueeze(-1) \
             + self.noise_std * noise.to(self.device)
         return noisy.view(s, b, -1), self.labels[flat].view(s, b)
 
