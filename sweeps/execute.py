@@ -180,7 +180,7 @@ def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | No
     import ray
     from ray import tune
 
-    from sweeps.tracking import Store, SweepLog
+    from sweeps.tracking import INTERRUPTED, Store, SweepLog
 
     resources = recipe.resources
     store = Store(tracking)
@@ -256,7 +256,7 @@ def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | No
         summary.interrupted = summary.interrupted or len(state["ended"]) < len(pending)
     finally:
         for key in state["running"]:
-            log.abandoned(key, "interrupted: the sweep stopped while this run was going")
+            log.abandoned(key, INTERRUPTED)
         summary.tracking_errors = log.close()
         summary.wall_seconds = time.perf_counter() - start
         status = "FINISHED" if summary.ok else ("KILLED" if summary.interrupted else "FAILED")

@@ -23,6 +23,7 @@ from fedbench.hparams import Param, resolve
 from fedbench.problems import PROBLEMS
 from fedbench.simulate import DIVERGENCE_FACTOR, Federation
 
+
 class RecipeLoader(yaml.SafeLoader):
     """SafeLoader (no tags that build Python objects) that also reads `1e-3` as a float, as YAML 1.2
     does; YAML 1.1 wants `1.0e-3` and would hand the researcher a string."""
@@ -96,12 +97,6 @@ def apply_overrides(raw: dict[str, Any], assignments: list[str], source: str, al
                 raise RecipeError(source, path, "cannot set a field inside a non-mapping")
         node[keys[-1]] = value
     return raw
-
-
-def _mapping(source, path, value) -> dict:
-    if not isinstance(value, dict):
-        raise RecipeError(source, path, f"expected a mapping, found {value!r}")
-    return value
 
 
 def _check_values(source: str, path: str, param: Param, value: Any) -> list[Any]:
@@ -343,12 +338,10 @@ class Recipe:
     def recipe_hash(self) -> str:
         return stable_hash(self.document)
 
-    def trials(self, algorithm: str | None = None) -> list[Trial]:
+    def trials(self) -> list[Trial]:
         """The grid expanded: algorithm × problem point × federation point × hyperparameter point × seed."""
         trials = []
         for algo, hp_grid in self.algorithms.items():
-            if algorithm not in (None, algo):
-                continue
             for problem_values, federation_values, hps in itertools.product(
                     grid_points(self.problem_grid), grid_points(self.federation_grid), grid_points(hp_grid)):
                 trials += [self._trial(problem_values, federation_values, algo, hps, seed) for seed in self.seeds]

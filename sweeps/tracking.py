@@ -30,6 +30,7 @@ from sweeps.recipe import Recipe, Trial
 DEFAULT_URI = "sqlite:///mlflow.db"
 BATCH = 1000  # MLflow's limit of metrics per log_batch call (100 for params and tags)
 PARENT_TAG = "mlflow.parentRunId"
+INTERRUPTED = "interrupted: the sweep stopped while this run was going"
 
 
 def tracking_uri(given: str | None = None) -> str:
@@ -95,10 +96,13 @@ class Store:
         """Runs of an earlier attempt of this sweep left RUNNING (the sweep was killed) become FAILED."""
         stale = self.search(experiment_id, f"tags.`{PARENT_TAG}` = '{parent_id}' and attributes.status = 'RUNNING'")
         for run in stale:
-            self.client.set_tag(run.info.run_id, "status", "failed")
-            self.client.set_tag(run.info.run_id, "error", "interrupted: the sweep stopped while this run was going")
-            self.client.set_terminated(run.info.run_id, "FAILED")
+            self.fail_run(run.info.run_id, INTERRUPTED)
         return len(stale)
+
+    def fail_run(self, run_id: str, reason: str) -> None:
+        """A run that started but will not end: status failed, with the reason."""
+        self.client.log_batch(run_id, tags=[RunTag("status", "failed"), RunTag("error", reason)])
+        self.client.set_terminated(run_id, "FAILED")
 
     def open_sweep(self, experiment_id: str, recipe: Recipe, overrides: list[str],
                    tags: dict[str, str] | None = None) -> tuple[str, int]:
@@ -218,10 +222,7 @@ class SweepLog:
 
     def abandoned(self, key: Any, reason: str) -> None:
         """A run that started but will not end (its Ray trial died, or the sweep was interrupted)."""
-        def job():
-            self.store.client.log_batch(self.run_ids[key], tags=[RunTag("status", "failed"), RunTag("error", reason)])
-            self.store.client.set_terminated(self.run_ids[key], "FAILED")
-        self.queue.put(job)
+        self.queue.put(lambda: self.store.fail_run(self.run_ids[key], reason))
 
     def close(self) -> list[str]:
         self.queue.put(None)

@@ -82,7 +82,7 @@ class StaleScores(Algorithm):
         self.passive_gen = generator(problem.seed, "passive-scores")
 
     def init_pools(self, w0: Tensor) -> State:
-        positives, negatives = self.problem.bootstrap_scores(w0)
+        positives, negatives = self.problem.scores_by_class(w0)
         pools = {"pool_pos": positives, "pool_neg": negatives}
         if self.with_u:
             pools["pool_u"] = torch.full_like(positives, self.u_init)

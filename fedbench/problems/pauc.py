@@ -226,16 +226,16 @@ class PartialAUC(Problem):
             return torch.ones_like(u)
         return self.config["kl_lambda"] / u
 
-    def bootstrap_scores(self, w: Tensor) -> tuple[Tensor, Tensor]:
-        """Scores of every training positive and negative under w (the FeDXL pools before round 1)."""
+    def scores_by_class(self, w: Tensor) -> tuple[Tensor, Tensor]:
+        """Scores under w of every training positive and of every negative (by the training labels)."""
         h = self.scores(w.unsqueeze(0), self.features.unsqueeze(0))[0]
         return h[self.labels == 1], h[self.labels == 0]
 
     def pooled_objective(self, w: Tensor) -> float:
         """The task's X-risk over all training pairs: mean₊ λ log mean₋ exp((m − (h₊ − h₋))₊²/λ) (pAUC),
         or mean₊ mean₋ σ(h₋ − h₊) (AUC), with the (possibly flipped) training labels."""
-        h = self.scores(w.unsqueeze(0), self.features.unsqueeze(0))[0]
-        positives, negatives = h[self.labels == 1][:, None], h[self.labels == 0][None, :]
+        positives, negatives = self.scores_by_class(w)
+        positives, negatives = positives[:, None], negatives[None, :]
         if self.config["task"] == "auc":
             return float(torch.sigmoid(negatives - positives).mean())
         lam, margin = self.config["kl_lambda"], self.config["margin"]
