@@ -4,6 +4,7 @@ from __future__ import annotations
 from fedbench.algorithms.base import Algorithm, Round
 from fedbench.algorithms.c_fedda import CFedDA
 from fedbench.algorithms.centralized import Centralized
+from fedbench.algorithms.codasca import CODASCA
 from fedbench.algorithms.ditto import Ditto
 from fedbench.algorithms.fast_fedda import FastFedDA
 from fedbench.algorithms.fedavg import FedAvg
@@ -17,6 +18,6 @@ from fedbench.algorithms.mc_fedda import MCFedDA
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls for cls in (FedAvg, FedMiD, FedDA, Ditto, FastFedDA, CFedDA, MCFedDA, FeDXL1, FeDXL2,
-                                              LocalPair, LocalSGDCE, Centralized)}
+                                              LocalPair, LocalSGDCE, Centralized, CODASCA)}
 
 __all__ = ["ALGORITHMS", "Algorithm", "Round"]

@@ -34,7 +34,7 @@ class FeDXL1(StaleScores):
         one = ha.new_ones(())  # a linear f: ∇f ≡ 1
         direction, scores = oracle.surrogate_grad(
             local["w"], lambda a, b: fedxl2_surrogate(self.problem, a, b, ha, hb, one, one))
-        lr = step_size(self.client_lr, self.decay, self.decay_every, rnd.index)
+        lr = step_size(self.client_lr, self.decay, self.decay_every, rnd, step)
         return {**local, "w": local["w"] - lr * direction, **self.record(local, scores, positives)}
 
     def client_final(self, local, rnd):

@@ -15,7 +15,7 @@ last `history_rounds` rounds, drawn with replacement (`xrisk.StaleScores`); `u_i
 is undefined for f = λ log), u on each client (`[N, n₊]` state); the server averages the momentum G as
 well as w (the paper; the released code averages only one tensor by a bug, §2.7 item 3):
 `average_momentum`; the scores and u recorded are those of the update minibatch (no independent extra
-samples); step size η × `decay` every `decay_every` rounds (the paper: ×0.1 every 5k iterations).
+samples); step size η × `decay` every `decay_every` local iterations (the paper: ×0.1 every 5k).
 """
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ class FeDXL2(StaleScores):
 
         direction, scores = oracle.surrogate_grad(local["w"], surrogate)
         momentum = (1 - self.beta) * local["G"] + self.beta * direction
-        lr = step_size(self.client_lr, self.decay, self.decay_every, rnd.index)
+        lr = step_size(self.client_lr, self.decay, self.decay_every, rnd, step)
         return {**local, "w": local["w"] - lr * momentum, "G": momentum,
                 "u": local["u"].scatter(1, oracle.positive_index, fresh["u"]),
                 **self.record(local, scores, positives, fresh["u"])}

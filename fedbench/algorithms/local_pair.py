@@ -50,7 +50,7 @@ class LocalPair(Algorithm):
 
         direction, _ = oracle.surrogate_grad(local["w"], surrogate)
         momentum = (1 - self.beta) * local["G"] + self.beta * direction
-        lr = step_size(self.client_lr, self.decay, self.decay_every, rnd.index)
+        lr = step_size(self.client_lr, self.decay, self.decay_every, rnd, step)
         return {"w": local["w"] - lr * momentum, "G": momentum,
                 "u": local["u"].scatter(1, oracle.positive_index, fresh["u"])}
 

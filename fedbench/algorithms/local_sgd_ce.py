@@ -2,7 +2,7 @@
 each client runs plain SGD on the problem's minibatch gradient, which for `pauc` is the binary
 cross-entropy of a class-balanced minibatch (b/2 positives + b/2 negatives, as the released code), and
 the server averages the models every round (server step 1, no momentum). The step size is multiplied
-by `decay` every `decay_every` rounds, as for the FeDXL methods.
+by `decay` every `decay_every` local iterations, as for the FeDXL methods.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ class LocalSGDCE(FedAvg):
     hparams = (CLIENT_LR, DECAY_EVERY, DECAY)
 
     def client_step(self, local, grad, rnd, step):
-        lr = step_size(self.client_lr, self.decay, self.decay_every, rnd.index)
+        lr = step_size(self.client_lr, self.decay, self.decay_every, rnd, step)
         return {"u": local["u"] - lr * grad(local["u"])}
 
     def server_update(self, server, message, weights, rnd):

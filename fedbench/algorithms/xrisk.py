@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fedbench.algorithms.base import Algorithm, State
+from fedbench.algorithms.base import Algorithm, Round, State
 from fedbench.hparams import Param
 from fedbench.rng import generator
 
@@ -25,8 +25,8 @@ GAMMA = Param("gamma", "float", 0.1, "moving-average rate γ of the inner-functi
               high=1)
 U_INIT = Param("u_init", "float", 1.0, "initial u of every positive (the code's 1; the paper's 0 breaks λ log)",
                low=0, low_open=True)
-DECAY_EVERY = Param("decay_every", "int", 0, "multiply the step size by `decay` every this many rounds (0: never)",
-                    low=0)
+DECAY_EVERY = Param("decay_every", "int", 0, "multiply the step size by `decay` every this many local iterations "
+                    "(the paper's T0 = 5000 of 20k; 0: never)", low=0)
 DECAY = Param("decay", "float", 0.1, "step-size decay factor", low=0, low_open=True, high=1)
 
 
@@ -50,8 +50,15 @@ def updated_u(u_table: Tensor, index: Tensor, inner: Tensor, gamma: float) -> Te
     return (1 - gamma) * u_table.gather(1, index) + gamma * inner.detach()
 
 
-def step_size(client_lr: float, decay: float, decay_every: int, round_index: int) -> float:
-    return client_lr * decay ** (round_index // decay_every) if decay_every else client_lr
+def stage(decay_every: int, iteration: int) -> int:
+    """Which step-size stage local iteration t (from 0, counted on each client across rounds) is in."""
+    return iteration // decay_every if decay_every else 0
+
+
+def step_size(client_lr: float, decay: float, decay_every: int, rnd: Round, step: int) -> float:
+    """η·decay^stage at local step `step` of round `rnd`: the paper's schedule in iterations (spec 001 §2.5),
+    so that it does not change with K."""
+    return client_lr * decay ** stage(decay_every, rnd.index * rnd.local_steps + step)
 
 
 def client_tables(problem, u_init: float, average_momentum: bool, w0: Tensor) -> State:
