@@ -9,13 +9,15 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-KINDS = ("float", "int", "bool", "choice", "floats", "str")
+KINDS = ("float", "int", "bool", "choice", "floats", "ints", "str")
+LIST_KINDS = ("floats", "ints")  # one value is a list (a grid over them is a list of lists)
 
 
 @dataclass(frozen=True)
 class Param:
     name: str
-    kind: str  # one of KINDS; "floats" is a list of floats (e.g. a per-stage schedule), "str" any text (a path)
+    kind: str  # one of KINDS; "floats"/"ints" a non-empty list of floats/integers (a per-stage schedule, a set of
+    # class labels), each element in the range; "str" any text (a path)
     default: Any
     help: str
     low: float | None = None  # inclusive unless low_open
@@ -60,6 +62,10 @@ class Param:
             if not isinstance(value, (list, tuple)) or not value:
                 raise ValueError(f"expected a non-empty list of numbers, found {value!r}")
             return [self._number(v, float, expected) for v in value]
+        if self.kind == "ints":
+            if not isinstance(value, (list, tuple)) or not value:
+                raise ValueError(f"expected a non-empty list of integers, found {value!r}")
+            return [self._number(v, int, expected) for v in value]
         return self._number(value, int if self.kind == "int" else float, expected)
 
     def _number(self, value: Any, cast: type, expected: str) -> float | int:

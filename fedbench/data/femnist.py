@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedbench.hparams import Param
+
 PIXELS = 784  # 28 × 28, row-major
 LABELS = 62  # 0–9 digits, 10–35 'A'–'Z', 36–61 'a'–'z' (LEAF, TFF and the npz files agree)
 SOURCES = ("sample10", "full", "tff", "leaf")
@@ -34,6 +36,19 @@ NPZ_EXPECTED = f"an npz with keys {', '.join(NPZ_KEYS)}"
 TFF_PREFIXES = ("fed_emnist_digitsonly", "fed_emnist")
 TFF_EXPECTED = "a TFF HDF5 file with groups examples/<client_id>/{pixels (n,28,28), label (n,)}"
 LEAF_EXPECTED = "a LEAF JSON file with users, num_samples and user_data[user] = {x: [[784 floats]], y: [ints]}"
+
+# Where a problem reads FEMNIST from: the declarations shared by every problem built on it (emnist, pauc),
+# the arguments of `load`.
+SOURCE_PARAMS = (
+    Param("source", "choice", "sample10", "data: the shipped npz (10% writer sample or full), TFF HDF5 "
+          "or LEAF JSON", choices=SOURCES),
+    Param("path", "str", None, "file or folder of the source, relative ones under the data root (None: "
+          "femnist/femnist_sample10.npz, femnist/femnist_full.npz, or the folder femnist/ for tff and leaf)",
+          nullable=True),
+    Param("data_dir", "str", None, "data root (None: the environment variable FEDBENCH_DATA)", nullable=True),
+    Param("writers_fraction", "float", 0.1, "tff only: the first fraction of the sorted writer ids kept "
+          "(Yuan et al.'s subset_ratio)", low=0, low_open=True, high=1),
+)
 
 
 @dataclass(frozen=True)

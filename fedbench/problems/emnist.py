@@ -45,14 +45,7 @@ class EMNIST(Problem):
         Param("preset", "choice", "bao2022", "paper setting whose defaults to start from", choices=("bao2022",)),
         Param("classes", "choice", 10, "C: 10 (digits, EMNIST-10) or 62 (digits and letters, EMNIST-62)",
               choices=(10, 62)),
-        Param("source", "choice", "sample10", "data: the shipped npz (10% writer sample or full), TFF HDF5 "
-              "or LEAF JSON", choices=femnist.SOURCES),
-        Param("path", "str", None, "file or folder of the source, relative ones under the data root (None: "
-              "femnist/femnist_sample10.npz, femnist/femnist_full.npz, or the folder femnist/ for tff and leaf)",
-              nullable=True),
-        Param("data_dir", "str", None, "data root (None: the environment variable FEDBENCH_DATA)", nullable=True),
-        Param("writers_fraction", "float", 0.1, "tff only: the first fraction of the sorted writer ids kept "
-              "(Yuan et al.'s subset_ratio)", low=0, low_open=True, high=1),
+        *femnist.SOURCE_PARAMS,
         Param("min_train", "int", 10, "drop writers with fewer train samples after the label filter", low=1),
         Param("min_test", "int", 1, "drop writers with fewer test samples after the label filter", low=0),
         Param("pixels", "choice", "raw", "features: raw = value/255 (background ≈ 1, the paper's code) or "
