@@ -1,4 +1,4 @@
-"""fedbench command line: `fedbench run | sweep | validate | list | ui`."""
+"""fedbench command line: `fedbench run | sweep | tune | report | validate | list | ui`."""
 from __future__ import annotations
 
 import json
@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from enum import Enum
 from typing import List, Optional
 
 import typer
@@ -118,11 +119,14 @@ def sweep(
     max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent", min=1,
                                                  help="At most this many Ray trials at once"),
     data_dir: Optional[Path] = DataOption,
+    write_report: bool = typer.Option(True, "--report/--no-report", help="At the end, write the report "
+                                      "(reports/<recipe name>/ beside the MLflow store) and log it on the parent run"),
 ) -> None:
     """Run every (config, seed) of the recipe on Ray Tune; runs already finished in the store are skipped."""
     use_data_dir(data_dir)
     from sweeps.execute import ClusterError
     from sweeps.execute import sweep as run_sweep
+    from sweeps.recipe import RecipeError
 
     recipe = load_recipe(recipe_path, sets)
     columns = (TextColumn("runs"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[detail]}"),
@@ -141,7 +145,7 @@ def sweep(
 
         try:
             summary = run_sweep(recipe, sets or [], tracking_uri, address, max_concurrent, progress)
-        except ClusterError as err:
+        except (ClusterError, RecipeError) as err:
             bar.stop()
             fail(str(err))
     table = Table(title=f"sweep {recipe.name}", show_header=True)
@@ -159,6 +163,13 @@ def sweep(
         errors.print(f"tracking error: {error}", highlight=False)
     if summary.interrupted:
         errors.print("the sweep was interrupted; run the same command again to finish it", highlight=False)
+    elif write_report:
+        from sweeps.report import ReportError
+
+        try:
+            show_report(make_report(tracking_uri, recipe=recipe))
+        except ReportError as err:  # e.g. every run failed: the sweep's own exit code says the rest
+            errors.print(f"no report: {err}", highlight=False)
     if not summary.ok:
         raise typer.Exit(1)
 
@@ -224,6 +235,70 @@ def tune(
                   f"{summary.parent_run_id} in experiment {recipe.name!r}", highlight=False)
     for error in summary.tracking_errors:
         errors.print(f"tracking error: {error}", highlight=False)
+
+
+class XAxis(str, Enum):
+    rounds = "rounds"
+    comm = "comm"
+
+
+def make_report(tracking_uri: Optional[str], **source):
+    from sweeps.report import report
+    from sweeps.tracking import Store
+
+    return report(Store(tracking_uri), **source)
+
+
+def show_report(result) -> None:
+    """Each algorithm's best configuration, and where the files went."""
+    from sweeps.report import fmt, spread
+
+    settings = result.settings
+    table = Table(title=f"best configuration per algorithm (final {settings.label(settings.select.metric)}, "
+                        f"{settings.select.mode})")
+    for column in ("algorithm", "configuration", "status", "final mean ± std"):
+        table.add_column(column)
+    for config in result.configurations:
+        if config.best:
+            mean, std = spread(config.finals[settings.select.metric])
+            table.add_row(settings.label(config.algorithm), config.varying or "–", config.status,
+                          f"{fmt(mean)} ± {fmt(std, 2)}")
+    console.print(table)
+    parent = result.source.parent_id
+    where = f"; logged on run {parent} under report/" if parent else ""
+    console.print(f"report: {result.out / 'index.html'} ({len(result.files)} files){where}", highlight=False)
+
+
+@app.command()
+def report(
+    recipe_path: Optional[Path] = typer.Argument(None, metavar="[RECIPE]",
+                                                 help="Report the sweep of this recipe (its runs in the store)"),
+    experiment: Optional[str] = typer.Option(None, "--experiment", "-e", help="Report every run of this experiment"),
+    run_id: Optional[str] = typer.Option(None, "--run", help="Report this sweep or tuning session (its parent run id)"),
+    out: Optional[Path] = typer.Option(None, "--out", "-o",
+                                       help="Folder to write (default: reports/<name>/ beside the MLflow store)"),
+    x: Optional[XAxis] = typer.Option(None, "--x", help="x-axis: rounds, or floats communicated (default: the "
+                                                         "recipe's report.x, else rounds)"),
+    sets: Optional[List[str]] = SetOption,
+    tracking_uri: Optional[str] = TrackingOption,
+) -> None:
+    """Curves (mean ± standard error over seeds), a paper-style figure and best-configuration tables from
+    the runs in MLflow; written to a folder and logged on the sweep's parent run."""
+    from sweeps.recipe import RecipeError
+    from sweeps.report import ReportError
+
+    given = [name for name, value in (("RECIPE", recipe_path), ("--experiment", experiment), ("--run", run_id))
+             if value is not None]
+    if len(given) != 1:
+        fail(f"give exactly one of RECIPE, --experiment NAME or --run PARENT_RUN_ID "
+             f"(found {', '.join(given) or 'none'})")
+    recipe = load_recipe(recipe_path, sets) if recipe_path is not None else None
+    try:
+        result = make_report(tracking_uri, recipe=recipe, experiment=experiment, run_id=run_id, out=out,
+                             x=x.value if x else None)
+    except (ReportError, RecipeError) as err:
+        fail(str(err))
+    show_report(result)
 
 
 @app.command()

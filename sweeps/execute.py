@@ -24,7 +24,7 @@ import torch
 from fedbench.algorithms import ALGORITHMS
 from fedbench.problems import PROBLEMS
 from fedbench.simulate import Simulation
-from sweeps.recipe import Recipe, Trial
+from sweeps.recipe import Recipe, Trial, check_metrics
 
 PACKS_PER_SLOT = 4
 
@@ -47,6 +47,11 @@ def build_simulation(trial: Trial, device: str | None = None) -> Simulation:
                                       device=resolve_device(device or trial.device))
     algorithm = ALGORITHMS[trial.algorithm](problem, **trial.hyperparameters)
     return Simulation(problem, algorithm, trial.federation, trial.seed, trial.eval_every, trial.divergence_factor)
+
+
+def evaluated_metrics(trial: Trial) -> list[str]:
+    """The metric names a trial's rows will have: one evaluation of its starting point."""
+    return [key for key in build_simulation(trial).evaluate() if key != "round"]
 
 
 @dataclass
@@ -176,16 +181,18 @@ def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | No
           address: str | None = None, max_concurrent: int | None = None,
           progress: Callable[[str, dict[str, int]], None] | None = None,
           parent_tags: dict[str, str] | None = None) -> SweepSummary:
-    """Run every (config, seed) of the recipe not yet finished in the store, on Ray Tune."""
+    """Run every (config, seed) of the recipe not yet finished in the store, on Ray Tune. A metric the
+    recipe names that the problem does not evaluate is refused (RecipeError) before anything runs."""
     import ray
     from ray import tune
 
     from sweeps.tracking import INTERRUPTED, Store, SweepLog
 
     resources = recipe.resources
+    trials = recipe.trials()
+    check_metrics(recipe, evaluated_metrics(trials[0]))
     store = Store(tracking)
     experiment_id = store.experiment(recipe.name)
-    trials = recipe.trials()
     done = store.completed(experiment_id)
     pending = [(key, trial) for key, trial in enumerate(trials) if (trial.config_hash, trial.seed) not in done]
     summary = SweepSummary(total=len(trials), skipped=len(trials) - len(pending), experiment_id=experiment_id)

@@ -11,7 +11,7 @@ import hashlib
 import itertools
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -235,6 +235,41 @@ class TuneSpec(StrictModel):
         return _one_of(value, SAMPLERS)
 
 
+class SelectSpec(StrictModel):
+    """What "best configuration" means: the final value of `metric`, lowest (`min`) or highest (`max`)."""
+    metric: str = Field(min_length=1)
+    mode: str = "min"
+
+    @field_validator("mode")
+    @classmethod
+    def _mode(cls, value: str) -> str:
+        return _one_of(value, ("min", "max"))
+
+
+class ReportSpec(StrictModel):
+    """The optional `report:` block: what `fedbench report` draws and how it ranks configurations.
+    Every field has a default, so a recipe without the block still gets a report."""
+    metrics: list[str] = Field(default_factory=list)  # panels of the paper-style figure, in order
+    select: Optional[SelectSpec] = None  # default: the tune block's metric and mode, else the objective
+    target: dict[str, float] = Field(default_factory=dict)  # metric -> value, for rounds-to-target
+    x: str = "rounds"  # or comm: floats communicated (uploads + downloads)
+    log: dict[str, bool] = Field(default_factory=dict)  # metric -> log scale, overriding the automatic choice
+    labels: dict[str, str] = Field(default_factory=dict)  # algorithm or metric -> name shown in plots and tables
+    curves: int = Field(4, ge=1)  # most configurations drawn per algorithm (its best ones)
+
+    @field_validator("metrics")
+    @classmethod
+    def _unique(cls, value: list[str]) -> list[str]:
+        if any(not name for name in value) or len(set(value)) != len(value):
+            raise ValueError(f"found {value!r}, expected distinct metric names")
+        return value
+
+    @field_validator("x")
+    @classmethod
+    def _x(cls, value: str) -> str:
+        return _one_of(value, ("rounds", "comm"))
+
+
 SAMPLERS = ("tpe", "random", "cmaes", "gp")
 DISTRIBUTIONS = ("log_uniform", "uniform", "int", "log_int", "categorical")
 
@@ -270,6 +305,7 @@ class RecipeModel(StrictModel):
     divergence_factor: float = Field(DIVERGENCE_FACTOR, gt=1)
     resources: Resources = Field(default_factory=Resources)
     tune: Optional[TuneSpec] = None
+    report: Optional[ReportSpec] = None
 
     @field_validator("seeds")
     @classmethod
@@ -293,7 +329,8 @@ class RecipeModel(StrictModel):
         return value
 
 
-SECTIONS = {(): RecipeModel, ("resources",): Resources, ("tune",): TuneSpec, ("tune", "pruner"): PrunerSpec}
+SECTIONS = {(): RecipeModel, ("resources",): Resources, ("tune",): TuneSpec, ("tune", "pruner"): PrunerSpec,
+            ("report",): ReportSpec, ("report", "select"): SelectSpec}
 
 
 def _schema_error(source: str, err: ValidationError) -> RecipeError:
@@ -314,7 +351,8 @@ def _schema_error(source: str, err: ValidationError) -> RecipeError:
 
 
 PHRASES = {"dict_type": "a mapping", "string_type": "a string", "string_too_short": "a non-empty string",
-           "too_short": "at least one entry", "int_type": "an integer", "float_type": "a number"}
+           "too_short": "at least one entry", "int_type": "an integer", "float_type": "a number",
+           "list_type": "a list", "bool_type": "true or false"}
 
 
 @dataclass
@@ -333,10 +371,13 @@ class Recipe:
     tune: Optional[TuneSpec]
     document: dict[str, Any]  # the validated YAML after overrides, as written
     dimensions: tuple[Dimension, ...] = ()  # the tune block's search space, resolved
+    report: ReportSpec = field(default_factory=ReportSpec)
 
     @property
     def recipe_hash(self) -> str:
-        return stable_hash(self.document)
+        """Of what runs: the report block only changes how results are drawn, so a sweep is found again
+        (and resumed) after it is edited."""
+        return stable_hash({key: value for key, value in self.document.items() if key != "report"})
 
     def trials(self) -> list[Trial]:
         """The grid expanded: algorithm × problem point × federation point × hyperparameter point × seed."""
@@ -420,7 +461,7 @@ def parse(raw: dict[str, Any], source: str) -> Recipe:
     dimensions = _check_space(source, model.tune, problem_name, algorithms) if model.tune else ()
     recipe = Recipe(source, model.name, problem_name, problem_grid, federation_grid, algorithms, model.seeds,
                     model.eval_every, model.device, model.divergence_factor, model.resources, model.tune, raw,
-                    dimensions)
+                    dimensions, model.report or ReportSpec())
     recipe.trials()  # every grid point must make a valid trial (e.g. clients_per_round <= clients)
     return recipe
 
@@ -479,6 +520,25 @@ def _check_space(source: str, tune: TuneSpec, problem: str, algorithms: dict) ->
         applies = tuple(algorithms) if None in owners else tuple(a for a in owners if name in owners[a])
         dimensions.append(Dimension(key, applies, distribution, tuple(bounds)))
     return tuple(dimensions)
+
+
+def check_metrics(recipe: Recipe, available: list[str]) -> None:
+    """Every metric the tune and report blocks name must be one the problem evaluates, which is known only
+    once a problem is built (or its runs are read back)."""
+    report = recipe.report
+    named = [("tune.metric", recipe.tune.metric)] if recipe.tune else []
+    named += [(f"report.metrics[{i}]", name) for i, name in enumerate(report.metrics)]
+    named += [("report.select.metric", report.select.metric)] if report.select else []
+    named += [(f"report.{section}.{name}", name) for section in ("target", "log") for name in getattr(report, section)]
+    for path, name in named:
+        if name not in available:
+            raise RecipeError(recipe.source, path, f"found {name!r}, expected one of the metrics of {recipe.problem}: "
+                              f"{', '.join(available)}{closest(name, available)}")
+    for name in report.labels:
+        if name not in available and name not in recipe.algorithms:
+            known = [*recipe.algorithms, *available]
+            raise RecipeError(recipe.source, f"report.labels.{name}", f"found {name!r}, expected an algorithm of the "
+                              f"recipe or a metric: {', '.join(known)}{closest(name, known)}")
 
 
 def load(path: str | Path, overrides: list[str] | None = None, algorithm: str | None = None) -> Recipe:

@@ -16,6 +16,7 @@ import os
 import platform
 import queue
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -31,6 +32,7 @@ DEFAULT_URI = "sqlite:///mlflow.db"
 BATCH = 1000  # MLflow's limit of metrics per log_batch call (100 for params and tags)
 PARENT_TAG = "mlflow.parentRunId"
 INTERRUPTED = "interrupted: the sweep stopped while this run was going"
+SUMMARY_METRICS = ("train_seconds", "eval_seconds", "wall_seconds")  # one value per run, at its last round
 
 
 def tracking_uri(given: str | None = None) -> str:
@@ -67,6 +69,12 @@ class Store:
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
         self.client = MlflowClient(self.uri)
+
+    def folder(self) -> Path:
+        """Where files that belong with the store go (Optuna studies, reports): beside a SQLite store, in the
+        working directory for a server."""
+        path = sqlite_path(self.uri)
+        return path.resolve().parent if path is not None else Path.cwd()
 
     def experiment(self, name: str) -> str:
         found = self.client.get_experiment_by_name(name)
@@ -130,6 +138,11 @@ class Store:
         self.client.log_text(run_id, yaml.safe_dump(recipe.document, sort_keys=False), "recipe.resolved.yaml")
         return run_id
 
+    def artifact_text(self, run_id: str, path: str) -> str:
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one small file, no bar
+        with tempfile.TemporaryDirectory() as scratch:
+            return Path(self.client.download_artifacts(run_id, path, scratch)).read_text()
+
     def close_sweep(self, run_id: str, attempt: int, status: str, counts: dict[str, int]) -> None:
         """This attempt's counts (step = attempt) and the parent's status."""
         self.client.log_batch(run_id, metrics=[Metric(f"runs_{k}", v, now_ms(), attempt) for k, v in counts.items()])
@@ -177,7 +190,7 @@ class Store:
                    for row in outcome["rows"] for key, value in row.items() if key != "round"]
         last_round = int(outcome["rows"][-1]["round"]) if outcome["rows"] else 0
         metrics += [Metric(key, float(outcome[key]), stamp, last_round)
-                    for key in ("train_seconds", "eval_seconds", "wall_seconds")]
+                    for key in SUMMARY_METRICS]
         tags = [RunTag("status", outcome["status"]), RunTag("device", outcome["device"])]
         if outcome.get("error"):
             tags.append(RunTag("error", outcome["error"][-5000:]))

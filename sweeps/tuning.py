@@ -26,18 +26,15 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
-from sweeps.execute import build_simulation, open_cluster, resolve_device, sweep
-from sweeps.recipe import Dimension, Recipe, RecipeError, closest, parse, stable_hash
-from sweeps.tracking import Store, SweepLog, sqlite_path
+from sweeps.execute import build_simulation, evaluated_metrics, open_cluster, resolve_device, sweep
+from sweeps.recipe import Dimension, Recipe, RecipeError, check_metrics, parse, stable_hash
+from sweeps.tracking import Store, SweepLog
 
 
 def study_storage(recipe: Recipe, store: Store) -> str:
-    path = sqlite_path(store.uri)
-    folder = path.resolve().parent if path is not None else Path.cwd()
-    return f"sqlite:///{folder / ('optuna-' + recipe.name.replace('/', '_') + '.db')}"
+    return f"sqlite:///{store.folder() / ('optuna-' + recipe.name.replace('/', '_') + '.db')}"
 
 
 def study_name(recipe: Recipe, algorithm: str) -> str:
@@ -208,10 +205,7 @@ def tune_recipe(recipe: Recipe, algorithms: list[str], overrides: list[str] | No
     storage = study_storage(recipe, store)
     probe = recipe.single_trial(algorithms[0], seed, fixed=_lowest(recipe, algorithms[0]))
     rounds = probe.federation.rounds
-    metrics = [key for key in build_simulation(probe).evaluate() if key != "round"]
-    if spec.metric not in metrics:
-        raise RecipeError(recipe.source, "tune.metric", f"found {spec.metric!r}, expected one of the metrics of "
-                          f"{recipe.problem}: {', '.join(metrics)}{closest(spec.metric, metrics)}")
+    check_metrics(recipe, evaluated_metrics(probe))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
     started_ray, slot_count = open_cluster(recipe, address, max_concurrent)

@@ -73,7 +73,7 @@ def test_sweep_logs_a_parent_and_a_nested_run_per_config_and_seed_equal_to_fedbe
     assert parent.info.status == "FINISHED" and parent.data.tags["recipe_hash"]
     assert parent.data.tags["git_commit"] and parent.data.tags["host"]
     artifacts = {a.path for a in MlflowClient(tracking_uri).list_artifacts(parent.info.run_id)}
-    assert artifacts == {"recipe.yaml", "recipe.resolved.yaml"}
+    assert artifacts == {"recipe.yaml", "recipe.resolved.yaml", "report"}  # the report, written at the end
     assert {run.data.tags["mlflow.parentRunId"] for run in nested} == {parent.info.run_id}
     assert {(run.data.tags["algorithm"], run.data.params["algorithm.client_lr"], run.data.tags["seed"])
             for run in nested} == {(a, lr, s) for a, lrs in (("fedmid", ("0.01", "0.03")), ("fedda", ("0.001", "0.01")),

@@ -1,0 +1,253 @@
+"""`fedbench report` on a real small sweep (local Ray, MLflow SQLite): the PNGs are images, the table's
+numbers are those of the MLflow metric histories, a diverged run shows with its status, the pages tie the
+files together and the files are on the parent run; then the other sources (a parent run id, an experiment,
+a tuning session) and the refusals."""
+from __future__ import annotations
+
+import csv
+import math
+import shutil
+
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+from PIL import Image
+from typer.testing import CliRunner
+
+from cli import app
+from sweeps.recipe import load
+from sweeps.report import Histories, curve, resolve_settings, rounds_to
+from sweeps.tracking import Store
+
+# fedmid at client_lr 0.07 diverges on seed 0 (round 10) and finishes on seeds 1 and 2.
+RECIPE = """\
+name: report-grid
+problem: {name: lasso, clients: 8, samples_per_client: 20, dim: 30, support: 10, lam: 0.05}
+federation: {rounds: 30, clients_per_round: 4, local_steps: 3, batch_size: 5}
+algorithms:
+  fedmid: {client_lr: [1e-2, 0.07]}
+  fedda: {client_lr: [1e-3, 1e-2]}
+seeds: [0, 1, 2]
+eval_every: 5
+report:
+  metrics: [objective_gap, l2_error, f1]
+  target: {l2_error: 2.0}
+  labels: {fedmid: FedMiD}
+"""
+TUNE = """\
+name: report-tune
+problem: {name: lasso, clients: 8, samples_per_client: 20, dim: 30, support: 10, lam: 0.05}
+federation: {rounds: 20, clients_per_round: 4, local_steps: 3, batch_size: 5}
+algorithms:
+  fedmid: {}
+seeds: [0]
+eval_every: 5
+tune: {space: {client_lr: {log_uniform: [1.0e-3, 1.0e-1]}}, metric: l2_error, mode: min, trials: 4}
+report: {curves: 2}
+"""
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def swept(ray_local, tmp_path_factory, _migrated_store):
+    """One sweep for the module; `fedbench sweep` writes the report beside the store at its end."""
+    folder = tmp_path_factory.mktemp("report")
+    shutil.copy(_migrated_store, folder / "mlflow.db")
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    path = folder / "recipe.yaml"
+    path.write_text(RECIPE)
+    result = invoke("sweep", path, "--tracking-uri", uri)
+    assert result.exit_code == 0, result.output
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("report-grid")
+    runs = client.search_runs([experiment.experiment_id], max_results=1000)
+    return {"uri": uri, "path": path, "out": folder / "reports" / "report-grid", "output": result.output,
+            "parent": next(r for r in runs if r.data.tags["role"] == "sweep"),
+            "trials": [r for r in runs if r.data.tags["role"] == "trial"], "client": client}
+
+
+def history(client, run, metric):
+    points = sorted(client.get_metric_history(run.info.run_id, metric), key=lambda m: m.step)
+    return [(m.step, m.value) for m in points if math.isfinite(m.value)]
+
+
+def read_table(path):
+    with path.open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_every_png_is_an_image_of_a_sensible_size(swept):
+    out = swept["out"]
+    assert "report:" in swept["output"] and "index.html" in swept["output"]
+    pngs = sorted(out.glob("*.png"))
+    metrics = {"objective", "objective_gap", "train_mse", "l2_error", "l1_error", "precision", "recall", "f1",
+               "density"}
+    assert {p.name for p in pngs} == {"figure.png", *(f"metric_{m}.png" for m in metrics)}
+    for png in pngs:
+        with Image.open(png) as image:
+            image.verify()
+        with Image.open(png) as image:
+            width, height = image.size
+            assert 600 <= width <= 2500 and 400 <= height <= 2000, (png.name, image.size)
+            assert len(np.unique(np.asarray(image.convert("L")))) > 20  # drawn, not blank
+        assert png.stat().st_size < 400_000
+
+
+def test_table_means_and_stds_equal_the_mlflow_histories(swept):
+    client, trials = swept["client"], swept["trials"]
+    rows = read_table(swept["out"] / "table.csv")
+    assert len(rows) == 4 and len(trials) == 12
+    for row in rows:
+        runs = [r for r in trials if r.data.tags["config_hash"] == row["config_hash"]]
+        assert len(runs) == int(row["runs"]) == 3
+        for metric in ("objective_gap", "l2_error", "f1"):  # the selection metric, then the figure's
+            finals = [history(client, run, metric)[-1][1] for run in runs]
+            assert float(row[f"{metric}_mean"]) == pytest.approx(np.mean(finals), rel=1e-12)
+            assert float(row[f"{metric}_std"]) == pytest.approx(np.std(finals, ddof=1), rel=1e-12)
+        reached = []
+        for run in runs:
+            points = history(client, run, "l2_error")
+            assert points[0][1] > 2.0  # from above: the first round at or below the target
+            reached += [step for step, value in points if value <= 2.0][:1]
+        assert row["rounds_to_l2_error_reached"] == f"{len(reached)}/3"
+        if reached:
+            assert float(row["rounds_to_l2_error_mean"]) == pytest.approx(np.mean(reached))
+    assert {row["best"] for row in rows} == {"True", "False"}
+    assert sum(row["best"] == "True" for row in rows) == 2  # one per algorithm
+
+
+def test_a_diverged_run_appears_with_its_status(swept):
+    diverged = [r for r in swept["trials"] if r.data.tags["status"] == "diverged"]
+    assert [(r.data.params["algorithm.client_lr"], r.data.tags["seed"]) for r in diverged] == [("0.07", "0")]
+    rows = read_table(swept["out"] / "table.csv")
+    (row,) = [r for r in rows if r["config_hash"] == diverged[0].data.tags["config_hash"]]
+    assert row["status"] == "2 finished, 1 diverged" and row["best"] == "False"
+    assert row["configuration"] == "client_lr=0.07"
+    markdown = (swept["out"] / "report.md").read_text()
+    assert "| FedMiD | client_lr=0.07 | 3 | 2 finished, 1 diverged |" in markdown
+
+
+def test_a_diverged_seed_ends_its_curve_and_the_band_covers_the_seeds_left(swept):
+    store = Store(swept["uri"])
+    recipe = load(swept["path"])
+    runs = [r for r in swept["trials"] if r.data.params["algorithm.client_lr"] == "0.07"]
+    line = curve(runs, "l2_error", Histories(store), "rounds")
+    ended = [r for r in runs if r.data.tags["status"] == "diverged"][0]
+    last_step, last_value = history(swept["client"], ended, "l2_error")[-1]
+    assert line.ends == [(last_step, last_value)]
+    going_on = [r for r in runs if r is not ended]
+    after = [dict(history(swept["client"], r, "l2_error"))[30] for r in going_on]
+    assert line.x[-1] == 30 and line.mean[-1] == pytest.approx(np.mean(after))
+    assert line.se[-1] == pytest.approx(np.std(after, ddof=1) / math.sqrt(2))
+    comm = curve(runs, "l2_error", Histories(store), "comm")
+    floats = [dict(history(swept["client"], r, "comm_up"))[30] + dict(history(swept["client"], r, "comm_down"))[30]
+              for r in going_on]
+    assert comm.x[-1] == pytest.approx(np.mean(floats)) and np.all(np.diff(comm.x) > 0)
+    assert recipe.report.target == {"l2_error": 2.0}
+
+
+def test_pages_reference_every_png_and_the_files_are_on_the_parent_run(swept):
+    out = swept["out"]
+    pngs = {p.name for p in out.glob("*.png")}
+    for page in ("report.md", "index.html"):
+        text = (out / page).read_text()
+        assert all(name in text for name in pngs), page
+    assert "<table>" in (out / "index.html").read_text()
+    client, parent = swept["client"], swept["parent"]
+    logged = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    expected = {f"report/{name}" for name in (*pngs, "table.csv", "report.md", "index.html")}
+    assert logged == expected
+
+
+def test_a_parent_run_an_experiment_and_a_recipe_give_the_same_table(swept, tmp_path):
+    uri, parent = swept["uri"], swept["parent"].info.run_id
+    tables = []
+    for i, source in enumerate((["--run", parent], ["--experiment", "report-grid"], [swept["path"]])):
+        out = tmp_path / str(i)
+        result = invoke("report", *source, "--out", out, "--x", "comm", "--tracking-uri", uri)
+        assert result.exit_code == 0, result.output
+        assert "FedMiD" in result.output and (out / "figure.png").exists()
+        tables.append(read_table(out / "table.csv"))
+    assert tables[0] == tables[1] == tables[2]
+
+
+def test_a_tuning_session_is_reported_with_its_best_configurations(ray_local, tmp_path, tracking_uri):
+    path = tmp_path / "tune.yaml"
+    path.write_text(TUNE)
+    assert invoke("tune", path, "--tracking-uri", tracking_uri).exit_code == 0
+    client = MlflowClient(tracking_uri)
+    experiment = client.get_experiment_by_name("report-tune")
+    (parent,) = client.search_runs([experiment.experiment_id], "tags.role = 'tune'")
+    result = invoke("report", "--run", parent.info.run_id, "--tracking-uri", tracking_uri)
+    assert result.exit_code == 0, result.output
+    rows = read_table(tmp_path / "reports" / "report-tune" / "table.csv")
+    assert len(rows) == 4 and all(row["configuration"].startswith("client_lr=") for row in rows)
+    finished = [row for row in rows if row["status"] == "1 finished"]
+    best = min(finished, key=lambda row: float(row["l2_error_mean"]))  # the tune block's metric and mode
+    assert best["best"] == "True" and sum(row["best"] == "True" for row in rows) == 1
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"report"}
+
+
+def test_without_a_report_block_the_defaults_make_a_report():
+    settings = resolve_settings(None, ["comm_up", "f1", "l2_error", "objective", "objective_gap", "rank"], None)
+    assert (settings.select.metric, settings.select.mode) == ("objective_gap", "min")
+    assert settings.metrics == ["objective_gap", "f1", "l2_error", "objective"] and settings.x == "rounds"
+
+
+def test_rounds_to_target_from_either_side():
+    steps = np.array([0.0, 5.0, 10.0, 15.0])
+    assert rounds_to(steps, np.array([9.0, 4.0, 1.5, 0.5]), 2.0) == 10.0
+    assert rounds_to(steps, np.array([0.6, 0.8, 0.95, 1.0]), 0.9) == 10.0
+    assert rounds_to(steps, np.array([9.0, 8.0, 7.0, 6.0]), 2.0) is None
+
+
+def test_sweep_with_no_report_writes_none(ray_local, tmp_path, tracking_uri):
+    path = tmp_path / "one.yaml"
+    path.write_text(RECIPE.replace("fedmid: {client_lr: [1e-2, 0.07]}", "fedmid: {client_lr: 1e-2}")
+                    .replace("  fedda: {client_lr: [1e-3, 1e-2]}\n", "").replace("seeds: [0, 1, 2]", "seeds: 1"))
+    result = invoke("sweep", path, "--tracking-uri", tracking_uri, "--no-report")
+    assert result.exit_code == 0, result.output
+    assert not (tmp_path / "reports").exists() and "report:" not in result.output
+
+
+@pytest.mark.parametrize("args, fragment", [
+    ([], "give exactly one of RECIPE, --experiment NAME or --run"),
+    (["--experiment", "a", "--run", "b"], "found --experiment, --run"),
+    (["--experiment", "nowhere"], "no experiment 'nowhere'"),
+    (["--run", "0123456789abcdef"], "no run '0123456789abcdef'"),
+    (["--experiment", "report-grid", "--x", "time"], "'time' is not one of"),
+])
+def test_report_refusals(swept, args, fragment):
+    result = invoke("report", *args, "--tracking-uri", swept["uri"])
+    assert result.exit_code == 2, result.output
+    assert fragment in result.output and "Traceback" not in result.output
+
+
+def test_report_refuses_a_trial_run_a_recipe_never_swept_and_a_misspelt_metric(swept, tmp_path):
+    uri = swept["uri"]
+    trial = swept["trials"][0].info.run_id
+    result = invoke("report", "--run", trial, "--tracking-uri", uri)
+    assert result.exit_code == 2 and "not a sweep or tuning session" in result.output
+
+    unswept = tmp_path / "new.yaml"
+    unswept.write_text(RECIPE.replace("name: report-grid", "name: never-swept"))
+    result = invoke("report", unswept, "--tracking-uri", uri)
+    assert result.exit_code == 2 and "no experiment 'never-swept'" in result.output
+    assert "fedbench sweep" in result.output
+
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(RECIPE.replace("seeds: [0, 1, 2]", "seeds: [7]"))
+    result = invoke("report", changed, "--tracking-uri", uri)
+    assert result.exit_code == 2 and "no run with a curve" in result.output
+
+    misspelt = tmp_path / "misspelt.yaml"
+    misspelt.write_text(RECIPE.replace("metrics: [objective_gap, l2_error, f1]", "metrics: [objective_gap, l2_eror]"))
+    for command in ("report", "sweep"):  # a sweep refuses it before running anything
+        result = invoke(command, misspelt, "--tracking-uri", uri)
+        assert result.exit_code == 2 and "Traceback" not in result.output
+        assert f"{misspelt}: report.metrics[1]: found 'l2_eror'" in result.output
+        assert "did you mean 'l2_error'" in result.output
+    assert len(MlflowClient(uri).search_runs([swept["parent"].info.experiment_id], max_results=1000)) == 13
