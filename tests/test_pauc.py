@@ -176,10 +176,12 @@ def test_femnist_clients_are_writers_or_groups_with_positives_subsampled(tmp_pat
         for row in rows:
             writer, label, is_test = samples[problem.features[row].numpy().tobytes()]
             assert writer in group and not is_test and (label == 1) == bool(problem.labels[row])
-    # the test set: every test sample of the kept writers, binarised, none subsampled or dropped
+    # test + validation: every test sample of the kept writers, binarised, none subsampled or dropped
     want = sorted((w, y == 1) for w, y, t in samples.values() if t and w in kept)
-    got = sorted((samples[x.numpy().tobytes()][0], bool(y)) for x, y in zip(problem.test_features, problem.test_labels))
-    assert got == want
+    held_out = zip(torch.cat([problem.test_features, problem.val_features]),
+                   torch.cat([problem.test_labels, problem.val_labels]))
+    got = sorted((samples[x.numpy().tobytes()][0], bool(y)) for x, y in held_out)
+    assert got == want and 0 < len(problem.val_labels) <= len(problem.test_labels)
 
 
 def test_femnist_features_are_normalised_pixels_with_the_client_noise(tmp_path):
@@ -251,8 +253,9 @@ def test_femnist_sample_class_ratio_test_set_and_objective_subsample(sample10):
     assert (positives / (positives + negatives) > 0.15).all()
     assert list(problem.writer_ids) == sorted(ids) and np.bincount(problem.writer_client).tolist() == [90] * 4
     test_y = y[is_test]
-    assert len(problem.test_labels) == len(test_y) == 8051  # all 360 writers kept: every test sample
-    assert int(problem.test_labels.sum()) == int(np.isin(test_y, classes).sum())
+    # all 360 writers kept: every test sample, 2000 of them for validation
+    assert len(problem.test_labels) + len(problem.val_labels) == len(test_y) == 8051 and len(problem.val_labels) == 2000
+    assert int(problem.test_labels.sum() + problem.val_labels.sum()) == int(np.isin(test_y, classes).sum())
     assert problem.objective_pairs is not None and small().objective_pairs is None  # synthetic: exact
     pos_idx, neg_idx = problem.objective_pairs
     assert len(pos_idx) * len(neg_idx) <= 2**22

@@ -17,8 +17,8 @@ of them beside its n₋ negatives (r = `positive_ratio`; pos/(pos+neg) ≈ r; a 
 keeps all of them; null: no subsampling), which positives by uniform keys from the data seed. A client
 left without a positive or without a negative training sample is dropped (the class-balanced draws need
 both; `dropped_clients` counts them), and with it its writers' test samples; a ValueError naming the
-parameter is raised when no client is left. Test set: every test sample of the kept writers, binarised
-the same way, not subsampled. Features: the pixel intensity v/255 (background ≈ 1) normalised as the
+parameter is raised when no client is left. Test and validation sets: the kept writers' test samples,
+binarised the same way, not subsampled, `val_size` of them (at most half) drawn for validation. Features: the pixel intensity v/255 (background ≈ 1) normalised as the
 paper's Normalize(0.5, 0.5), x = 2v/255 − 1 ∈ [−1, 1]; the pixels stay uint8 and are converted per
 gathered batch or scoring chunk (54 MB instead of 216 MB of float32 for the 10% sample).
 
@@ -34,7 +34,8 @@ negatives of the client, uniformly with replacement. `grad` is the gradient of t
 on them, so FedAvg on this problem is the paper's "Local SGD (CE)" baseline.
 
 Metrics on the averaged model: `test_pauc_0.3`, `test_pauc_0.5`, `test_auc` (McClish-standardised, as
-`roc_auc_score(max_fpr)`, `fedbench.metrics`), the same on the training data, and `objective`, the
+`roc_auc_score(max_fpr)`, `fedbench.metrics`), the same on the training data and on the validation set
+(`val_*`, `val_size` clean samples, for model selection as the paper's), and `objective`, the
 pooled X-risk over the training pairs: KL-OPAUC mean₊ λ log mean₋ exp(ℓ̃/λ), ℓ̃ = (m − (h₊ − h₋))₊², for
 `task: pauc`; for `task: auc` (preset `guo2023_noisy_auc`, spec 001 §1.5) the symmetric PSM loss
 mean₊ mean₋ σ(h₋ − h₊) with a linear f, on training labels of which `flip_rate` of the positives and of
@@ -104,6 +105,8 @@ class PartialAUC(Problem):
         Param("kl_lambda", "float", 1.0, "λ of the KL-OPAUC objective", low=0, low_open=True),
         Param("margin", "float", 1.0, "margin m of the squared hinge", low=0),
         Param("test_size", "int", 10000, "synthetic: clean test samples", low=2),
+        Param("val_size", "int", 2000, "clean validation samples for model selection (synthetic: drawn after the "
+              "test set; femnist: taken from the kept writers' test samples, at most half of them)", low=0),
         Param("data_seed", "int", None, "seed of the data (None: the trial's seed)", low=0, nullable=True),
     )
     presets = {
@@ -125,12 +128,12 @@ class PartialAUC(Problem):
         self.pixel_scale = None  # femnist: stored pixels v become features v·pixel_scale − 1 ∈ [−1, 1]
         gen = generator(self.data_seed, "data")
         if config["data"] == "femnist":
-            features, labels, positive_counts, sizes, test_features, test_labels = self._femnist(gen)
+            features, labels, positive_counts, sizes, test_features, test_labels, val = self._femnist(gen)
         elif config["clients"] == 0:
             raise ValueError("pauc.clients: 0 (one client per writer) needs data: femnist; synthetic data need "
                              "clients >= 1")
         else:
-            features, labels, positive_counts, sizes, test_features, test_labels = self._synthetic(gen)
+            features, labels, positive_counts, sizes, test_features, test_labels, val = self._synthetic(gen)
         n_clients = len(sizes)
         source = torch.repeat_interleave(torch.arange(n_clients), sizes)
         self.positive_counts = positive_counts
@@ -154,6 +157,7 @@ class PartialAUC(Problem):
         self.noise_std = 0.2 * scale
         self.restart_noise()
         self.test_features, self.test_labels = test_features.to(self.device), test_labels.to(self.device)
+        self.val_features, self.val_labels = (part.to(self.device) for part in val)
         self.objective_pairs = self._objective_subsample()
         self.hidden = config["hidden"] if config["model"] == "mlp" else 0
         d = self.feature_dim
@@ -176,12 +180,16 @@ class PartialAUC(Problem):
             blocks.append(x[order])
             labels.append(y[order])
             noisy_positives.append(int(y.sum()))
-        test_positives = config["test_size"] // 6
-        test_features = torch.cat([self._draw(1, test_positives, gen),
-                                   self._draw(0, config["test_size"] - test_positives, gen)])
-        test_labels = torch.cat([torch.ones(test_positives), torch.zeros(config["test_size"] - test_positives)])
+        test_features, test_labels = self._clean_sample(config["test_size"], gen)
+        val = self._clean_sample(config["val_size"], gen)  # drawn after the test set: train and test stay as they were
         return (torch.cat(blocks), torch.cat(labels), torch.tensor(noisy_positives), positives + negatives,
-                test_features, test_labels)
+                test_features, test_labels, val)
+
+    def _clean_sample(self, size: int, gen) -> tuple[Tensor, Tensor]:
+        """`size` noise-free samples of the mixture, positives:negatives 1:5 (features, labels)."""
+        positives = size // 6
+        features = torch.cat([self._draw(1, positives, gen), self._draw(0, size - positives, gen)])
+        return features, torch.cat([torch.ones(positives), torch.zeros(size - positives)])
 
     def _femnist(self, gen) -> tuple[Tensor, ...]:
         """FEMNIST writers as a binary task (see the module docstring): the same tuple as `_synthetic`, with
@@ -241,8 +249,12 @@ class PartialAUC(Problem):
             raise ValueError(f"pauc.positive_classes: the kept writers' {int(test.sum())} test samples hold "
                              f"{'no negative' if test_labels.any() else 'no positive'} (positive_classes {classes})")
         self.pixel_scale = 2.0 / femnist.white(data.x_train)
-        return (features, labels, positive_counts, sizes, torch.from_numpy(data.x_test[test]),
-                torch.from_numpy(test_labels).to(self.dtype))
+        held_out = torch.from_numpy(data.x_test[test]), torch.from_numpy(test_labels).to(self.dtype)
+        # Validation: `val_size` of the held-out samples, picked by uniform keys from the data stream.
+        order = torch.randperm(len(held_out[1]), generator=gen)
+        size = min(self.config["val_size"], len(order) // 2)
+        return (features, labels, positive_counts, sizes, *(part[order[size:]] for part in held_out),
+                tuple(part[order[:size]] for part in held_out))
 
     def _positive_quota(self, negatives: np.ndarray) -> np.ndarray:
         """LibAUC's ImbalancedDataGenerator count ⌊r/(1−r)·n₋⌋ of positives kept beside n₋ negatives (no
@@ -437,7 +449,10 @@ class PartialAUC(Problem):
 
     def evaluate(self, w: Tensor, personal: Tensor | None = None) -> dict[str, float]:
         metrics = {}
-        for split, x, y in (("train", self.features, self.labels), ("test", self.test_features, self.test_labels)):
+        splits = [("train", self.features, self.labels), ("test", self.test_features, self.test_labels)]
+        if len(self.val_labels):
+            splits.append(("val", self.val_features, self.val_labels))
+        for split, x, y in splits:
             h = self.all_scores(w, x)
             if split == "train":
                 metrics["objective"] = self._objective(h[y == 1], h[y == 0])
