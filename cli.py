@@ -308,10 +308,7 @@ def validate(
 ) -> None:
     """Check a recipe without running anything."""
     recipe = load_recipe(recipe_path, sets)
-    def size(grid: dict) -> int:
-        return math.prod(len(values) for values in grid.values())
-
-    configurations = size(recipe.problem_grid) * size(recipe.federation_grid) * sum(map(size, recipe.algorithms.values()))
+    configurations = len(recipe.trials()) // len(recipe.seeds)
     console.print(f"{recipe_path}: ok — problem {recipe.problem}, algorithms {', '.join(recipe.algorithms)}, "
                   f"{configurations} configurations × {len(recipe.seeds)} seeds", highlight=False)
 

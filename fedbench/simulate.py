@@ -36,7 +36,8 @@ class Federation:
 
     params = (
         Param("rounds", "int", None, "communication rounds R", low=0),
-        Param("clients_per_round", "int", None, "clients sampled per round S", low=1),
+        Param("clients_per_round", "int", None, "clients sampled per round S (0: every client, whatever their number)",
+              low=0),
         Param("local_steps", "int", None, "local steps E per round", low=1),
         Param("batch_size", "int", None, "minibatch size b", low=1),
         Param("aggregation", "choice", "uniform", "server weights over the sampled clients",
@@ -44,8 +45,9 @@ class Federation:
     )
 
     def check(self, problem: Problem) -> None:
-        if not 1 <= self.clients_per_round <= problem.num_clients:
-            raise ValueError(f"clients_per_round={self.clients_per_round} must be in [1, {problem.num_clients}]")
+        if not 0 <= self.clients_per_round <= problem.num_clients:
+            raise ValueError(f"clients_per_round={self.clients_per_round} must be in [0, {problem.num_clients}] "
+                             "(0: every client)")
         largest = math.inf if problem.caps_batches else int(problem.client_sizes.min())
         if not 1 <= self.batch_size <= largest:
             raise ValueError(f"batch_size={self.batch_size} must be in [1, {largest}] (the smallest client, "
@@ -66,7 +68,8 @@ class RoundSampler:
 
     def draw(self) -> tuple[Tensor, Tensor]:
         fed = self.federation
-        clients = torch.randperm(self.problem.num_clients, generator=self.client_gen)[: fed.clients_per_round]
+        everyone = self.problem.num_clients
+        clients = torch.randperm(everyone, generator=self.client_gen)[: fed.clients_per_round or everyone]
         rows = self.problem.draw_minibatches(clients, fed.local_steps, fed.batch_size, self.batch_gen)
         return clients.to(self.problem.device), rows
 

@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fedbench.algorithms import ALGORITHMS
-from fedbench.hparams import Param, resolve
+from fedbench.hparams import LIST_KINDS, Param, resolve
 from fedbench.problems import PROBLEMS
 from fedbench.simulate import DIVERGENCE_FACTOR, Federation
 
@@ -101,8 +101,8 @@ def apply_overrides(raw: dict[str, Any], assignments: list[str], source: str, al
 
 def _check_values(source: str, path: str, param: Param, value: Any) -> list[Any]:
     """A list is a grid axis, a scalar one value; each value checked. For a list-valued parameter
-    (kind `floats`, e.g. a per-stage schedule) one list is one value and a list of lists a grid axis."""
-    if param.kind == "floats":
+    (kind `floats` or `ints`, e.g. a per-stage schedule) one list is one value and a list of lists a grid axis."""
+    if param.kind in LIST_KINDS:
         is_grid = isinstance(value, list) and bool(value) and all(isinstance(v, list) for v in value)
     else:
         is_grid = isinstance(value, list)
@@ -372,6 +372,7 @@ class Recipe:
     document: dict[str, Any]  # the validated YAML after overrides, as written
     dimensions: tuple[Dimension, ...] = ()  # the tune block's search space, resolved
     report: ReportSpec = field(default_factory=ReportSpec)
+    overrides: dict[str, dict[str, dict[str, list[Any]]]] = field(default_factory=dict)  # algorithm -> section -> grid
 
     @property
     def recipe_hash(self) -> str:
@@ -383,8 +384,9 @@ class Recipe:
         """The grid expanded: algorithm × problem point × federation point × hyperparameter point × seed."""
         trials = []
         for algo, hp_grid in self.algorithms.items():
+            problem_grid, federation_grid = self.grids(algo)
             for problem_values, federation_values, hps in itertools.product(
-                    grid_points(self.problem_grid), grid_points(self.federation_grid), grid_points(hp_grid)):
+                    grid_points(problem_grid), grid_points(federation_grid), grid_points(hp_grid)):
                 trials += [self._trial(problem_values, federation_values, algo, hps, seed) for seed in self.seeds]
         return trials
 
@@ -401,7 +403,8 @@ class Recipe:
             raise RecipeError(self.source, "--algorithm", f"found {algorithm!r}, expected one of "
                               f"{', '.join(self.algorithms)}{closest(algorithm, self.algorithms)}")
         fixed = fixed or {}
-        sections = {"problem": self.problem_grid, "federation": self.federation_grid,
+        problem_grid, federation_grid = self.grids(algorithm)
+        sections = {"problem": problem_grid, "federation": federation_grid,
                     f"algorithms.{algorithm}": self.algorithms[algorithm]}
         chosen = {}
         for section, grid in sections.items():
@@ -416,13 +419,30 @@ class Recipe:
         return self._trial(chosen["problem"], chosen["federation"], algorithm,
                            chosen[f"algorithms.{algorithm}"], self.seeds[0] if seed is None else seed)
 
+    def grids(self, algorithm: str) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
+        """The problem and federation grids of one algorithm: the recipe's, with the algorithm's own
+        `problem:` / `federation:` entries in their place (e.g. the centralized reference on pooled data)."""
+        own = self.overrides.get(algorithm, {})
+        return {**self.problem_grid, **own.get("problem", {})}, {**self.federation_grid, **own.get("federation", {})}
+
     def _trial(self, problem_values, federation_values, algorithm, hyperparameters, seed) -> Trial:
+        federation_values = dict(federation_values)
+        iterations = federation_values.pop("iterations", None)
+        if iterations is not None:  # a budget of local iterations: rounds = iterations / K
+            steps = federation_values["local_steps"]
+            if "rounds" in federation_values or iterations % steps:
+                raise RecipeError(self.source, "federation.iterations",
+                                  f"found {iterations} with local_steps {steps}"
+                                  + (" and rounds; expected one of rounds and iterations" if "rounds" in federation_values
+                                     else "; expected a multiple of local_steps"))
+            federation_values["rounds"] = iterations // steps
         federation = Federation(**federation_values)
         problem_config = PROBLEMS[self.problem].resolve_config(problem_values)
-        clients = problem_config.get("clients")  # known before loading for synthetic problems only
+        clients = PROBLEMS[self.problem].declared_clients(problem_config)
         if clients is not None and federation.clients_per_round > clients:
             raise RecipeError(self.source, "federation.clients_per_round",
-                              f"found {federation.clients_per_round}, expected at most problem.clients = {clients}")
+                              f"found {federation.clients_per_round}, expected at most the problem's {clients} "
+                              "clients")
         samples = problem_config.get("samples_per_client")
         if samples is not None and federation.batch_size > samples:
             raise RecipeError(self.source, "federation.batch_size",
@@ -431,6 +451,12 @@ class Recipe:
         return Trial(self.name, self.problem, problem_config, algorithm,
                      resolve(cls.hparams, hyperparameters, algorithm), federation, seed, self.eval_every, self.device,
                      self.divergence_factor)
+
+
+# A federation may give a budget of local iterations per client instead of rounds (rounds = iterations / K),
+# so that a grid over local_steps compares methods at equal work (the FeDXL paper's K ablation).
+FEDERATION_PARAMS = (*Federation.params, Param("iterations", "int", None, "instead of rounds: local iterations per "
+                                               "client, rounds = iterations / local_steps", low=1))
 
 
 def parse(raw: dict[str, Any], source: str) -> Recipe:
@@ -446,22 +472,32 @@ def parse(raw: dict[str, Any], source: str) -> Recipe:
                           f"{', '.join(PROBLEMS)}{closest(problem_name, PROBLEMS)}")
     problem_grid = _check_params(source, "problem", PROBLEMS[problem_name].params, problem)
 
-    federation_grid = _check_params(source, "federation", Federation.params, model.federation)
-    for param in Federation.params:
-        if param.name not in model.federation and param.default is None:
-            raise RecipeError(source, f"federation.{param.name}", "missing required field")
-
-    algorithms = {}
+    federation_grid = _check_params(source, "federation", FEDERATION_PARAMS, model.federation)
+    sections = {"problem": PROBLEMS[problem_name].params, "federation": FEDERATION_PARAMS}
+    algorithms, overrides = {}, {}
     for algo, hps in model.algorithms.items():
         if algo not in ALGORITHMS:
             raise RecipeError(source, f"algorithms.{algo}", f"unknown algorithm{closest(algo, ALGORITHMS)}; "
                               f"expected one of {', '.join(ALGORITHMS)}")
-        algorithms[algo] = _check_params(source, f"algorithms.{algo}", ALGORITHMS[algo].hparams, hps or {})
+        hps = dict(hps or {})
+        overrides[algo] = {}
+        for section in [name for name in sections if name in hps]:
+            given = hps.pop(section)
+            if not isinstance(given, dict):
+                raise RecipeError(source, f"algorithms.{algo}.{section}", f"found {given!r}, expected a mapping of "
+                                  f"{section} parameters that replace the recipe's for {algo}")
+            overrides[algo][section] = _check_params(source, f"algorithms.{algo}.{section}", sections[section], given)
+        algorithms[algo] = _check_params(source, f"algorithms.{algo}", ALGORITHMS[algo].hparams, hps)
+        federation = {**federation_grid, **overrides[algo].get("federation", {})}
+        for param in Federation.params:
+            if param.name not in federation and param.default is None and not (
+                    param.name == "rounds" and "iterations" in federation):
+                raise RecipeError(source, f"federation.{param.name}", "missing required field")
 
     dimensions = _check_space(source, model.tune, problem_name, algorithms) if model.tune else ()
     recipe = Recipe(source, model.name, problem_name, problem_grid, federation_grid, algorithms, model.seeds,
                     model.eval_every, model.device, model.divergence_factor, model.resources, model.tune, raw,
-                    dimensions, model.report or ReportSpec())
+                    dimensions, model.report or ReportSpec(), overrides)
     recipe.trials()  # every grid point must make a valid trial (e.g. clients_per_round <= clients)
     return recipe
 
@@ -474,7 +510,7 @@ def _check_space(source: str, tune: TuneSpec, problem: str, algorithms: dict) ->
         where = f"tune.space.{key}"
         section, _, name = key.rpartition(".")
         if section in ("problem", "federation"):
-            declared = PROBLEMS[problem].params if section == "problem" else Federation.params
+            declared = PROBLEMS[problem].params if section == "problem" else FEDERATION_PARAMS
             owners = {None: {p.name: p for p in declared}}
         elif section.startswith("algorithms.") and section.count(".") == 1:
             algorithm = section.split(".")[1]

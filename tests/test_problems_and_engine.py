@@ -297,7 +297,7 @@ def test_aggregation_weights_enter_the_server_average():
 
 @pytest.mark.parametrize("federation", [
     Federation(10, 9, 1, 5),  # more clients per round than clients (8)
-    Federation(10, 0, 1, 5),
+    Federation(10, -1, 1, 5),
     Federation(10, 3, 1, 21),  # batch larger than a client's 20 samples
     Federation(10, 3, 1, 0),
     Federation(10, 3, 0, 5),
@@ -305,6 +305,7 @@ def test_aggregation_weights_enter_the_server_average():
     Federation(10, 3, 1, 5, aggregation="median"),
 ])
 def test_federation_check_rejects_invalid_settings(federation):
+    """(clients_per_round 0 is valid: every client, see below.)"""
     problem = small_lasso()
     with pytest.raises(ValueError):
         federation.check(problem)
@@ -389,3 +390,9 @@ def test_lowrank_metrics_match_their_definitions():
     assert metrics["op_error"] == pytest.approx(np.linalg.norm(error, 2), rel=1e-12)
     loose = small_lowrank(rank_tol=0.5)
     assert loose.evaluate(torch.from_numpy(w))["rank"] == 2.0
+
+
+def test_zero_clients_per_round_means_every_client():
+    problem = small_lasso()
+    everyone = Simulation(problem, fedbench.make_algorithm("fedmid", problem), Federation(3, 0, 2, 5), seed=0)
+    assert len(everyone.sampler.draw()[0]) == problem.num_clients == 8

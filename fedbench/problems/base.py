@@ -46,6 +46,12 @@ class Problem:
             raise ValueError(f"{cls.name}.preset: expected one of {' | '.join(cls.presets)}, found {preset!r}")
         return resolve(cls.params, {**cls.presets[preset], **given}, cls.name)
 
+    @classmethod
+    def declared_clients(cls, config: dict[str, Any]) -> int | None:
+        """The number of clients a resolved config makes, where it is known without building the problem
+        (synthetic data), so that a recipe is checked before anything runs; None where it is not."""
+        return config.get("clients")
+
     # -- the engine's needs --------------------------------------------------------------------
     def init_params(self, gen: torch.Generator) -> Tensor:
         raise NotImplementedError

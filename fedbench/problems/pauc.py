@@ -164,6 +164,12 @@ class PartialAUC(Problem):
         self.dim = d + 1 if not self.hidden else d * self.hidden + 2 * self.hidden + 1
         self.regularizer = NoRegularizer()
 
+    @classmethod
+    def declared_clients(cls, config: dict[str, Any]) -> int | None:
+        if config["pooled"]:
+            return 1
+        return config["clients"] if config["data"] == "synthetic" else None  # femnist may drop clients
+
     def _synthetic(self, gen) -> tuple[Tensor, ...]:
         """SynthPAUC (spec 001 §5.2): (features, labels, positives per client, sizes, test features, test labels),
         each client's rows positives first."""
