@@ -62,6 +62,10 @@ METRIC_LABELS = {
     "test_accuracy": "test accuracy (fraction correct)",
     "sparsity": "fraction of zero weights",
     "nonzeros": "number of non-zero weights",
+    **{f"{split}_{name}": f"{label} {title}" for split, label in (("train", "training"), ("val", "validation"),
+                                                                  ("test", "test"))
+       for name, title in (("pauc_0.3", "pAUC, FPR ≤ 0.3 (McClish)"), ("pauc_0.5", "pAUC, FPR ≤ 0.5 (McClish)"),
+                           ("auc", "AUC"))},
 }
 
 
