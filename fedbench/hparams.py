@@ -58,14 +58,11 @@ class Param:
             if value not in self.choices:
                 raise ValueError(f"expected one of {self.describe_range()}, found {value!r}")
             return value
-        if self.kind == "floats":
+        if self.kind in LIST_KINDS:
+            cast, items = (float, "numbers") if self.kind == "floats" else (int, "integers")
             if not isinstance(value, (list, tuple)) or not value:
-                raise ValueError(f"expected a non-empty list of numbers, found {value!r}")
-            return [self._number(v, float, expected) for v in value]
-        if self.kind == "ints":
-            if not isinstance(value, (list, tuple)) or not value:
-                raise ValueError(f"expected a non-empty list of integers, found {value!r}")
-            return [self._number(v, int, expected) for v in value]
+                raise ValueError(f"expected a non-empty list of {items}, found {value!r}")
+            return [self._number(v, cast, expected) for v in value]
         return self._number(value, int if self.kind == "int" else float, expected)
 
     def _number(self, value: Any, cast: type, expected: str) -> float | int:

@@ -24,7 +24,7 @@ import torch
 from fedbench.algorithms import ALGORITHMS
 from fedbench.problems import PROBLEMS
 from fedbench.simulate import Simulation
-from sweeps.recipe import Recipe, Trial, check_metrics
+from sweeps.recipe import Recipe, Trial, check_metrics, named_metrics
 
 PACKS_PER_SLOT = 4
 
@@ -190,7 +190,8 @@ def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | No
 
     resources = recipe.resources
     trials = recipe.trials()
-    check_metrics(recipe, evaluated_metrics(trials[0]))
+    if named_metrics(recipe):  # building a problem on the driver (EMNIST: loading its data) only when needed
+        check_metrics(recipe, evaluated_metrics(trials[0]))
     store = Store(tracking)
     experiment_id = store.experiment(recipe.name)
     done = store.completed(experiment_id)

@@ -430,11 +430,12 @@ class Recipe:
         iterations = federation_values.pop("iterations", None)
         if iterations is not None:  # a budget of local iterations: rounds = iterations / K
             steps = federation_values["local_steps"]
-            if "rounds" in federation_values or iterations % steps:
-                raise RecipeError(self.source, "federation.iterations",
-                                  f"found {iterations} with local_steps {steps}"
-                                  + (" and rounds; expected one of rounds and iterations" if "rounds" in federation_values
-                                     else "; expected a multiple of local_steps"))
+            if "rounds" in federation_values:
+                raise RecipeError(self.source, "federation.iterations", f"found {iterations} with local_steps "
+                                  f"{steps} and rounds; expected one of rounds and iterations")
+            if iterations % steps:
+                raise RecipeError(self.source, "federation.iterations", f"found {iterations} with local_steps "
+                                  f"{steps}; expected a multiple of local_steps")
             federation_values["rounds"] = iterations // steps
         federation = Federation(**federation_values)
         problem_config = PROBLEMS[self.problem].resolve_config(problem_values)
@@ -558,23 +559,30 @@ def _check_space(source: str, tune: TuneSpec, problem: str, algorithms: dict) ->
     return tuple(dimensions)
 
 
-def check_metrics(recipe: Recipe, available: list[str]) -> None:
-    """Every metric the tune and report blocks name must be one the problem evaluates, which is known only
-    once a problem is built (or its runs are read back)."""
+def named_metrics(recipe: Recipe) -> list[tuple[str, str]]:
+    """(field path, name) of every metric the tune and report blocks name; a `report.labels` key that is
+    not one of the recipe's algorithms names a metric."""
     report = recipe.report
     named = [("tune.metric", recipe.tune.metric)] if recipe.tune else []
     named += [(f"report.metrics[{i}]", name) for i, name in enumerate(report.metrics)]
     named += [("report.select.metric", report.select.metric)] if report.select else []
     named += [(f"report.{section}.{name}", name) for section in ("target", "log") for name in getattr(report, section)]
-    for path, name in named:
-        if name not in available:
-            raise RecipeError(recipe.source, path, f"found {name!r}, expected one of the metrics of {recipe.problem}: "
-                              f"{', '.join(available)}{closest(name, available)}")
-    for name in report.labels:
-        if name not in available and name not in recipe.algorithms:
+    named += [(f"report.labels.{name}", name) for name in report.labels if name not in recipe.algorithms]
+    return named
+
+
+def check_metrics(recipe: Recipe, available: list[str]) -> None:
+    """Every metric the tune and report blocks name must be one the problem evaluates, which is known only
+    once a problem is built (or its runs are read back)."""
+    for path, name in named_metrics(recipe):
+        if name in available:
+            continue
+        if path.startswith("report.labels."):
             known = [*recipe.algorithms, *available]
-            raise RecipeError(recipe.source, f"report.labels.{name}", f"found {name!r}, expected an algorithm of the "
-                              f"recipe or a metric: {', '.join(known)}{closest(name, known)}")
+            raise RecipeError(recipe.source, path, f"found {name!r}, expected an algorithm of the recipe or a "
+                              f"metric: {', '.join(known)}{closest(name, known)}")
+        raise RecipeError(recipe.source, path, f"found {name!r}, expected one of the metrics of {recipe.problem}: "
+                          f"{', '.join(available)}{closest(name, available)}")
 
 
 def load(path: str | Path, overrides: list[str] | None = None, algorithm: str | None = None) -> Recipe:

@@ -171,8 +171,8 @@ class PartialAUC(Problem):
         return config["clients"] if config["data"] == "synthetic" else None  # femnist may drop clients
 
     def _synthetic(self, gen) -> tuple[Tensor, ...]:
-        """SynthPAUC (spec 001 §5.2): (features, labels, positives per client, sizes, test features, test labels),
-        each client's rows positives first."""
+        """SynthPAUC (spec 001 §5.2): (features, labels, positives per client, sizes, test features, test labels,
+        (validation features, labels)), each client's rows positives first."""
         config = self.config
         n_clients = config["clients"]
         positives = self._positive_counts(gen)
@@ -458,15 +458,13 @@ class PartialAUC(Problem):
         splits = [("train", self.features, self.labels), ("test", self.test_features, self.test_labels)]
         if len(self.val_labels):
             splits.append(("val", self.val_features, self.val_labels))
-        for split, x, y in splits:
-            h = self.all_scores(w, x)
-            if split == "train":
-                metrics["objective"] = self._objective(h[y == 1], h[y == 0])
-            scores, labels = h.double().cpu().numpy(), y.cpu().numpy()
+        scores = {split: self.all_scores(w, x) for split, x, _ in splits}  # the training scores serve twice
+        for split, _, y in splits:
+            h, labels = scores[split].double().cpu().numpy(), y.cpu().numpy()
             for beta in (0.3, 0.5):
-                metrics[f"{split}_pauc_{beta}"] = partial_auc(labels, scores, beta)
-            metrics[f"{split}_auc"] = partial_auc(labels, scores)
-        metrics["objective"] = metrics.pop("objective")  # last, as before
+                metrics[f"{split}_pauc_{beta}"] = partial_auc(labels, h, beta)
+            metrics[f"{split}_auc"] = partial_auc(labels, h)
+        metrics["objective"] = self._objective(scores["train"][self.labels == 1], scores["train"][self.labels == 0])
         return metrics
 
 
