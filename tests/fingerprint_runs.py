@@ -1,0 +1,51 @@
+"""The runs whose every metric row is kept bit for bit in `tests/fingerprints/*.json` (issue 12: the
+engine's interface changed, its numbers did not). `python tests/fingerprint_runs.py` records them;
+`tests/test_fingerprints.py` compares."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sweeps.execute import build_simulation  # noqa: E402
+from sweeps.recipe import load  # noqa: E402
+
+FINGERPRINTS = Path(__file__).parent / "fingerprints"
+
+# (name, recipe, algorithms, overrides); seed 0 throughout
+RUNS = [
+    ("bao2022_lasso", "recipes/papers/bao2022_lasso.yaml",
+     ["fedmid", "fedda", "fast_fedda", "c_fedda", "mc_fedda"], ["federation.rounds=300", "eval_every=10"]),
+    ("bao2022_lowrank", "recipes/papers/bao2022_lowrank.yaml", ["fedmid", "mc_fedda"],
+     ["federation.rounds=100", "eval_every=10"]),
+    ("guo2023_pauc_synthetic", "recipes/papers/guo2023_pauc_synthetic.yaml",
+     ["fedxl2", "local_pair", "local_sgd_ce", "codasca", "centralized"],
+     ["federation.iterations=320", "federation.local_steps=32", "eval_every=2"]),
+    ("guo2023_auc_noisy_mlp", "recipes/papers/guo2023_auc_noisy.yaml",
+     ["fedxl1", "local_pair", "local_sgd_ce", "codasca", "centralized"],
+     ["federation.iterations=192", "federation.local_steps=32", "eval_every=2"]),
+    ("bao2022_emnist10_cpu", "recipes/papers/bao2022_emnist10_cpu.yaml", ["fast_fedda"],
+     ["federation.rounds=20", "eval_every=5"]),
+]
+
+
+def rows_of(recipe_path: str, algorithm: str, overrides: list[str]) -> list[dict[str, float]]:
+    recipe = load(ROOT / recipe_path, overrides)
+    trial = recipe.single_trial(algorithm, seed=0)
+    simulation = build_simulation(trial, "cpu")
+    return [{k: v for k, v in row.items()} for row in simulation]
+
+
+def record() -> None:
+    FINGERPRINTS.mkdir(exist_ok=True)
+    for name, recipe, algorithms, overrides in RUNS:
+        result = {algorithm: rows_of(recipe, algorithm, overrides) for algorithm in algorithms}
+        (FINGERPRINTS / f"{name}.json").write_text(json.dumps(result, indent=0) + "\n")
+        print(name, {a: len(r) for a, r in result.items()})
+
+
+if __name__ == "__main__":
+    record()
