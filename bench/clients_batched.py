@@ -64,11 +64,12 @@ def bench(clients_per_round: int, device: str, rounds: int, repeats: int) -> dic
     state = {"w": sim.server["w"].clone(), "r": 0}
 
     def loop():
-        clients, rows = sim.sampler.draw()
+        clients, rows = sim.sampler.draw(federation.local_steps)
+        rows = rows["D"]
         state["w"] = loop_round("fedmid", problem, state["w"], clients, rows, state["r"], hp)
         state["r"] += 1
 
-    _, rows = sim.sampler.draw()
+    rows = sim.sampler.draw(federation.local_steps)[1]["D"]
     u0 = sim.server["w"].expand(clients_per_round, -1).clone()
 
     def floor():

@@ -1,4 +1,5 @@
-"""Ranking metrics shared by problems: AUC and the McClish-standardised partial AUC.
+"""Metric declarations (`Metric`: name, label, direction), and the ranking metrics shared by problems: AUC
+and the McClish-standardised partial AUC.
 
 `partial_auc(labels, scores, max_fpr)` is what `sklearn.metrics.roc_auc_score(y, s, max_fpr=β)` returns, and
 what the FeDXL paper and LibAUC report (spec 001 §3.5): the ROC area over FPR ∈ [0, β] (the ROC
@@ -7,6 +8,8 @@ interpolated linearly at β), standardised so that a random scorer gets 0.5 and 
 With β = 1 it is the plain AUC. Ties are handled as in sklearn (one ROC point per distinct score).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -35,3 +38,26 @@ def partial_auc(labels, scores, max_fpr: float = 1.0) -> float:
     area = np.trapezoid(np.r_[tpr[:stop], tpr_at], np.r_[fpr[:stop], max_fpr])
     least, most = max_fpr**2 / 2, max_fpr
     return float(0.5 * (1 + (area - least) / (most - least)))
+
+
+# -- what a problem declares about each metric it evaluates ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class Metric:
+    """One evaluated quantity: its row key, the label plots and tables show, and which way is better
+    (`min`, `max`, or None where neither is, e.g. a recovered rank or a density)."""
+    name: str
+    label: str
+    direction: str | None = None
+
+    def personal(self) -> "Metric":
+        """The same quantity of each client's personal model on the client's own data."""
+        return Metric(f"personal_{self.name}", f"personalized {self.label}", self.direction)
+
+
+# Columns every row has beside the problem's metrics (the engine's bookkeeping).
+ENGINE_COLUMNS = (
+    Metric("comm_up", "floats sent to the server"),
+    Metric("comm_down", "floats sent to clients"),
+    Metric("iterations", "local iterations per client"),
+)

@@ -6,7 +6,9 @@
     sim.status                 # 'finished' or 'diverged'
 
 Random streams (see `fedbench.rng`): "init" (initial point), "clients" (who is sampled each round),
-"minibatches" (local minibatches); the problem's data use its own "data" stream.
+"minibatches" (local minibatches), the algorithm's own (`Algorithm.random_stream`, default "algorithm":
+coins, round lengths); the problem's data use its own "data" stream. Evaluation draws from none of them,
+so the curve's schedule (`eval_every`) never changes a run.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from torch import Tensor
 
 from fedbench.algorithms.base import Algorithm, Round
 from fedbench.hparams import Param
+from fedbench.oracle import Batches, Minibatch
 from fedbench.problems.base import Problem
 from fedbench.rng import generator
 
@@ -44,14 +47,15 @@ class Federation:
               choices=("uniform", "samples")),
     )
 
-    def check(self, problem: Problem) -> None:
+    def check(self, problem: Problem, batch_sizes: dict[str, int] | None = None) -> None:
         if not 0 <= self.clients_per_round <= problem.num_clients:
             raise ValueError(f"clients_per_round={self.clients_per_round} must be in [0, {problem.num_clients}] "
                              "(0: every client)")
         largest = math.inf if problem.caps_batches else int(problem.client_sizes.min())
-        if not 1 <= self.batch_size <= largest:
-            raise ValueError(f"batch_size={self.batch_size} must be in [1, {largest}] (the smallest client, "
-                             "for problems that do not cap batches at n_k)")
+        for name, size in (batch_sizes or {"batch_size": self.batch_size}).items():
+            if not 1 <= size <= largest:
+                raise ValueError(f"{name}={size} must be in [1, {largest}] (the smallest client, for problems "
+                                 "that do not cap batches at n_k)")
         if self.rounds < 0 or self.local_steps < 1:
             raise ValueError("rounds must be >= 0 and local_steps >= 1")
         if self.aggregation not in ("uniform", "samples"):
@@ -59,19 +63,36 @@ class Federation:
 
 
 class RoundSampler:
-    """Each round's random draws: the sampled clients (without replacement) and their minibatches."""
+    """Each round's random draws: the participating clients (S sampled without replacement, or all of them)
+    and, for every local step, the rows of each minibatch the algorithm declares (a batch declared
+    `same_as` another reuses its draw)."""
 
-    def __init__(self, problem: Problem, federation: Federation, seed: int):
+    def __init__(self, problem: Problem, federation: Federation, seed: int,
+                 minibatches: tuple[Minibatch, ...] = (Minibatch("D"),), sizes: dict[str, int] | None = None):
         self.problem, self.federation = problem, federation
+        self.minibatches = minibatches
+        self.sizes = sizes or {mb.name: federation.batch_size for mb in minibatches}
         self.client_gen = generator(seed, "clients")
         self.batch_gen = generator(seed, "minibatches")
 
-    def draw(self) -> tuple[Tensor, Tensor]:
-        fed = self.federation
-        everyone = self.problem.num_clients
-        clients = torch.randperm(everyone, generator=self.client_gen)[: fed.clients_per_round or everyone]
-        rows = self.problem.draw_minibatches(clients, fed.local_steps, fed.batch_size, self.batch_gen)
+    def draw(self, local_steps: int, everyone: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
+        """(clients [S], rows `[local_steps, S, b]` per drawn minibatch name)."""
+        count = self.problem.num_clients
+        if everyone:
+            clients = torch.arange(count)
+        else:
+            clients = torch.randperm(count, generator=self.client_gen)[: self.federation.clients_per_round or count]
+        rows = {mb.name: self.problem.draw_minibatches(clients, local_steps, self.sizes[mb.name], self.batch_gen)
+                for mb in self.minibatches if mb.same_as is None}
         return clients.to(self.problem.device), rows
+
+    def step_batches(self, rows: dict[str, Tensor], step: int) -> Batches:
+        """The oracles of local step `step`: one per declared name, a reused batch sharing its source's."""
+        oracles = {}
+        for mb in self.minibatches:
+            oracles[mb.name] = (oracles[mb.same_as] if mb.same_as is not None
+                                else self.problem.step_oracle(rows[mb.name][step]))
+        return Batches(oracles)
 
 
 class Simulation:
@@ -80,16 +101,20 @@ class Simulation:
 
     def __init__(self, problem: Problem, algorithm: Algorithm, federation: Federation, seed: int,
                  eval_every: int = 10, divergence_factor: float = DIVERGENCE_FACTOR):
-        federation.check(problem)
+        minibatches = algorithm.minibatches()
+        sizes = {mb.name: getattr(algorithm, mb.size) if mb.size else federation.batch_size for mb in minibatches}
+        federation.check(problem, {mb.size or "batch_size": sizes[mb.name] for mb in minibatches})
         self.problem, self.algorithm, self.federation = problem, algorithm, federation
         self.eval_every = max(1, int(eval_every))
         self.divergence_factor = divergence_factor
         self.start_objective: float | None = None
-        self.sampler = RoundSampler(problem, federation, seed)
+        self.sampler = RoundSampler(problem, federation, seed, minibatches, sizes)
+        self.algorithm_gen = generator(seed, algorithm.random_stream)
         w0 = problem.init_params(generator(seed, "init"))
         self.server = algorithm.init_server(w0)
         self.clients = algorithm.init_clients(w0, problem.num_clients)
         self.rounds_done = 0
+        self.iterations = 0  # local iterations per client so far
         self.comm_up = 0
         self.comm_down = 0
         self.train_seconds = 0.0
@@ -126,12 +151,13 @@ class Simulation:
         return start is not None and row["objective"] > self.divergence_factor * max(abs(start), 1e-12)
 
     def run_round(self) -> None:
-        problem, algorithm = self.problem, self.algorithm
-        clients, rows = self.sampler.draw()
-        rnd = Round(self.rounds_done, clients, self.federation.local_steps)
+        algorithm = self.algorithm
+        steps = algorithm.round_length(self.federation.local_steps, self.algorithm_gen)
+        clients, rows = self.sampler.draw(steps, everyone=algorithm.participation == "all")
+        rnd = Round(self.rounds_done, clients, steps, self.iterations, self.algorithm_gen)
         local = algorithm.client_init(self.server, {k: v[clients] for k, v in self.clients.items()}, rnd)
-        for step in range(rnd.local_steps):
-            local = algorithm.client_step(local, problem.step_oracle(rows[step]), rnd, step)
+        for step in range(steps):
+            local = algorithm.client_step(local, self.sampler.step_batches(rows, step), rnd, step)
         message, updated_rows = algorithm.client_final(local, rnd)
         self.comm_down += len(clients) * sum(self.server[k].numel() for k in algorithm.downloads)
         self.comm_up += sum(m.numel() for m in message.values())
@@ -139,6 +165,7 @@ class Simulation:
         for key, value in updated_rows.items():
             self.clients[key][clients] = value
         self.rounds_done += 1
+        self.iterations += steps
 
     def aggregation_weights(self, clients: Tensor) -> Tensor:
         dtype = self.server[self.algorithm.downloads[0]].dtype
@@ -162,8 +189,8 @@ class Simulation:
         if metrics is None:
             metrics = dict.fromkeys(self.metric_names, math.nan)
         self.eval_seconds += time.perf_counter() - start
-        return {"round": self.rounds_done, **metrics,
-                "comm_up": float(self.comm_up), "comm_down": float(self.comm_down)}
+        return {"round": self.rounds_done, **metrics, "comm_up": float(self.comm_up),
+                "comm_down": float(self.comm_down), "iterations": float(self.iterations)}
 
 
 @dataclass

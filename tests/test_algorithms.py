@@ -208,8 +208,8 @@ def test_ditto_unsampled_clients_keep_their_personal_rows():
     draws = []
     original_draw = sim.sampler.draw
 
-    def recording_draw():
-        clients, rows = original_draw()
+    def recording_draw(*args, **kwargs):
+        clients, rows = original_draw(*args, **kwargs)
         draws.append(clients.clone())
         return clients, rows
 
@@ -266,10 +266,16 @@ def test_ditto_metrics_evaluate_the_personal_models():
     global_only = problem.evaluate(result.params)
     for key, value in expected.items():
         assert result.final[key] == value, key
-    assert result.final["l2_error"] != global_only["l2_error"]
-    assert result.final["train_mse"] != global_only["train_mse"]
-    # the objective column is the global model's objective
-    assert result.final["objective"] == global_only["objective"]
+    # the global model's metrics under their own names, the personal models' beside them with a prefix
+    assert {k: result.final[k] for k in global_only} == global_only
+    assert set(expected) - set(global_only) == {f"personal_{k}" for k in ("train_mse", "l2_error", "l1_error",
+                                                                            "precision", "recall", "f1", "density")}
+    x = problem.features.view(problem.num_clients, -1, problem.dim)
+    residual = torch.einsum("knd,kd->kn", x, result.personal).reshape(-1) - problem.labels
+    assert result.final["personal_train_mse"] == pytest.approx(float(residual.square().mean()), rel=1e-12)
+    l2 = torch.linalg.vector_norm(result.personal - problem.truth, dim=1).mean()
+    assert result.final["personal_l2_error"] == pytest.approx(float(l2), rel=1e-12)
+    assert result.final["personal_l2_error"] != result.final["l2_error"]
     # non-personalized methods have no personal models
     assert run(problem, "fedmid", federation, client_lr=0.05).personal is None
 

@@ -51,7 +51,7 @@ def test_local_pair_with_one_client_is_centralized_sox():
     u = torch.ones(12)
     lam = problem.config["kl_lambda"]
     for _ in range(rounds):
-        _, rows = sampler.draw()
+        rows = sampler.draw(steps)[1]["D"]
         for step in range(steps):
             x = problem.features[rows[step, 0]]
             pos = rows[step, 0, : batch // 2]
@@ -166,7 +166,8 @@ def test_codasca_is_a_written_out_pesg_loop_with_control_variates():
     c = torch.zeros(problem.dim + 3)
     for r in range(rounds):
         eta = lr * 0.5 ** (r // 2)
-        clients, rows = sampler.draw()
+        clients, rows = sampler.draw(steps)
+        rows = rows["D"]
         ends, updates = [], []
         for j, client in enumerate(clients.tolist()):
             wk, ak, bk, alk, total = w.clone(), a, b, alpha, torch.zeros(problem.dim + 3)

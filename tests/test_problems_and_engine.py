@@ -278,8 +278,8 @@ def test_aggregation_weights_enter_the_server_average():
     draws = []
     original = sim.sampler.draw
 
-    def recording():
-        clients, rows = original()
+    def recording(*args, **kwargs):
+        clients, rows = original(*args, **kwargs)
         draws.append(clients)
         return clients, rows
 
@@ -395,4 +395,4 @@ def test_lowrank_metrics_match_their_definitions():
 def test_zero_clients_per_round_means_every_client():
     problem = small_lasso()
     everyone = Simulation(problem, fedbench.make_algorithm("fedmid", problem), Federation(3, 0, 2, 5), seed=0)
-    assert len(everyone.sampler.draw()[0]) == problem.num_clients == 8
+    assert len(everyone.sampler.draw(2)[0]) == problem.num_clients == 8

@@ -1,29 +1,40 @@
 """The shape every federated algorithm takes: small functions on batched client state.
 
-The engine (`fedbench.simulate`) owns client sampling, minibatches, gathering and scattering of
+The engine (`fedbench.simulate`) owns client sampling, minibatch draws, gathering and scattering of
 per-client state, evaluation and communication accounting. An algorithm says what one round does,
-for the S sampled clients at once (every local tensor has a leading `[S, ...]` axis):
+for the S participating clients at once (every local tensor has a leading `[S, ...]` axis):
 
-    local            = client_init(server, rows, rnd)          # rows: per-client state of the sampled
-    local            = client_step(local, grad, rnd, step)      # run E times; grad(u [S,d]) -> [S,d]
-    message, rows    = client_final(local, rnd)                 # message: what clients upload
+    local            = client_init(server, rows, rnd)            # rows: per-client state of the sampled
+    local            = client_step(local, batches, rnd, step)     # run rnd.local_steps times
+    message, rows    = client_final(local, rnd)                   # message: what clients upload
     server           = server_update(server, message, weights, rnd)
 
-State that lives across rounds for every client (personal models, control variates, dual variables)
-is declared by `init_clients` as `[N, ...]` tensors; the engine gathers the sampled rows before
-`client_init` and scatters the rows returned by `client_final`.
+`batches` holds one oracle per declared minibatch (`minibatches()`, default one batch `D` of the
+federation's batch size): `batches.D.grad(u)` is ∇f̃(u; D) for every client, `.loss` and `.hvp` too
+(`fedbench.oracle`). State that lives across rounds for every client (personal models, control variates,
+dual variables) is declared by `init_clients` as `[N, ...]` tensors; the engine gathers the sampled rows
+before `client_init` and scatters the rows returned by `client_final`.
+
+Beyond that shape an algorithm may declare: `requires` (capabilities the problem must provide,
+`fedbench.contract`), `participation = "all"` (every client every round instead of S sampled ones),
+`round_length` (how many local iterations a round has, e.g. a geometric number for a p-coin), and it
+draws its own randomness from `rnd.gen`, a generator of (trial seed, `random_stream`) that nothing
+else draws from. Hyperparameters are plain values used arithmetically, so that they could become
+per-run tensors.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
+import torch
 from torch import Tensor
 
+from fedbench import contract
 from fedbench.hparams import Param, resolve
+from fedbench.oracle import Batches, Minibatch
 
 State = dict[str, Tensor]
-Grad = Callable[[Tensor], Tensor]
 
 CLIENT_LR = Param("client_lr", "float", 1e-3, "client step size η_c", low=0, low_open=True, log=True)
 SERVER_LR = Param("server_lr", "float", 1.0, "server step size η_s", low=0, low_open=True, log=True)
@@ -31,23 +42,43 @@ SERVER_LR = Param("server_lr", "float", 1.0, "server step size η_s", low=0, low
 
 @dataclass(frozen=True)
 class Round:
-    index: int  # r, from 0
-    clients: Tensor  # [S] sampled client ids, on the compute device
-    local_steps: int  # E
+    index: int  # r, from 0: communication rounds before this one
+    clients: Tensor  # [S] participating client ids, on the compute device
+    local_steps: int  # E, or this round's drawn length
+    iteration: int  # local iterations each client did before this round (r·E for fixed-length rounds)
+    gen: torch.Generator | None = None  # the algorithm's own random stream (coins, draws from pools)
 
 
 class Algorithm:
     name: ClassVar[str]
     hparams: ClassVar[tuple[Param, ...]]
     downloads: ClassVar[tuple[str, ...]] = ("w",)  # server entries every sampled client receives
-    personalized: ClassVar[bool] = False
+    personalized: ClassVar[bool] = False  # personal_params gives per-client models: requires personal_evaluation
+    requires: ClassVar[frozenset[str]] = frozenset()
+    participation: ClassVar[str] = "sampled"  # or "all": every client takes part in every round
+    random_stream: ClassVar[str] = "algorithm"  # name of the stream rnd.gen is seeded from, with the trial seed
 
     def __init__(self, problem, **hyperparameters: Any):
         self.problem = problem
         self.reg = problem.regularizer
         self.hp = resolve(self.hparams, hyperparameters, self.name)
+        contract.check(self.name, self.requirements(self.hp), problem.name, problem.capabilities(problem.config))
         for key, value in self.hp.items():
             setattr(self, key, value)
+
+    @classmethod
+    def requirements(cls, hp: dict[str, Any]) -> set[str]:
+        """The capabilities this algorithm needs with resolved hyperparameters `hp`."""
+        return set(cls.requires) | ({"personal_evaluation"} if cls.personalized else set())
+
+    def minibatches(self) -> tuple[Minibatch, ...]:
+        """The minibatches each local step draws (names and sizes); `client_step` gets an oracle per name."""
+        return (Minibatch("D"),)
+
+    def round_length(self, local_steps: int, gen: torch.Generator) -> int:
+        """Local iterations of the next round, given the federation's `local_steps` and the algorithm's
+        generator (drawn before the round's clients and minibatches)."""
+        return local_steps
 
     def init_server(self, w0: Tensor) -> State:
         return {"w": w0.clone()}
@@ -58,7 +89,7 @@ class Algorithm:
     def client_init(self, server: State, rows: State, rnd: Round) -> State:
         raise NotImplementedError
 
-    def client_step(self, local: State, grad: Grad, rnd: Round, step: int) -> State:
+    def client_step(self, local: State, batches: Batches, rnd: Round, step: int) -> State:
         raise NotImplementedError
 
     def client_final(self, local: State, rnd: Round) -> tuple[State, State]:

@@ -47,6 +47,10 @@ class CFedDA(DualAveraging):
     )
     downloads = ("g", "wt", "w")
 
+    @classmethod
+    def requirements(cls, hp):
+        return super().requirements(hp) | ({"norm_ball"} if hp.get("radius") is not None else set())
+
     # -- what a stage fixes: MC-FedDA overrides these three ------------------------------------
     def stage_round(self, round_index: int) -> int:
         return round_index
@@ -69,12 +73,12 @@ class CFedDA(DualAveraging):
         return {"g": broadcast(server["g"], rnd), "u": broadcast(server["w"], rnd), "wt": server["wt"],
                 "anchor": server["anchor"]}
 
-    def client_step(self, local, grad, rnd, step):
+    def client_step(self, local, batches, rnd, step):
         weight = self._alpha(self.stage_round(rnd.index))
         if self.local_order == "prox_then_grad":
             u = self._cprox(local["g"], local["wt"], local["anchor"], rnd.index, rnd.local_steps)
-            return {**local, "g": local["g"] + weight * grad(u), "u": u}
-        g = local["g"] + weight * grad(local["u"])
+            return {**local, "g": local["g"] + weight * batches.D.grad(u), "u": u}
+        g = local["g"] + weight * batches.D.grad(local["u"])
         u = local["u"]
         if step < rnd.local_steps - 1:
             u = self._cprox(g, local["wt"], local["anchor"], rnd.index, rnd.local_steps)

@@ -11,9 +11,4 @@ from fedbench.algorithms.local_pair import LocalPair
 
 class Centralized(LocalPair):
     name = "centralized"
-
-    def __init__(self, problem, **hyperparameters):
-        if problem.num_clients != 1:
-            raise ValueError(f"centralized needs the data on one machine (problem.pooled: true), found "
-                             f"{problem.num_clients} clients")
-        super().__init__(problem, **hyperparameters)
+    requires = frozenset({"pair_scores", "one_client"})  # pauc with pooled: true

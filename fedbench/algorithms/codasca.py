@@ -37,6 +37,7 @@ ALPHA_MAX = 999.0  # LibAUC's clip of the dual variable
 
 class CODASCA(Algorithm):
     name = "codasca"
+    requires = frozenset({"pair_scores"})
     hparams = (
         CLIENT_LR,
         Param("gamma", "float", 500.0, "γ of the proximal term (v − v_ref)/γ toward the stage's reference point "
@@ -68,7 +69,8 @@ class CODASCA(Algorithm):
                 "correction": server["c"] - rows["c_i"], "c_i": rows["c_i"], "ref": server["ref"],
                 "grad_sum": torch.zeros_like(rows["c_i"])}
 
-    def client_step(self, local, oracle, rnd, step):
+    def client_step(self, local, batches, rnd, step):
+        oracle = batches.D
         v, alpha = local["v"], local["alpha"]
         a, b = v[:, -2:-1], v[:, -1:]
 
@@ -96,8 +98,7 @@ class CODASCA(Algorithm):
         v = aggregate(message["v"], weights)
         stage_rounds = server["stage_rounds"] + 1
         stage_mean = server["stage_mean"] + (v - server["stage_mean"]) / stage_rounds
-        iterations = rnd.index * rnd.local_steps
-        stage_ends = stage(self.decay_every, iterations + rnd.local_steps) > stage(self.decay_every, iterations)
+        stage_ends = stage(self.decay_every, rnd.iteration + rnd.local_steps) > stage(self.decay_every, rnd.iteration)
         return {"v": v, "alpha": aggregate(message["alpha"], weights),
                 "c": server["c"] + message["dc"].sum(0) / self.problem.num_clients,
                 "ref": stage_mean if stage_ends else server["ref"], "stage_mean": stage_mean,

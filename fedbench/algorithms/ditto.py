@@ -41,12 +41,12 @@ class Ditto(Algorithm):
     def client_init(self, server, rows, rnd):
         return {"u": broadcast(server["w"], rnd), "v": rows["v"], "w": server["w"]}
 
-    def client_step(self, local, grad, rnd, step):
+    def client_step(self, local, batches, rnd, step):
         u, v, w = local["u"], local["v"], local["w"]
         personal_lr = self.client_lr if self.personal_lr is None else self.personal_lr
         return {
-            "u": self._step(u, grad(u), self.client_lr),
-            "v": self._step(v, grad(v) + self.ditto_lambda * (v - w), personal_lr),
+            "u": self._step(u, batches.D.grad(u), self.client_lr),
+            "v": self._step(v, batches.D.grad(v) + self.ditto_lambda * (v - w), personal_lr),
             "w": w,
         }
 

@@ -45,13 +45,13 @@ class FastFedDA(DualAveraging):
         return {"g": broadcast(server["g"], rnd), "wt": broadcast(server["wt"], rnd),
                 "u": broadcast(server["w"], rnd), "anchor": server["anchor"]}
 
-    def client_step(self, local, grad, rnd, step):
-        t = rnd.index * rnd.local_steps + step
+    def client_step(self, local, batches, rnd, step):
+        t = rnd.iteration + step
         g, wt, u, anchor = local["g"], local["wt"], local["u"], local["anchor"]
         if self.local_order == "prox_then_grad":
             u = self._prox(g - self.mu * wt / 2, t, anchor)
-            return {"g": g + self._alpha(t) * grad(u), "wt": wt + self._alpha(t) * u, "u": u, "anchor": anchor}
-        g = g + self._alpha(t) * grad(u)
+            return {"g": g + self._alpha(t) * batches.D.grad(u), "wt": wt + self._alpha(t) * u, "u": u, "anchor": anchor}
+        g = g + self._alpha(t) * batches.D.grad(u)
         if step < rnd.local_steps - 1 or self.reference_compat:
             u = self._prox(g - self.mu * wt / 2, t, anchor)
             wt = wt + self._alpha(t + 1) * u
@@ -61,7 +61,7 @@ class FastFedDA(DualAveraging):
         return {"g": local["g"], "wt": local["wt"]}, {}
 
     def server_update(self, server, message, weights, rnd):
-        end = (rnd.index + 1) * rnd.local_steps
+        end = rnd.iteration + rnd.local_steps
         g, wt = aggregate(message["g"], weights), aggregate(message["wt"], weights)
         w = self._prox(g - self.mu * wt / 2, end - 1, server["anchor"])
         return {"g": g, "wt": wt + self._alpha(end) * w, "w": w, "anchor": server["anchor"]}

@@ -23,9 +23,9 @@ class FedAvg(Algorithm):
     def client_init(self, server, rows, rnd):
         return {"u": broadcast(server["w"], rnd)}
 
-    def client_step(self, local, grad, rnd, step):
+    def client_step(self, local, batches, rnd, step):
         u = local["u"]
-        direction = grad(u)
+        direction = batches.D.grad(u)
         if self.subgradient:
             direction = direction + self.reg.subgradient(u)
         return {"u": u - self.client_lr * direction}

@@ -40,10 +40,10 @@ class FedDA(Algorithm):
     def client_init(self, server, rows, rnd):
         return {"z": broadcast(server["z"], rnd)}
 
-    def client_step(self, local, grad, rnd, step):
+    def client_step(self, local, batches, rnd, step):
         elapsed = self._round_elapsed(rnd.index, rnd.local_steps) + self.client_lr * (step + self._o)
         z = local["z"]
-        return {"z": z - self.client_lr * grad(self.reg.prox(z, elapsed))}
+        return {"z": z - self.client_lr * batches.D.grad(self.reg.prox(z, elapsed))}
 
     def client_final(self, local, rnd):
         return {"z": local["z"]}, {}

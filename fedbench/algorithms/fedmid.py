@@ -27,9 +27,9 @@ class FedMiD(Algorithm):
     def client_init(self, server, rows, rnd):
         return {"u": broadcast(server["w"], rnd)}
 
-    def client_step(self, local, grad, rnd, step):
+    def client_step(self, local, batches, rnd, step):
         u = local["u"]
-        return {"u": self.reg.prox(u - self.client_lr * grad(u), self.client_lr)}
+        return {"u": self.reg.prox(u - self.client_lr * batches.D.grad(u), self.client_lr)}
 
     def client_final(self, local, rnd):
         return {"u": local["u"]}, {}

@@ -19,6 +19,7 @@ from fedbench.algorithms.xrisk import DECAY, DECAY_EVERY, HISTORY_ROUNDS, StaleS
 
 class FeDXL1(StaleScores):
     name = "fedxl1"
+    requires = frozenset({"pair_scores", "linear_outer"})  # a nonlinear f needs FeDXL2's u estimates
     hparams = (CLIENT_LR, HISTORY_ROUNDS, DECAY_EVERY, DECAY)
     downloads = ("w", "pool_pos", "pool_neg")
 
@@ -28,9 +29,10 @@ class FeDXL1(StaleScores):
     def client_init(self, server, rows, rnd):
         return {"w": broadcast(server["w"], rnd), **self.open_round(server, rnd)}
 
-    def client_step(self, local, oracle, rnd, step):
+    def client_step(self, local, batches, rnd, step):
+        oracle = batches.D
         positives = oracle.positives
-        ha, _, hb = self.draw_passive(local["pools"], len(rnd.clients), positives, oracle.x.shape[1] - positives)
+        ha, _, hb = self.draw_passive(local["pools"], oracle, rnd)
         one = ha.new_ones(())  # a linear f: ∇f ≡ 1
         direction, scores = oracle.surrogate_grad(
             local["w"], lambda a, b: fedxl2_surrogate(self.problem, a, b, ha, hb, one, one))

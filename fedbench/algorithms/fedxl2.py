@@ -52,9 +52,10 @@ class FeDXL2(StaleScores):
         momentum = rows["G"] if "G" in rows else broadcast(server["G"], rnd)
         return {"w": broadcast(server["w"], rnd), "G": momentum, "u": rows["u"], **self.open_round(server, rnd)}
 
-    def client_step(self, local, oracle, rnd, step):
+    def client_step(self, local, batches, rnd, step):
+        oracle = batches.D
         positives = oracle.positives
-        ha, uo, hb = self.draw_passive(local["pools"], len(rnd.clients), positives, oracle.x.shape[1] - positives)
+        ha, uo, hb = self.draw_passive(local["pools"], oracle, rnd)
         fresh = {}
 
         def surrogate(a, b):

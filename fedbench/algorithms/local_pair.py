@@ -20,6 +20,7 @@ from fedbench.hparams import Param
 
 class LocalPair(Algorithm):
     name = "local_pair"
+    requires = frozenset({"pair_scores"})
     hparams = (
         CLIENT_LR,
         BETA,
@@ -41,7 +42,8 @@ class LocalPair(Algorithm):
         momentum = rows["G"] if "G" in rows else broadcast(server["G"], rnd)
         return {"w": broadcast(server["w"], rnd), "G": momentum, "u": rows["u"]}
 
-    def client_step(self, local, oracle, rnd, step):
+    def client_step(self, local, batches, rnd, step):
+        oracle = batches.D
         fresh = {}
 
         def surrogate(a, b):

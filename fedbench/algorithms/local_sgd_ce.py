@@ -15,9 +15,9 @@ class LocalSGDCE(FedAvg):
     name = "local_sgd_ce"
     hparams = (CLIENT_LR, DECAY_EVERY, DECAY)
 
-    def client_step(self, local, grad, rnd, step):
+    def client_step(self, local, batches, rnd, step):
         lr = step_size(self.client_lr, self.decay, self.decay_every, rnd, step)
-        return {"u": local["u"] - lr * grad(local["u"])}
+        return {"u": local["u"] - lr * batches.D.grad(local["u"])}
 
     def server_update(self, server, message, weights, rnd):
         return {"w": aggregate(message["u"], weights)}

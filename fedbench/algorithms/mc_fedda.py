@@ -22,6 +22,7 @@ from fedbench.hparams import Param
 
 class MCFedDA(CFedDA):
     name = "mc_fedda"
+    requires = frozenset({"norm_ball"})  # the homotopy replaces λ of h = λ·ℛ and restricts to ℛ-balls
     hparams = tuple(p for p in CFedDA.hparams if p.name != "radius") + (
         Param("stage_rounds", "floats", [250, 250, 1500], "rounds R_m of each stage", low=1),
         Param("stage_lams", "floats", [0.125, 0.0625, 0.03125], "λ_m of each stage", low=0),

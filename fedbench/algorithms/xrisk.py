@@ -18,7 +18,6 @@ from torch import Tensor
 
 from fedbench.algorithms.base import Algorithm, Round, State
 from fedbench.hparams import Param
-from fedbench.rng import generator
 
 BETA = Param("beta", "float", 0.1, "weight β of the new gradient in the momentum average", low=0, low_open=True, high=1)
 GAMMA = Param("gamma", "float", 0.1, "moving-average rate γ of the inner-function estimates u", low=0, low_open=True,
@@ -58,7 +57,7 @@ def stage(decay_every: int, iteration: int) -> int:
 def step_size(client_lr: float, decay: float, decay_every: int, rnd: Round, step: int) -> float:
     """η·decay^stage at local step `step` of round `rnd`: the paper's schedule in iterations (spec 001 §2.5),
     so that it does not change with K."""
-    return client_lr * decay ** stage(decay_every, rnd.index * rnd.local_steps + step)
+    return client_lr * decay ** stage(decay_every, rnd.iteration + step)
 
 
 def client_tables(problem, u_init: float, average_momentum: bool, w0: Tensor) -> State:
@@ -83,10 +82,8 @@ class StaleScores(Algorithm):
     the pools hold every training sample's score under w₀ (u = `u_init`)."""
 
     with_u = False
-
-    def __init__(self, problem, **hyperparameters):
-        super().__init__(problem, **hyperparameters)
-        self.passive_gen = generator(problem.seed, "passive-scores")
+    requires = frozenset({"pair_scores"})
+    random_stream = "passive-scores"  # rnd.gen: the passive draws, the stream's name kept from before issue 12
 
     def init_pools(self, w0: Tensor) -> State:
         positives, negatives = self.problem.scores_by_class(w0)
@@ -101,14 +98,15 @@ class StaleScores(Algorithm):
         records = {"h_pos": empty, "h_neg": empty, **({"u_pos": empty} if self.with_u else {})}
         return {**records, "pools": {k: v for k, v in server.items() if k.startswith("pool_")}}
 
-    def draw_passive(self, pools: State, clients: int, positives: int, negatives: int) -> tuple:
-        """(ha [S,b₁], its u or None, hb [S,b₂]): passive positive scores with their u, negative scores."""
+    def draw_passive(self, pools: State, oracle, rnd: Round) -> tuple:
+        """(ha [S,b₁], its u or None, hb [S,b₂]): passive positive scores with their u, and negative scores,
+        as many as the step's active positives and negatives, from the algorithm's stream."""
         def index(pool, count):
-            return torch.randint(len(pool), (clients, count), generator=self.passive_gen).to(pool.device)
+            return torch.randint(len(pool), (len(rnd.clients), count), generator=rnd.gen).to(pool.device)
 
-        pair = index(pools["pool_pos"], positives)
+        pair = index(pools["pool_pos"], oracle.positives)
         paired_u = pools["pool_u"][pair] if self.with_u else None
-        return pools["pool_pos"][pair], paired_u, pools["pool_neg"][index(pools["pool_neg"], negatives)]
+        return pools["pool_pos"][pair], paired_u, pools["pool_neg"][index(pools["pool_neg"], oracle.negatives)]
 
     def record(self, local: State, scores: Tensor, positives: int, u: Tensor | None = None) -> State:
         """The step's detached scores (and u of its positives) appended to the round's records."""

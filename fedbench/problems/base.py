@@ -1,19 +1,27 @@
 """What a federated problem provides to the engine.
 
-A problem owns its federated data, the smooth per-sample loss f (whose minibatch gradient the
-algorithms call, for all sampled clients at once), the regularizer h, the initial point and the
-metrics. Parameters are flat vectors `[d]`; a batch of clients is `[S, d]`.
+A problem owns its federated data, the smooth loss f (one client's minibatch loss, `minibatch_loss`,
+from which torch.func derives the batched loss, gradient and Hessian-vector products that oracles
+serve; problems override `grad`/`hvp` where a hand-written form is faster), the regularizer h, the
+initial point, its declared metrics and their evaluation, and the capabilities it provides beyond
+minibatch gradients (`fedbench.contract`). Parameters are flat vectors `[d]`; a batch of clients is
+`[S, d]`.
 """
 from __future__ import annotations
 
-from functools import partial
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
+from torch.func import grad as func_grad
+from torch.func import jvp, vmap
 
 from fedbench.hparams import Param, resolve
+from fedbench.metrics import Metric
+from fedbench.oracle import Oracle
 from fedbench.prox import Regularizer
+
+FULL_DATA_CHUNK = 2**24  # elements of gathered features per chunk of clients in full-data oracles
 
 
 class Problem:
@@ -23,6 +31,8 @@ class Problem:
     # True: a client with n_k < b takes all its n_k samples (spec 002 §2.0) and the problem's
     # draw_minibatches/grad handle the short batches, so b may exceed the smallest client.
     caps_batches: ClassVar[bool] = False
+    provides: ClassVar[frozenset[str]] = frozenset()  # capabilities (fedbench.contract), whatever the config
+    row_elements: ClassVar[int | None] = None  # features per gathered sample (None: dim), for memory budgets
 
     num_clients: int
     dim: int
@@ -52,6 +62,29 @@ class Problem:
         (synthetic data), so that a recipe is checked before anything runs; None where it is not."""
         return config.get("clients")
 
+    @classmethod
+    def capabilities(cls, config: dict[str, Any]) -> set[str]:
+        """What this problem provides with a resolved config: `provides`, plus `one_client` where the config
+        makes a single client."""
+        return set(cls.provides) | ({"one_client"} if cls.declared_clients(config) == 1 else set())
+
+    @classmethod
+    def metrics(cls, config: dict[str, Any]) -> tuple[Metric, ...]:
+        """The metrics `evaluate` returns for the global model, in row order."""
+        raise NotImplementedError
+
+    @classmethod
+    def personal_metrics(cls, config: dict[str, Any]) -> tuple[Metric, ...]:
+        """The metrics of per-client models (names without the `personal_` prefix), for problems that
+        provide `personal_evaluation`."""
+        return ()
+
+    @classmethod
+    def declared_metrics(cls, config: dict[str, Any], personal: bool = False) -> tuple[Metric, ...]:
+        """Every metric of a row: the global ones, then (`personal`) the `personal_` ones."""
+        extra = tuple(m.personal() for m in cls.personal_metrics(config)) if personal else ()
+        return cls.metrics(config) + extra
+
     # -- the engine's needs --------------------------------------------------------------------
     def init_params(self, gen: torch.Generator) -> Tensor:
         raise NotImplementedError
@@ -67,22 +100,72 @@ class Problem:
         return (self.client_offsets_cpu[clients][:, None] + picks).to(self.device)
 
     def gather(self, rows: Tensor) -> Any:
-        """The minibatch of one local step for all sampled clients, from `rows` `[S, b]`."""
+        """The minibatch of one local step for all sampled clients, from `rows` `[S, b]` (a tuple of
+        tensors with a leading client axis). Problems that provide `full_data` accept row −1 (padding
+        beyond a client's n_k) and give it zero weight."""
         raise NotImplementedError
 
-    def step_oracle(self, rows: Tensor) -> Callable[[Tensor], Tensor]:
-        """What `client_step` receives for one local step: `oracle(w [S,d]) -> [S,d]` is the minibatch
-        gradient. Problems whose algorithms need more than a gradient (the scores of X-risk
-        problems, `pauc.py`) return an object that is also callable this way."""
-        return partial(self.grad, batch=self.gather(rows))
+    def step_oracle(self, rows: Tensor) -> Oracle:
+        """The oracle of one declared minibatch of one local step (X-risk problems return a richer one)."""
+        return Oracle(self, self.gather(rows))
+
+    def full_data(self, clients: Tensor) -> Oracle:
+        """An oracle over the whole training data of `clients` `[C]` (rows padded to the largest of them and
+        masked); for many clients use `client_loss`/`client_grad`, which bound the memory."""
+        sizes = self.client_sizes_cpu[clients.cpu()]
+        position = torch.arange(int(sizes.max()))
+        rows = self.client_offsets_cpu[clients.cpu()][:, None] + position
+        return Oracle(self, self.gather(rows.masked_fill(position >= sizes[:, None], -1).to(self.device)))
+
+    def client_loss(self, w: Tensor, clients: Tensor) -> Tensor:
+        """L_k(w_k) on each client's full training data, `w` `[C, d]` -> `[C]`."""
+        return torch.cat([self.full_data(part).loss(w_part) for part, w_part in self._client_chunks(w, clients)])
+
+    def client_grad(self, w: Tensor, clients: Tensor) -> Tensor:
+        """∇L_k(w_k) on each client's full training data, `w` `[C, d]` -> `[C, d]`."""
+        return torch.cat([self.full_data(part).grad(w_part) for part, w_part in self._client_chunks(w, clients)])
+
+    def _client_chunks(self, w: Tensor, clients: Tensor):
+        """(clients, their w rows) in chunks whose gathered data stay under FULL_DATA_CHUNK elements."""
+        per_client = self.max_size * (self.row_elements or self.dim)
+        step = max(1, FULL_DATA_CHUNK // per_client)
+        for start in range(0, len(clients), step):
+            yield clients[start: start + step], w[start: start + step]
+
+    # -- the loss and its derivatives, batched over clients ---------------------------------------
+    def minibatch_loss(self, w: Tensor, batch: Any) -> Tensor:
+        """The smooth loss of one client's minibatch at `w` `[d]`: `batch` is `gather`'s tuple without its
+        client axis. torch.func lifts it to `loss`, `grad` and `hvp` for all clients at once."""
+        raise NotImplementedError
+
+    def loss(self, w: Tensor, batch: Any) -> Tensor:
+        """Minibatch loss at `w` `[S, d]`, one value per client: `[S]`."""
+        return vmap(self.minibatch_loss)(w, batch)
 
     def grad(self, w: Tensor, batch: Any) -> Tensor:
         """Minibatch gradient of the smooth loss at `w` `[S, d]`, one row per sampled client."""
-        raise NotImplementedError
+        return vmap(func_grad(self.minibatch_loss))(w, batch)
+
+    def hvp(self, w: Tensor, v: Tensor, batch: Any) -> Tensor:
+        """∇²f(w_k; batch_k) v_k for every client (forward-over-reverse: one jvp of the gradient)."""
+        def one(w_k, v_k, batch_k):
+            return jvp(lambda u: func_grad(self.minibatch_loss)(u, batch_k), (w_k,), (v_k,))[1]
+        return vmap(one)(w, v, batch)
 
     def evaluate(self, w: Tensor, personal: Tensor | None = None) -> dict[str, float]:
-        """Metrics of the global model `w` `[d]` (and of per-client models `personal` `[N, d]`)."""
+        """The declared metrics of the global model `w` `[d]`, then, given per-client models `personal`
+        `[N, d]`, those of `evaluate_personal` with the `personal_` prefix."""
+        metrics = self.evaluate_global(w)
+        if personal is not None:
+            metrics.update({f"personal_{k}": v for k, v in self.evaluate_personal(personal).items()})
+        return metrics
+
+    def evaluate_global(self, w: Tensor) -> dict[str, float]:
         raise NotImplementedError
+
+    def evaluate_personal(self, models: Tensor) -> dict[str, float]:
+        """Each client's model `models[k]` on client k's own data, averaged as the problem's metrics are."""
+        raise NotImplementedError(f"{self.name} does not evaluate personal models")
 
     def _set_clients(self, sizes: Tensor) -> None:
         self.client_sizes_cpu = sizes.cpu()

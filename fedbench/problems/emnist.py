@@ -19,7 +19,9 @@ Preset `bao2022`: the defaults, spec 002 §3.3 (the federation gives S = 36, b =
 
 Metrics (§3.3, §7 items 13–14) of the global model, pooled over all clients' samples: train/test loss
 (mean CE, no penalty), train/test accuracy (argmax of Wᵀx), objective = train loss + λ‖W‖₁ (the pooled
-mean is Σ π_k L_k for π_k ∝ n_k), sparsity (fraction of exact zeros in W) and nonzeros.
+mean is Σ π_k L_k for π_k ∝ n_k), sparsity (fraction of exact zeros in W) and nonzeros. Personal models
+(one per writer) get the four loss/accuracy metrics with each writer's samples scored by its own model,
+pooled over all samples.
 """
 from __future__ import annotations
 
@@ -32,15 +34,24 @@ from torch import Tensor
 
 from fedbench.data import femnist
 from fedbench.hparams import Param
+from fedbench.metrics import Metric
+from fedbench.models import MLP
 from fedbench.problems.base import Problem
 from fedbench.prox import L1
 
 EVAL_CHUNK = 8192  # samples per evaluation matmul: ~26 MB of float32 features, whatever the data size
 
 
+LOSS_AND_ACCURACY = (Metric("train_loss", "training cross-entropy", "min"), Metric("test_loss", "test cross-entropy", "min"),
+                     Metric("train_accuracy", "training accuracy (fraction correct)", "max"),
+                     Metric("test_accuracy", "test accuracy (fraction correct)", "max"))
+
+
 class EMNIST(Problem):
     name = "emnist"
     caps_batches = True
+    provides = frozenset({"hvp", "full_data", "personal_evaluation", "norm_ball"})
+    row_elements = femnist.PIXELS
     params = (
         Param("preset", "choice", "bao2022", "paper setting whose defaults to start from", choices=("bao2022",)),
         Param("classes", "choice", 10, "C: 10 (digits, EMNIST-10) or 62 (digits and letters, EMNIST-62)",
@@ -54,6 +65,15 @@ class EMNIST(Problem):
         Param("lam", "float", 1e-4, "ℓ1 weight λ of h = λ‖W‖₁", low=0, log=True),
     )
     presets = {"bao2022": {}}
+
+    @classmethod
+    def metrics(cls, config):
+        return (*LOSS_AND_ACCURACY, Metric("objective", "objective F(w) = f(w) + h(w)", "min"),
+                Metric("sparsity", "fraction of zero weights"), Metric("nonzeros", "number of non-zero weights"))
+
+    @classmethod
+    def personal_metrics(cls, config):
+        return LOSS_AND_ACCURACY
 
     def __init__(self, config: dict[str, Any], seed: int, device="cpu"):
         super().__init__(config, seed, device)
@@ -69,7 +89,8 @@ class EMNIST(Problem):
             raise ValueError("emnist: the kept writers have no test sample (min_test = 0); the test metrics need one")
         self.writer_ids = clients.writer_ids
         self.feature_dim = femnist.PIXELS * self.classes
-        self.dim = self.feature_dim + (self.classes if config["bias"] else 0)
+        self.model = MLP((femnist.PIXELS, self.classes), bias=config["bias"])
+        self.dim = self.model.dim
         self.dtype = torch.float32
         # Pixels stay uint8 (a quarter of float32) and become features per gathered batch or chunk.
         self.scale = 1.0 / femnist.white(clients.x_train)
@@ -110,12 +131,15 @@ class EMNIST(Problem):
         weight = valid / valid.sum(-1, keepdim=True)  # every client has n_k >= min_train >= 1
         return x, self.y_train[flat].view(rows.shape), weight
 
+    def minibatch_loss(self, w: Tensor, batch: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+        """Weighted mean cross-entropy of one client's batch (padding rows weigh 0)."""
+        x, y, weight = batch
+        return (weight * F.cross_entropy(self.model(w, x), y, reduction="none")).sum()
+
     def grad(self, w: Tensor, batch: tuple[Tensor, Tensor, Tensor]) -> Tensor:
         x, y, weight = batch
         s = w.shape[0]
-        logits = torch.bmm(x, w[:, : self.feature_dim].view(s, femnist.PIXELS, self.classes))
-        if self.dim > self.feature_dim:
-            logits += w[:, self.feature_dim:].unsqueeze(1)
+        logits = self.model(w, x)
         # d(weighted mean CE)/d logits = weight · (softmax − onehot): padded picks drop out here.
         residual = torch.softmax(logits, dim=-1).mul_(weight.unsqueeze(-1))
         residual.scatter_add_(-1, y.unsqueeze(-1), -weight.unsqueeze(-1))
@@ -124,8 +148,8 @@ class EMNIST(Problem):
             return grad_w
         return torch.cat([grad_w, residual.sum(1)], dim=1)
 
-    def evaluate(self, w: Tensor, personal: Tensor | None = None) -> dict[str, float]:
-        """Metrics of the global model `w` (see the module docstring); per-client models are not evaluated."""
+    def evaluate_global(self, w: Tensor) -> dict[str, float]:
+        """Metrics of the global model `w` (see the module docstring)."""
         train_loss, train_accuracy = self._pooled(w, self.x_train, self.y_train)
         test_loss, test_accuracy = self._pooled(w, self.x_test, self.y_test)
         zeros = int((w[: self.feature_dim] == 0).sum())
@@ -139,16 +163,40 @@ class EMNIST(Problem):
             "nonzeros": float(self.feature_dim - zeros),
         }
 
+    def evaluate_personal(self, models: Tensor) -> dict[str, float]:
+        train_loss, train_accuracy = self._per_client(models, self.x_train, self.y_train, self.client_sizes_cpu)
+        test_loss, test_accuracy = self._per_client(models, self.x_test, self.y_test, self.test_sizes.cpu())
+        return {"train_loss": train_loss, "test_loss": test_loss, "train_accuracy": train_accuracy,
+                "test_accuracy": test_accuracy}
+
     def _pooled(self, w: Tensor, pixels: Tensor, labels: Tensor) -> tuple[float, float]:
         """(mean CE, accuracy) of `w` over all rows, in chunks so that the full data fit in memory."""
-        weights = w[: self.feature_dim].view(femnist.PIXELS, self.classes)
         loss = torch.zeros((), dtype=torch.float64, device=self.device)
         correct = torch.zeros((), dtype=torch.long, device=self.device)
         for start in range(0, len(labels), EVAL_CHUNK):
             y = labels[start: start + EVAL_CHUNK]
-            logits = self._features(pixels[start: start + EVAL_CHUNK]) @ weights
-            if self.dim > self.feature_dim:
-                logits += w[self.feature_dim:]
+            logits = self.model(w, self._features(pixels[start: start + EVAL_CHUNK]))
             loss += (logits.logsumexp(-1) - logits.gather(1, y[:, None]).squeeze(1)).sum(dtype=torch.float64)
             correct += (logits.argmax(-1) == y).sum()
         return float(loss) / len(labels), int(correct) / len(labels)
+
+    def _per_client(self, models: Tensor, pixels: Tensor, labels: Tensor, sizes: Tensor) -> tuple[float, float]:
+        """(mean CE, accuracy) over every client's rows (contiguous, `sizes` per client), each client's rows
+        scored by its own model `models[k]`; clients in chunks of about EVAL_CHUNK padded rows."""
+        offsets = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)])
+        width = max(1, int(sizes.max()))
+        position = torch.arange(width)
+        loss = torch.zeros((), dtype=torch.float64, device=self.device)
+        correct = torch.zeros((), dtype=torch.long, device=self.device)
+        step = max(1, EVAL_CHUNK // width)
+        for start in range(0, len(sizes), step):
+            valid = position < sizes[start: start + step, None]
+            rows = (offsets[start: start + step, None] + position).masked_fill(~valid, 0).to(self.device)
+            valid = valid.to(self.device)
+            logits = self.model(models[start: start + step], self._features(pixels[rows]))
+            y = labels[rows]
+            losses = logits.logsumexp(-1) - logits.gather(-1, y.unsqueeze(-1)).squeeze(-1)
+            loss += (losses * valid).sum(dtype=torch.float64)
+            correct += ((logits.argmax(-1) == y) & valid).sum()
+        total = int(sizes.sum())
+        return float(loss) / total, int(correct) / total

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from fedbench.hparams import Param
+from fedbench.metrics import Metric
 from fedbench.problems.least_squares import COMMON_PARAMS, LeastSquares
 from fedbench.prox import L1
 
@@ -43,6 +44,11 @@ class Lasso(LeastSquares):
         "fbe_personalized": {"clients": 30, "support": 8, "personal_support": 2, "ar_rho": 0.0,
                              "lam": 0.1, "init": "zeros"},
     }
+
+    recovery = (Metric("l2_error", "ℓ2 error ‖w − w*‖₂", "min"), Metric("l1_error", "ℓ1 error ‖w − w*‖₁", "min"),
+                Metric("precision", "support recovery precision", "max"),
+                Metric("recall", "support recovery recall", "max"), Metric("f1", "support recovery F1 score", "max"),
+                Metric("density", "fraction of non-zero coordinates"))
 
     def __init__(self, config, seed, device="cpu"):
         if config["support"] + config["personal_support"] > config["dim"]:

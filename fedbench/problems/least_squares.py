@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from fedbench.hparams import Param
+from fedbench.metrics import Metric
 from fedbench.problems.base import Problem
 from fedbench.prox import Regularizer
 from fedbench.rng import generator
@@ -36,9 +37,22 @@ COMMON_PARAMS = (
     Param("data_seed", "int", None, "seed of the data (None: the trial's seed)", low=0, nullable=True),
 )
 
+TRAIN_MSE = Metric("train_mse", "training loss (mean squared error)", "min")
+
 
 class LeastSquares(Problem):
     feature_dim: int  # penalized coordinates (the intercept, if any, comes after)
+    provides = frozenset({"hvp", "full_data", "personal_evaluation", "norm_ball"})
+    recovery: tuple[Metric, ...]  # the subclass's recovery metrics, as `recovery_metrics` returns them
+
+    @classmethod
+    def metrics(cls, config):
+        return (TRAIN_MSE, Metric("objective", "objective F(w) = f(w) + h(w)", "min"),
+                Metric("objective_gap", "objective gap F(w) − F*", "min"), *cls.recovery)
+
+    @classmethod
+    def personal_metrics(cls, config):
+        return (TRAIN_MSE, *cls.recovery)
 
     def __init__(self, config: dict[str, Any], seed: int, device="cpu"):
         super().__init__(config, seed, device)
@@ -89,11 +103,21 @@ class LeastSquares(Problem):
         flat = rows.reshape(-1)
         return self.features.index_select(0, flat).view(s, b, self.dim), self.labels[flat].view(s, b)
 
+    def minibatch_loss(self, w: Tensor, batch: tuple[Tensor, Tensor]) -> Tensor:
+        """½ mean (⟨x, w⟩ − y)² of one client's batch."""
+        x, y = batch
+        return 0.5 * (x @ w - y).square().mean()
+
     def grad(self, w: Tensor, batch: tuple[Tensor, Tensor]) -> Tensor:
         # Row layout (w as [S,1,d] times Xᵀ): measured ~2x faster than [S,b,d] @ [S,d,1] on CPU.
         x, y = batch
         residual = torch.bmm(w.unsqueeze(1), x.transpose(1, 2)).squeeze(1) - y
         return torch.bmm(residual.unsqueeze(1), x).squeeze(1) / x.shape[1]
+
+    def hvp(self, w: Tensor, v: Tensor, batch: tuple[Tensor, Tensor]) -> Tensor:
+        """(1/b) Xᵀ X v: the Hessian of the ½-MSE does not depend on w."""
+        x, _ = batch
+        return torch.bmm(torch.bmm(v.unsqueeze(1), x.transpose(1, 2)), x).squeeze(1) / x.shape[1]
 
     # -- the centralized objective -------------------------------------------------------------
     def quadratic(self) -> tuple[Tensor, Tensor, Tensor]:
@@ -120,23 +144,25 @@ class LeastSquares(Problem):
         text = json.dumps([self.name, config, str(self.dtype)], sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
-    def evaluate(self, w: Tensor, personal: Tensor | None = None) -> dict[str, float]:
+    def evaluate_global(self, w: Tensor) -> dict[str, float]:
         from fedbench.reference import solve  # reference imports problems for typing only
 
-        n_clients = self.num_clients
-        if personal is None:
-            models = w.expand(n_clients, self.dim)
-            residual = self.features @ w - self.labels
-        else:
-            models = personal
-            x = self.features.view(n_clients, -1, self.dim)
-            residual = torch.bmm(personal.unsqueeze(1), x.transpose(1, 2)).reshape(-1) - self.labels
         objective = self.objective(w)
         metrics = {
-            "train_mse": residual.square().mean(),
+            "train_mse": (self.features @ w - self.labels).square().mean(),
             "objective": objective,
             "objective_gap": objective - solve(self).objective,
         }
+        return self._floats(metrics, w.expand(self.num_clients, self.dim))
+
+    def evaluate_personal(self, models: Tensor) -> dict[str, float]:
+        """Client k's model on client k's samples (MSE pooled over all samples) and against its own truth."""
+        x = self.features.view(self.num_clients, -1, self.dim)
+        residual = torch.bmm(models.unsqueeze(1), x.transpose(1, 2)).reshape(-1) - self.labels
+        return self._floats({"train_mse": residual.square().mean()}, models)
+
+    def _floats(self, metrics: dict[str, Tensor], models: Tensor) -> dict[str, float]:
+        """`metrics` and the recovery metrics of `models` `[N, d]` averaged over clients, in one host transfer."""
         for name, per_client in self.recovery_metrics(models[:, : self.feature_dim]).items():
             metrics[name] = per_client.mean()
         names = list(metrics)

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from fedbench.hparams import Param
+from fedbench.metrics import Metric
 from fedbench.problems.least_squares import COMMON_PARAMS, LeastSquares
 from fedbench.prox import Nuclear
 
@@ -41,6 +42,9 @@ class LowRank(LeastSquares):
         "bao2022": {},
         "fbe_completion": {"clients": 30, "rank": 4, "personal_value": 0.25, "init": "zeros"},
     }
+
+    recovery = (Metric("fro_error", "Frobenius error ‖W − W*‖_F", "min"),
+                Metric("op_error", "operator-norm error ‖W − W*‖₂", "min"), Metric("rank", "numerical rank of W"))
 
     def __init__(self, config, seed, device="cpu"):
         self.shape = (config["rows"], config["cols"])

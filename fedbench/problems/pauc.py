@@ -51,26 +51,35 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from fedbench.data import femnist
 from fedbench.hparams import Param
-from fedbench.metrics import partial_auc
+from fedbench.metrics import Metric, partial_auc
+from fedbench.models import MLP
+from fedbench.oracle import Oracle
+from fedbench.problems import pauc_data
 from fedbench.problems.base import Problem
+from fedbench.problems.xrisk_tasks import make_task
 from fedbench.prox import NoRegularizer
 from fedbench.rng import generator
 
 OBJECTIVE_PAIRS = 2**22  # the pooled objective is exact up to this many (positive, negative) pairs
-PAIR_CHUNK = 2**18  # pairs per pass of the objective: 1 MB temporaries (~4x faster than one pass over all)
 EVAL_CHUNK = 8192  # rows per scoring pass over stored pixels: a reused 26 MB float32 buffer
 
 
+SPLIT_LABELS = {"train": "training", "val": "validation", "test": "test"}
+SCORES = (("pauc_0.3", "pAUC, FPR ≤ 0.3 (McClish)"), ("pauc_0.5", "pAUC, FPR ≤ 0.5 (McClish)"), ("auc", "AUC"))
+
+
 class PartialAUC(Problem):
+    """Provides `pair_scores` (spec 001's X-risk algorithms use these and nothing else of it): `pair_loss`,
+    `outer_grad`, `scores_by_class`, `positive_counts`/`negative_counts`, and `PairOracle` minibatches."""
     name = "pauc"
     caps_batches = True  # class-balanced draws with replacement: any b works with any client size
+    provides = frozenset({"hvp", "pair_scores"})
     params = (
         Param("preset", "choice", "guo2023_synthetic", "paper setting whose defaults to start from",
               choices=("guo2023_synthetic", "guo2023_noisy_auc", "guo2023_femnist")),
@@ -122,18 +131,27 @@ class PartialAUC(Problem):
                             "clients": 16, "model": "mlp"},
     }
 
+    @classmethod
+    def capabilities(cls, config):
+        return super().capabilities(config) | ({"linear_outer"} if config["task"] == "auc" else set())
+
+    @classmethod
+    def metrics(cls, config):
+        splits = ("train", "test", "val") if config["val_size"] else ("train", "test")
+        return (*(Metric(f"{split}_{name}", f"{SPLIT_LABELS[split]} {title}", "max")
+                  for split in splits for name, title in SCORES),
+                Metric("objective", "X-risk objective F(w) (pooled training pairs)", "min"))
+
     def __init__(self, config: dict[str, Any], seed: int, device="cpu"):
         super().__init__(config, seed, device)
         self.dtype = torch.float32
-        self.pixel_scale = None  # femnist: stored pixels v become features v·pixel_scale − 1 ∈ [−1, 1]
-        gen = generator(self.data_seed, "data")
+        data = pauc_data.build(config, generator(self.data_seed, "data"))
+        self.pixel_scale = data.pixel_scale  # femnist: stored pixels v become features v·pixel_scale − 1
         if config["data"] == "femnist":
-            features, labels, positive_counts, sizes, test_features, test_labels, val = self._femnist(gen)
-        elif config["clients"] == 0:
-            raise ValueError("pauc.clients: 0 (one client per writer) needs data: femnist; synthetic data need "
-                             "clients >= 1")
-        else:
-            features, labels, positive_counts, sizes, test_features, test_labels, val = self._synthetic(gen)
+            self.writer_ids, self.writer_client, self.dropped_clients = (data.writer_ids, data.writer_client,
+                                                                         data.dropped_clients)
+        features, labels, positive_counts, sizes = data.features, data.labels, data.positive_counts, data.sizes
+        (test_features, test_labels), val = data.test, data.val
         n_clients = len(sizes)
         source = torch.repeat_interleave(torch.arange(n_clients), sizes)
         self.positive_counts = positive_counts
@@ -159,9 +177,10 @@ class PartialAUC(Problem):
         self.test_features, self.test_labels = test_features.to(self.device), test_labels.to(self.device)
         self.val_features, self.val_labels = (part.to(self.device) for part in val)
         self.objective_pairs = self._objective_subsample()
-        self.hidden = config["hidden"] if config["model"] == "mlp" else 0
-        d = self.feature_dim
-        self.dim = d + 1 if not self.hidden else d * self.hidden + 2 * self.hidden + 1
+        self.task = make_task(config)
+        hidden = (config["hidden"],) if config["model"] == "mlp" else ()
+        self.model = MLP((self.feature_dim, *hidden, 1))
+        self.dim = self.model.dim
         self.regularizer = NoRegularizer()
 
     @classmethod
@@ -169,119 +188,6 @@ class PartialAUC(Problem):
         if config["pooled"]:
             return 1
         return config["clients"] if config["data"] == "synthetic" else None  # femnist may drop clients
-
-    def _synthetic(self, gen) -> tuple[Tensor, ...]:
-        """SynthPAUC (spec 001 §5.2): (features, labels, positives per client, sizes, test features, test labels,
-        (validation features, labels)), each client's rows positives first."""
-        config = self.config
-        n_clients = config["clients"]
-        positives = self._positive_counts(gen)
-        negatives = torch.full((n_clients,), config["negatives_per_client"], dtype=torch.long)
-        blocks, labels, noisy_positives = [], [], []
-        for k in range(n_clients):  # data generation only, once; the simulation never loops over clients
-            x = torch.cat([self._draw(1, int(positives[k]), gen), self._draw(0, int(negatives[k]), gen)])
-            y = torch.cat([torch.ones(int(positives[k])), torch.zeros(int(negatives[k]))])
-            y = self._flip(y, gen)
-            order = torch.argsort(-y, stable=True)  # (noisy) positives first: S1 is what the labels say
-            blocks.append(x[order])
-            labels.append(y[order])
-            noisy_positives.append(int(y.sum()))
-        test_features, test_labels = self._clean_sample(config["test_size"], gen)
-        val = self._clean_sample(config["val_size"], gen)  # drawn after the test set: train and test stay as they were
-        return (torch.cat(blocks), torch.cat(labels), torch.tensor(noisy_positives), positives + negatives,
-                test_features, test_labels, val)
-
-    def _clean_sample(self, size: int, gen) -> tuple[Tensor, Tensor]:
-        """`size` noise-free samples of the mixture, positives:negatives 1:5 (features, labels)."""
-        positives = size // 6
-        features = torch.cat([self._draw(1, positives, gen), self._draw(0, size - positives, gen)])
-        return features, torch.cat([torch.ones(positives), torch.zeros(size - positives)])
-
-    def _femnist(self, gen) -> tuple[Tensor, ...]:
-        """FEMNIST writers as a binary task (see the module docstring): the same tuple as `_synthetic`, with
-        the stored pixels as features (uint8 where the source is; a quarter of float32): `gather` and
-        `all_scores` turn them into [−1, 1]."""
-        config = self.config
-        classes = config["positive_classes"]
-        repeated = sorted({c for c in classes if classes.count(c) > 1})
-        if repeated:
-            raise ValueError(f"pauc.positive_classes: label {repeated[0]} is listed more than once in {classes}")
-        images = femnist.load(config["source"], config["path"], config["data_dir"], femnist.LABELS,
-                              config["writers_fraction"])
-        data = femnist.select_clients(images, femnist.LABELS, min_train=1, min_test=0)  # writers with training data
-        writers = len(data.writer_ids)
-        n_clients = config["clients"] or writers
-        if n_clients > writers:
-            raise ValueError(f"pauc.clients: {n_clients} clients but the data hold {writers} writers with training "
-                             f"samples; expected at most {writers}, or 0 for one client per writer")
-        by_id = np.argsort(data.writer_ids, kind="stable")
-        rank = np.empty(writers, dtype=np.int64)  # writer → its place in sorted-id order
-        rank[by_id] = np.arange(writers)
-        writer_client = rank * n_clients // writers  # contiguous groups of ⌊W/N⌋ or ⌈W/N⌉ writers
-        client = np.repeat(writer_client, data.train_sizes)
-        positive = np.isin(data.y_train, classes)
-        n_pos = np.bincount(client[positive], minlength=n_clients)
-        n_neg = np.bincount(client[~positive], minlength=n_clients)
-        kept_pos = np.minimum(n_pos, self._positive_quota(n_neg))
-        # Which positives stay: each client's first kept_pos in the order of uniform keys from the data stream.
-        keys = torch.rand(len(positive), generator=gen, dtype=torch.float64).numpy()
-        rows = np.flatnonzero(positive)
-        rows = rows[np.lexsort((keys[rows], client[rows]))]
-        place = np.arange(len(rows)) - np.r_[0, np.cumsum(n_pos)][client[rows]]
-        keep = ~positive
-        keep[rows[place < kept_pos[client[rows]]]] = True
-        usable = (kept_pos > 0) & (n_neg > 0)  # the class-balanced draws need both classes on every client
-        if not usable.any():
-            raise ValueError(f"pauc.positive_classes: no client keeps both a positive and a negative training "
-                             f"sample (positive_classes {classes}, positive_ratio {config['positive_ratio']}, "
-                             f"clients {config['clients']})")
-        keep &= usable[client]
-        rows = np.flatnonzero(keep)
-        rows = rows[np.lexsort((~positive[rows], client[rows]))]  # by client, positives first, then stored order
-        renumber = np.cumsum(usable) - 1
-        by_id = by_id[usable[writer_client[by_id]]]
-        self.writer_ids = data.writer_ids[by_id]  # the kept writers in sorted-id order, and their clients
-        self.writer_client = torch.from_numpy(renumber[writer_client[by_id]])
-        self.dropped_clients = int((~usable).sum())
-        features = torch.from_numpy(data.x_train[rows])
-        labels = torch.from_numpy(positive[rows]).to(self.dtype)
-        positive_counts = torch.from_numpy(kept_pos[usable])
-        sizes = torch.from_numpy((kept_pos + n_neg)[usable])
-        if self.config["flip_rate"]:
-            features, labels, positive_counts = self._flip_clients(features, labels, sizes, gen)
-        test = usable[writer_client][np.repeat(np.arange(writers), data.test_sizes)]
-        test_labels = np.isin(data.y_test[test], classes)
-        if test_labels.all() or not test_labels.any():
-            raise ValueError(f"pauc.positive_classes: the kept writers' {int(test.sum())} test samples hold "
-                             f"{'no negative' if test_labels.any() else 'no positive'} (positive_classes {classes})")
-        self.pixel_scale = 2.0 / femnist.white(data.x_train)
-        held_out = torch.from_numpy(data.x_test[test]), torch.from_numpy(test_labels).to(self.dtype)
-        # Validation: `val_size` of the held-out samples, picked by uniform keys from the data stream.
-        order = torch.randperm(len(held_out[1]), generator=gen)
-        size = min(self.config["val_size"], len(order) // 2)
-        return (features, labels, positive_counts, sizes, *(part[order[size:]] for part in held_out),
-                tuple(part[order[:size]] for part in held_out))
-
-    def _positive_quota(self, negatives: np.ndarray) -> np.ndarray:
-        """LibAUC's ImbalancedDataGenerator count ⌊r/(1−r)·n₋⌋ of positives kept beside n₋ negatives (no
-        limit for r = 1 or null); the 1e-9 guards against r/(1−r) rounding just below an integer product."""
-        ratio = self.config["positive_ratio"]
-        if ratio is None or ratio >= 1:
-            return np.full_like(negatives, np.iinfo(np.int64).max)
-        return np.floor(ratio / (1 - ratio) * negatives + 1e-9).astype(np.int64)
-
-    def _flip_clients(self, features: Tensor, labels: Tensor, sizes: Tensor, gen) -> tuple[Tensor, Tensor, Tensor]:
-        """`_flip` within every client, each client's rows re-sorted (noisy) positives first: (features,
-        labels, positives per client)."""
-        orders, flipped, counts, start = [], [], [], 0
-        for size in sizes.tolist():  # data preparation only, once
-            y = self._flip(labels[start: start + size], gen)
-            order = torch.argsort(-y, stable=True)
-            orders.append(start + order)
-            flipped.append(y[order])
-            counts.append(int(y.sum()))
-            start += size
-        return features[torch.cat(orders)], torch.cat(flipped), torch.tensor(counts)
 
     def _objective_subsample(self) -> tuple[Tensor, Tensor] | None:
         """None when n₊·n₋ ≤ OBJECTIVE_PAIRS (the objective is exact), else fixed indices into the training
@@ -296,52 +202,10 @@ class PartialAUC(Problem):
         return tuple(torch.randperm(n, generator=gen)[: max(1, int(n * factor))].sort().values.to(self.device)
                      for n in (n_pos, n_neg))
 
-    def _positive_counts(self, gen) -> Tensor:
-        n_clients, per_client = self.config["clients"], self.config["positives_per_client"]
-        if self.config["split"] == "even":
-            return torch.full((n_clients,), per_client, dtype=torch.long)
-        seed = int(torch.randint(2**31 - 1, (1,), generator=gen))  # numpy draws the Dirichlet, seeded from the stream
-        shares = torch.from_numpy(np.random.default_rng(seed).dirichlet([self.config["dirichlet_alpha"]] * n_clients))
-        return torch.floor(shares * (n_clients * per_client - n_clients)).long() + 1
-
-    def _flip(self, y: Tensor, gen) -> Tensor:
-        """Flip round(rate·n) random positives and as many of the negatives (spec 001 §1.5)."""
-        rate = self.config["flip_rate"]
-        if not rate:
-            return y
-        flipped = y.clone()
-        for label in (1.0, 0.0):
-            members = torch.nonzero(y == label).squeeze(1)
-            chosen = members[torch.randperm(len(members), generator=gen)[: round(rate * len(members))]]
-            flipped[chosen] = 1.0 - label
-        return flipped
-
-    def _draw(self, label: int, count: int, gen) -> Tensor:
-        d = self.config["features"]
-        x = torch.randn(count, d, generator=gen)
-        if label == 1:
-            x[:, 0] += 1.0
-            return x
-        hard = torch.rand(count, generator=gen) < self.config["hard_fraction"]
-        x[~hard, 0] -= 1.0
-        x[hard] *= 0.5
-        x[hard, 0] += 0.8
-        x[hard, 1] += 1.5
-        return x
-
     # -- the score model, for a batch of parameter vectors [S, dim] -----------------------------
     def logits(self, w: Tensor, x: Tensor) -> Tensor:
-        """s(w, x) for w [S, dim] and x [S, b, d]: [S, b]."""
-        d = x.shape[-1]
-        if not self.hidden:
-            return torch.baddbmm(w[:, d:].unsqueeze(-1), x, w[:, :d].unsqueeze(-1)).squeeze(-1)
-        h = self.hidden
-        first = w[:, : d * h].view(-1, d, h)
-        bias1 = w[:, d * h: d * h + h]
-        second = w[:, d * h + h: d * h + 2 * h]
-        bias2 = w[:, -1:]
-        hidden = torch.relu(torch.bmm(x, first) + bias1.unsqueeze(1))
-        return torch.bmm(hidden, second.unsqueeze(-1)).squeeze(-1) + bias2
+        """s(w, x) for w [S, dim] and x [S, b, d]: [S, b] (or one client's [dim], [b, d]: [b])."""
+        return self.model(w, x).squeeze(-1)
 
     def scores(self, w: Tensor, x: Tensor) -> Tensor:
         return torch.sigmoid(self.logits(w, x))
@@ -368,13 +232,9 @@ class PartialAUC(Problem):
         """The initial point; also restarts the feature-noise stream, so that every simulation of this
         problem instance draws the same noise."""
         self.restart_noise()
-        d = self.feature_dim
-        if not self.hidden:
+        if self.config["model"] == "linear":
             return torch.zeros(self.dim, dtype=self.dtype, device=self.device)
-        h = self.hidden  # PyTorch's default uniform(±1/√fan_in) for both layers
-        parts = [(torch.rand(d * h + h, generator=gen) * 2 - 1) / math.sqrt(d),
-                 (torch.rand(h + 1, generator=gen) * 2 - 1) / math.sqrt(h)]
-        return torch.cat(parts).to(self.dtype).to(self.device)
+        return self.model.init(gen, self.dtype).to(self.device)  # PyTorch's default uniform(±1/√fan_in)
 
     def draw_minibatches(self, clients: Tensor, steps: int, batch_size: int, gen: torch.Generator) -> Tensor:
         """Rows `[steps, S, b]`: b//2 positives then b − b//2 negatives of each client, with replacement."""
@@ -400,30 +260,30 @@ class PartialAUC(Problem):
             noisy = noise.mul_(self.noise_std).add_(mean - 1.0).add_(self.features[flat], alpha=self.pixel_scale)
         return noisy.view(s, b, -1), self.labels[flat].view(s, b)
 
+    def minibatch_loss(self, w: Tensor, batch: tuple[Tensor, Tensor]) -> Tensor:
+        """Mean binary cross-entropy of σ(s(w, x)) on one client's class-balanced batch."""
+        x, y = batch
+        return F.binary_cross_entropy_with_logits(self.logits(w, x), y)
+
     def grad(self, w: Tensor, batch: tuple[Tensor, Tensor]) -> Tensor:
-        """Gradient of the mean binary cross-entropy of σ(s(w, x)), for every sampled client at once."""
+        """Gradient of the mean binary cross-entropy, for every sampled client at once (one backward pass
+        over the sum of the clients' losses: ~2x faster here than torch.func's vmap of grad)."""
         x, y = batch
         w = w.detach().requires_grad_(True)
         loss = F.binary_cross_entropy_with_logits(self.logits(w, x), y, reduction="none").mean(-1).sum()
         return torch.autograd.grad(loss, w)[0]
 
-    def step_oracle(self, rows: Tensor) -> "PairMinibatch":
-        return PairMinibatch(self, rows)
+    def step_oracle(self, rows: Tensor) -> "PairOracle":
+        return PairOracle(self, rows)
 
-    # -- the X-risk (spec 001 §1.4): F(w) = mean₊ f(mean₋ ℓ(h₊, h₋)), f = λ log, ℓ = exp(ℓ̃/λ) ----------------
+    # -- the X-risk (spec 001 §1.4): F(w) = mean₊ f(mean₋ ℓ(h₊, h₋)), from the task (`xrisk_tasks`) ----------------
     def pair_loss(self, a: Tensor, b: Tensor) -> Tensor:
-        """ℓ(a, b) for positive scores a and negative scores b (broadcast): exp((m − (a − b))₊² / λ) for
-        the pAUC task (§1.4), the symmetric PSM loss σ(b − a) for the AUC task (§1.5)."""
-        if self.config["task"] == "auc":
-            return torch.sigmoid(b - a)
-        lam, margin = self.config["kl_lambda"], self.config["margin"]
-        return torch.exp((margin - (a - b)).clamp_min(0) ** 2 / lam)
+        """ℓ(a, b) for positive scores a and negative scores b (broadcast)."""
+        return self.task.pair_loss(a, b)
 
     def outer_grad(self, u: Tensor) -> Tensor:
-        """∇f(u): λ / u for f = λ log (pAUC); 1 for the linear f of the AUC task."""
-        if self.config["task"] == "auc":
-            return torch.ones_like(u)
-        return self.config["kl_lambda"] / u
+        """∇f(u) of the task's outer function."""
+        return self.task.outer_grad(u)
 
     def scores_by_class(self, w: Tensor) -> tuple[Tensor, Tensor]:
         """Scores under w of every training positive and of every negative (by the training labels)."""
@@ -431,29 +291,16 @@ class PartialAUC(Problem):
         return h[self.labels == 1], h[self.labels == 0]
 
     def pooled_objective(self, w: Tensor) -> float:
-        """The task's X-risk over all training pairs: mean₊ λ log mean₋ exp((m − (h₊ − h₋))₊²/λ) (pAUC),
-        or mean₊ mean₋ σ(h₋ − h₊) (AUC), with the (possibly flipped) training labels; over the fixed
-        subsample `objective_pairs` when there are more than OBJECTIVE_PAIRS pairs."""
+        """The task's X-risk over all training pairs with the (possibly flipped) training labels; over the
+        fixed subsample `objective_pairs` when there are more than OBJECTIVE_PAIRS pairs."""
         return self._objective(*self.scores_by_class(w))
 
     def _objective(self, positives: Tensor, negatives: Tensor) -> float:
         if self.objective_pairs is not None:
             positives, negatives = positives[self.objective_pairs[0]], negatives[self.objective_pairs[1]]
-        rows = max(1, PAIR_CHUNK // len(negatives))
-        inner = []  # per positive, in blocks of positives (for pAUC, the same arithmetic as one pass)
-        for start in range(0, len(positives), rows):
-            diff = positives[start: start + rows, None] - negatives[None, :]
-            if self.config["task"] == "auc":  # Σ₋ σ(h₋ − h₊), summed in float64
-                inner.append(torch.sigmoid(diff.neg_()).sum(1, dtype=torch.float64))
-                continue
-            lam, margin = self.config["kl_lambda"], self.config["margin"]
-            hinge = diff.neg_().add_(margin).clamp_min_(0).square_().div_(lam)  # (m − (h₊ − h₋))₊² / λ
-            inner.append(torch.logsumexp(hinge, dim=1))
-        if self.config["task"] == "auc":
-            return float(torch.cat(inner).sum() / (len(positives) * len(negatives)))
-        return float((self.config["kl_lambda"] * (torch.cat(inner) - math.log(len(negatives)))).mean())
+        return self.task.objective(positives, negatives)
 
-    def evaluate(self, w: Tensor, personal: Tensor | None = None) -> dict[str, float]:
+    def evaluate_global(self, w: Tensor) -> dict[str, float]:
         metrics = {}
         splits = [("train", self.features, self.labels), ("test", self.test_features, self.test_labels)]
         if len(self.val_labels):
@@ -468,24 +315,22 @@ class PartialAUC(Problem):
         return metrics
 
 
-class PairMinibatch:
-    """One local step of the sampled clients: b₁ positives then b₂ negatives each. Callable as the
-    cross-entropy gradient (what FedAvg uses); X-risk algorithms call `surrogate_grad` with a loss of
-    the positive and negative scores and get its gradient for every client at once."""
+class PairOracle(Oracle):
+    """One local step of the sampled clients: b₁ positives then b₂ negatives each. Its loss, gradient and
+    HVP are the cross-entropy's (what FedAvg uses); X-risk algorithms call `surrogate_grad` with a loss of
+    the positive and negative scores and get its gradient for every client at once, and read
+    `positive_index` (each positive's place among its client's positives, for per-positive u tables)."""
 
     def __init__(self, problem: PartialAUC, rows: Tensor):
-        self.problem = problem
-        self.x, self.y = problem.gather(rows)
+        super().__init__(problem, problem.gather(rows))
         self.positives = rows.shape[1] // 2
+        self.negatives = rows.shape[1] - self.positives
         owners = problem.row_client[rows[:, : self.positives]]
         self.positive_index = rows[:, : self.positives] - problem.client_offsets[owners]  # into each client's positives
-
-    def __call__(self, w: Tensor) -> Tensor:
-        return self.problem.grad(w, (self.x, self.y))
 
     def surrogate_grad(self, w: Tensor, surrogate) -> tuple[Tensor, Tensor]:
         """(∇_w Σ_clients surrogate(h₊ [S,b₁], h₋ [S,b₂]), the detached scores [S,b]); surrogate returns [S]."""
         w = w.detach().requires_grad_(True)
-        h = self.problem.scores(w, self.x)
+        h = self.problem.scores(w, self.batch[0])
         loss = surrogate(h[:, : self.positives], h[:, self.positives:]).sum()
         return torch.autograd.grad(loss, w)[0], h.detach()

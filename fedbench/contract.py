@@ -1,0 +1,34 @@
+"""What an algorithm needs from a problem, and what a problem provides (benchopt's declared contracts).
+
+An algorithm declares `requires` (and may add to it from its hyperparameters, `Algorithm.requirements`);
+a problem declares `provides` (and may add to it from its configuration, `Problem.capabilities`). A pairing
+whose requirements are not all provided is refused before anything runs, naming the capability.
+Every problem gives minibatch losses and gradients; the capabilities are what goes beyond that.
+"""
+from __future__ import annotations
+
+CAPABILITIES = {
+    "hvp": "Hessian-vector products of the minibatch loss",
+    "full_data": "each client's loss and gradient over its whole local training data",
+    "personal_evaluation": "metrics of per-client (personal) models on each client's own data",
+    "pair_scores": "X-risk pair oracles: positive/negative scores, a pair loss and its outer function",
+    "linear_outer": "an X-risk whose outer function f is linear (AUC with a pairwise surrogate)",
+    "norm_ball": "a norm regularizer h = λ·ℛ whose λ can change and whose ℛ-ball has a projection",
+    "one_client": "all training data on one client (a centralized reference, e.g. pauc with pooled: true)",
+}
+
+
+class IncompatibleError(ValueError):
+    """An algorithm was paired with a problem that lacks a capability it requires."""
+
+
+def check(algorithm: str, required: set[str], problem: str, provided: set[str]) -> None:
+    """Raise IncompatibleError naming the first missing capability."""
+    unknown = sorted((required | provided) - set(CAPABILITIES))
+    if unknown:  # a declaration's typo, not a user error
+        raise KeyError(f"undeclared capability {unknown[0]!r}; known: {', '.join(CAPABILITIES)}")
+    missing = sorted(required - provided)
+    if missing:
+        has = ", ".join(sorted(provided)) or "none beyond minibatch gradients"
+        raise IncompatibleError(f"{algorithm} requires {missing[0]} ({CAPABILITIES[missing[0]]}), which problem "
+                                f"{problem} does not provide here (it provides: {has})")

@@ -1,0 +1,66 @@
+"""Fully-connected models on flat parameter vectors, functional and batched over clients.
+
+A model is a list of layer sizes (in, hidden..., out). Its parameters are one vector `[dim]`: for each layer
+the weight matrix `[in, out]` stored row-major, then (with `bias`) its bias `[out]`. The forward pass takes
+one parameter vector per client, `w` `[S, dim]`, and each client's inputs `x` `[S, b, in]`, and returns
+`[S, b, out]` with one batched matrix product per layer: no loop over clients, and torch.func can
+differentiate it (twice, for Hessian-vector products) or vmap it over one client's `[dim]`.
+
+A linear classifier is `MLP((784, 10))`; the FeDXL scorer is `MLP((d, 64, 1))`; Per-FedAvg's network is
+`MLP((784, 80, 60, 10), activation="elu")`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+ACTIVATIONS = {"relu": torch.relu, "elu": F.elu, "tanh": torch.tanh}
+
+
+class MLP:
+    def __init__(self, sizes: Sequence[int], bias: bool = True, activation: str = "relu"):
+        if len(sizes) < 2:
+            raise ValueError(f"an MLP needs at least input and output sizes, found {tuple(sizes)}")
+        self.sizes = tuple(int(n) for n in sizes)
+        self.bias = bias
+        self.activation = ACTIVATIONS[activation]
+        self.dim = sum(i * o + (o if bias else 0) for i, o in zip(self.sizes, self.sizes[1:]))
+
+    def layers(self, w: Tensor) -> list[tuple[Tensor, Tensor | None]]:
+        """(weight `[..., in, out]`, bias `[..., out]` or None) of every layer: views into `w` `[..., dim]`."""
+        out, start = [], 0
+        lead = w.shape[:-1]
+        for fan_in, fan_out in zip(self.sizes, self.sizes[1:]):
+            weight = w[..., start: start + fan_in * fan_out].reshape(*lead, fan_in, fan_out)
+            start += fan_in * fan_out
+            bias = None
+            if self.bias:
+                bias = w[..., start: start + fan_out]
+                start += fan_out
+            out.append((weight, bias))
+        return out
+
+    def __call__(self, w: Tensor, x: Tensor) -> Tensor:
+        """Outputs `[S, b, out]` for parameters `w` `[S, dim]` and inputs `x` `[S, b, in]`; or `[b, out]` for
+        one client's `w` `[dim]` and `x` `[b, in]` (what torch.func's vmap sees)."""
+        layers = self.layers(w)
+        for depth, (weight, bias) in enumerate(layers):
+            x = torch.matmul(x, weight)
+            if bias is not None:
+                x = x + bias.unsqueeze(-2)
+            if depth < len(layers) - 1:
+                x = self.activation(x)
+        return x
+
+    def init(self, gen: torch.Generator, dtype: torch.dtype = torch.float32) -> Tensor:
+        """PyTorch's default initialisation of nn.Linear, in distribution: weight and bias of each layer
+        uniform in ±1/√fan_in (one draw of the layer's fan_in·fan_out + fan_out values, in storage order)."""
+        parts = []
+        for fan_in, fan_out in zip(self.sizes, self.sizes[1:]):
+            count = fan_in * fan_out + (fan_out if self.bias else 0)
+            parts.append((torch.rand(count, generator=gen) * 2 - 1) / math.sqrt(fan_in))
+        return torch.cat(parts).to(dtype)

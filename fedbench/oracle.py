@@ -1,0 +1,60 @@
+"""What an algorithm's local step receives: one oracle per declared minibatch.
+
+An oracle binds a problem to one gathered minibatch of the S sampled clients (or to the clients' whole
+local data, `Problem.full_data`) and answers, at any batched point `w` `[S, d]`:
+
+    oracle.loss(w)     -> [S]       the mean loss of each client's batch
+    oracle.grad(w)     -> [S, d]    its gradient
+    oracle.hvp(w, v)   -> [S, d]    its Hessian at w times v
+
+The problem computes them (`Problem.loss/grad/hvp`: torch.func over its per-client batch loss by default,
+hand-written where that is faster). An algorithm declares its minibatches (`Minibatch`); the engine
+draws each one that is not a reuse of another, and hands them to `client_step` as `Batches`, so that
+`batches.D.grad(u)` reads like the paper's ∇f̃(u; D).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Minibatch:
+    """One minibatch an algorithm draws per local step. `size`: the hyperparameter holding its size (None:
+    the federation's `batch_size`); `same_as`: another declared batch whose draw it reuses (no second draw)."""
+    name: str
+    size: str | None = None
+    same_as: str | None = None
+
+
+class Oracle:
+    def __init__(self, problem, batch: Any):
+        self.problem = problem
+        self.batch = batch
+
+    def loss(self, w: Tensor) -> Tensor:
+        return self.problem.loss(w, self.batch)
+
+    def grad(self, w: Tensor) -> Tensor:
+        return self.problem.grad(w, self.batch)
+
+    def hvp(self, w: Tensor, v: Tensor) -> Tensor:
+        return self.problem.hvp(w, v, self.batch)
+
+
+class Batches:
+    """The oracles of one local step, by declared name (`batches.D`, `batches["D"]`)."""
+
+    def __init__(self, oracles: dict[str, Oracle]):
+        self._oracles = oracles
+
+    def __getattr__(self, name: str) -> Oracle:
+        try:
+            return self._oracles[name]
+        except KeyError:
+            raise AttributeError(f"no minibatch {name!r} was declared (declared: {', '.join(self._oracles)})") from None
+
+    def __getitem__(self, name: str) -> Oracle:
+        return self._oracles[name]

@@ -1,0 +1,189 @@
+"""The data of the `pauc` problem (spec 001 §3.1–3.2, §5.2): binary training data per client, a clean test set
+and a validation set, from the synthetic SynthPAUC mixture or from real FEMNIST writers. Each builder reads the
+problem's resolved config and draws from the data stream; `fedbench.problems.pauc` describes the parameters.
+A new data source is one more function returning `BinaryData`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedbench.data import femnist
+
+
+@dataclass
+class BinaryData:
+    """Training rows grouped by client, each client's positives first; test and validation sets."""
+    features: Tensor  # [n, d] float32, or stored uint8 pixels (then `pixel_scale`)
+    labels: Tensor  # [n] float32 training labels (possibly flipped), 1 = positive
+    positive_counts: Tensor  # [N] positives per client
+    sizes: Tensor  # [N] samples per client
+    test: tuple[Tensor, Tensor]  # (features, labels), clean
+    val: tuple[Tensor, Tensor]  # (features, labels), clean, possibly empty
+    pixel_scale: float | None = None  # stored pixels v become the features v·pixel_scale − 1 ∈ [−1, 1]
+    writer_ids: np.ndarray | None = None  # femnist: the kept writers in sorted-id order
+    writer_client: Tensor | None = None  # femnist: each kept writer's client
+    dropped_clients: int = 0  # femnist: clients dropped for lacking a class
+
+
+def build(config: dict[str, Any], gen: torch.Generator) -> BinaryData:
+    if config["data"] == "femnist":
+        return femnist_binary(config, gen)
+    if config["clients"] == 0:
+        raise ValueError("pauc.clients: 0 (one client per writer) needs data: femnist; synthetic data need "
+                         "clients >= 1")
+    return synthetic(config, gen)
+
+
+def synthetic(config: dict[str, Any], gen: torch.Generator) -> BinaryData:
+    """SynthPAUC (spec 001 §5.2), each client's rows positives first."""
+    n_clients = config["clients"]
+    positives = positive_counts(config, gen)
+    negatives = torch.full((n_clients,), config["negatives_per_client"], dtype=torch.long)
+    blocks, labels, noisy_positives = [], [], []
+    for k in range(n_clients):  # data generation only, once; the simulation never loops over clients
+        x = torch.cat([draw(config, 1, int(positives[k]), gen), draw(config, 0, int(negatives[k]), gen)])
+        y = torch.cat([torch.ones(int(positives[k])), torch.zeros(int(negatives[k]))])
+        y = flip(config, y, gen)
+        order = torch.argsort(-y, stable=True)  # (noisy) positives first: S1 is what the labels say
+        blocks.append(x[order])
+        labels.append(y[order])
+        noisy_positives.append(int(y.sum()))
+    test_features, test_labels = clean_sample(config, config["test_size"], gen)
+    val = clean_sample(config, config["val_size"], gen)  # drawn after the test set: train and test stay as they were
+    return BinaryData(torch.cat(blocks), torch.cat(labels), torch.tensor(noisy_positives), positives + negatives,
+                      (test_features, test_labels), val)
+
+
+def clean_sample(config: dict[str, Any], size: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
+    """`size` noise-free samples of the mixture, positives:negatives 1:5 (features, labels)."""
+    positives = size // 6
+    features = torch.cat([draw(config, 1, positives, gen), draw(config, 0, size - positives, gen)])
+    return features, torch.cat([torch.ones(positives), torch.zeros(size - positives)])
+
+
+def femnist_binary(config: dict[str, Any], gen: torch.Generator) -> BinaryData:
+    """FEMNIST writers as a binary task (see the module docstring), with the stored pixels as features (uint8
+    where the source is; a quarter of float32): `pixel_scale` says how they become [−1, 1]."""
+    config = config
+    classes = config["positive_classes"]
+    repeated = sorted({c for c in classes if classes.count(c) > 1})
+    if repeated:
+        raise ValueError(f"pauc.positive_classes: label {repeated[0]} is listed more than once in {classes}")
+    images = femnist.load(config["source"], config["path"], config["data_dir"], femnist.LABELS,
+                          config["writers_fraction"])
+    data = femnist.select_clients(images, femnist.LABELS, min_train=1, min_test=0)  # writers with training data
+    writers = len(data.writer_ids)
+    n_clients = config["clients"] or writers
+    if n_clients > writers:
+        raise ValueError(f"pauc.clients: {n_clients} clients but the data hold {writers} writers with training "
+                         f"samples; expected at most {writers}, or 0 for one client per writer")
+    by_id = np.argsort(data.writer_ids, kind="stable")
+    rank = np.empty(writers, dtype=np.int64)  # writer → its place in sorted-id order
+    rank[by_id] = np.arange(writers)
+    writer_client = rank * n_clients // writers  # contiguous groups of ⌊W/N⌋ or ⌈W/N⌉ writers
+    client = np.repeat(writer_client, data.train_sizes)
+    positive = np.isin(data.y_train, classes)
+    n_pos = np.bincount(client[positive], minlength=n_clients)
+    n_neg = np.bincount(client[~positive], minlength=n_clients)
+    kept_pos = np.minimum(n_pos, positive_quota(config, n_neg))
+    # Which positives stay: each client's first kept_pos in the order of uniform keys from the data stream.
+    keys = torch.rand(len(positive), generator=gen, dtype=torch.float64).numpy()
+    rows = np.flatnonzero(positive)
+    rows = rows[np.lexsort((keys[rows], client[rows]))]
+    place = np.arange(len(rows)) - np.r_[0, np.cumsum(n_pos)][client[rows]]
+    keep = ~positive
+    keep[rows[place < kept_pos[client[rows]]]] = True
+    usable = (kept_pos > 0) & (n_neg > 0)  # the class-balanced draws need both classes on every client
+    if not usable.any():
+        raise ValueError(f"pauc.positive_classes: no client keeps both a positive and a negative training "
+                         f"sample (positive_classes {classes}, positive_ratio {config['positive_ratio']}, "
+                         f"clients {config['clients']})")
+    keep &= usable[client]
+    rows = np.flatnonzero(keep)
+    rows = rows[np.lexsort((~positive[rows], client[rows]))]  # by client, positives first, then stored order
+    renumber = np.cumsum(usable) - 1
+    by_id = by_id[usable[writer_client[by_id]]]
+    features = torch.from_numpy(data.x_train[rows])
+    labels = torch.from_numpy(positive[rows]).to(torch.float32)
+    positive_counts = torch.from_numpy(kept_pos[usable])
+    sizes = torch.from_numpy((kept_pos + n_neg)[usable])
+    if config["flip_rate"]:
+        features, labels, positive_counts = flip_clients(config, features, labels, sizes, gen)
+    test = usable[writer_client][np.repeat(np.arange(writers), data.test_sizes)]
+    test_labels = np.isin(data.y_test[test], classes)
+    if test_labels.all() or not test_labels.any():
+        raise ValueError(f"pauc.positive_classes: the kept writers' {int(test.sum())} test samples hold "
+                         f"{'no negative' if test_labels.any() else 'no positive'} (positive_classes {classes})")
+    held_out = torch.from_numpy(data.x_test[test]), torch.from_numpy(test_labels).to(torch.float32)
+    # Validation: `val_size` of the held-out samples, picked by uniform keys from the data stream.
+    order = torch.randperm(len(held_out[1]), generator=gen)
+    size = min(config["val_size"], len(order) // 2)
+    return BinaryData(features, labels, positive_counts, sizes, tuple(part[order[size:]] for part in held_out),
+                      tuple(part[order[:size]] for part in held_out), pixel_scale=2.0 / femnist.white(data.x_train),
+                      writer_ids=data.writer_ids[by_id],  # the kept writers in sorted-id order, and their clients
+                      writer_client=torch.from_numpy(renumber[writer_client[by_id]]),
+                      dropped_clients=int((~usable).sum()))
+
+
+def positive_quota(config: dict[str, Any], negatives: np.ndarray) -> np.ndarray:
+    """LibAUC's ImbalancedDataGenerator count ⌊r/(1−r)·n₋⌋ of positives kept beside n₋ negatives (no
+    limit for r = 1 or null); the 1e-9 guards against r/(1−r) rounding just below an integer product."""
+    ratio = config["positive_ratio"]
+    if ratio is None or ratio >= 1:
+        return np.full_like(negatives, np.iinfo(np.int64).max)
+    return np.floor(ratio / (1 - ratio) * negatives + 1e-9).astype(np.int64)
+
+
+def flip_clients(config: dict[str, Any], features: Tensor, labels: Tensor, sizes: Tensor, gen: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+    """`_flip` within every client, each client's rows re-sorted (noisy) positives first: (features,
+    labels, positives per client)."""
+    orders, flipped, counts, start = [], [], [], 0
+    for size in sizes.tolist():  # data preparation only, once
+        y = flip(config, labels[start: start + size], gen)
+        order = torch.argsort(-y, stable=True)
+        orders.append(start + order)
+        flipped.append(y[order])
+        counts.append(int(y.sum()))
+        start += size
+    return features[torch.cat(orders)], torch.cat(flipped), torch.tensor(counts)
+
+
+def positive_counts(config: dict[str, Any], gen: torch.Generator) -> Tensor:
+    n_clients, per_client = config["clients"], config["positives_per_client"]
+    if config["split"] == "even":
+        return torch.full((n_clients,), per_client, dtype=torch.long)
+    seed = int(torch.randint(2**31 - 1, (1,), generator=gen))  # numpy draws the Dirichlet, seeded from the stream
+    shares = torch.from_numpy(np.random.default_rng(seed).dirichlet([config["dirichlet_alpha"]] * n_clients))
+    return torch.floor(shares * (n_clients * per_client - n_clients)).long() + 1
+
+
+def flip(config: dict[str, Any], y: Tensor, gen: torch.Generator) -> Tensor:
+    """Flip round(rate·n) random positives and as many of the negatives (spec 001 §1.5)."""
+    rate = config["flip_rate"]
+    if not rate:
+        return y
+    flipped = y.clone()
+    for label in (1.0, 0.0):
+        members = torch.nonzero(y == label).squeeze(1)
+        chosen = members[torch.randperm(len(members), generator=gen)[: round(rate * len(members))]]
+        flipped[chosen] = 1.0 - label
+    return flipped
+
+
+def draw(config: dict[str, Any], label: int, count: int, gen: torch.Generator) -> Tensor:
+    d = config["features"]
+    x = torch.randn(count, d, generator=gen)
+    if label == 1:
+        x[:, 0] += 1.0
+        return x
+    hard = torch.rand(count, generator=gen) < config["hard_fraction"]
+    x[~hard, 0] -= 1.0
+    x[hard] *= 0.5
+    x[hard, 0] += 0.8
+    x[hard, 1] += 1.5
+    return x
