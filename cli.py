@@ -240,6 +240,7 @@ def tune(
 class XAxis(str, Enum):
     rounds = "rounds"
     comm = "comm"
+    iterations = "iterations"
 
 
 def make_report(tracking_uri: Optional[str], **source):

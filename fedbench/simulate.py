@@ -31,18 +31,19 @@ DIVERGENCE_FACTOR = 1e4
 
 @dataclass(frozen=True)
 class Federation:
-    rounds: int
-    clients_per_round: int
-    local_steps: int
-    batch_size: int
+    rounds: int = 100
+    clients_per_round: int = 10
+    local_steps: int = 10
+    batch_size: int = 10
     aggregation: str = "uniform"  # "uniform": π̂_k = 1/S; "samples": π̂_k ∝ n_k over the sampled set
 
     params = (
-        Param("rounds", "int", None, "communication rounds R", low=0),
-        Param("clients_per_round", "int", None, "clients sampled per round S (0: every client, whatever their number)",
+        Param("rounds", "int", 100, "communication rounds R", low=0),
+        Param("clients_per_round", "int", 10, "clients sampled per round S (0: every client, whatever their number)",
               low=0),
-        Param("local_steps", "int", None, "local steps E per round", low=1),
-        Param("batch_size", "int", None, "minibatch size b", low=1),
+        Param("local_steps", "int", 10, "local steps E per round (an algorithm may draw its rounds' lengths)",
+              low=1),
+        Param("batch_size", "int", 10, "minibatch size b", low=1),
         Param("aggregation", "choice", "uniform", "server weights over the sampled clients",
               choices=("uniform", "samples")),
     )

@@ -24,7 +24,7 @@ import torch
 from fedbench.algorithms import ALGORITHMS
 from fedbench.problems import PROBLEMS
 from fedbench.simulate import Simulation
-from sweeps.recipe import Recipe, Trial, check_metrics, named_metrics
+from sweeps.recipe import Recipe, Trial
 
 PACKS_PER_SLOT = 4
 
@@ -47,11 +47,6 @@ def build_simulation(trial: Trial, device: str | None = None) -> Simulation:
                                       device=resolve_device(device or trial.device))
     algorithm = ALGORITHMS[trial.algorithm](problem, **trial.hyperparameters)
     return Simulation(problem, algorithm, trial.federation, trial.seed, trial.eval_every, trial.divergence_factor)
-
-
-def evaluated_metrics(trial: Trial) -> list[str]:
-    """The metric names a trial's rows will have: one evaluation of its starting point."""
-    return [key for key in build_simulation(trial).evaluate() if key != "round"]
 
 
 @dataclass
@@ -190,8 +185,6 @@ def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | No
 
     resources = recipe.resources
     trials = recipe.trials()
-    if named_metrics(recipe):  # building a problem on the driver (EMNIST: loading its data) only when needed
-        check_metrics(recipe, evaluated_metrics(trials[0]))
     store = Store(tracking)
     experiment_id = store.experiment(recipe.name)
     done = store.completed(experiment_id)

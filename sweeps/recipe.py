@@ -18,8 +18,10 @@ from typing import Any, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from fedbench import contract
 from fedbench.algorithms import ALGORITHMS
 from fedbench.hparams import LIST_KINDS, Param, resolve
+from fedbench.metrics import ENGINE_COLUMNS, Metric
 from fedbench.problems import PROBLEMS
 from fedbench.simulate import DIVERGENCE_FACTOR, Federation
 
@@ -154,6 +156,12 @@ class Trial:
     def config_hash(self) -> str:
         return stable_hash(self.config())
 
+    def metrics(self) -> tuple[Metric, ...]:
+        """What the run's rows hold beside `round`: the problem's declared metrics (with the `personal_` ones
+        for a personalized algorithm), then the engine's columns."""
+        personal = ALGORITHMS[self.algorithm].personalized
+        return PROBLEMS[self.problem].declared_metrics(self.problem_config, personal) + ENGINE_COLUMNS
+
     def params(self) -> dict[str, Any]:
         """The configuration flattened to dotted names, plus the seed: what the tracker records."""
         flat = {}
@@ -209,7 +217,7 @@ class TuneSpec(StrictModel):
     """The optional `tune:` block: an Optuna search per algorithm, each with the same budget."""
     space: dict[str, dict[str, Any]] = Field(min_length=1)
     metric: str = Field(min_length=1)
-    mode: str = "min"
+    mode: Optional[str] = None  # default: the metric's declared direction
     objective: str = "final"  # final value of the metric, or best value over the curve
     trials: int = Field(20, ge=1)  # per algorithm and per `fedbench tune` call
     timeout_s: Optional[float] = Field(None, gt=0)  # wall budget per algorithm
@@ -238,7 +246,7 @@ class TuneSpec(StrictModel):
 class SelectSpec(StrictModel):
     """What "best configuration" means: the final value of `metric`, lowest (`min`) or highest (`max`)."""
     metric: str = Field(min_length=1)
-    mode: str = "min"
+    mode: Optional[str] = None  # default: the metric's declared direction
 
     @field_validator("mode")
     @classmethod
@@ -252,7 +260,7 @@ class ReportSpec(StrictModel):
     metrics: list[str] = Field(default_factory=list)  # panels of the paper-style figure, in order
     select: Optional[SelectSpec] = None  # default: the tune block's metric and mode, else the objective
     target: dict[str, float] = Field(default_factory=dict)  # metric -> value, for rounds-to-target
-    x: str = "rounds"  # or comm: floats communicated (uploads + downloads)
+    x: str = "rounds"  # or comm: floats communicated (uploads + downloads); iterations: local iterations
     log: dict[str, bool] = Field(default_factory=dict)  # metric -> log scale, overriding the automatic choice
     labels: dict[str, str] = Field(default_factory=dict)  # algorithm or metric -> name shown in plots and tables
     curves: int = Field(4, ge=1)  # most configurations drawn per algorithm (its best ones)
@@ -267,7 +275,7 @@ class ReportSpec(StrictModel):
     @field_validator("x")
     @classmethod
     def _x(cls, value: str) -> str:
-        return _one_of(value, ("rounds", "comm"))
+        return _one_of(value, ("rounds", "comm", "iterations"))
 
 
 SAMPLERS = ("tpe", "random", "cmaes", "gp")
@@ -295,11 +303,11 @@ class Dimension:
 
 
 class RecipeModel(StrictModel):
-    name: str = Field(min_length=1)
+    name: Optional[str] = Field(None, min_length=1)  # default: the recipe file's name without .yaml
     problem: dict[str, Any]
-    federation: dict[str, Any]
+    federation: dict[str, Any] = Field(default_factory=dict)
     algorithms: dict[str, Optional[dict[str, Any]]] = Field(min_length=1)
-    seeds: Any = 1
+    seeds: Any = Field(1, validate_default=True)
     eval_every: int = Field(10, ge=1)
     device: str = "auto"
     divergence_factor: float = Field(DIVERGENCE_FACTOR, gt=1)
@@ -449,9 +457,21 @@ class Recipe:
             raise RecipeError(self.source, "federation.batch_size",
                               f"found {federation.batch_size}, expected at most problem.samples_per_client = {samples}")
         cls = ALGORITHMS[algorithm]
-        return Trial(self.name, self.problem, problem_config, algorithm,
-                     resolve(cls.hparams, hyperparameters, algorithm), federation, seed, self.eval_every, self.device,
-                     self.divergence_factor)
+        hyperparameters = resolve(cls.hparams, hyperparameters, algorithm)
+        try:
+            contract.check(algorithm, cls.requirements(hyperparameters), self.problem,
+                           PROBLEMS[self.problem].capabilities(problem_config))
+        except contract.IncompatibleError as err:
+            raise RecipeError(self.source, f"algorithms.{algorithm}", str(err)) from None
+        return Trial(self.name, self.problem, problem_config, algorithm, hyperparameters, federation, seed,
+                     self.eval_every, self.device, self.divergence_factor)
+
+    def metrics(self) -> dict[str, Metric]:
+        """Every metric the recipe's runs evaluate, by name (the union over its algorithms and grid points)."""
+        declared = {}
+        for trial in self.trials():
+            declared.update({m.name: m for m in trial.metrics() if m.name not in declared})
+        return declared
 
 
 # A federation may give a budget of local iterations per client instead of rounds (rounds = iterations / K),
@@ -489,18 +509,28 @@ def parse(raw: dict[str, Any], source: str) -> Recipe:
                                   f"{section} parameters that replace the recipe's for {algo}")
             overrides[algo][section] = _check_params(source, f"algorithms.{algo}.{section}", sections[section], given)
         algorithms[algo] = _check_params(source, f"algorithms.{algo}", ALGORITHMS[algo].hparams, hps)
-        federation = {**federation_grid, **overrides[algo].get("federation", {})}
-        for param in Federation.params:
-            if param.name not in federation and param.default is None and not (
-                    param.name == "rounds" and "iterations" in federation):
-                raise RecipeError(source, f"federation.{param.name}", "missing required field")
 
     dimensions = _check_space(source, model.tune, problem_name, algorithms) if model.tune else ()
-    recipe = Recipe(source, model.name, problem_name, problem_grid, federation_grid, algorithms, model.seeds,
+    name = model.name or Path(source).stem
+    recipe = Recipe(source, name, problem_name, problem_grid, federation_grid, algorithms, model.seeds,
                     model.eval_every, model.device, model.divergence_factor, model.resources, model.tune, raw,
                     dimensions, model.report or ReportSpec(), overrides)
     recipe.trials()  # every grid point must make a valid trial (e.g. clients_per_round <= clients)
+    check_metrics(recipe)
+    _default_modes(recipe)
     return recipe
+
+
+def _default_modes(recipe: Recipe) -> None:
+    """A tune or select block without `mode` takes its metric's declared direction."""
+    declared = recipe.metrics()
+    for path, spec in (("tune", recipe.tune), ("report.select", recipe.report.select)):
+        if spec is None or spec.mode is not None:
+            continue
+        spec.mode = declared[spec.metric].direction
+        if spec.mode is None:
+            raise RecipeError(recipe.source, f"{path}.mode", f"missing, and {spec.metric} is declared with no "
+                              "direction (neither lower nor higher is better); expected min or max")
 
 
 def _check_space(source: str, tune: TuneSpec, problem: str, algorithms: dict) -> tuple[Dimension, ...]:
@@ -571,9 +601,10 @@ def named_metrics(recipe: Recipe) -> list[tuple[str, str]]:
     return named
 
 
-def check_metrics(recipe: Recipe, available: list[str]) -> None:
-    """Every metric the tune and report blocks name must be one the problem evaluates, which is known only
-    once a problem is built (or its runs are read back)."""
+def check_metrics(recipe: Recipe, available: list[str] | None = None) -> None:
+    """Every metric the tune and report blocks name must be one the recipe's runs evaluate: by default those
+    the problem declares (nothing is built), or `available` (e.g. what stored runs hold)."""
+    available = list(recipe.metrics()) if available is None else available
     for path, name in named_metrics(recipe):
         if name in available:
             continue

@@ -33,53 +33,27 @@ from typing import Any, Optional
 import numpy as np
 from mlflow.exceptions import MlflowException
 
+from fedbench.metrics import Metric
+from fedbench.problems import metric_catalog
 from sweeps.recipe import Recipe, ReportSpec, SelectSpec, check_metrics, parse, yaml_value
 from sweeps.tracking import PARENT_TAG, SUMMARY_METRICS, Store
 
 COMM = ("comm_up", "comm_down")  # the x-axis of --x comm, not curves of their own
+AXES = (*COMM, "iterations")  # x-axis columns
 RUN_ROLES = ("trial", "tune_trial", "run")
 LOG_SPAN = 10 ** 1.5  # max/min of the plotted values from which the y-axis is logarithmic
 STYLES = ("-", "--", ":", "-.", (0, (3, 1, 1, 1, 1, 1)))
-X_LABELS = {"rounds": "communication round", "comm": "floats communicated (uploads + downloads, all clients)"}
+X_LABELS = {"rounds": "communication round", "comm": "floats communicated (uploads + downloads, all clients)",
+            "iterations": "local iterations per client"}
 
-# Axis labels of the shipped problems' metrics (a recipe's `report.labels` overrides them).
-METRIC_LABELS = {
-    "objective": "objective F(w) = f(w) + h(w)",
-    "objective_gap": "objective gap F(w) − F*",
-    "train_mse": "training loss (mean squared error)",
-    "l2_error": "ℓ2 error ‖w − w*‖₂",
-    "l1_error": "ℓ1 error ‖w − w*‖₁",
-    "f1": "support recovery F1 score",
-    "precision": "support recovery precision",
-    "recall": "support recovery recall",
-    "density": "fraction of non-zero coordinates",
-    "fro_error": "Frobenius error ‖W − W*‖_F",
-    "op_error": "operator-norm error ‖W − W*‖₂",
-    "rank": "numerical rank of W",
-    "train_loss": "training cross-entropy",
-    "test_loss": "test cross-entropy",
-    "train_accuracy": "training accuracy (fraction correct)",
-    "test_accuracy": "test accuracy (fraction correct)",
-    "sparsity": "fraction of zero weights",
-    "nonzeros": "number of non-zero weights",
-    **{f"{split}_{name}": f"{label} {title}" for split, label in (("train", "training"), ("val", "validation"),
-                                                                  ("test", "test"))
-       for name, title in (("pauc_0.3", "pAUC, FPR ≤ 0.3 (McClish)"), ("pauc_0.5", "pAUC, FPR ≤ 0.5 (McClish)"),
-                           ("auc", "AUC"))},
-}
+def declarations(recipe: Optional[Recipe]) -> dict[str, Metric]:
+    """Each metric's label and direction as the problems declare them: the recipe's own where there is one,
+    else every shipped problem's (`fedbench.problems.metric_catalog`)."""
+    return {**metric_catalog(), **(recipe.metrics() if recipe is not None else {})}
 
 
 class ReportError(ValueError):
     """Nothing to report: no such experiment or run, or no runs with curves."""
-
-
-def sensible_mode(metric: str) -> Optional[str]:
-    """Whether lower or higher is better, for metrics whose name says so (None: neither, e.g. rank)."""
-    if any(word in metric for word in ("error", "loss", "gap", "mse", "objective")):
-        return "min"
-    if any(word in metric for word in ("accuracy", "auc", "f1", "precision", "recall")):
-        return "max"
-    return None
 
 
 # -- what is reported ---------------------------------------------------------------------------------
@@ -177,31 +151,39 @@ class Settings:
     log: dict[str, bool]
     labels: dict[str, str]
     curves: int
+    declared: dict[str, Metric]
 
     @property
     def table_metrics(self) -> list[str]:
         return list(dict.fromkeys([self.select.metric, *self.metrics]))
 
     def label(self, name: str) -> str:
-        return self.labels.get(name) or METRIC_LABELS.get(name, name)
+        declared = self.declared.get(name)
+        return self.labels.get(name) or (declared.label if declared else name)
+
+    def direction(self, name: str) -> Optional[str]:
+        declared = self.declared.get(name)
+        return declared.direction if declared else None
 
 
 def resolve_settings(recipe: Optional[Recipe], available: list[str], x: Optional[str]) -> Settings:
     spec = recipe.report if recipe is not None else ReportSpec()
     if recipe is not None:
         check_metrics(recipe, available)
+    declared = declarations(recipe)
+    ranked = [m for m in available if m in declared and declared[m].direction]  # metrics with a better way
     select = spec.select
     if select is None and recipe is not None and recipe.tune is not None:
         select = SelectSpec(metric=recipe.tune.metric, mode=recipe.tune.mode)
     if select is None:
-        ranked = [m for m in ("objective_gap", "objective") if m in available]
-        ranked += [m for m in available if sensible_mode(m)]
-        if not ranked:
-            raise ReportError(f"no metric of {', '.join(available)} says whether lower or higher is better; "
-                              "set report.select: {metric: NAME, mode: min|max} in the recipe")
-        select = SelectSpec(metric=ranked[0], mode=sensible_mode(ranked[0]) or "min")
-    panels = spec.metrics or list(dict.fromkeys([select.metric, *(m for m in available if sensible_mode(m))]))[:4]
-    return Settings(panels, select, dict(spec.target), x or spec.x, dict(spec.log), dict(spec.labels), spec.curves)
+        first = [m for m in ("objective_gap", "objective") if m in ranked] + ranked
+        if not first:
+            raise ReportError(f"no metric of {', '.join(available)} is declared with a direction (lower or higher "
+                              "is better); set report.select: {metric: NAME, mode: min|max} in the recipe")
+        select = SelectSpec(metric=first[0], mode=declared[first[0]].direction)
+    panels = spec.metrics or list(dict.fromkeys([select.metric, *ranked]))[:4]
+    return Settings(panels, select, dict(spec.target), x or spec.x, dict(spec.log), dict(spec.labels), spec.curves,
+                    declared)
 
 
 # -- curves and statistics ----------------------------------------------------------------------------
@@ -224,9 +206,11 @@ class Histories:
         return self.cache[cached]
 
     def x(self, run, steps: np.ndarray, axis: str) -> np.ndarray:
-        """The x of a run's points: their rounds, or the floats communicated by then."""
+        """The x of a run's points: their rounds, the local iterations or the floats communicated by then."""
         if axis == "rounds":
             return steps
+        if axis == "iterations":
+            return np.interp(steps, *self(run, "iterations"))
         total = 0.0
         for name in COMM:
             comm_steps, comm = self(run, name)
@@ -561,7 +545,7 @@ def write_report(store: Store, source: Source, out: Optional[Path] = None, x: Op
     if not runs:
         raise ReportError(f"{source.description} in {store.uri}: no run with a curve to report "
                           f"(runs: {statuses(source.runs) or 'none'})")
-    available = sorted(set().union(*(run.data.metrics for run in runs)) - set(SUMMARY_METRICS) - set(COMM))
+    available = sorted(set().union(*(run.data.metrics for run in runs)) - set(SUMMARY_METRICS) - set(AXES))
     settings = resolve_settings(source.recipe, available, x)
     order = list(source.recipe.algorithms) if source.recipe is not None else []
     configs = configurations(runs, order, settings, histories)

@@ -28,8 +28,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from sweeps.execute import build_simulation, evaluated_metrics, open_cluster, resolve_device, sweep
-from sweeps.recipe import Dimension, Recipe, RecipeError, check_metrics, parse, stable_hash
+from sweeps.execute import build_simulation, open_cluster, resolve_device, sweep
+from sweeps.recipe import Dimension, Recipe, RecipeError, parse, stable_hash
 from sweeps.tracking import Store, SweepLog
 
 
@@ -205,7 +205,6 @@ def tune_recipe(recipe: Recipe, algorithms: list[str], overrides: list[str] | No
     storage = study_storage(recipe, store)
     probe = recipe.single_trial(algorithms[0], seed, fixed=_lowest(recipe, algorithms[0]))
     rounds = probe.federation.rounds
-    check_metrics(recipe, evaluated_metrics(probe))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
     started_ray, slot_count = open_cluster(recipe, address, max_concurrent)

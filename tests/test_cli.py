@@ -140,8 +140,6 @@ BAD = {
                               "batch_size: 5}", "federation.iterations", "expected one of rounds and iterations"),
     "iterations not a multiple of K": ("federation: {iterations: 10, clients_per_round: 4, local_steps: 3, batch_size: 5}",
                                        "federation.iterations", "expected a multiple of local_steps"),
-    "neither rounds nor iterations": ("federation: {clients_per_round: 4, local_steps: 3, batch_size: 5}",
-                                      "federation.rounds", "missing required field"),
     "per-algorithm problem not a mapping": ("algorithms: {fedmid: {client_lr: 0.1, problem: 3}}",
                                             "algorithms.fedmid.problem", "expected a mapping"),
     "per-algorithm federation misspelt": ("algorithms: {fedmid: {federation: {local_stesp: 2}}}",
@@ -180,8 +178,10 @@ BAD = {
                         "aggregation: mean}", "federation.aggregation", "uniform | samples"),
     "misspelt federation field": ("federation: {rounds: 5, clients_per_round: 4, local_step: 3, batch_size: 5}",
                                   "federation.local_step", "did you mean 'local_steps'"),
-    "missing federation field": ("federation: {rounds: 5, clients_per_round: 4, batch_size: 5}",
-                                 "federation.local_steps", "missing required field"),
+    "algorithm the problem cannot run": ("algorithms: {fedxl2: {client_lr: 0.1}}", "algorithms.fedxl2",
+                                         "fedxl2 requires pair_scores"),
+    "tune mode of a metric with no direction": ("tune: {space: {client_lr: {uniform: [0.1, 1]}}, metric: density}",
+                                                "tune.mode", "declared with no direction"),
     "problem without a name": ("problem: {clients: 8}", "problem.name", "found None"),
     "string in a grid": ('algorithms: {fedmid: {client_lr: [0.1, "x"]}}', "algorithms.fedmid.client_lr[1]",
                          "found 'x'"),
@@ -226,6 +226,8 @@ WHOLE_FILE = {
     "bad indentation": ("name: x\n  problem: 1\n", "", "malformed YAML: line 2"),
     "a list at the top": ("- a\n- b\n", "", "expected a mapping at the top level"),
     "missing algorithms": (SMALL.split("algorithms:")[0], "algorithms", "missing required field"),
+    "personalized algorithm without personal metrics": ("problem: {name: pauc}\nalgorithms: {ditto: {}}\n",
+                                                        "algorithms.ditto", "ditto requires personal_evaluation"),
 }
 
 

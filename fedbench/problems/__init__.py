@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fedbench.metrics import ENGINE_COLUMNS, Metric
 from fedbench.problems.base import Problem
 from fedbench.problems.emnist import EMNIST
 from fedbench.problems.lasso import Lasso
@@ -12,9 +13,21 @@ from fedbench.problems.pauc import PartialAUC
 PROBLEMS: dict[str, type[Problem]] = {cls.name: cls for cls in (Lasso, LowRank, EMNIST, PartialAUC)}
 
 
+def metric_catalog() -> dict[str, Metric]:
+    """Every metric any shipped problem declares (with every preset, personal ones included), and the engine's
+    columns, by name: how to label and rank a stored metric when its recipe is not at hand."""
+    catalog = {}
+    for cls in PROBLEMS.values():
+        for preset in cls.presets:
+            for metric in (*cls.declared_metrics(cls.resolve_config({"preset": preset}), personal=True),
+                           *ENGINE_COLUMNS):
+                catalog.setdefault(metric.name, metric)
+    return catalog
+
+
 def make_problem(name: str, seed: int = 0, device: str = "cpu", **config: Any) -> Problem:
     cls = PROBLEMS[name]
     return cls(cls.resolve_config(config), seed=seed, device=device)
 
 
-__all__ = ["PROBLEMS", "Problem", "make_problem"]
+__all__ = ["PROBLEMS", "Problem", "make_problem", "metric_catalog"]
