@@ -331,9 +331,32 @@ def list_components() -> None:
             for p in getattr(cls, attribute):
                 table.add_row(p.name, p.kind + (" (log)" if p.log else ""), str(p.default), p.describe_range(), p.help)
             console.print(table)
-            presets = getattr(cls, "presets", None)
-            if presets:
-                console.print(f"  presets: {', '.join(presets)}", highlight=False)
+            for line in contract_lines(title, cls):
+                console.print(f"  {line}", highlight=False)
+    from fedbench.contract import CAPABILITIES
+
+    console.print("capabilities an algorithm may require and a problem provide:", highlight=False)
+    for name, meaning in CAPABILITIES.items():
+        console.print(f"  {name}: {meaning}", highlight=False)
+
+
+def contract_lines(kind: str, cls) -> list[str]:
+    """What `fedbench list` says under a component's parameters: presets, metrics, capabilities."""
+    from fedbench.hparams import resolve
+
+    if kind == "algorithm":
+        requires = sorted(cls.requirements(resolve(cls.hparams, {}, cls.name)))
+        lines = [f"requires (default hyperparameters): {', '.join(requires) or 'minibatch gradients only'}"]
+        if cls.participation == "all":
+            lines.append("every client takes part in every round")
+        return lines
+    config = cls.resolve_config({})
+    lines = [f"presets: {', '.join(cls.presets)}"] if cls.presets else []
+    lines.append(f"provides: {', '.join(sorted(cls.capabilities(config)))}")
+    lines.append("metrics: " + ", ".join(f"{m.name} ({m.direction or '–'})" for m in cls.metrics(config)))
+    if "personal_evaluation" in cls.capabilities(config):
+        lines.append("personal metrics: " + ", ".join(m.personal().name for m in cls.personal_metrics(config)))
+    return lines
 
 
 @app.command()

@@ -282,3 +282,25 @@ def test_console_script_exit_code_and_no_traceback(tmp_path):
                           cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr + proc.stdout and "problem.name" in proc.stderr
+
+
+def test_a_minimal_recipe_validates_and_runs_with_every_default(tmp_path, tracking_uri):
+    """problem, federation and algorithms only: the name is the file's, one seed (0), every other field its
+    default; the federation may be left out too."""
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path / "minimal.yaml"
+    path.write_text("problem: {name: lasso, clients: 12, samples_per_client: 20, dim: 16, support: 4}\n"
+                    "federation: {rounds: 3}\nalgorithms: {fedmid: {}}\n")
+    result = invoke("validate", path)
+    assert result.exit_code == 0 and "1 configurations × 1 seeds" in result.output, result.output
+    out = tmp_path / "rows.json"
+    result = invoke("run", path, "--json", out, "--tracking-uri", tracking_uri)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())
+    assert [r["round"] for r in rows] == [0, 3] and rows[-1]["iterations"] == 30  # 10 local steps by default
+    experiment = MlflowClient(tracking_uri).get_experiment_by_name("minimal")
+    (run,) = MlflowClient(tracking_uri).search_runs([experiment.experiment_id])
+    assert run.data.tags["seed"] == "0" and run.data.params["federation.clients_per_round"] == "10"
+    path.write_text("problem: {name: lasso}\nalgorithms: {fedavg: null}\n")
+    assert invoke("validate", path).exit_code == 0

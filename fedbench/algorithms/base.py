@@ -116,6 +116,12 @@ def aggregate(values: Tensor, weights: Tensor) -> Tensor:
     return weights @ values
 
 
+def coin_flips_to_success(p: float, gen: torch.Generator) -> int:
+    """Flips of a p-coin up to and including its first success (>= 1): the length of a round that ends when
+    the coin says communicate (a geometric random variable with mean 1/p)."""
+    return int(torch.empty(()).geometric_(p, generator=gen))
+
+
 def per_client_copies(w0: Tensor, num_clients: int) -> Tensor:
     """`[N, d]` rows all equal to w0, e.g. personal models that start at the initial point."""
     return w0.expand(num_clients, *w0.shape).clone()

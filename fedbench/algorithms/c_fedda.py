@@ -41,7 +41,7 @@ class CFedDA(DualAveraging):
         ALPHA,
         ALPHA_OFFSET,
         LOCAL_ORDER,
-        Param("radius", "float", None, "radius ε₀ of the ℛ-ball around the anchor (None: no ball)", low=0,
+        Param("radius", "float", None, "radius ε₀ of the ℛ-ball around the anchor (None: no ball; a radius requires norm_ball)", low=0,
               low_open=True, nullable=True),
         CONSTRAINED_PROX,
     )

@@ -183,7 +183,7 @@ class EMNIST(Problem):
     def _per_client(self, models: Tensor, pixels: Tensor, labels: Tensor, sizes: Tensor) -> tuple[float, float]:
         """(mean CE, accuracy) over every client's rows (contiguous, `sizes` per client), each client's rows
         scored by its own model `models[k]`; clients in chunks of about EVAL_CHUNK padded rows."""
-        offsets = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)])
+        offsets = sizes.cumsum(0) - sizes  # each client's first row
         width = max(1, int(sizes.max()))
         position = torch.arange(width)
         loss = torch.zeros((), dtype=torch.float64, device=self.device)
