@@ -110,12 +110,13 @@ class Problem:
         return Oracle(self, self.gather(rows))
 
     def full_data(self, clients: Tensor) -> Oracle:
-        """An oracle over the whole training data of `clients` `[C]` (rows padded to the largest of them and
-        masked); for many clients use `client_loss`/`client_grad`, which bound the memory."""
-        sizes = self.client_sizes_cpu[clients.cpu()]
-        position = torch.arange(int(sizes.max()))
-        rows = self.client_offsets_cpu[clients.cpu()][:, None] + position
-        return Oracle(self, self.gather(rows.masked_fill(position >= sizes[:, None], -1).to(self.device)))
+        """An oracle over the whole training data of `clients` `[C]` (rows padded to the largest client's n_k
+        and masked; built on the compute device, without a host synchronisation); for many clients use
+        `client_loss`/`client_grad`, which bound the memory."""
+        clients = clients.to(self.device)
+        position = torch.arange(self.max_size, device=self.device)
+        rows = self.client_offsets[clients][:, None] + position
+        return Oracle(self, self.gather(rows.masked_fill(position >= self.client_sizes[clients][:, None], -1)))
 
     def client_loss(self, w: Tensor, clients: Tensor) -> Tensor:
         """L_k(w_k) on each client's full training data, `w` `[C, d]` -> `[C]`."""
