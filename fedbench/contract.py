@@ -9,6 +9,7 @@ from __future__ import annotations
 
 CAPABILITIES = {
     "hvp": "Hessian-vector products of the minibatch loss",
+    "exact_hvp": "a closed-form Hessian-vector product (quadratic losses)",
     "full_data": "each client's loss and gradient over its whole local training data",
     "personal_evaluation": "metrics of per-client (personal) models on each client's own data",
     "pair_scores": "X-risk pair oracles: positive/negative scores, a pair loss and its outer function",

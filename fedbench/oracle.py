@@ -41,7 +41,12 @@ class Oracle:
         return self.problem.grad(w, self.batch)
 
     def hvp(self, w: Tensor, v: Tensor) -> Tensor:
+        """The problem's HVP: a closed form where it has one (`exact_hvp`), else torch.func's."""
         return self.problem.hvp(w, v, self.batch)
+
+    def autograd_hvp(self, w: Tensor, v: Tensor) -> Tensor:
+        """torch.func's HVP, whatever closed form the problem has."""
+        return self.problem.autograd_hvp(w, v, self.batch)
 
 
 class Batches:

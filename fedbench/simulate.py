@@ -184,6 +184,7 @@ class Simulation:
             try:
                 metrics = self.problem.evaluate(algorithm.global_params(self.server),
                                                 algorithm.personal_params(self.server, self.clients))
+                metrics.update(algorithm.evaluate(self.server, self.clients))
                 self.metric_names = list(metrics)
             except torch.linalg.LinAlgError:
                 pass

@@ -159,8 +159,9 @@ class Trial:
     def metrics(self) -> tuple[Metric, ...]:
         """What the run's rows hold beside `round`: the problem's declared metrics (with the `personal_` ones
         for a personalized algorithm), then the engine's columns."""
-        personal = ALGORITHMS[self.algorithm].personalized
-        return PROBLEMS[self.problem].declared_metrics(self.problem_config, personal) + ENGINE_COLUMNS
+        algorithm = ALGORITHMS[self.algorithm]
+        problem = PROBLEMS[self.problem].declared_metrics(self.problem_config, algorithm.personalized)
+        return problem + algorithm.declared_metrics(self.hyperparameters) + ENGINE_COLUMNS
 
     def params(self) -> dict[str, Any]:
         """The configuration flattened to dotted names, plus the seed: what the tracker records."""

@@ -10,14 +10,17 @@ from fedbench.algorithms.fast_fedda import FastFedDA
 from fedbench.algorithms.fedavg import FedAvg
 from fedbench.algorithms.fedda import FedDA
 from fedbench.algorithms.fedmid import FedMiD
+from fedbench.algorithms.fedprox import FedProx
 from fedbench.algorithms.fedxl1 import FeDXL1
 from fedbench.algorithms.fedxl2 import FeDXL2
 from fedbench.algorithms.local_pair import LocalPair
 from fedbench.algorithms.local_sgd_ce import LocalSGDCE
 from fedbench.algorithms.mc_fedda import MCFedDA
+from fedbench.algorithms.pfedfbe import PFedFBE
+from fedbench.algorithms.pfedme import PFedMe
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls for cls in (FedAvg, FedMiD, FedDA, Ditto, FastFedDA, CFedDA, MCFedDA, FeDXL1, FeDXL2,
-                                              LocalPair, LocalSGDCE, Centralized, CODASCA)}
+                                              LocalPair, LocalSGDCE, Centralized, CODASCA, PFedFBE, PFedMe, FedProx)}
 
 __all__ = ["ALGORITHMS", "Algorithm", "Round"]

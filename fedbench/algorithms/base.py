@@ -32,12 +32,15 @@ from torch import Tensor
 
 from fedbench import contract
 from fedbench.hparams import Param, resolve
+from fedbench.metrics import Metric
 from fedbench.oracle import Batches, Minibatch
 
 State = dict[str, Tensor]
 
 CLIENT_LR = Param("client_lr", "float", 1e-3, "client step size η_c", low=0, low_open=True, log=True)
 SERVER_LR = Param("server_lr", "float", 1.0, "server step size η_s", low=0, low_open=True, log=True)
+H_MODE = Param("h_mode", "choice", "subgradient", "treatment of h in local steps: a subgradient added to the "
+               "direction, or a prox after the step on the smooth part", choices=("subgradient", "prox"))
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,15 @@ class Algorithm:
     def requirements(cls, hp: dict[str, Any]) -> set[str]:
         """The capabilities this algorithm needs with resolved hyperparameters `hp`."""
         return set(cls.requires) | ({"personal_evaluation"} if cls.personalized else set())
+
+    @classmethod
+    def declared_metrics(cls, hp: dict[str, Any]) -> tuple[Metric, ...]:
+        """Metrics the algorithm itself adds to each row (e.g. the objective it minimizes), by `evaluate`."""
+        return ()
+
+    def evaluate(self, server: State, clients: State) -> dict[str, float]:
+        """The values of `declared_metrics` at the current state."""
+        return {}
 
     def minibatches(self) -> tuple[Minibatch, ...]:
         """The minibatches each local step draws (names and sizes); `client_step` gets an oracle per name."""
@@ -114,6 +126,14 @@ def broadcast(w: Tensor, rnd: Round) -> Tensor:
 def aggregate(values: Tensor, weights: Tensor) -> Tensor:
     """Σ_k π̂_k values_k over the sampled clients (weights `[S]` sum to 1)."""
     return weights @ values
+
+
+def composite_step(reg, h_mode: str, x: Tensor, direction: Tensor, lr) -> Tensor:
+    """x − lr·(direction + g), g ∈ ∂h(x) (`subgradient`), or prox_{lr·h}(x − lr·direction) (`prox`): how the
+    smooth-FL baselines of spec 000 §2.3 treat the nonsmooth h."""
+    if h_mode == "prox":
+        return reg.prox(x - lr * direction, lr)
+    return x - lr * (direction + reg.subgradient(x))
 
 
 def coin_flips_to_success(p: float, gen: torch.Generator) -> int:

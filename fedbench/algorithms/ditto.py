@@ -13,7 +13,8 @@ g is a subgradient of h (spec 000's default treatment of the nonsmooth part) or,
 """
 from __future__ import annotations
 
-from fedbench.algorithms.base import CLIENT_LR, SERVER_LR, Algorithm, aggregate, broadcast, per_client_copies
+from fedbench.algorithms.base import (CLIENT_LR, H_MODE, SERVER_LR, Algorithm, aggregate, broadcast, composite_step,
+                                      per_client_copies)
 from fedbench.hparams import Param
 
 
@@ -27,16 +28,11 @@ class Ditto(Algorithm):
               low=0, low_open=True, log=True, nullable=True),
         Param("ditto_lambda", "float", 0.1, "pull λ_d of the personal model towards the global one",
               low=0, log=True),
-        Param("h_mode", "choice", "subgradient", "treatment of h in local steps", choices=("subgradient", "prox")),
+        H_MODE,
     )
 
     def init_clients(self, w0, num_clients):
         return {"v": per_client_copies(w0, num_clients)}
-
-    def _step(self, x, direction, lr):
-        if self.h_mode == "prox":
-            return self.reg.prox(x - lr * direction, lr)
-        return x - lr * (direction + self.reg.subgradient(x))
 
     def client_init(self, server, rows, rnd):
         return {"u": broadcast(server["w"], rnd), "v": rows["v"], "w": server["w"]}
@@ -44,9 +40,10 @@ class Ditto(Algorithm):
     def client_step(self, local, batches, rnd, step):
         u, v, w = local["u"], local["v"], local["w"]
         personal_lr = self.client_lr if self.personal_lr is None else self.personal_lr
+        pulled = batches.D.grad(v) + self.ditto_lambda * (v - w)
         return {
-            "u": self._step(u, batches.D.grad(u), self.client_lr),
-            "v": self._step(v, batches.D.grad(v) + self.ditto_lambda * (v - w), personal_lr),
+            "u": composite_step(self.reg, self.h_mode, u, batches.D.grad(u), self.client_lr),
+            "v": composite_step(self.reg, self.h_mode, v, pulled, personal_lr),
             "w": w,
         }
 

@@ -126,12 +126,18 @@ class Problem:
         """∇L_k(w_k) on each client's full training data, `w` `[C, d]` -> `[C, d]`."""
         return torch.cat([self.full_data(part).grad(w_part) for part, w_part in self._client_chunks(w, clients)])
 
+    def client_hvp(self, w: Tensor, v: Tensor, clients: Tensor) -> Tensor:
+        """∇²L_k(w_k) v_k on each client's full training data, `[C, d]`."""
+        return torch.cat([self.full_data(part).hvp(w_part, v_part) for (part, w_part), v_part
+                          in zip(self._client_chunks(w, clients), v.split(self.full_data_chunk()))])
+
+    def full_data_chunk(self) -> int:
+        """Clients per chunk of full-data oracles: their gathered data stay under FULL_DATA_CHUNK elements."""
+        return max(1, FULL_DATA_CHUNK // (self.max_size * (self.row_elements or self.dim)))
+
     def _client_chunks(self, w: Tensor, clients: Tensor):
-        """(clients, their w rows) in chunks whose gathered data stay under FULL_DATA_CHUNK elements."""
-        per_client = self.max_size * (self.row_elements or self.dim)
-        step = max(1, FULL_DATA_CHUNK // per_client)
-        for start in range(0, len(clients), step):
-            yield clients[start: start + step], w[start: start + step]
+        """(clients, their w rows) chunk by chunk."""
+        return zip(clients.split(self.full_data_chunk()), w.split(self.full_data_chunk()))
 
     # -- the loss and its derivatives, batched over clients ---------------------------------------
     def minibatch_loss(self, w: Tensor, batch: Any) -> Tensor:
@@ -148,7 +154,11 @@ class Problem:
         return vmap(func_grad(self.minibatch_loss))(w, batch)
 
     def hvp(self, w: Tensor, v: Tensor, batch: Any) -> Tensor:
-        """∇²f(w_k; batch_k) v_k for every client (forward-over-reverse: one jvp of the gradient)."""
+        """∇²f(w_k; batch_k) v_k for every client; problems with a closed form override it (`exact_hvp`)."""
+        return self.autograd_hvp(w, v, batch)
+
+    def autograd_hvp(self, w: Tensor, v: Tensor, batch: Any) -> Tensor:
+        """∇²f(w_k; batch_k) v_k by torch.func (forward-over-reverse: one jvp of the gradient)."""
         def one(w_k, v_k, batch_k):
             return jvp(lambda u: func_grad(self.minibatch_loss)(u, batch_k), (w_k,), (v_k,))[1]
         return vmap(one)(w, v, batch)

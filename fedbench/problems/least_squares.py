@@ -42,7 +42,7 @@ TRAIN_MSE = Metric("train_mse", "training loss (mean squared error)", "min")
 
 class LeastSquares(Problem):
     feature_dim: int  # penalized coordinates (the intercept, if any, comes after)
-    provides = frozenset({"hvp", "full_data", "personal_evaluation", "norm_ball"})
+    provides = frozenset({"hvp", "exact_hvp", "full_data", "personal_evaluation", "norm_ball"})
     recovery: tuple[Metric, ...]  # the subclass's recovery metrics, as `recovery_metrics` returns them
 
     @classmethod

@@ -1,0 +1,48 @@
+"""FedProx (Li, Sahu, Zaheer, Sanjabi, Talwalkar, Smith, MLSys 2020; spec 000 §2.3(f)): local steps on the
+client loss plus a proximal pull toward the round's global model, then plain averaging.
+
+    client:  w ← w_k;  repeat R times:  w ← w − η (∇f̃(w; D) + ∂h(w) + μ_p (w − w_k))
+    server:  w_{k+1} ← Σ π̂_i w_i
+
+`h_mode: prox` takes the step on the smooth part and the pull, then prox_{η h}. The "pFedprox" of the
+pFedFBE paper is personalized by the client's own last local iterate (spec 000 §2.3(f) [proposal]): each
+client keeps the model it ended its last sampled round with; a client never sampled yet uses the global w.
+With μ_p = 0 this is FedAvg(∂) with server step 1.
+"""
+from __future__ import annotations
+
+import torch
+
+from fedbench.algorithms.base import CLIENT_LR, H_MODE, Algorithm, aggregate, broadcast, composite_step
+from fedbench.hparams import Param
+
+
+class FedProx(Algorithm):
+    name = "fedprox"
+    personalized = True
+    hparams = (
+        CLIENT_LR,
+        Param("prox_mu", "float", 0.01, "proximal weight μ_p (the FedProx grid: 0.001, 0.01, 0.1, 1)", low=0),
+        H_MODE,
+    )
+
+    def init_clients(self, w0, num_clients):
+        return {"last": w0.new_zeros(num_clients, *w0.shape), "sampled": w0.new_zeros(num_clients, 1)}
+
+    def client_init(self, server, rows, rnd):
+        return {"w": broadcast(server["w"], rnd), "anchor": server["w"]}
+
+    def client_step(self, local, batches, rnd, step):
+        w = local["w"]
+        direction = batches.D.grad(w) + self.prox_mu * (w - local["anchor"])
+        return {**local, "w": composite_step(self.reg, self.h_mode, w, direction, self.client_lr)}
+
+    def client_final(self, local, rnd):
+        w = local["w"]
+        return {"w": w}, {"last": w, "sampled": w.new_ones(len(w), 1)}
+
+    def server_update(self, server, message, weights, rnd):
+        return {"w": aggregate(message["w"], weights)}
+
+    def personal_params(self, server, clients):
+        return torch.where(clients["sampled"] > 0, clients["last"], server["w"])
