@@ -269,7 +269,8 @@ def test_ditto_metrics_evaluate_the_personal_models():
     # the global model's metrics under their own names, the personal models' beside them with a prefix
     assert {k: result.final[k] for k in global_only} == global_only
     assert set(expected) - set(global_only) == {f"personal_{k}" for k in ("train_mse", "l2_error", "l1_error",
-                                                                            "precision", "recall", "f1", "density")}
+                                                                            "precision", "recall", "f1", "density",
+                                                                            "support_accuracy")}
     x = problem.features.view(problem.num_clients, -1, problem.dim)
     residual = torch.einsum("knd,kd->kn", x, result.personal).reshape(-1) - problem.labels
     assert result.final["personal_train_mse"] == pytest.approx(float(residual.square().mean()), rel=1e-12)

@@ -12,7 +12,7 @@ import pytest
 
 from fingerprint_runs import FINGERPRINTS, RUNS, rows_of
 
-NEW_COLUMNS = {"iterations"}
+NEW_COLUMNS = {"iterations", "support_accuracy"}
 SOLVER_DEPENDENT = {"objective_gap"}
 
 

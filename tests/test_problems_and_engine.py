@@ -93,7 +93,7 @@ def test_fbe_personalized_truths():
         np.testing.assert_array_equal(row[extra], 0.5)
         extras.append(tuple(extra))
     assert len(set(extras)) > 20  # drawn per client
-    assert torch.equal(initial_server_point(problem), torch.zeros(1024, dtype=torch.float64))
+    assert torch.equal(initial_server_point(problem), torch.zeros(1025, dtype=torch.float64))  # w and b
 
 
 def test_fbe_iid_truth_and_init():
@@ -101,8 +101,22 @@ def test_fbe_iid_truth_and_init():
     expected = np.r_[np.ones(992), np.zeros(32)]
     assert problem.truth.shape == (30, 1024)
     np.testing.assert_array_equal(problem.truth.numpy(), np.broadcast_to(expected, (30, 1024)))
-    assert torch.equal(initial_server_point(problem), torch.zeros(1024, dtype=torch.float64))
+    assert torch.equal(initial_server_point(problem), torch.zeros(1025, dtype=torch.float64))  # w and b
     assert problem.config["lam"] == 0.1 and problem.config["ar_rho"] == 0.0
+    # an unpenalized intercept (b_real = 0) and 128 held-out samples per client from the same distributions
+    assert problem.config["intercept"] and torch.equal(problem.features[:, -1], torch.ones(30 * 128, dtype=torch.float64))
+    assert problem.test_features.shape == (30 * 128, 1025)
+    x = problem.test_features.view(30, 128, 1025)[:, :, :1024]
+    residual = problem.test_labels.view(30, 128) - x @ problem.truth[0]
+    assert float(residual.std()) == pytest.approx(1.0, abs=0.05)  # label noise N(0, 1)
+    train = problem.features.view(30, 128, 1025)[:, :, :1024]
+    gap = (x.mean(1) - train.mean(1)).square().mean().sqrt()  # each client's shift m_j: both means estimate it
+    assert float(gap) == pytest.approx((2 / 128) ** 0.5, rel=0.05)
+    without = fedbench.make_problem("lasso", preset="fbe_iid", seed=0, test_samples_per_client=0)
+    assert torch.equal(without.features, problem.features)  # the test draws come after the training data
+    metrics = problem.evaluate(torch.zeros(1025, dtype=torch.float64))
+    assert metrics["test_mse"] == pytest.approx(float(problem.test_labels.square().mean()))
+    assert metrics["support_accuracy"] == pytest.approx(32 / 1024)  # all zero: only the 32 zeros are right
 
 
 def test_fbe_completion_truths():
@@ -119,7 +133,8 @@ def test_fbe_completion_truths():
         assert np.linalg.matrix_rank(truth) == 5
         positions.append(int(extra[0]))
     assert len(set(positions)) > 5
-    assert torch.equal(initial_server_point(problem), torch.zeros(1024, dtype=torch.float64))
+    assert torch.equal(initial_server_point(problem), torch.zeros(1025, dtype=torch.float64))  # W and b
+    assert problem.config["rank_tol"] == 0.01 and problem.test_features.shape == (30 * 128, 1025)
 
 
 def test_fbe_completion_extra_entry_ranges_over_positions_4_to_31():

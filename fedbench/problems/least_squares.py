@@ -34,10 +34,13 @@ COMMON_PARAMS = (
           choices=("randn", "zeros")),
     Param("domain_radius", "float", None, "‖w‖₂ ≤ radius domain of the theory (None: unconstrained)",
           low=0, low_open=True, nullable=True),
+    Param("test_samples_per_client", "int", 0, "held-out samples per client, drawn from the client's distribution "
+          "after the training data (0: none; spec 000's test MSE)", low=0),
     Param("data_seed", "int", None, "seed of the data (None: the trial's seed)", low=0, nullable=True),
 )
 
 TRAIN_MSE = Metric("train_mse", "training loss (mean squared error)", "min")
+TEST_MSE = Metric("test_mse", "test mean squared error (held-out samples)", "min")
 
 
 class LeastSquares(Problem):
@@ -47,12 +50,16 @@ class LeastSquares(Problem):
 
     @classmethod
     def metrics(cls, config):
-        return (TRAIN_MSE, Metric("objective", "objective F(w) = f(w) + h(w)", "min"),
+        return (*cls._mse(config), Metric("objective", "objective F(w) = f(w) + h(w)", "min"),
                 Metric("objective_gap", "objective gap F(w) − F*", "min"), *cls.recovery)
 
     @classmethod
     def personal_metrics(cls, config):
-        return (TRAIN_MSE, *cls.recovery)
+        return (*cls._mse(config), *cls.recovery)
+
+    @staticmethod
+    def _mse(config) -> tuple[Metric, ...]:
+        return (TRAIN_MSE, TEST_MSE) if config["test_samples_per_client"] else (TRAIN_MSE,)
 
     def __init__(self, config: dict[str, Any], seed: int, device="cpu"):
         super().__init__(config, seed, device)
@@ -68,16 +75,28 @@ class LeastSquares(Problem):
         self.truth = self.make_truth(gen).to(self.dtype)  # [N, p]
         labels = (features * self.truth[:, None, :]).sum(-1)
         labels += config["noise"] * torch.randn(n_clients, n, generator=gen, dtype=self.dtype)
-        if config["intercept"]:
-            features = torch.cat([features, features.new_ones(n_clients, n, 1)], dim=-1)
-        self.dim = features.shape[-1]
-        self.features = features.reshape(n_clients * n, self.dim).to(self.device)
-        self.labels = labels.reshape(-1).to(self.device)
+        self.features, self.labels = self._rows(features, labels)
+        self.dim = self.features.shape[-1]
+        self.test_features = self.test_labels = None
+        n_test = config["test_samples_per_client"]
+        if n_test:  # drawn after everything else: the training data stay those of the same seed without a test set
+            z = ar1_gaussian(torch.randn(n_clients * n_test, p, generator=gen, dtype=self.dtype), self.ar_rho)
+            test = shifts[:, None, :] + z.view(n_clients, n_test, p)
+            test_labels = (test * self.truth[:, None, :]).sum(-1)
+            test_labels += config["noise"] * torch.randn(n_clients, n_test, generator=gen, dtype=self.dtype)
+            self.test_features, self.test_labels = self._rows(test, test_labels)
         self.truth = self.truth.to(self.device)
         self._set_clients(torch.full((n_clients,), n, dtype=torch.long))
         self.client_weights = (self.client_sizes / self.client_sizes.sum()).to(self.dtype)
         self.regularizer = self.make_regularizer()
         self._quadratic = None
+
+    def _rows(self, features: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        """`[N, n, p]` features (with the intercept's column of ones appended) and `[N, n]` labels as flat rows."""
+        n_clients, n, _ = features.shape
+        if self.config["intercept"]:
+            features = torch.cat([features, features.new_ones(n_clients, n, 1)], dim=-1)
+        return features.reshape(n_clients * n, -1).to(self.device), labels.reshape(-1).to(self.device)
 
     # -- subclass hooks ------------------------------------------------------------------------
     ar_rho = 0.0
@@ -148,18 +167,24 @@ class LeastSquares(Problem):
         from fedbench.reference import solve  # reference imports problems for typing only
 
         objective = self.objective(w)
-        metrics = {
-            "train_mse": (self.features @ w - self.labels).square().mean(),
-            "objective": objective,
-            "objective_gap": objective - solve(self).objective,
-        }
+        metrics = {"train_mse": (self.features @ w - self.labels).square().mean()}
+        if self.test_features is not None:
+            metrics["test_mse"] = (self.test_features @ w - self.test_labels).square().mean()
+        metrics["objective"] = objective
+        metrics["objective_gap"] = objective - solve(self).objective
         return self._floats(metrics, w.expand(self.num_clients, self.dim))
 
     def evaluate_personal(self, models: Tensor) -> dict[str, float]:
         """Client k's model on client k's samples (MSE pooled over all samples) and against its own truth."""
-        x = self.features.view(self.num_clients, -1, self.dim)
-        residual = torch.bmm(models.unsqueeze(1), x.transpose(1, 2)).reshape(-1) - self.labels
-        return self._floats({"train_mse": residual.square().mean()}, models)
+        metrics = {"train_mse": self._personal_mse(models, self.features, self.labels)}
+        if self.test_features is not None:
+            metrics["test_mse"] = self._personal_mse(models, self.test_features, self.test_labels)
+        return self._floats(metrics, models)
+
+    def _personal_mse(self, models: Tensor, features: Tensor, labels: Tensor) -> Tensor:
+        x = features.view(self.num_clients, -1, self.dim)
+        residual = torch.bmm(models.unsqueeze(1), x.transpose(1, 2)).reshape(-1) - labels
+        return residual.square().mean()
 
     def _floats(self, metrics: dict[str, Tensor], models: Tensor) -> dict[str, float]:
         """`metrics` and the recovery metrics of `models` `[N, d]` averaged over clients, in one host transfer."""

@@ -4,7 +4,8 @@ Presets:
 * `bao2022` — spec 002 §3.2 (Example 3.2, Figure 2): 64 clients × 128 samples, 32×32, W* = diag(1_16, 0),
   X = Z_k + A with per-client Z_k ~ N(0,1) entries (`shared_shift: true` mimics the released script,
   where every client uses the last client's Z, spec 002 §7.8), λ = 0.1, initial point N(0, I).
-* `fbe_completion` — spec 000 §3.2: 30 clients × 128, client truth W_j = diag(1,1,1,1, 0, …) plus 0.25 on
+* `fbe_completion` — spec 000 §3.2 (an intercept, 128 held-out samples per client, rank threshold 0.01 as
+  spec 000 proposes): 30 clients × 128, client truth W_j = diag(1,1,1,1, 0, …) plus 0.25 on
   one diagonal entry drawn per client from positions 5..32 (rank 5), λ (spec 000's μ) = 0.1, initial 0.
 
 Metrics (spec 002 §3.2; spec 000 §3.2): Frobenius and operator-norm error to the (client's) truth,
@@ -40,7 +41,8 @@ class LowRank(LeastSquares):
     )
     presets = {
         "bao2022": {},
-        "fbe_completion": {"clients": 30, "rank": 4, "personal_value": 0.25, "init": "zeros"},
+        "fbe_completion": {"clients": 30, "rank": 4, "personal_value": 0.25, "init": "zeros", "intercept": True,
+                           "test_samples_per_client": 128, "rank_tol": 0.01},
     }
 
     recovery = (Metric("fro_error", "Frobenius error ‖W − W*‖_F", "min"),
