@@ -217,6 +217,8 @@ PROBLEM_CASES = {
     "pauc_auc_task": lambda tmp: {"name": "pauc", "preset": "guo2023_noisy_auc", "clients": 4, "test_size": 60,
                                   "val_size": 0},
     "pauc_pooled": lambda tmp: {"name": "pauc", "clients": 4, "test_size": 60, "val_size": 0, "pooled": True},
+    "digits": lambda tmp: {"name": "digits", "path": str(write_npz(tmp / "digits.npz", [60] * 4, [20] * 4)),
+                           "clients": 4, "hidden": 8},
 }
 
 

@@ -5,12 +5,13 @@ from typing import Any
 
 from fedbench.metrics import ENGINE_COLUMNS, Metric
 from fedbench.problems.base import Problem
+from fedbench.problems.digits import Digits
 from fedbench.problems.emnist import EMNIST
 from fedbench.problems.lasso import Lasso
 from fedbench.problems.lowrank import LowRank
 from fedbench.problems.pauc import PartialAUC
 
-PROBLEMS: dict[str, type[Problem]] = {cls.name: cls for cls in (Lasso, LowRank, EMNIST, PartialAUC)}
+PROBLEMS: dict[str, type[Problem]] = {cls.name: cls for cls in (Lasso, LowRank, EMNIST, PartialAUC, Digits)}
 
 
 def metric_catalog() -> dict[str, Metric]:
