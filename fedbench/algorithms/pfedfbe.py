@@ -35,7 +35,6 @@ from fedbench.oracle import Minibatch
 from fedbench.rng import generator
 
 FINITE_DIFF_EPS = {torch.float32: 1e-3, torch.float64: 1e-6}
-POWER_ITERATIONS = 50
 
 
 class PFedFBE(Algorithm):
@@ -51,6 +50,8 @@ class PFedFBE(Algorithm):
         Param("personal_point", "choice", "global", "θ_i at the global w or at the client's last local iterate",
               choices=("global", "last_local")),
         Param("allow_small_lambda", "bool", False, "run even when λ ≤ the estimated smoothness L"),
+        Param("power_iterations", "int", 30, "power-iteration steps of the smoothness estimate (full-data HVPs of "
+              "every client)", low=1),
     )
 
     @classmethod
@@ -62,6 +63,10 @@ class PFedFBE(Algorithm):
     def declared_metrics(cls, hp):
         return (Metric("fbe_objective", "FBE objective F(w) (eq. 5)", "min"),)
 
+    def __init__(self, problem, **hyperparameters):
+        super().__init__(problem, **hyperparameters)
+        self._at_global = None  # (the server's w, forward_backward there)
+
     def minibatches(self):
         if self.hvp == "none":
             return (Minibatch("D"),)
@@ -69,7 +74,7 @@ class PFedFBE(Algorithm):
 
     def init_server(self, w0):
         if not self.allow_small_lambda:
-            smoothness = self.estimate_smoothness(w0)
+            smoothness = self.estimate_smoothness(w0, self.power_iterations)
             if self.lam <= smoothness:
                 raise ValueError(f"pfedfbe: λ = {self.lam:g} must exceed the clients' smoothness L ≈ {smoothness:.4g} "
                                  "(power iteration on the full-data Hessians at w₀), or the FBE is not smooth and "
@@ -110,26 +115,34 @@ class PFedFBE(Algorithm):
     # -- the personal models and the FBE --------------------------------------------------------------
     def personal_params(self, server, clients):
         """θ_i = prox_{h/λ}(p_i − ∇f_i(p_i)/λ) on client i's full data, p_i the global w or its last iterate."""
-        points = clients["w_last"] if self.personal_point == "last_local" else per_client_copies(
-            server["w"], self.problem.num_clients)
-        return self.forward_backward(points)[0]
+        if self.personal_point == "last_local":
+            return self.forward_backward(clients["w_last"])[0]
+        return self.at_global(server)[0]
 
     def forward_backward(self, points):
         """(T_i(p_i), f_i(p_i), ∇f_i(p_i)) for every client, `points` `[N, d]`."""
         everyone = torch.arange(self.problem.num_clients, device=points.device)
-        losses, grads = self.problem.client_loss(points, everyone), self.problem.client_grad(points, everyone)
+        losses, grads = self.problem.client_loss_and_grad(points, everyone)
         return self.reg.prox(points - grads / self.lam, 1 / self.lam), losses, grads
+
+    def at_global(self, server):
+        """`forward_backward` at the server's w for every client, computed once per server state (the personal
+        models and the FBE objective of one evaluation share it)."""
+        if self._at_global is None or self._at_global[0] is not server["w"]:
+            self._at_global = (server["w"], self.forward_backward(per_client_copies(server["w"],
+                                                                                    self.problem.num_clients)))
+        return self._at_global[1]
 
     def evaluate(self, server, clients):
         """F(w) = mean_i [f_i(w) − ‖∇f_i(w)‖²/(2λ) + h(T_i) + (λ/2)‖T_i − (w − ∇f_i(w)/λ)‖²] (eq. 5)."""
         w = per_client_copies(server["w"], self.problem.num_clients)
-        targets, losses, grads = self.forward_backward(w)
+        targets, losses, grads = self.at_global(server)
         shifted = w - grads / self.lam
         envelope = self.reg.value(targets) + self.lam / 2 * (targets - shifted).square().sum(-1)
         fbe = losses - grads.square().sum(-1) / (2 * self.lam) + envelope
         return {"fbe_objective": float(fbe.mean())}
 
-    def estimate_smoothness(self, w0, iterations: int = POWER_ITERATIONS) -> float:
+    def estimate_smoothness(self, w0, iterations: int) -> float:
         """max_i λ_max(∇²f_i(w₀)) by power iteration on all clients' full-data Hessians at once (a fixed
         start, so every trial of an instance gets the same estimate)."""
         problem = self.problem

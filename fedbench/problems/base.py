@@ -126,6 +126,12 @@ class Problem:
         """∇L_k(w_k) on each client's full training data, `w` `[C, d]` -> `[C, d]`."""
         return torch.cat([self.full_data(part).grad(w_part) for part, w_part in self._client_chunks(w, clients)])
 
+    def client_loss_and_grad(self, w: Tensor, clients: Tensor) -> tuple[Tensor, Tensor]:
+        """(L_k(w_k), ∇L_k(w_k)) on each client's full training data, gathering each chunk once."""
+        parts = [(oracle.loss(w_part), oracle.grad(w_part))
+                 for oracle, w_part in ((self.full_data(part), w_part) for part, w_part in self._client_chunks(w, clients))]
+        return torch.cat([loss for loss, _ in parts]), torch.cat([grad for _, grad in parts])
+
     def client_hvp(self, w: Tensor, v: Tensor, clients: Tensor) -> Tensor:
         """∇²L_k(w_k) v_k on each client's full training data, `[C, d]`."""
         return torch.cat([self.full_data(part).hvp(w_part, v_part) for (part, w_part), v_part

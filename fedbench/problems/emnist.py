@@ -35,7 +35,7 @@ from torch import Tensor
 from fedbench.data import femnist
 from fedbench.hparams import Param
 from fedbench.metrics import Metric
-from fedbench.models import MLP
+from fedbench.models import MLP, own_data_scores
 from fedbench.problems.base import Problem
 from fedbench.prox import L1
 
@@ -181,22 +181,5 @@ class EMNIST(Problem):
         return float(loss) / len(labels), int(correct) / len(labels)
 
     def _per_client(self, models: Tensor, pixels: Tensor, labels: Tensor, sizes: Tensor) -> tuple[float, float]:
-        """(mean CE, accuracy) over every client's rows (contiguous, `sizes` per client), each client's rows
-        scored by its own model `models[k]`; clients in chunks of about EVAL_CHUNK padded rows."""
-        offsets = sizes.cumsum(0) - sizes  # each client's first row
-        width = max(1, int(sizes.max()))
-        position = torch.arange(width)
-        loss = torch.zeros((), dtype=torch.float64, device=self.device)
-        correct = torch.zeros((), dtype=torch.long, device=self.device)
-        step = max(1, EVAL_CHUNK // width)
-        for start in range(0, len(sizes), step):
-            valid = position < sizes[start: start + step, None]
-            rows = (offsets[start: start + step, None] + position).masked_fill(~valid, 0).to(self.device)
-            valid = valid.to(self.device)
-            logits = self.model(models[start: start + step], self._features(pixels[rows]))
-            y = labels[rows]
-            losses = logits.logsumexp(-1) - logits.gather(-1, y.unsqueeze(-1)).squeeze(-1)
-            loss += (losses * valid).sum(dtype=torch.float64)
-            correct += ((logits.argmax(-1) == y) & valid).sum()
-        total = int(sizes.sum())
-        return float(loss) / total, int(correct) / total
+        """(mean cross-entropy, accuracy) over every client's rows, each scored by the client's own model."""
+        return own_data_scores(self.model, models, lambda rows: self._features(pixels[rows]), labels, sizes, EVAL_CHUNK)
