@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.func import grad as func_grad
 from torch.func import vmap
@@ -91,13 +92,21 @@ class Problem:
 
     def draw_minibatches(self, clients: Tensor, steps: int, batch_size: int, gen: torch.Generator) -> Tensor:
         """Row indices `[steps, S, b]` into the flat data: for every step and sampled client, a
-        minibatch drawn without replacement from that client's samples (spec 002 §2.0)."""
+        minibatch drawn without replacement from that client's samples (spec 002 §2.0). With
+        `caps_batches`, a client with n_k < b takes all its n_k samples and the missing picks are row −1
+        (zero weight in `gather`)."""
+        width = min(batch_size, self.max_size) if self.caps_batches else batch_size
         # The b largest of i.i.d. uniform keys are a uniform subset; topk is ~4x cheaper than argsort here.
         keys = torch.rand(steps, len(clients), self.max_size, generator=gen)
         if not self.equal_sizes:  # padding positions beyond a client's n_k are never picked
             keys.masked_fill_(torch.arange(self.max_size) >= self.client_sizes_cpu[clients][:, None], -1.0)
-        picks = keys.topk(batch_size, dim=-1, sorted=False).indices
-        return (self.client_offsets_cpu[clients][:, None] + picks).to(self.device)
+        picks = keys.topk(width, dim=-1, sorted=False).indices
+        rows = (self.client_offsets_cpu[clients][:, None] + picks).to(self.device)
+        if not self.caps_batches:
+            return rows
+        ends = self.client_offsets_cpu[clients + 1].to(self.device)
+        rows.masked_fill_(rows >= ends[:, None], -1)  # the picks of padding positions
+        return F.pad(rows, (0, batch_size - width), value=-1)
 
     def gather(self, rows: Tensor) -> Any:
         """The minibatch of one local step for all sampled clients, from `rows` `[S, b]` (a tuple of

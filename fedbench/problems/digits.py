@@ -47,7 +47,9 @@ Model and loss (§3.3): the MLP 784 → `hidden` (100) → 10 with ReLU (`fedben
 default initialisation), mean softmax cross-entropy of a client's minibatch; h = `lam` Σ_g ‖W_g‖₂
 (`fedbench.prox.GroupL2`, §1.2) over one group per weight matrix (`scope: per_tensor`) or one group of all
 weight entries (`global`); biases are never penalised. π_k = 1/N (§1.1). Minibatches are drawn without
-replacement within a client, so b may not exceed the smallest client's training set.
+replacement within a client and capped at n_k (`caps_batches`, spec 002 §2.0's rule): a skipped request can
+leave a client with only its first 10 images per label (15 training images with data seed 1 on the sample),
+which then all take part in every step.
 
 Metrics (§3.3). Global model: `train_loss` (mean cross-entropy over all training samples, pooled),
 `objective` = (1/N) Σ_k L_k(w) + h(w) (L_k: client k's mean training cross-entropy, §1.1), and `test_loss`,
@@ -201,6 +203,7 @@ def weight_blocks(model: MLP) -> list[tuple[int, int]]:
 class Digits(Problem):
     name = "digits"
     provides = frozenset({"hvp", "full_data", "personal_evaluation"})
+    caps_batches = True  # the allocation can leave a client a few images: it then takes all of them per step
     row_elements = femnist.PIXELS
     params = (
         Param("preset", "choice", "pfedfbe2023", "paper setting whose defaults to start from",

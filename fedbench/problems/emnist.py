@@ -114,15 +114,6 @@ class EMNIST(Problem):
     def init_params(self, gen: torch.Generator) -> Tensor:
         return torch.zeros(self.dim, dtype=self.dtype, device=self.device)
 
-    def draw_minibatches(self, clients: Tensor, steps: int, batch_size: int, gen: torch.Generator) -> Tensor:
-        """The base class's draw with b capped at n_k (spec 002 §2.0): the picks beyond a client's n_k
-        samples (and beyond the largest client) are row −1."""
-        width = min(batch_size, self.max_size)
-        rows = super().draw_minibatches(clients, steps, width, gen)
-        ends = self.client_offsets_cpu[clients + 1].to(self.device)
-        rows.masked_fill_(rows >= ends[:, None], -1)  # the base class's padding picks
-        return F.pad(rows, (0, batch_size - width), value=-1)
-
     def gather(self, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(features [S, b, 784], labels [S, b], row weights [S, b]: 1/b_valid, 0 for padding)."""
         valid = rows >= 0
