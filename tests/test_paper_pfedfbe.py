@@ -108,9 +108,15 @@ def test_lasso_setting_two_personalized_parameters():
 def test_matrix_completion_personalized_parameters():
     table = show("pfedfbe_matrix.yaml", ["personal_rank", "personal_fro_error", "personal_train_mse", "objective"])
     fbe = table["pfedfbe"]
-    # The paper: only pFedFBE reaches the true rank 5, with the lowest recovery error. Measured: see the note.
-    assert fbe["personal_rank"] <= min(own(row, "personal_rank") for row in table.values()) + 1
-    assert fbe["personal_fro_error"] <= min(own(row, "personal_fro_error") for row in table.values()) * 1.5
+    # The paper: only pFedFBE's personalized matrices reach the true rank 5, with the lowest recovery error. Not
+    # reproduced: after 200 rounds no method is near rank 5 (singular values above 0.01; measured 13.7–21.4), and
+    # FedAvg/FedMiD/FedProx at their tuned step (1e-3) recover the truths better (Frobenius 0.47) than pFedFBE at
+    # the paper's 5e-4 (0.65).
+    assert all(own(row, "personal_rank") >= 10 for row in table.values())
+    # What holds: pFedFBE's personal models are of lower rank than the other personalized methods' (15.7 against
+    # pFedMe 21.4, Ditto 20.8, pFedprox 17.1) and recover the truths far better than Ditto's (0.65 vs 1.78).
+    assert fbe["personal_rank"] < min(table[name]["personal_rank"] for name in ("pfedme", "ditto", "fedprox"))
+    assert fbe["personal_fro_error"] < table["ditto"]["personal_fro_error"]
 
 
 def test_digits_personalized_accuracy_above_global():
