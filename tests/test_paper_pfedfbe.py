@@ -125,3 +125,9 @@ def test_digits_personalized_accuracy_above_global():
     table = show("pfedfbe_digits.yaml", ["test_accuracy", "personal_test_accuracy", "train_loss", "objective"])
     for name in ("pfedfbe", "pfedme", "ditto"):  # 2-label clients: a personal model beats the global one
         assert table[name]["personal_test_accuracy"] > table[name]["test_accuracy"], name
+    # pFedFBE's place: with λ = 200 its personal step of 1/λ barely moves the global model (measured 0.749 vs 0.741),
+    # far below Ditto's (0.985) and pFedMe's (0.937) personal models; and at the paper's η = 0.005 its global model
+    # trails the baselines tuned to η = 0.02 (0.741 vs 0.877). The paper's "pFedFBE best" does not reproduce here.
+    others = [row for name, row in table.items() if name != "pfedfbe"]
+    assert table["pfedfbe"]["test_accuracy"] < min(row["test_accuracy"] for row in others)
+    assert table["pfedfbe"]["personal_test_accuracy"] < min(table[n]["personal_test_accuracy"] for n in ("pfedme", "ditto"))
