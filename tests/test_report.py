@@ -251,3 +251,28 @@ def test_report_refuses_a_trial_run_a_recipe_never_swept_and_a_misspelt_metric(s
         assert f"{misspelt}: report.metrics[1]: found 'l2_eror'" in result.output
         assert "did you mean 'l2_error'" in result.output
     assert len(MlflowClient(uri).search_runs([swept["parent"].info.experiment_id], max_results=1000)) == 13
+
+
+def test_a_method_without_personal_models_is_drawn_with_its_global_metric(tmp_path, tracking_uri):
+    """Spec 000 §2.3: a non-personalized method's personal model is its global model, so a `personal_X` panel
+    shows its `X` (real runs through `fedbench run`, read back from MLflow)."""
+    path = tmp_path / "personal.yaml"
+    path.write_text("name: personal-panels\n"
+                    "problem: {name: lasso, clients: 6, samples_per_client: 20, dim: 12, support: 3, personal_support: 1}\n"
+                    "federation: {rounds: 4, clients_per_round: 3, local_steps: 2, batch_size: 5}\n"
+                    "algorithms: {fedmid: {client_lr: 0.01}, ditto: {client_lr: 0.01}}\n"
+                    "eval_every: 2\nreport: {metrics: [personal_f1, f1]}\n")
+    for algorithm in ("fedmid", "ditto"):
+        assert invoke("run", path, "-a", algorithm, "--tracking-uri", tracking_uri).exit_code == 0
+    client = MlflowClient(tracking_uri)
+    runs = {r.data.tags["algorithm"]: r for r in client.search_runs(
+        [client.get_experiment_by_name("personal-panels").experiment_id])}
+    histories = Histories(Store(tracking_uri))
+    steps, stand_in = histories(runs["fedmid"], "personal_f1")
+    assert list(steps) == [0, 2, 4] and np.array_equal(stand_in, histories(runs["fedmid"], "f1")[1])
+    own = [m.value for m in sorted(client.get_metric_history(runs["ditto"].info.run_id, "personal_f1"),
+                                   key=lambda m: m.step)]
+    assert list(histories(runs["ditto"], "personal_f1")[1]) == own
+    settings = resolve_settings(load(path), sorted(set(runs["ditto"].data.metrics)), None)
+    assert settings.label("personal_f1") == "personalized support recovery F1 score"
+    assert settings.direction("personal_f1") == "max" and settings.select.metric == "objective_gap"
