@@ -1,0 +1,68 @@
+"""The IDX reader of MNIST-format image folders (spec 003 §4.3): written-out files, gzip or not, the malformed
+ones refused with the file named, and the shipped Fashion-MNIST as its SOURCE.md describes it."""
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedbench.data import idx
+
+
+def write_idx(path: Path, array: np.ndarray, magic: int, compress: bool) -> None:
+    header = magic.to_bytes(4, "big") + b"".join(n.to_bytes(4, "big") for n in array.shape)
+    data = header + array.astype(np.uint8).tobytes()
+    (gzip.open if compress else open)(path, "wb").write(data)
+
+
+def write_folder(folder: Path, n_train=12, n_test=5, compress=True, seed=0) -> dict:
+    rng = np.random.default_rng(seed)
+    arrays = {"train": (rng.integers(0, 256, (n_train, 28, 28)), rng.integers(0, 10, n_train)),
+              "t10k": (rng.integers(0, 256, (n_test, 28, 28)), rng.integers(0, 10, n_test))}
+    folder.mkdir(exist_ok=True)
+    suffix = ".gz" if compress else ""
+    for prefix, (images, labels) in arrays.items():
+        write_idx(folder / f"{prefix}-images-idx3-ubyte{suffix}", images, idx.IMAGES_MAGIC, compress)
+        write_idx(folder / f"{prefix}-labels-idx1-ubyte{suffix}", labels, idx.LABELS_MAGIC, compress)
+    return arrays
+
+
+@pytest.mark.parametrize("compress", [True, False])
+def test_reads_written_idx_files(tmp_path, compress):
+    arrays = write_folder(tmp_path / "data", compress=compress)
+    splits = idx.load_folder(tmp_path / "data")
+    np.testing.assert_array_equal(splits.x_train, arrays["train"][0].reshape(12, 784))
+    np.testing.assert_array_equal(splits.y_test, arrays["t10k"][1])
+    assert splits.x_test.dtype == np.uint8 and splits.y_train.dtype == np.int64
+
+
+def test_malformed_folders_are_refused_with_the_file_named(tmp_path):
+    with pytest.raises(ValueError, match="no such folder"):
+        idx.load_folder(tmp_path / "absent")
+    folder = tmp_path / "data"
+    write_folder(folder)
+    (folder / "t10k-labels-idx1-ubyte.gz").unlink()
+    with pytest.raises(ValueError, match="no t10k-labels-idx1-ubyte.gz or t10k-labels-idx1-ubyte"):
+        idx.load_folder(folder)
+    write_idx(folder / "t10k-labels-idx1-ubyte.gz", np.zeros(4), idx.LABELS_MAGIC, True)  # 4 labels, 5 images
+    with pytest.raises(ValueError, match="t10k has 5 images but 4 labels"):
+        idx.load_folder(folder)
+    write_idx(folder / "t10k-labels-idx1-ubyte.gz", np.zeros(5), idx.IMAGES_MAGIC, True)  # wrong magic
+    with pytest.raises(ValueError, match=r"t10k-labels-idx1-ubyte.gz: IDX magic number 2051, expected 0x00000801"):
+        idx.load_folder(folder)
+    (folder / "train-images-idx3-ubyte.gz").write_bytes(b"not gzip")
+    with pytest.raises(ValueError, match="train-images-idx3-ubyte.gz: unreadable"):
+        idx.load_folder(folder)
+
+
+def test_the_shipped_fashion_mnist():
+    root = Path(os.environ.get("FEDBENCH_DATA", "/nonexistent")) / "fashion-mnist"
+    if not root.is_dir():
+        pytest.skip("needs $FEDBENCH_DATA/fashion-mnist")
+    splits = idx.load_folder(root)
+    assert splits.x_train.shape == (60000, 784) and splits.x_test.shape == (10000, 784)
+    assert np.bincount(splits.y_train).tolist() == [6000] * 10 and np.bincount(splits.y_test).tolist() == [1000] * 10
+    assert splits.x_train.mean() == pytest.approx(72.94, abs=0.01)  # SOURCE.md: 0.2860 × 255
