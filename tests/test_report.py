@@ -84,7 +84,7 @@ def test_every_png_is_an_image_of_a_sensible_size(swept):
     assert "report:" in swept["output"] and "index.html" in swept["output"]
     pngs = sorted(out.glob("*.png"))
     metrics = {"objective", "objective_gap", "train_mse", "l2_error", "l1_error", "precision", "recall", "f1",
-               "density"}
+               "density", "support_accuracy"}
     assert {p.name for p in pngs} == {"figure.png", *(f"metric_{m}.png" for m in metrics)}
     for png in pngs:
         with Image.open(png) as image:
