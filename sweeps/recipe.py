@@ -469,10 +469,15 @@ class Recipe:
 
     def metrics(self) -> dict[str, Metric]:
         """Every metric the recipe's runs evaluate, by name (the union over its algorithms and grid points)."""
-        declared = {}
-        for trial in self.trials():
-            declared.update({m.name: m for m in trial.metrics() if m.name not in declared})
-        return declared
+        return metrics_of(self.trials())
+
+
+def metrics_of(trials: list[Trial]) -> dict[str, Metric]:
+    declared = {}
+    for trial in trials:
+        for metric in trial.metrics():
+            declared.setdefault(metric.name, metric)
+    return declared
 
 
 # A federation may give a budget of local iterations per client instead of rounds (rounds = iterations / K),
@@ -516,15 +521,16 @@ def parse(raw: dict[str, Any], source: str) -> Recipe:
     recipe = Recipe(source, name, problem_name, problem_grid, federation_grid, algorithms, model.seeds,
                     model.eval_every, model.device, model.divergence_factor, model.resources, model.tune, raw,
                     dimensions, model.report or ReportSpec(), overrides)
-    recipe.trials()  # every grid point must make a valid trial (e.g. clients_per_round <= clients)
-    check_metrics(recipe)
-    _default_modes(recipe)
+    # Every grid point must make a valid trial (e.g. clients_per_round <= clients); their declared metrics are what
+    # the tune and report blocks may name.
+    declared = metrics_of(recipe.trials())
+    check_metrics(recipe, list(declared))
+    _default_modes(recipe, declared)
     return recipe
 
 
-def _default_modes(recipe: Recipe) -> None:
+def _default_modes(recipe: Recipe, declared: dict[str, Metric]) -> None:
     """A tune or select block without `mode` takes its metric's declared direction."""
-    declared = recipe.metrics()
     for path, spec in (("tune", recipe.tune), ("report.select", recipe.report.select)):
         if spec is None or spec.mode is not None:
             continue
@@ -602,10 +608,9 @@ def named_metrics(recipe: Recipe) -> list[tuple[str, str]]:
     return named
 
 
-def check_metrics(recipe: Recipe, available: list[str] | None = None) -> None:
-    """Every metric the tune and report blocks name must be one the recipe's runs evaluate: by default those
-    the problem declares (nothing is built), or `available` (e.g. what stored runs hold)."""
-    available = list(recipe.metrics()) if available is None else available
+def check_metrics(recipe: Recipe, available: list[str]) -> None:
+    """Every metric the tune and report blocks name must be one of `available`: the metrics the problem declares
+    for the recipe's runs (nothing is built), or what stored runs hold."""
     for path, name in named_metrics(recipe):
         if name in available:
             continue

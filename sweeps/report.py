@@ -161,10 +161,6 @@ class Settings:
         declared = self.declared.get(name)
         return self.labels.get(name) or (declared.label if declared else name)
 
-    def direction(self, name: str) -> Optional[str]:
-        declared = self.declared.get(name)
-        return declared.direction if declared else None
-
 
 def resolve_settings(recipe: Optional[Recipe], available: list[str], x: Optional[str]) -> Settings:
     spec = recipe.report if recipe is not None else ReportSpec()

@@ -275,4 +275,4 @@ def test_a_method_without_personal_models_is_drawn_with_its_global_metric(tmp_pa
     assert list(histories(runs["ditto"], "personal_f1")[1]) == own
     settings = resolve_settings(load(path), sorted(set(runs["ditto"].data.metrics)), None)
     assert settings.label("personal_f1") == "personalized support recovery F1 score"
-    assert settings.direction("personal_f1") == "max" and settings.select.metric == "objective_gap"
+    assert settings.declared["personal_f1"].direction == "max" and settings.select.metric == "objective_gap"

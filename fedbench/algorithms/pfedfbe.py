@@ -94,9 +94,9 @@ class PFedFBE(Algorithm):
         return {"w": w - self.client_lr * (self.lam * u - self.hessian_times(batches, w, u, g))}
 
     def hessian_times(self, batches, w, u, g):
-        """∇²f̃(w; D̂) u as `hvp` says (zero for the first-order estimate)."""
+        """∇²f̃(w; D̂) u as `hvp` says (0 for the first-order estimate)."""
         if self.hvp == "none":
-            return torch.zeros_like(u)
+            return 0.0
         oracle = batches.D_hat
         if self.hvp == "exact":
             return oracle.hvp(w, u)
@@ -135,9 +135,8 @@ class PFedFBE(Algorithm):
 
     def evaluate(self, server, clients):
         """F(w) = mean_i [f_i(w) − ‖∇f_i(w)‖²/(2λ) + h(T_i) + (λ/2)‖T_i − (w − ∇f_i(w)/λ)‖²] (eq. 5)."""
-        w = per_client_copies(server["w"], self.problem.num_clients)
         targets, losses, grads = self.at_global(server)
-        shifted = w - grads / self.lam
+        shifted = server["w"] - grads / self.lam
         envelope = self.reg.value(targets) + self.lam / 2 * (targets - shifted).square().sum(-1)
         fbe = losses - grads.square().sum(-1) / (2 * self.lam) + envelope
         return {"fbe_objective": float(fbe.mean())}
@@ -149,7 +148,6 @@ class PFedFBE(Algorithm):
         everyone = torch.arange(problem.num_clients, device=w0.device)
         points = per_client_copies(w0, problem.num_clients)
         v = torch.randn(points.shape, generator=generator(0, "power-iteration"), dtype=w0.dtype).to(w0.device)
-        largest = points.new_zeros(problem.num_clients)
         for _ in range(iterations):
             v = v / torch.linalg.vector_norm(v, dim=-1, keepdim=True).clamp_min(1e-30)
             hv = problem.client_hvp(points, v, everyone)

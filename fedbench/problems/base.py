@@ -129,30 +129,27 @@ class Problem:
 
     def client_loss(self, w: Tensor, clients: Tensor) -> Tensor:
         """L_k(w_k) on each client's full training data, `w` `[C, d]` -> `[C]`."""
-        return torch.cat([self.full_data(part).loss(w_part) for part, w_part in self._client_chunks(w, clients)])
+        return torch.cat(self._by_chunk(clients, Oracle.loss, w))
 
     def client_grad(self, w: Tensor, clients: Tensor) -> Tensor:
         """∇L_k(w_k) on each client's full training data, `w` `[C, d]` -> `[C, d]`."""
-        return torch.cat([self.full_data(part).grad(w_part) for part, w_part in self._client_chunks(w, clients)])
+        return torch.cat(self._by_chunk(clients, Oracle.grad, w))
 
     def client_loss_and_grad(self, w: Tensor, clients: Tensor) -> tuple[Tensor, Tensor]:
         """(L_k(w_k), ∇L_k(w_k)) on each client's full training data, gathering each chunk once."""
-        parts = [(oracle.loss(w_part), oracle.grad(w_part))
-                 for oracle, w_part in ((self.full_data(part), w_part) for part, w_part in self._client_chunks(w, clients))]
+        parts = self._by_chunk(clients, lambda oracle, point: (oracle.loss(point), oracle.grad(point)), w)
         return torch.cat([loss for loss, _ in parts]), torch.cat([grad for _, grad in parts])
 
     def client_hvp(self, w: Tensor, v: Tensor, clients: Tensor) -> Tensor:
         """∇²L_k(w_k) v_k on each client's full training data, `[C, d]`."""
-        return torch.cat([self.full_data(part).hvp(w_part, v_part) for (part, w_part), v_part
-                          in zip(self._client_chunks(w, clients), v.split(self.full_data_chunk()))])
+        return torch.cat(self._by_chunk(clients, Oracle.hvp, w, v))
 
-    def full_data_chunk(self) -> int:
-        """Clients per chunk of full-data oracles: their gathered data stay under FULL_DATA_CHUNK elements."""
-        return max(1, FULL_DATA_CHUNK // (self.max_size * (self.row_elements or self.dim)))
-
-    def _client_chunks(self, w: Tensor, clients: Tensor):
-        """(clients, their w rows) chunk by chunk."""
-        return zip(clients.split(self.full_data_chunk()), w.split(self.full_data_chunk()))
+    def _by_chunk(self, clients: Tensor, compute, *per_client: Tensor) -> list:
+        """`compute(full-data oracle, *rows)` on chunks of clients whose gathered data stay under FULL_DATA_CHUNK
+        elements; `per_client` tensors `[C, ...]` are split alongside the clients."""
+        step = max(1, FULL_DATA_CHUNK // (self.max_size * (self.row_elements or self.dim)))
+        return [compute(self.full_data(clients[start: start + step]), *(t[start: start + step] for t in per_client))
+                for start in range(0, len(clients), step)]
 
     # -- the loss and its derivatives, batched over clients ---------------------------------------
     def minibatch_loss(self, w: Tensor, batch: Any) -> Tensor:

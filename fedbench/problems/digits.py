@@ -233,9 +233,7 @@ class Digits(Problem):
 
     @classmethod
     def personal_metrics(cls, config):
-        return (Metric("train_loss", "training cross-entropy (pooled over samples)", "min"),
-                Metric("test_loss", "test cross-entropy (pooled over samples)", "min"),
-                Metric("test_accuracy", "test accuracy (fraction correct, pooled)", "max"))
+        return tuple(m for m in cls.metrics(config) if m.name != "objective")
 
     def __init__(self, config: dict[str, Any], seed: int, device="cpu"):
         super().__init__(config, seed, device)
