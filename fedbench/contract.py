@@ -16,6 +16,11 @@ CAPABILITIES = {
     "linear_outer": "an X-risk whose outer function f is linear (AUC with a pairwise surrogate)",
     "norm_ball": "a norm regularizer h = λ·ℛ whose λ can change and whose ℛ-ball has a projection",
     "one_client": "all training data on one client (a centralized reference, e.g. pauc with pooled: true)",
+    "global_evaluation": "metrics of one global model alone (every problem but those whose objective has "
+                         "per-device blocks)",
+    "block_objective": "an objective F(w, β) = (1/M) Σ f_m(w, β_m) with a global block and a block per device: "
+                       "block gradients, and the constants μ, 𝓛^w, 𝓛^β of its parameter rules",
+    "mixture": "the mixture objective (9)/(10)/(11) of spec 003 with its penalty λ (mx2)",
 }
 
 

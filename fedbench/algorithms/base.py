@@ -72,7 +72,7 @@ class Algorithm:
     @classmethod
     def requirements(cls, hp: dict[str, Any]) -> set[str]:
         """The capabilities this algorithm needs with resolved hyperparameters `hp`."""
-        return set(cls.requires) | ({"personal_evaluation"} if cls.personalized else set())
+        return set(cls.requires) | {"personal_evaluation" if cls.personalized else "global_evaluation"}
 
     @classmethod
     def declared_metrics(cls, hp: dict[str, Any]) -> tuple[Metric, ...]:

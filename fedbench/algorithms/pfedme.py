@@ -35,7 +35,8 @@ class PFedMe(Algorithm):
     hparams = (
         Param("client_lr", "float", 0.005, "step η of the local copy toward θ", low=0, low_open=True, log=True),
         Param("personal_lr", "float", 0.09, "inner step size η_p", low=0, low_open=True, log=True),
-        Param("lam", "float", 15.0, "Moreau weight λ (pFedMe's λ)", low=0, low_open=True, log=True),
+        Param("lam", "float", 15.0, "Moreau weight λ (pFedMe's λ; None: the problem's mixture λ, spec 003 §3.7)",
+              low=0, low_open=True, log=True, nullable=True),
         Param("inner_steps", "int", 5, "inner steps K_in per local step", low=1),
         Param("beta", "float", 1.0, "server mixing β (1: plain averaging)", low=0, low_open=True),
         H_MODE,
@@ -46,7 +47,13 @@ class PFedMe(Algorithm):
 
     @classmethod
     def requirements(cls, hp):
-        return super().requirements(hp) | ({"full_data"} if hp["personal_eval"] == "resolve" else set())
+        return (super().requirements(hp) | ({"full_data"} if hp["personal_eval"] == "resolve" else set())
+                | ({"mixture"} if hp["lam"] is None else set()))
+
+    def __init__(self, problem, **hyperparameters):
+        super().__init__(problem, **hyperparameters)
+        if self.lam is None:
+            self.lam = problem.mixture_penalty
 
     def init_clients(self, w0, num_clients):
         return {"theta": per_client_copies(w0, num_clients)}

@@ -10,8 +10,9 @@ from fedbench.problems.emnist import EMNIST
 from fedbench.problems.lasso import Lasso
 from fedbench.problems.lowrank import LowRank
 from fedbench.problems.pauc import PartialAUC
+from fedbench.problems.pfl import PFLSynthetic
 
-PROBLEMS: dict[str, type[Problem]] = {cls.name: cls for cls in (Lasso, LowRank, EMNIST, PartialAUC, Digits)}
+PROBLEMS: dict[str, type[Problem]] = {cls.name: cls for cls in (Lasso, LowRank, EMNIST, PartialAUC, Digits, PFLSynthetic)}
 
 
 def metric_catalog() -> dict[str, Metric]:

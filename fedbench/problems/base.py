@@ -34,6 +34,7 @@ class Problem:
     caps_batches: ClassVar[bool] = False
     provides: ClassVar[frozenset[str]] = frozenset()  # capabilities (fedbench.contract), whatever the config
     row_elements: ClassVar[int | None] = None  # features per gathered sample (None: dim), for memory budgets
+    evaluates_global_model: ClassVar[bool] = True  # False: a metric row needs per-client blocks too
 
     num_clients: int
     dim: int
@@ -65,9 +66,10 @@ class Problem:
 
     @classmethod
     def capabilities(cls, config: dict[str, Any]) -> set[str]:
-        """What this problem provides with a resolved config: `provides`, plus `one_client` where the config
-        makes a single client."""
-        return set(cls.provides) | ({"one_client"} if cls.declared_clients(config) == 1 else set())
+        """What this problem provides with a resolved config: `provides`, `global_evaluation` unless its rows
+        need per-client blocks, and `one_client` where the config makes a single client."""
+        return (set(cls.provides) | ({"global_evaluation"} if cls.evaluates_global_model else set())
+                | ({"one_client"} if cls.declared_clients(config) == 1 else set()))
 
     @classmethod
     def metrics(cls, config: dict[str, Any]) -> tuple[Metric, ...]:

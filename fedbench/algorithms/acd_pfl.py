@@ -1,0 +1,97 @@
+"""ACD-PFL, accelerated block-coordinate descent with full local gradients (Hanzely, Zhao, Kolar, Algorithm 2,
+Theorem 7; spec 003 §3.2), the minimax-optimal method (√(L^w/μ) communications):
+
+    ν = μ/(√L^w + √L^β)²,  θ = (√(ν² + 4ν) − ν)/2,  η = 1/θ,  p_w = √L^w/(√L^w + √L^β)
+    x = (1 − θ) y + θ z                                                        (both blocks)
+    with probability p_w (a communication round):   G_w = ∇_w F(x) = (1/M) Σ_m ∇_w f_m(x)
+        w_y = w_x − G_w/L^w;   w_z = (w_z + ην w_x − η G_w/(√L^w(√L^w + √L^β)))/(1 + ην)
+        β_z = (β_z + ην β_x)/(1 + ην);   β_y = β_x (or kept: `unsampled_y`)
+    else (every device):   G_m = ∇_{β_m} F(x) = (1/M) ∇_β f_m(x)
+        β_y = β_x − G_m/L^β;   β_z = (β_z + ην β_x − η G_m/(√L^β(√L^w + √L^β)))/(1 + ην)
+        w_z = (w_z + ην w_x)/(1 + ην);   w_y = w_x (or kept)
+
+Typos of the printed Alg. 2 corrected: the w-update happens with probability p_w (it sits under "ξ = 0"), and
+the β-step uses ∇_{β_m}F = (1/M)∇_β f_m for F's constant L^β. The problem's 𝓛^w, 𝓛^β (finite-sum component
+constants, ≥ L^w, L^β) stand in for L^w, L^β. The un-sampled block moves without communication, so every
+device runs the w-recursion; participation = "all" and the round's aggregation of G_w is the mean over the client
+axis (an all-reduce), after which the w-block goes up as the round's message.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fedbench.algorithms.base import Algorithm, coin_flips_to_success
+from fedbench.algorithms.pfl_rules import zeros_beta, zeros_w
+from fedbench.hparams import Param
+
+
+class ACDPFL(Algorithm):
+    name = "acd_pfl"
+    personalized = True
+    requires = frozenset({"block_objective", "full_data"})
+    participation = "all"
+    hparams = (Param("unsampled_y", "choice", "x", "y of the block not updated: its x (textbook ACD) or kept",
+                     choices=("x", "keep")),)
+
+    def __init__(self, problem, **hyperparameters):
+        super().__init__(problem, **hyperparameters)
+        c = problem.constants
+        root_w, root_beta = math.sqrt(c.smooth_w), math.sqrt(c.smooth_beta)
+        self.nu = c.mu / (root_w + root_beta) ** 2
+        self.theta = (math.sqrt(self.nu**2 + 4 * self.nu) - self.nu) / 2
+        self.eta = 1 / self.theta
+        self.p_w = root_w / (root_w + root_beta)
+        self.step_w, self.step_beta = 1 / c.smooth_w, 1 / c.smooth_beta
+        self.mirror_w = self.eta / (root_w * (root_w + root_beta))
+        self.mirror_beta = self.eta / (root_beta * (root_w + root_beta))
+
+    def round_length(self, local_steps, gen):
+        return coin_flips_to_success(self.p_w, gen)
+
+    def init_server(self, w0):
+        return {"w": zeros_w(self.problem), "w_z": zeros_w(self.problem)}
+
+    def init_clients(self, w0, num_clients):
+        return {"beta": zeros_beta(self.problem, num_clients), "beta_z": zeros_beta(self.problem, num_clients)}
+
+    def client_init(self, server, rows, rnd):
+        return {**server, **rows}
+
+    def sampled(self, x, z, gradient, step, mirror):
+        """(y, z) of the block that takes the gradient step."""
+        eta_nu = self.eta * self.nu
+        return x - step * gradient, (z + eta_nu * x - mirror * gradient) / (1 + eta_nu)
+
+    def unsampled(self, x, y, z):
+        eta_nu = self.eta * self.nu
+        return (x if self.unsampled_y == "x" else y), (z + eta_nu * x) / (1 + eta_nu)
+
+    def client_step(self, local, batches, rnd, step):
+        problem = self.problem
+        w_x = local["w"] + self.theta * (local["w_z"] - local["w"])
+        beta_x = local["beta"] + self.theta * (local["beta_z"] - local["beta"])
+        everyone = torch.arange(len(beta_x), device=beta_x.device)
+        if step == rnd.local_steps - 1:  # the w-update: G_w all-reduced over the devices
+            g_w, _ = problem.client_block_grads(w_x, beta_x, everyone)
+            w, w_z = self.sampled(w_x, local["w_z"], g_w.mean(0), self.step_w, self.mirror_w)
+            beta, beta_z = self.unsampled(beta_x, local["beta"], local["beta_z"])
+        else:
+            _, g_beta = problem.client_block_grads(w_x, beta_x, everyone)
+            beta, beta_z = self.sampled(beta_x, local["beta_z"], problem.beta_scale * g_beta, self.step_beta,
+                                        self.mirror_beta)
+            w, w_z = self.unsampled(w_x, local["w"], local["w_z"])
+        return {"w": w, "w_z": w_z, "beta": beta, "beta_z": beta_z}
+
+    def client_final(self, local, rnd):
+        return {"w": local["w"], "w_z": local["w_z"]}, {"beta": local["beta"], "beta_z": local["beta_z"]}
+
+    def server_update(self, server, message, weights, rnd):
+        return dict(message)  # the w-block every device holds after the round's all-reduce
+
+    def global_params(self, server):
+        return self.problem.w_scale * server["w"]
+
+    def personal_params(self, server, clients):
+        return clients["beta"]

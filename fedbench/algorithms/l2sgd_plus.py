@@ -1,0 +1,88 @@
+"""L2SGD+ (Hanzely & Richtárik 2020, "Federated learning of a mixture of global and local models", Algorithm 2;
+spec 003 §3.6, the fixed version), the baseline of seed 003 for the mixture objective (9)
+min_X (1/M) Σ f'_m(x_m) + (λ/(2M)) Σ ‖x_m − x̄‖², on the devices' models x_m in natural variables:
+
+    with probability 1 − p (local step, each device, one sample j):  γ = ∇f'_{m,j}(x_m)
+        g_m = (γ − J_m[j])/(M(1 − p)) + (1/(Mn)) Σ_l J_m[l] + Ψ_m/M;   x_m ← x_m − α g_m;   J_m[j] ← γ
+    with probability p (averaging step, a communication round):  x̄ = (1/M) Σ x_m
+        g_m = (λ/(Mp))(x_m − x̄) − ((1/p − 1)/M) Ψ_m + (1/(Mn)) Σ_l J_m[l];   x_m ← x_m − α g_m
+        Ψ_m ← λ(x_m − x̄) at the x_m used (the paper) or the updated one (the code; `psi`)
+
+J_m is a SAGA table of raw per-sample gradients (not divided by M: the two lines commit 8f32ac3 deleted from the
+authors' code made the stored curves converge to a wrong point). α and p default to ASVRCD's η and p_w on the
+problem (§4.1), λ is the problem's. A round is the local steps up to and including the next averaging step; its
+x̄ is the mean over the client axis (participation = "all", an all-reduce). The row's global model is the
+devices' mean, so that the objective evaluated is (9) at X.
+"""
+from __future__ import annotations
+
+import torch
+
+from fedbench.algorithms.base import Algorithm, coin_flips_to_success
+from fedbench.algorithms.pfl_rules import rules
+from fedbench.hparams import Param
+from fedbench.oracle import Minibatch
+
+
+class L2SGDPlus(Algorithm):
+    name = "l2sgd_plus"
+    personalized = True
+    requires = frozenset({"mixture"})
+    participation = "all"
+    hparams = (
+        Param("eta", "float", None, "step size α (None: ASVRCD's η on the problem)", low=0, low_open=True,
+              log=True, nullable=True),
+        Param("p", "float", None, "averaging probability (None: ASVRCD's p_w on the problem)", low=0, high=1,
+              low_open=True, nullable=True),
+        Param("psi", "choice", "paper", "Ψ_m after averaging from the x_m used (paper) or the updated one (code)",
+              choices=("paper", "code")),
+    )
+
+    def __init__(self, problem, **hyperparameters):
+        super().__init__(problem, **hyperparameters)
+        theory = rules(problem)
+        self.alpha = theory.eta if self.eta is None else self.eta
+        self.prob = theory.p_w if self.p is None else self.p
+        self.lam = problem.mixture_penalty
+
+    samples_per_step = 1  # the size of minibatch D: one index j per device, the SAGA table's entry
+
+    def minibatches(self):
+        return (Minibatch("D", size="samples_per_step"),)
+
+    def round_length(self, local_steps, gen):
+        return coin_flips_to_success(self.prob, gen)
+
+    def init_clients(self, w0, num_clients):
+        models = w0.expand(num_clients, -1).clone()
+        return {"x": models, "table": models.new_zeros(num_clients, self.problem.max_size, len(w0)),
+                "table_mean": torch.zeros_like(models), "psi": torch.zeros_like(models)}
+
+    def client_init(self, server, rows, rnd):
+        return dict(rows)
+
+    def client_step(self, local, batches, rnd, step):
+        x, table, table_mean, psi = local["x"], local["table"], local["table_mean"], local["psi"]
+        devices = len(x)
+        if step == rnd.local_steps - 1:  # the averaging step
+            x_bar = x.mean(0)
+            g = (self.lam / (devices * self.prob)) * (x - x_bar) - ((1 / self.prob - 1) / devices) * psi \
+                + table_mean / devices
+            x_new = x - self.alpha * g
+            return {**local, "x": x_new, "psi": self.lam * ((x if self.psi == "paper" else x_new) - x_bar)}
+        oracle = batches.D
+        sample = oracle.rows[:, 0] - self.problem.client_offsets[rnd.clients]
+        gamma = oracle.grad(x)
+        delta = gamma - table[torch.arange(devices), sample]
+        g = delta / (devices * (1 - self.prob)) + (table_mean + psi) / devices
+        table[torch.arange(devices), sample] = gamma  # in place: the gathered rows are this round's copy
+        return {**local, "x": x - self.alpha * g, "table_mean": table_mean + delta / table.shape[1]}
+
+    def client_final(self, local, rnd):
+        return {"w": local["x"].mean(0)}, local
+
+    def server_update(self, server, message, weights, rnd):
+        return dict(message)
+
+    def personal_params(self, server, clients):
+        return clients["x"]

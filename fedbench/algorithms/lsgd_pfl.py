@@ -1,0 +1,60 @@
+"""LSGD-PFL, local SGD on the global block with SGD on the device blocks (Hanzely, Zhao, Kolar, Algorithm 1; spec
+003 §3.1): every device keeps a copy w_m of w, and
+
+    every τ iterations (a communication round):  w ← (1/M) Σ_m w_m;  w_m ← w
+    every iteration, each device:  (w_m, β_m) ← (w_m, β_m) − η (s_w ∇_w, s_β ∇_β) f̃_m(w_m, β_m; B samples)
+
+τ is the federation's `local_steps`, B its `batch_size`. The gradient scales follow the two codes (§3.1): the
+problem's `beta_scale` for β (1/M, i.e. ∇_{β_m}F, or 1 in the EWS code) and `w_gradient` for w: `device`
+(∇_w f_m, what the synthetic code's ∇_w F(w_m, β) averages to) or `objective` ((1/M)∇_w f_m, the real-data
+code). The real-data code passes ASVRCD's η instead of the printed 0.01: `client_lr: null`.
+"""
+from __future__ import annotations
+
+from fedbench.algorithms.base import Algorithm, aggregate, broadcast
+from fedbench.algorithms.pfl_rules import rules, zeros_beta, zeros_w
+from fedbench.hparams import Param
+
+
+class LSGDPFL(Algorithm):
+    name = "lsgd_pfl"
+    personalized = True
+    requires = frozenset({"block_objective"})
+    participation = "all"
+    hparams = (
+        Param("client_lr", "float", 0.01, "step size η (None: ASVRCD's 1/(4𝓛), as the real-data code)", low=0,
+              low_open=True, log=True, nullable=True),
+        Param("w_gradient", "choice", "device", "scale of the w-gradient: ∇_w f_m (device) or (1/M)∇_w f_m",
+              choices=("device", "objective")),
+    )
+
+    def __init__(self, problem, **hyperparameters):
+        super().__init__(problem, **hyperparameters)
+        self.step = rules(problem).eta if self.client_lr is None else self.client_lr
+        self.w_scale = 1.0 if self.w_gradient == "device" else 1.0 / problem.num_clients
+
+    def init_server(self, w0):
+        return {"w": zeros_w(self.problem)}
+
+    def init_clients(self, w0, num_clients):
+        return {"beta": zeros_beta(self.problem, num_clients)}
+
+    def client_init(self, server, rows, rnd):
+        return {"w": broadcast(server["w"], rnd), "beta": rows["beta"]}
+
+    def client_step(self, local, batches, rnd, step):
+        g_w, g_beta = batches.D.block_grads(local["w"], local["beta"])
+        return {"w": local["w"] - (self.step * self.w_scale) * g_w,
+                "beta": local["beta"] - (self.step * self.problem.beta_scale) * g_beta}
+
+    def client_final(self, local, rnd):
+        return {"w": local["w"]}, {"beta": local["beta"]}
+
+    def server_update(self, server, message, weights, rnd):
+        return {"w": aggregate(message["w"], weights)}
+
+    def global_params(self, server):
+        return self.problem.w_scale * server["w"]
+
+    def personal_params(self, server, clients):
+        return clients["beta"]

@@ -1,0 +1,325 @@
+"""Personalized-FL problems of seed 003 (spec 003): a block objective F(w, β) = (1/M) Σ_m f_m(w, β_m)
+(`fedbench.problems.blocks`) over M devices that all hold n samples, with logistic losses f'_m.
+
+The problem serves two kinds of algorithms:
+* block methods (LSGD/ACD/ASCD/ASVRCD/SCD/SVRCD-PFL) ask a `BlockOracle` for ∇_w f_{m,j} and ∇_β f_{m,j} in the
+  stored variables (w, with the chain-rule factor 1/√M of the reparametrisation, §1.3), and read the problem's
+  constants (`constants`: μ, 𝓛^w, 𝓛^β) and `beta_scale` (∇_{β_m}F = beta_scale·∇_β f_m: 1/M, or 1 where the
+  EWS code does not divide, §4.2);
+* methods on one model per device in the natural variables (pFedMe, L2SGD+) use the plain oracle of f'_m.
+
+Either way a metric row evaluates the point (w̃, β) in natural variables: the global model w̃ (`global_params`)
+and the per-device blocks (`personal_params`). The objective gap is against the reference optimum
+(`fedbench.reference`, Newton on the joint variable).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fedbench.data import pfl_synthetic
+from fedbench.hparams import Param
+from fedbench.metrics import Metric
+from fedbench.oracle import Oracle
+from fedbench.problems.base import Problem
+from fedbench.problems.blocks import OBJECTIVES, BlockObjective, Constants
+from fedbench.prox import NoRegularizer
+
+
+class BlockOracle(Oracle):
+    """An oracle of one minibatch of every device, for block objectives: at stored w (`[d_w]`, shared, or
+    `[S, d_w]`) and β `[S, d_β]`, per device. `rows` are the batch's rows in the flat data (SAGA tables index
+    them), None for full data."""
+
+    def __init__(self, problem, batch, rows: Tensor | None = None):
+        super().__init__(problem, batch)
+        self.rows = rows
+
+    def block_grads(self, w: Tensor, beta: Tensor, need_w: bool = True) -> tuple[Tensor | None, Tensor]:
+        """(∇_w f_m(w, β_m; D), ∇_β f_m(w, β_m; D)); the first is None when not `need_w`."""
+        return self.problem.block_grads(w, beta, self.batch, need_w)
+
+    def block_loss(self, w: Tensor, beta: Tensor) -> Tensor:
+        return self.problem.block_loss(w, beta, self.batch)
+
+
+class BinaryLogistic:
+    """f'(θ; x, y) = binary cross-entropy of σ(xᵀθ) (the authors' synthetic model, no bias)."""
+
+    def __init__(self, features: int):
+        self.dim = features
+
+    def logits(self, theta: Tensor, x: Tensor) -> Tensor:
+        return (x * theta.unsqueeze(-2)).sum(-1)
+
+    def loss(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
+        return F.binary_cross_entropy_with_logits(self.logits(theta, x), y, reduction="none").mean(-1)
+
+    def grad(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
+        residual = torch.sigmoid(self.logits(theta, x)).sub_(y)
+        return (residual.unsqueeze(-1) * x).mean(-2)
+
+    def correct(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
+        return (self.logits(theta, x) > 0).to(y.dtype) == y
+
+
+class Softmax:
+    """f'(Θ; x, y) = cross-entropy of softmax(W x + b), Θ = (W [C, p], b [C]) flattened row by row
+    (`nn.Linear(784, 10)` of the authors' image code)."""
+
+    def __init__(self, features: int, classes: int):
+        self.features, self.classes = features, classes
+        self.dim = classes * (features + 1)
+
+    def logits(self, theta: Tensor, x: Tensor) -> Tensor:
+        table = theta.reshape(*theta.shape[:-1], self.classes, self.features + 1)
+        return torch.einsum("sbp,scp->sbc", x, table[..., :-1]) + table[..., -1].unsqueeze(-2)
+
+    def loss(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
+        logits = self.logits(theta, x)
+        return F.cross_entropy(logits.transpose(1, 2), y, reduction="none").mean(-1)
+
+    def grad(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
+        residual = torch.softmax(self.logits(theta, x), -1)
+        residual = residual - F.one_hot(y, self.classes).to(residual.dtype)
+        weights = torch.einsum("sbc,sbp->scp", residual, x) / x.shape[-2]
+        return torch.cat([weights, residual.mean(-2).unsqueeze(-1)], -1).flatten(-2)
+
+    def correct(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
+        return self.logits(theta, x).argmax(-1) == y
+
+
+class BlockProblem(Problem):
+    """The shared machinery of seed 003's problems: subclasses set the data (`x` `[M, n, p]`, `y` `[M, n]`),
+    `base` (the model of f'), `objective` and `constants` through `_setup`."""
+    provides = frozenset({"block_objective", "full_data", "personal_evaluation"})
+    evaluates_global_model = False  # a row needs the per-device blocks too
+
+    objective: BlockObjective
+    constants: Constants
+    beta_scale: float
+    w_scale: float
+    dim_w: int
+    dim_beta: int
+
+    def _setup(self, x: Tensor, y: Tensor, base, objective: BlockObjective, reparam: bool, beta_scale: str) -> None:
+        self.x, self.y, self.base, self.objective = x, y, base, objective
+        devices, samples, _ = x.shape
+        self.flat_x, self.flat_y = x.reshape(devices * samples, -1), y.reshape(-1)
+        self._set_clients(torch.full((devices,), samples, dtype=torch.long))
+        self.client_weights = torch.full((devices,), 1.0 / devices, dtype=x.dtype, device=self.device)
+        self.regularizer = NoRegularizer()
+        self.dim = base.dim
+        self.dim_w = objective.global_features or base.dim
+        self.dim_beta = base.dim - objective.global_features
+        self.w_scale = devices**-0.5 if reparam else 1.0
+        self.beta_scale = 1.0 / devices if beta_scale == "objective" else 1.0
+        self.dtype = x.dtype
+
+    @classmethod
+    def capabilities(cls, config):
+        return super().capabilities(config) | ({"mixture"} if config["objective"] == "mx2" else set())
+
+    @property
+    def mixture_penalty(self) -> float | None:
+        """λ of the mixture objective (9)/(10)/(11) that pFedMe and L2SGD+ solve in natural variables, where the
+        problem's objective is mx2 (None otherwise)."""
+        return self.objective.lam if self.objective.kind == "mx2" else None
+
+    # -- data and oracles ---------------------------------------------------------------------------
+    def init_params(self, gen: torch.Generator) -> Tensor:
+        return torch.zeros(self.dim, dtype=self.dtype, device=self.device)  # every method starts at 0 (§3.0)
+
+    def draw_minibatches(self, clients: Tensor, steps: int, batch_size: int, gen: torch.Generator) -> Tensor:
+        """Each device's samples drawn uniformly with replacement, as the authors' codes do (`np.random.choice(n,
+        size=n)` per iteration; pFedMe's minibatch with replacement): one randint, where the base draw without
+        replacement ranks n keys per pick (its cost dominated these one-sample iterations)."""
+        picks = torch.randint(self.max_size, (steps, len(clients), batch_size), generator=gen)
+        return (self.client_offsets_cpu[clients][:, None] + picks).to(self.device)
+
+    def gather(self, rows: Tensor) -> tuple[Tensor, Tensor]:
+        flat = rows.reshape(-1)  # every device holds n samples: no padding rows
+        return (self.flat_x.index_select(0, flat).view(*rows.shape, -1),
+                self.flat_y.index_select(0, flat).view(rows.shape))
+
+    def step_oracle(self, rows: Tensor) -> BlockOracle:
+        return BlockOracle(self, self.gather(rows), rows)
+
+    def full_data(self, clients: Tensor) -> BlockOracle:
+        clients = clients.to(self.device)
+        return BlockOracle(self, (self.x[clients], self.y[clients]))
+
+    def minibatch_loss(self, w: Tensor, batch) -> Tensor:
+        x, y = batch
+        return self.base.loss(w.unsqueeze(0), x.unsqueeze(0), y.unsqueeze(0))[0]
+
+    def loss(self, w: Tensor, batch) -> Tensor:
+        return self.base.loss(w, *batch)
+
+    def grad(self, w: Tensor, batch) -> Tensor:
+        return self.base.grad(w, *batch)
+
+    def block_loss(self, w: Tensor, beta: Tensor, batch) -> Tensor:
+        return self.objective.value(lambda theta: self.base.loss(theta, *batch), self.w_scale * w, beta)
+
+    def block_grads(self, w: Tensor, beta: Tensor, batch, need_w: bool = True) -> tuple[Tensor | None, Tensor]:
+        g_w, g_beta = self.objective.grads(lambda theta: self.base.grad(theta, *batch), self.w_scale * w, beta,
+                                           need_w)
+        return (None if g_w is None else self.w_scale * g_w), g_beta
+
+    def client_block_grads(self, w: Tensor, beta: Tensor, clients: Tensor) -> tuple[Tensor, Tensor]:
+        """(∇_w f_m, ∇_β f_m) on each device's full data at stored w and β `[C, d_β]`."""
+        parts = self._by_chunk(clients, lambda oracle, b: oracle.block_grads(w, b), beta)
+        return torch.cat([g for g, _ in parts]), torch.cat([g for _, g in parts])
+
+    # -- evaluation ---------------------------------------------------------------------------------
+    def natural_objective(self, w: Tensor, beta: Tensor) -> Tensor:
+        """F(w̃, β) = (1/M) Σ_m f_m on all data, in the natural variable w̃ (no reparametrisation)."""
+        return self.objective.value(lambda theta: self.base.loss(theta, self.x, self.y), w, beta).mean()
+
+    def flat_objective(self, z: Tensor) -> Tensor:
+        """F at z = [w̃; β_1; …; β_M], for the reference solver."""
+        return self.natural_objective(z[: self.dim_w], z[self.dim_w:].view(self.num_clients, self.dim_beta))
+
+    def flat_gradient(self, z: Tensor) -> Tensor:
+        """∇F at z (hand-written: its forward-mode derivative gives the reference solver's Hessian ~50x faster
+        than double backward through the loss)."""
+        w, beta = z[: self.dim_w], z[self.dim_w:].view(self.num_clients, self.dim_beta)
+        g_w, g_beta = self.objective.grads(lambda theta: self.base.grad(theta, self.x, self.y), w, beta)
+        return torch.cat([g_w.mean(0), g_beta.flatten() / self.num_clients])
+
+    def flat_hessian(self, z: Tensor) -> Tensor:
+        """∇²F at z from d_w + d_β forward-mode derivatives of `flat_gradient` instead of one per coordinate: f_m
+        depends on (w, β_m) only, so a direction e_i in every β_m at once gives each device's diagonal block
+        H_{β_m β_m} e_i at its own rows, and the w-directions give H_ww and H_{β_m w} (H_{w β_m} by symmetry)."""
+        d_w, devices, d_beta = self.dim_w, self.num_clients, self.dim_beta
+        directions = torch.zeros(d_w + d_beta, len(z), dtype=z.dtype)
+        directions[:d_w, :d_w] = torch.eye(d_w, dtype=z.dtype)
+        directions[d_w:, d_w:] = torch.eye(d_beta, dtype=z.dtype).repeat(1, devices)
+        columns = torch.vmap(lambda v: torch.func.jvp(self.flat_gradient, (z,), (v,))[1])(directions)
+        hessian = torch.zeros(len(z), len(z), dtype=z.dtype)
+        hessian[:, :d_w] = columns[:d_w].T
+        hessian[:d_w, d_w:] = columns[:d_w, d_w:]
+        beta_blocks = columns[d_w:, d_w:].view(d_beta, devices, d_beta).permute(1, 2, 0)  # [M, row, column]
+        hessian[d_w:, d_w:] = torch.block_diag(*beta_blocks)
+        return hessian
+
+    def instance_key(self) -> str:
+        text = json.dumps([self.name, self.config, str(self.dtype)], sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+    def evaluate(self, w: Tensor, personal: Tensor | None = None) -> dict[str, float]:
+        """The metrics at (w̃, β): `personal` holds the devices' blocks β `[M, d_β]` (a method that keeps one
+        model per device reports it as β, its global model as w̃)."""
+        metrics = self.block_metrics(w, personal)
+        names = list(metrics)
+        return dict(zip(names, torch.stack([torch.as_tensor(metrics[k], dtype=self.dtype) for k in names]).tolist()))
+
+    def block_metrics(self, w: Tensor, beta: Tensor) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+
+OBJECTIVE = Metric("objective", "objective F(w, β)", "min")
+OBJECTIVE_GAP = Metric("objective_gap", "objective gap F(w, β) − F*", "min")
+
+SYNTHETIC_METRICS = (OBJECTIVE, OBJECTIVE_GAP,
+                     Metric("estimation_error", "estimation error of the true models", "min"))
+
+
+class PFLSynthetic(BlockProblem):
+    """Seed 003's synthetic logistic data (spec 003 §4.1–4.2), generated bit for bit as the authors' code:
+    S1 (`s1`: devices' models around a common w*, objective MX2) and S2 (`s2`: a shared block and a local
+    block, objective EWS). The data seed is fixed (111); repetitions vary only the algorithms' randomness."""
+    name = "pfl_synthetic"
+    params = (
+        Param("preset", "choice", "s1", "spec 003 experiment: S1 (MX2, Fig. 1) or S2 (EWS, Fig. 2)",
+              choices=("s1", "s2")),
+        Param("sigma_h", "float", 1.0, "heterogeneity σ_h of the devices' true models", low=0, low_open=True),
+        Param("objective", "choice", "mx2", "f_m of the objective (s2's data need ews)", choices=OBJECTIVES),
+        Param("lam", "float", None, "penalty λ of mx2/mt2 (None: from lam_rule)", low=0, nullable=True, log=True),
+        Param("lam_rule", "choice", "code", "λ when lam is None: the code's 1e-2/σ_h or the paper's σ_h·1e-2",
+              choices=("code", "paper")),
+        Param("big_lambda", "float", 1.0, "Λ of mt2/apfl2", low=0),
+        Param("alpha", "float", 0.1, "α of apfl2", low=0, high=1, low_open=True),
+        Param("reparam", "bool", True, "feed w/√M into f_m (§1.3)"),
+        Param("smoothness", "choice", "code", "𝓛': the code's (s1: max‖x‖/4, unsquared; s2: max‖x‖ over row slices) "
+              "or the paper's (max‖x‖²/4; s2 over the blocks' columns)", choices=("code", "paper")),
+        Param("mu_prime", "choice", "code", "μ' of the Hessian at the truth: the code's np.linalg.eig(H)[0][-1] or "
+              "the smallest eigenvalue", choices=("code", "smallest")),
+        Param("beta_gradients", "choice", "objective", "∇_β of the block methods: ∇_{β_m}F = (1/M)∇_β f_m, or "
+              "∇_β f_m as the EWS code", choices=("objective", "device")),
+        Param("estimation_error", "choice", "code", "code: Σ‖β−β*‖² (s1), ‖w̃−w*‖² + (1/M)Σ‖β−β*‖² (s2); "
+              "paper: ‖w̃−w*‖² + Σ‖β−β*‖²", choices=("code", "paper")),
+        Param("data_seed", "int", 111, "seed of the authors' generator", low=0),
+    )
+    presets = {"s1": {}, "s2": {"sigma_h": 5.0, "objective": "ews", "beta_gradients": "device"}}
+
+    @classmethod
+    def resolve_config(cls, given):
+        config = super().resolve_config(given)
+        if (config["objective"] == "ews") != (config["preset"] == "s2"):
+            raise ValueError(f"{cls.name}.objective: found {config['objective']!r} with preset {config['preset']!r}, "
+                             "expected ews exactly with s2 (its data have a global and a local block)")
+        return config
+
+    @classmethod
+    def declared_clients(cls, config):
+        return pfl_synthetic.DEVICES
+
+    @classmethod
+    def metrics(cls, config):
+        return SYNTHETIC_METRICS
+
+    def __init__(self, config: dict[str, Any], seed: int, device="cpu"):
+        super().__init__(config, seed, device)
+        s2 = config["preset"] == "s2"
+        data = (pfl_synthetic.ews if s2 else pfl_synthetic.mx2)(config["sigma_h"], config["data_seed"])
+        lam = config["lam"]
+        if lam is None:
+            lam = 1e-2 / config["sigma_h"] if config["lam_rule"] == "code" else 1e-2 * config["sigma_h"]
+        objective = BlockObjective(config["objective"], lam=0.0 if s2 else lam, big_lambda=config["big_lambda"],
+                                   alpha=config["alpha"], global_features=len(data.w_true) if s2 else 0)
+        x, y = (torch.from_numpy(a).to(self.device) for a in (data.x, data.y))
+        self._setup(x, y, BinaryLogistic(x.shape[-1]), objective, config["reparam"], config["beta_gradients"])
+        self.w_true = torch.from_numpy(data.w_true).to(self.device)
+        self.beta_true = torch.from_numpy(data.beta_true).to(self.device)
+        truth = np.concatenate([np.broadcast_to(data.w_true, (len(data.beta_true), len(data.w_true))),
+                                data.beta_true], 1) if s2 else data.beta_true
+        hessian = pfl_synthetic.logistic_hessian(data, truth)
+        self.mu_prime = float(np.linalg.eig(hessian)[0][-1].real if config["mu_prime"] == "code"
+                              else np.linalg.eigvalsh(hessian)[0])
+        self.smooth_prime = self._smoothness(data.x, config["smoothness"], s2, len(data.w_true))
+        self.constants = objective.constants(self.smooth_prime, self.mu_prime, self.num_clients, config["reparam"])
+
+    @staticmethod
+    def _smoothness(x: np.ndarray, rule: str, s2: bool, split: int) -> float | tuple[float, float]:
+        """𝓛' (spec 003 §4.1–4.2, §6 item 3)."""
+        norms = np.linalg.norm(x, axis=-1)
+        if not s2:
+            return float(norms.max() / 4 if rule == "code" else norms.max() ** 2 / 4)
+        if rule == "code":  # mathcal_L_fun slices each device's rows, not its columns
+            return float(norms[:, :split].max()), float(norms[:, split:].max())
+        return (float(np.square(x[..., :split]).sum(-1).max() / 4),
+                float(np.square(x[..., split:]).sum(-1).max() / 4))
+
+    def block_metrics(self, w: Tensor, beta: Tensor) -> dict[str, Tensor]:
+        from fedbench.reference import solve  # the reference imports problems for typing only
+
+        if beta is None:
+            raise ValueError(f"{self.name} evaluates a global model with the devices' blocks")
+        objective = self.natural_objective(w, beta)
+        beta_error = (beta - self.beta_true).square().sum(-1)
+        w_error = (w - self.w_true).square().sum()
+        if self.config["estimation_error"] == "paper":
+            error = w_error + beta_error.sum()
+        elif self.config["preset"] == "s2":
+            error = w_error + beta_error.mean()
+        else:
+            error = beta_error.sum()
+        return {"objective": objective, "objective_gap": objective - solve(self).objective, "estimation_error": error}
