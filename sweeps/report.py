@@ -261,6 +261,15 @@ def spread(values: list[float]) -> tuple[float, float]:
     return float(np.mean(values)), (float(np.std(values, ddof=1)) if len(values) > 1 else 0.0)
 
 
+def per_thousand_rounds(run, steps: np.ndarray) -> float:
+    """Training plus evaluation seconds per 1000 communication rounds (the papers' wall-clock tables, e.g. seed
+    003's Tables 4–5, which include evaluating after every round), from the run's summary metrics."""
+    metrics, rounds = run.data.metrics, (steps[-1] if len(steps) else 0)
+    if rounds <= 0 or "train_seconds" not in metrics:
+        return math.nan
+    return 1000 * (metrics["train_seconds"] + metrics.get("eval_seconds", 0.0)) / rounds
+
+
 def statuses(runs: list) -> str:
     """How the runs ended, finished first: `2 finished, 1 diverged`."""
     counts = Counter(run.data.tags.get("status", "unknown") for run in runs)
@@ -283,6 +292,7 @@ class Configuration:
     runs: list
     params: dict[str, str]  # the flattened configuration, seed excluded
     finals: dict[str, list[float]] = field(default_factory=dict)  # metric -> last finite value of each run
+    seconds: list[float] = field(default_factory=list)  # each run's training + evaluation seconds per 1000 rounds
     reached: dict[str, list[Optional[float]]] = field(default_factory=dict)  # target metric -> rounds per run
     varying: str = ""  # the hyperparameters that vary between the algorithm's configurations, with their values
     name: str = ""  # algorithm label and varying
@@ -315,6 +325,7 @@ def configurations(runs: list, order: list[str], settings: Settings, histories: 
         config = Configuration(algorithm, config_hash, members, params)
         for metric in settings.table_metrics:
             config.finals[metric] = [histories(run, metric)[1][-1] for run in members if len(histories(run, metric)[0])]
+        config.seconds = [per_thousand_rounds(run, histories(run, settings.select.metric)[0]) for run in members]
         for metric, target in settings.targets.items():
             config.reached[metric] = [rounds_to(*histories(run, metric), target) for run in members]
         configs.append(config)
@@ -434,13 +445,13 @@ def reach_text(rounds: list[Optional[float]]) -> str:
 
 def table(configs: list[Configuration], settings: Settings) -> tuple[list[str], list[list[str]]]:
     """Header and rows for people: mean ± std of each metric's final value, rounds to each target."""
-    header = ["algorithm", "configuration", "runs", "status"]
+    header = ["algorithm", "configuration", "runs", "status", "seconds per 1000 rounds"]
     header += [f"{settings.label(m)}: final" for m in settings.table_metrics]
     header += [f"rounds until {settings.label(m)} reaches {t:g}" for m, t in settings.targets.items()]
     rows = []
     for config in configs:
         cells = [settings.label(config.algorithm) + (" ★" if config.best else ""), config.varying or "–",
-                 str(len(config.runs)), config.status]
+                 str(len(config.runs)), config.status, "{} ± {}".format(*map(fmt, spread(config.seconds), (3, 2)))]
         for metric in settings.table_metrics:
             mean, std = spread(config.finals[metric])
             cells.append(f"{fmt(mean)} ± {fmt(std, 2)}")
@@ -451,14 +462,16 @@ def table(configs: list[Configuration], settings: Settings) -> tuple[list[str], 
 
 def write_csv(path: Path, configs: list[Configuration], settings: Settings) -> None:
     """The same table with full-precision numbers, one column per statistic."""
-    columns = ["algorithm", "configuration", "config_hash", "best", "runs", "status"]
+    columns = ["algorithm", "configuration", "config_hash", "best", "runs", "status", "seconds_per_1000_rounds_mean",
+               "seconds_per_1000_rounds_std"]
     columns += [f"{m}_{stat}" for m in settings.table_metrics for stat in ("mean", "std")]
     columns += [f"rounds_to_{m}_{stat}" for m in settings.targets for stat in ("mean", "reached")]
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(columns)
         for config in configs:
-            row = [config.algorithm, config.varying, config.config_hash, config.best, len(config.runs), config.status]
+            row = [config.algorithm, config.varying, config.config_hash, config.best, len(config.runs), config.status,
+                   *map(repr, spread(config.seconds))]
             for metric in settings.table_metrics:
                 row += [repr(v) for v in spread(config.finals[metric])]
             for metric in settings.targets:

@@ -10,9 +10,9 @@ from fedbench.problems.emnist import EMNIST
 from fedbench.problems.lasso import Lasso
 from fedbench.problems.lowrank import LowRank
 from fedbench.problems.pauc import PartialAUC
-from fedbench.problems.pfl import PFLSynthetic
+from fedbench.problems.pfl import PFLImages, PFLSynthetic
 
-PROBLEMS: dict[str, type[Problem]] = {cls.name: cls for cls in (Lasso, LowRank, EMNIST, PartialAUC, Digits, PFLSynthetic)}
+PROBLEMS: dict[str, type[Problem]] = {cls.name: cls for cls in (Lasso, LowRank, EMNIST, PartialAUC, Digits, PFLSynthetic, PFLImages)}
 
 
 def metric_catalog() -> dict[str, Metric]:

@@ -14,6 +14,7 @@ and the per-device blocks (`personal_params`). The objective gap is against the 
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from typing import Any
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedbench.data import pfl_synthetic
+from fedbench.data import pfl_images, pfl_synthetic
 from fedbench.hparams import Param
 from fedbench.metrics import Metric
 from fedbench.oracle import Oracle
@@ -323,3 +324,90 @@ class PFLSynthetic(BlockProblem):
         else:
             error = beta_error.sum()
         return {"objective": objective, "objective_gap": objective - solve(self).objective, "estimation_error": error}
+
+
+@functools.lru_cache(maxsize=2)
+def _pool(source: str, path: str | None) -> tuple[np.ndarray, np.ndarray]:
+    return pfl_images.load_pool(source, path)  # a sweep's trials on one dataset read it once per process
+
+
+class PFLImages(BlockProblem):
+    """Seed 003's real-image experiments (spec 003 §4.3–4.6): M devices with K classes each, multiclass logistic
+    regression 784 → 10 with bias, objective MT2 (8), MX2 (11) or APFL2 (14) with the paper's λ = 1/K, Λ = 1,
+    α = 0.05·K. `r1` is R1–R3 (n = 100 training, 300 test images per device), `r4` the Λ sweep of Fig. 8 on (7)
+    (MT2 without reparametrisation, K = 4, n = 30/100, λ = 0.1). Constants are the code's heuristic 𝓛' = 1
+    (unit-norm rows) and μ' = 0.01 (the problem is over-parametrised: μ' is really 0); no reference optimum."""
+    name = "pfl_images"
+    params = (
+        Param("preset", "choice", "r1", "spec 003 experiment: R1–R3 (Figs. 3–7) or R4 (Fig. 8)", choices=("r1", "r4")),
+        Param("source", "choice", "fashion-mnist", "image pool: Fashion-MNIST, FEMNIST digits (the offline MNIST) or "
+              "an IDX folder (path)", choices=pfl_images.SOURCES),
+        Param("path", "str", None, "the pool's folder or file (None: the source's default under FEDBENCH_DATA)",
+              nullable=True),
+        Param("devices", "int", 20, "devices M", low=1),
+        Param("classes", "int", 2, "classes K drawn per device", low=1, high=pfl_images.CLASSES),
+        Param("train", "int", 100, "training images per device n", low=1),
+        Param("test", "int", 300, "test images per device n'", low=0),
+        Param("objective", "choice", "mx2", "f_m of the objective", choices=("mx2", "mt2", "apfl2")),
+        Param("lam", "float", None, "penalty λ of mx2/mt2 (None: 1/K)", low=0, nullable=True, log=True),
+        Param("big_lambda", "float", 1.0, "Λ of mt2/apfl2", low=0),
+        Param("alpha", "float", None, "α of apfl2 (None: 0.05·K)", low=0, high=1, low_open=True, nullable=True),
+        Param("reparam", "bool", True, "feed w/√M into f_m (§1.3)"),
+        Param("label_draw", "choice", "code", "device classes with replacement (code) or K distinct (paper)",
+              choices=pfl_images.LABEL_DRAWS),
+        Param("selection", "choice", "code", "the first matching pool images in order (code) or random ones",
+              choices=pfl_images.SELECTIONS),
+        Param("normalization", "choice", "code", "scalar dataset constants (code) or per-pixel standardisation "
+              "(paper), then unit rows", choices=pfl_images.NORMALIZATIONS),
+        Param("pixel_mean", "float", None, "mean of pixel/255 for code normalisation of an idx pool (None: the "
+              "pool's own)", nullable=True),
+        Param("pixel_std", "float", None, "std of pixel/255 (idx pool; None: the pool's own)", low=0,
+              low_open=True, nullable=True),
+        Param("mu_prime", "float", 0.01, "μ' of the parameter rules (the code's heuristic)", low=0, low_open=True,
+              log=True),
+        Param("smoothness", "float", 1.0, "𝓛' of the parameter rules (unit-norm rows)", low=0, low_open=True),
+        Param("data_seed", "int", 111, "seed of the label draw (and of random selection)", low=0),
+    )
+    presets = {"r1": {}, "r4": {"classes": 4, "train": 30, "test": 100, "objective": "mt2", "lam": 0.1,
+                                "reparam": False}}
+
+    @classmethod
+    def declared_clients(cls, config):
+        return config["devices"]
+
+    @classmethod
+    def metrics(cls, config):
+        return (OBJECTIVE, Metric("test_accuracy", "test accuracy of each device's local model β_m (mean over "
+                                                   "devices)", "max"),
+                Metric("train_accuracy", "training accuracy of the local models β_m (mean over devices)", "max"))
+
+    def __init__(self, config: dict[str, Any], seed: int, device="cpu"):
+        super().__init__(config, seed, device)
+        k = config["classes"]
+        x, y = _pool(config["source"], config["path"])
+        mean, std = pfl_images.SCALAR_STATS.get(config["source"], (config["pixel_mean"], config["pixel_std"]))
+        if config["normalization"] == "code" and (mean is None or std is None):
+            scaled = x / 255.0
+            mean, std = (float(scaled.mean()) if mean is None else mean), (float(scaled.std()) if std is None else std)
+        data = pfl_images.device_split(x, y, config["devices"], k, config["train"], config["test"],
+                                       config["label_draw"], config["selection"], config["normalization"], mean, std,
+                                       config["data_seed"])
+        lam = 1.0 / k if config["lam"] is None else config["lam"]
+        alpha = 0.05 * k if config["alpha"] is None else config["alpha"]
+        objective = BlockObjective(config["objective"], lam=lam, big_lambda=config["big_lambda"], alpha=alpha)
+        tensors = [torch.from_numpy(a).to(self.device) for a in (data.x_train, data.y_train, data.x_test, data.y_test)]
+        self.x_test, self.y_test = tensors[2], tensors[3]
+        self._setup(tensors[0], tensors[1], Softmax(x.shape[1], pfl_images.CLASSES), objective, config["reparam"],
+                    "objective")
+        self.labels = data.labels
+        self.constants = objective.constants(config["smoothness"], config["mu_prime"], self.num_clients,
+                                             config["reparam"])
+
+    def block_metrics(self, w: Tensor, beta: Tensor) -> dict[str, Tensor]:
+        if beta is None:
+            raise ValueError(f"{self.name} evaluates a global model with the devices' blocks")
+        accuracy = {}
+        for split, x, y in (("train", self.x, self.y), ("test", self.x_test, self.y_test)):
+            accuracy[split] = self.base.correct(beta, x, y).to(self.dtype).mean() if y.numel() else torch.nan
+        return {"objective": self.natural_objective(w, beta), "test_accuracy": accuracy["test"],
+                "train_accuracy": accuracy["train"]}
