@@ -133,6 +133,8 @@ def composite_step(reg, h_mode: str, x: Tensor, direction: Tensor, lr) -> Tensor
     smooth-FL baselines of spec 000 §2.3 treat the nonsmooth h."""
     if h_mode == "prox":
         return reg.prox(x - lr * direction, lr)
+    if not reg.lam:  # h = 0: no zero subgradient to build and add in the inner loops
+        return x - lr * direction
     return x - lr * (direction + reg.subgradient(x))
 
 

