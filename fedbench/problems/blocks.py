@@ -40,14 +40,15 @@ class BlockObjective:
     global_features: int = 0  # ews: the first features multiply w̃, the rest β
 
     def models(self, w: Tensor, beta: Tensor) -> list[tuple[float, Tensor]]:
-        """The points (c_t, θ_t) where f' is evaluated: f_m = Σ_t c_t f'(θ_t) + penalty."""
+        """The points (c_t, θ_t) `[S, d]` where f' is evaluated: f_m = Σ_t c_t f'(θ_t) + penalty."""
+        if self.kind == "ews":
+            return [(1.0, _concat(w, beta))]
+        w = w.expand_as(beta)  # a shared w̃ `[d]` is every device's
         if self.kind == "mx2":
             return [(1.0, beta)]
         if self.kind == "mt2":
             return [(self.big_lambda, w), (1.0, beta)]
-        if self.kind == "apfl2":
-            return [(self.big_lambda, w), (1.0, (1 - self.alpha) * beta + self.alpha * w)]
-        return [(1.0, _concat(w, beta))]
+        return [(self.big_lambda, w), (1.0, (1 - self.alpha) * beta + self.alpha * w)]
 
     def value(self, base_loss: Callable[[Tensor], Tensor], w: Tensor, beta: Tensor) -> Tensor:
         """f_m(w̃, β_m) per device `[S]` (w̃ `[S, d_w]` or `[d_w]`, β `[S, d_β]`), f' given by `base_loss`."""
@@ -61,6 +62,8 @@ class BlockObjective:
         """(∇_w̃ f_m, ∇_β f_m) per device from ∇f' (`base_grad`); ∇_w̃ is None when not `need_w`, which saves
         mt2's and apfl2's gradient at w̃ on β-only steps."""
         kind = self.kind
+        if kind != "ews":
+            w = w.expand_as(beta)
         if kind == "ews":
             g = base_grad(_concat(w, beta))
             split = self.global_features
