@@ -340,8 +340,8 @@ def _pool(source: str, path: str | None) -> tuple[np.ndarray, np.ndarray]:
 class PFLImages(BlockProblem):
     """Seed 003's real-image experiments (spec 003 §4.3–4.6): M devices with K classes each, multiclass logistic
     regression 784 → 10 with bias, objective MT2 (8), MX2 (11) or APFL2 (14) with the paper's λ = 1/K, Λ = 1,
-    α = 0.05·K. `r1` is R1–R3 (n = 100 training, 300 test images per device), `r4` the Λ sweep of Fig. 8 on (7)
-    (MT2 without reparametrisation, K = 4, n = 30/100, λ = 0.1). Constants are the code's heuristic 𝓛' = 1
+    α = 0.05·K. `r1` is R1–R3 (n = 100 training, 300 test images per device), `r4` the Λ sweep of Fig. 8 on (8),
+    the rescaled (7) (K = 4, n = 30/100, λ = 0.1; `reparam: false` is (7) itself). Constants are the code's heuristic 𝓛' = 1
     (unit-norm rows) and μ' = 0.01 (the problem is over-parametrised: μ' is really 0); no reference optimum."""
     name = "pfl_images"
     params = (
@@ -374,8 +374,7 @@ class PFLImages(BlockProblem):
         Param("smoothness", "float", 1.0, "𝓛' of the parameter rules (unit-norm rows)", low=0, low_open=True),
         Param("data_seed", "int", 111, "seed of the label draw (and of random selection)", low=0),
     )
-    presets = {"r1": {}, "r4": {"classes": 4, "train": 30, "test": 100, "objective": "mt2", "lam": 0.1,
-                                "reparam": False}}
+    presets = {"r1": {}, "r4": {"classes": 4, "train": 30, "test": 100, "objective": "mt2", "lam": 0.1}}
 
     @classmethod
     def declared_clients(cls, config):
