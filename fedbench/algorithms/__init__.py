@@ -22,6 +22,7 @@ from fedbench.algorithms.local_sgd_ce import LocalSGDCE
 from fedbench.algorithms.lsgd_pfl import LSGDPFL
 from fedbench.algorithms.mc_fedda import MCFedDA
 from fedbench.algorithms.pfedfbe import PFedFBE
+from fedbench.algorithms.per_fedavg import PerFedAvg
 from fedbench.algorithms.pfedme import PFedMe
 from fedbench.algorithms.scd_pfl import SCDPFL
 from fedbench.algorithms.svrcd_pfl import SVRCDPFL
@@ -29,6 +30,7 @@ from fedbench.algorithms.svrcd_pfl import SVRCDPFL
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls for cls in (FedAvg, FedMiD, FedDA, Ditto, FastFedDA, CFedDA, MCFedDA, FeDXL1, FeDXL2,
                                               LocalPair, LocalSGDCE, Centralized, CODASCA, PFedFBE, PFedMe, FedProx,
-                                              LSGDPFL, ACDPFL, ASCDPFL, ASVRCDPFL, SCDPFL, SVRCDPFL, L2SGDPlus)}
+                                              LSGDPFL, ACDPFL, ASCDPFL, ASVRCDPFL, SCDPFL, SVRCDPFL, L2SGDPlus,
+                                              PerFedAvg)}
 
 __all__ = ["ALGORITHMS", "Algorithm", "Round"]
