@@ -222,12 +222,15 @@ PROBLEM_CASES = {
 }
 
 
+SMALL_BATCHES = {"per_fedavg": {"inner_batch": 4, "outer_batch": 4, "hessian_batch": 4}}  # tiny cases' clients
+
+
 @pytest.mark.parametrize("algorithm, case", list(itertools.product(ALGORITHMS, PROBLEM_CASES)))
 def test_validate_refuses_exactly_the_pairs_the_declarations_rule_out(algorithm, case, tmp_path):
     problem = PROBLEM_CASES[case](tmp_path)
     clients = 1 if problem.get("pooled") else 2
     raw = {"problem": problem, "federation": {"rounds": 1, "clients_per_round": clients, "local_steps": 2,
-                                              "batch_size": 4}, "algorithms": {algorithm: {}}}
+                                              "batch_size": 4}, "algorithms": {algorithm: SMALL_BATCHES.get(algorithm, {})}}
     cls, problem_cls = ALGORITHMS[algorithm], PROBLEMS[problem["name"]]
     config = problem_cls.resolve_config({k: v for k, v in problem.items() if k != "name"})
     missing = sorted(cls.requirements({p.name: p.default for p in cls.hparams})

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from fedbench.metrics import ENGINE_COLUMNS, Metric
+from fedbench.problems.ab_users import ABUsers
 from fedbench.problems.base import Problem
 from fedbench.problems.digits import Digits
 from fedbench.problems.emnist import EMNIST
@@ -12,7 +13,8 @@ from fedbench.problems.lowrank import LowRank
 from fedbench.problems.pauc import PartialAUC
 from fedbench.problems.pfl import PFLImages, PFLSynthetic
 
-PROBLEMS: dict[str, type[Problem]] = {cls.name: cls for cls in (Lasso, LowRank, EMNIST, PartialAUC, Digits, PFLSynthetic, PFLImages)}
+PROBLEMS: dict[str, type[Problem]] = {cls.name: cls for cls in (Lasso, LowRank, EMNIST, PartialAUC, Digits, PFLSynthetic, PFLImages,
+                                                                        ABUsers)}
 
 
 def metric_catalog() -> dict[str, Metric]:

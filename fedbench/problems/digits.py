@@ -67,14 +67,13 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from fedbench.data import femnist
 from fedbench.hparams import Param
 from fedbench.metrics import Metric
-from fedbench.models import MLP, own_data_scores
-from fedbench.problems.base import Problem
+from fedbench.models import MLP
+from fedbench.problems.classification import EVAL_CHUNK, ImageClassification
 from fedbench.prox import GroupL2
 from fedbench.rng import generator
 
@@ -84,7 +83,6 @@ EXTRA_LOW, EXTRA_HIGH = 300, 600  # pFedMe: random.randint(300, 600), both ends 
 LOGNORMAL_SIGMA = 2.0  # pFedMe: np.random.lognormal(0, 2.)
 DOUBLED_UP_TO = 20  # pFedMe doubles every request when NUM_USERS <= 20
 STD_EPS = 0.001  # pFedMe: (x − μ)/(σ + 0.001)
-EVAL_CHUNK = 8192  # samples per evaluation pass: ~26 MB of float32 features, whatever the data size
 
 
 @dataclass(frozen=True)
@@ -200,7 +198,7 @@ def weight_blocks(model: MLP) -> list[tuple[int, int]]:
     return blocks
 
 
-class Digits(Problem):
+class Digits(ImageClassification):
     name = "digits"
     provides = frozenset({"hvp", "full_data", "personal_evaluation"})
     caps_batches = True  # the allocation can leave a client a few images: it then takes all of them per step
@@ -259,34 +257,6 @@ class Digits(Problem):
         groups = [[block] for block in blocks] if config["scope"] == "per_tensor" else [blocks]
         self.regularizer = GroupL2(config["lam"], groups)
 
-    # -- engine interface ----------------------------------------------------------------------
-    def init_params(self, gen: torch.Generator) -> Tensor:
-        return self.model.init(gen).to(self.device)
-
-    def gather(self, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """(features [S, b, 784], labels [S, b], row weights [S, b]: 1/b_valid, 0 for padding rows −1)."""
-        valid = rows >= 0
-        flat = rows.clamp_min(0).reshape(-1)
-        x = self.x_train.index_select(0, flat).view(*rows.shape, femnist.PIXELS)
-        weight = valid / valid.sum(-1, keepdim=True)  # every client has a training sample
-        return x, self.y_train[flat].view(rows.shape), weight
-
-    def minibatch_loss(self, w: Tensor, batch: tuple[Tensor, Tensor, Tensor]) -> Tensor:
-        """Weighted mean cross-entropy of one client's batch (padding rows weigh 0)."""
-        x, y, weight = batch
-        return (weight * F.cross_entropy(self.model(w, x), y, reduction="none")).sum()
-
-    def grad(self, w: Tensor, batch: tuple[Tensor, Tensor, Tensor]) -> Tensor:
-        """The gradient of every sampled client's batch loss by one backward pass over the sum of their losses
-        (client k's loss depends on row k of w only). Measured for S = 10, b = 20, hidden 100 on the CPU: 3.2–3.6
-        ms per call against 5.6–5.9 ms for torch.func's vmap of grad with 2 threads, 5.1 against 6.6 ms with 1;
-        the two agree bit for bit on that batch."""
-        x, y, weight = batch
-        w = w.detach().requires_grad_(True)
-        logits = self.model(w, x)
-        losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view_as(weight)
-        return torch.autograd.grad((weight * losses).sum(), w)[0]
-
     # -- metrics -------------------------------------------------------------------------------
     def evaluate_global(self, w: Tensor) -> dict[str, float]:
         """Metrics of the global model `w` (see the module docstring)."""
@@ -300,24 +270,4 @@ class Digits(Problem):
             "test_accuracy": test_correct / len(self.y_test),
         }
 
-    def evaluate_personal(self, models: Tensor) -> dict[str, float]:
-        train_loss, _ = self._per_client(models, self.x_train, self.y_train, self.client_sizes_cpu)
-        test_loss, test_accuracy = self._per_client(models, self.x_test, self.y_test, self.test_sizes)
-        return {"train_loss": train_loss, "test_loss": test_loss, "test_accuracy": test_accuracy}
 
-    def _pooled(self, w: Tensor, x: Tensor, labels: Tensor, owner: Tensor) -> tuple[Tensor, int]:
-        """(per-client cross-entropy sums `[N]` float64, by the rows' `owner`; number of correct argmax
-        predictions) of the one model `w` over all rows, in chunks."""
-        sums = torch.zeros(self.num_clients, dtype=torch.float64, device=self.device)
-        correct = torch.zeros((), dtype=torch.long, device=self.device)
-        for start in range(0, len(labels), EVAL_CHUNK):
-            y = labels[start: start + EVAL_CHUNK]
-            logits = self.model(w, x[start: start + EVAL_CHUNK])
-            losses = (logits.logsumexp(-1) - logits.gather(1, y[:, None]).squeeze(1)).double()
-            sums.index_add_(0, owner[start: start + EVAL_CHUNK], losses)
-            correct += (logits.argmax(-1) == y).sum()
-        return sums, int(correct)
-
-    def _per_client(self, models: Tensor, x: Tensor, labels: Tensor, sizes: Tensor) -> tuple[float, float]:
-        """(mean cross-entropy, accuracy) over every client's rows, each scored by the client's own model."""
-        return own_data_scores(self.model, models, lambda rows: x[rows], labels, sizes, EVAL_CHUNK)
