@@ -22,16 +22,14 @@ import math
 
 import torch
 
-from fedbench.algorithms.base import Algorithm, coin_flips_to_success
-from fedbench.algorithms.pfl_rules import zeros_beta, zeros_w
+from fedbench.algorithms.base import coin_flips_to_success
+from fedbench.algorithms.pfl_rules import BlockMethod, zeros_beta, zeros_w
 from fedbench.hparams import Param
 
 
-class ACDPFL(Algorithm):
+class ACDPFL(BlockMethod):
     name = "acd_pfl"
-    personalized = True
     requires = frozenset({"block_objective", "full_data"})
-    participation = "all"
     hparams = (Param("unsampled_y", "choice", "x", "y of the block not updated: its x (textbook ACD) or kept",
                      choices=("x", "keep")),)
 
@@ -89,9 +87,3 @@ class ACDPFL(Algorithm):
 
     def server_update(self, server, message, weights, rnd):
         return dict(message)  # the w-block every device holds after the round's all-reduce
-
-    def global_params(self, server):
-        return self.problem.w_scale * server["w"]
-
-    def personal_params(self, server, clients):
-        return clients["beta"]

@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import torch
 
-from fedbench.algorithms.base import Algorithm, aggregate, coin_flips_to_success
-from fedbench.algorithms.pfl_rules import ETA, P_W, RHO, rules, zeros_beta, zeros_w
+from fedbench.algorithms.base import aggregate, coin_flips_to_success
+from fedbench.algorithms.pfl_rules import ETA, P_W, RHO, BlockMethod, rules, zeros_beta, zeros_w
 from fedbench.hparams import Param
 
 
-class ASCDPFL(Algorithm):
+class ASCDPFL(BlockMethod):
     name = "ascd_pfl"
-    personalized = True
-    requires = frozenset({"block_objective"})
-    participation = "all"
     hparams = (P_W, ETA, RHO, Param("theta", "float", None, "coupling θ; None: min{0.8, 1/η}", low=0, high=1,
                                     nullable=True))
 
@@ -70,9 +67,3 @@ class ASCDPFL(Algorithm):
         w_x = self.couple(server["w"], server["w_z"])
         w, w_z = self.accelerated_step(w_x, server["w_z"], aggregate(message["g_w"], weights) / self.rules.p_w)
         return {"w": w, "w_z": w_z}
-
-    def global_params(self, server):
-        return self.problem.w_scale * server["w"]
-
-    def personal_params(self, server, clients):
-        return clients["beta"]

@@ -21,19 +21,17 @@ from __future__ import annotations
 
 import torch
 
-from fedbench.algorithms.base import Algorithm, coin_flips_to_success
-from fedbench.algorithms.pfl_rules import ETA, P_W, RHO, rules, zeros_beta, zeros_w
+from fedbench.algorithms.base import coin_flips_to_success
+from fedbench.algorithms.pfl_rules import ETA, P_W, RHO, BlockMethod, rules, zeros_beta, zeros_w
 from fedbench.hparams import Param
 
 W_BLOCK = ("w", "w_z", "w_v", "w_gv")  # y, z, v and ∇_w F(v) of the global block
 BETA_BLOCK = ("beta", "beta_z", "beta_v", "beta_gv")
 
 
-class ASVRCDPFL(Algorithm):
+class ASVRCDPFL(BlockMethod):
     name = "asvrcd_pfl"
-    personalized = True
     requires = frozenset({"block_objective", "full_data"})
-    participation = "all"
     hparams = (P_W, ETA, RHO, Param("count_refresh", "bool", True, "a refresh of v ends a communication round (the "
                                     "synthetic code, §3.0) or happens inside one (the CV code)"))
 
@@ -112,9 +110,3 @@ class ASVRCDPFL(Algorithm):
 
     def server_update(self, server, message, weights, rnd):
         return dict(message)  # the w-block every device holds after the round's all-reduce
-
-    def global_params(self, server):
-        return self.problem.w_scale * server["w"]
-
-    def personal_params(self, server, clients):
-        return clients["beta"]

@@ -11,16 +11,13 @@ code). The real-data code passes ASVRCD's η instead of the printed 0.01: `clien
 """
 from __future__ import annotations
 
-from fedbench.algorithms.base import Algorithm, aggregate, broadcast
-from fedbench.algorithms.pfl_rules import rules, zeros_beta, zeros_w
+from fedbench.algorithms.base import aggregate, broadcast
+from fedbench.algorithms.pfl_rules import BlockMethod, rules, zeros_beta, zeros_w
 from fedbench.hparams import Param
 
 
-class LSGDPFL(Algorithm):
+class LSGDPFL(BlockMethod):
     name = "lsgd_pfl"
-    personalized = True
-    requires = frozenset({"block_objective"})
-    participation = "all"
     hparams = (
         Param("client_lr", "float", 0.01, "step size η (None: ASVRCD's 1/(4𝓛), as the real-data code)", low=0,
               low_open=True, log=True, nullable=True),
@@ -52,9 +49,3 @@ class LSGDPFL(Algorithm):
 
     def server_update(self, server, message, weights, rnd):
         return {"w": aggregate(message["w"], weights)}
-
-    def global_params(self, server):
-        return self.problem.w_scale * server["w"]
-
-    def personal_params(self, server, clients):
-        return clients["beta"]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from fedbench.algorithms.base import Algorithm
 from fedbench.hparams import Param
 
 P_W = Param("p_w", "float", None, "probability of a w-update (a communication); None: 𝓛^w/(𝓛^w+𝓛^β) (Thm 8/9)",
@@ -60,3 +61,17 @@ def zeros_w(problem) -> Tensor:
 
 def zeros_beta(problem, devices: int) -> Tensor:
     return torch.zeros(devices, problem.dim_beta, dtype=problem.dtype, device=problem.device)
+
+
+class BlockMethod(Algorithm):
+    """What the block methods of seed 003 share: every device every round, the server's w (stored; the model is
+    w_scale·w) as the global model and the devices' β as the personal ones."""
+    personalized = True
+    requires = frozenset({"block_objective"})
+    participation = "all"
+
+    def global_params(self, server):
+        return self.problem.w_scale * server["w"]
+
+    def personal_params(self, server, clients):
+        return clients["beta"]
