@@ -26,5 +26,6 @@ test-slow: install
 bench: install
 	MALLOC_MMAP_THRESHOLD_=4294967296 $(PY) bench/clients_batched.py
 	$(PY) bench/sweep_overhead.py
+	FEDBENCH_DATA=$${FEDBENCH_DATA:-../shared/data} $(PY) bench/per_fedavg_round.py
 
 .PHONY: install demo test test-slow bench

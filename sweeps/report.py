@@ -8,9 +8,11 @@ What it writes into one folder (and, for a sweep or tuning session, onto its par
   its seeds at each evaluated round, with a shaded band of ±1 standard error over the seeds present there.
   A run that diverged keeps its partial curve; its last evaluation is marked with an ×, and the band
   after it covers the seeds that went on.
-- `figure.png`: the recipe's chosen metrics as the panels of one figure, as the papers draw them.
+- `figure.png`: the recipe's chosen metrics as the panels of one figure, as the papers draw them; with several
+  x-axes (`report.x: [rounds, seconds]`), `figure_<axis>.png` draws it again over each further one.
 - `table.csv`: every configuration: run statuses, the final value (at each run's last finite
-  evaluation) mean and standard deviation over seeds for the selection metric and the figure's metrics,
+  evaluation) mean, standard deviation and 95% CI half-width (1.96 s.e.) over seeds for the selection metric and
+  the figure's metrics (the tables for people show the one `report.interval` names),
   rounds to each target; `best` marks each algorithm's best configuration.
 - `report.md` and `index.html`: the figure, the tables and every PNG on one page.
 
@@ -25,7 +27,7 @@ import html
 import math
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
@@ -44,7 +46,9 @@ RUN_ROLES = ("trial", "tune_trial", "run")
 LOG_SPAN = 10 ** 1.5  # max/min of the plotted values from which the y-axis is logarithmic
 STYLES = ("-", "--", ":", "-.", (0, (3, 1, 1, 1, 1, 1)))
 X_LABELS = {"rounds": "communication round", "comm": "floats communicated (uploads + downloads, all clients)",
-            "iterations": "local iterations per client"}
+            "iterations": "local iterations per client", "seconds": "training seconds (wall clock)"}
+INTERVALS = {"sd": "sample standard deviation over the configuration's runs (seeds)",
+             "ci95": "95% confidence interval over the configuration's runs (seeds), 1.96 standard errors"}
 
 def declarations(recipe: Optional[Recipe]) -> dict[str, Metric]:
     """Each metric's label and direction as the problems declare them: the recipe's own where there is one,
@@ -147,11 +151,13 @@ class Settings:
     metrics: list[str]  # the figure's panels
     select: SelectSpec
     targets: dict[str, float]
-    x: str
+    x: str  # the main figure's x-axis
     log: dict[str, bool]
     labels: dict[str, str]
     curves: int
     declared: dict[str, Metric]
+    interval: str = "sd"
+    also_x: list[str] = field(default_factory=list)  # the figure again over these x-axes
 
     @property
     def table_metrics(self) -> list[str]:
@@ -178,8 +184,9 @@ def resolve_settings(recipe: Optional[Recipe], available: list[str], x: Optional
                               "is better); set report.select: {metric: NAME, mode: min|max} in the recipe")
         select = SelectSpec(metric=first[0], mode=declared[first[0]].direction)
     panels = spec.metrics or list(dict.fromkeys([select.metric, *ranked]))[:4]
-    return Settings(panels, select, dict(spec.target), x or spec.x, dict(spec.log), dict(spec.labels), spec.curves,
-                    declared)
+    axes = [x] if x else list(spec.x)
+    return Settings(panels, select, dict(spec.target), axes[0], dict(spec.log), dict(spec.labels), spec.curves,
+                    declared, spec.interval, axes[1:])
 
 
 # -- curves and statistics ----------------------------------------------------------------------------
@@ -206,11 +213,12 @@ class Histories:
         return self.cache[cached]
 
     def x(self, run, steps: np.ndarray, axis: str) -> np.ndarray:
-        """The x of a run's points: their rounds, the local iterations or the floats communicated by then."""
+        """The x of a run's points: their rounds, the local iterations, the training seconds or the floats
+        communicated by then."""
         if axis == "rounds":
             return steps
-        if axis == "iterations":
-            return np.interp(steps, *self(run, "iterations"))
+        if axis in ("iterations", "seconds"):
+            return np.interp(steps, *self(run, "iterations" if axis == "iterations" else "train_seconds"))
         total = 0.0
         for name in COMM:
             comm_steps, comm = self(run, name)
@@ -254,11 +262,13 @@ def rounds_to(steps: np.ndarray, values: np.ndarray, target: float) -> Optional[
     return float(steps[np.argmax(reached)]) if reached.any() else None
 
 
-def spread(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for one value, NaN for none)."""
+def spread(values: list[float], interval: str = "sd") -> tuple[float, float]:
+    """Mean and sample standard deviation, or (`ci95`) the half-width 1.96 s.e. of the mean's 95% confidence
+    interval, as Per-FedAvg's Table 1 (0 for one value, NaN for none)."""
     if not values:
         return math.nan, math.nan
-    return float(np.mean(values)), (float(np.std(values, ddof=1)) if len(values) > 1 else 0.0)
+    sd = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+    return float(np.mean(values)), (sd if interval == "sd" else 1.96 * sd / math.sqrt(len(values)))
 
 
 def per_thousand_rounds(run, steps: np.ndarray) -> float:
@@ -444,17 +454,19 @@ def reach_text(rounds: list[Optional[float]]) -> str:
 
 
 def table(configs: list[Configuration], settings: Settings) -> tuple[list[str], list[list[str]]]:
-    """Header and rows for people: mean ± std of each metric's final value, rounds to each target."""
+    """Header and rows for people: mean ± std (or ± the 95% CI) of each metric's final value, rounds to each
+    target."""
     header = ["algorithm", "configuration", "runs", "status", "seconds per 1000 rounds"]
-    header += [f"{settings.label(m)}: final" for m in settings.table_metrics]
+    bound = "95% CI" if settings.interval == "ci95" else "sd"
+    header += [f"{settings.label(m)}: final (± {bound})" for m in settings.table_metrics]
     header += [f"rounds until {settings.label(m)} reaches {t:g}" for m, t in settings.targets.items()]
     rows = []
     for config in configs:
         cells = [settings.label(config.algorithm) + (" ★" if config.best else ""), config.varying or "–",
                  str(len(config.runs)), config.status, "{} ± {}".format(*map(fmt, spread(config.seconds), (3, 2)))]
         for metric in settings.table_metrics:
-            mean, std = spread(config.finals[metric])
-            cells.append(f"{fmt(mean)} ± {fmt(std, 2)}")
+            mean, interval = spread(config.finals[metric], settings.interval)
+            cells.append(f"{fmt(mean)} ± {fmt(interval, 2)}")
         cells += [reach_text(config.reached[m]) for m in settings.targets]
         rows.append(cells)
     return header, rows
@@ -464,7 +476,7 @@ def write_csv(path: Path, configs: list[Configuration], settings: Settings) -> N
     """The same table with full-precision numbers, one column per statistic."""
     columns = ["algorithm", "configuration", "config_hash", "best", "runs", "status", "seconds_per_1000_rounds_mean",
                "seconds_per_1000_rounds_std"]
-    columns += [f"{m}_{stat}" for m in settings.table_metrics for stat in ("mean", "std")]
+    columns += [f"{m}_{stat}" for m in settings.table_metrics for stat in ("mean", "std", "ci95")]
     columns += [f"rounds_to_{m}_{stat}" for m in settings.targets for stat in ("mean", "reached")]
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
@@ -473,7 +485,7 @@ def write_csv(path: Path, configs: list[Configuration], settings: Settings) -> N
             row = [config.algorithm, config.varying, config.config_hash, config.best, len(config.runs), config.status,
                    *map(repr, spread(config.seconds))]
             for metric in settings.table_metrics:
-                row += [repr(v) for v in spread(config.finals[metric])]
+                row += [repr(v) for v in spread(config.finals[metric])] + [repr(spread(config.finals[metric], "ci95")[1])]
             for metric in settings.targets:
                 hit = [r for r in config.reached[metric] if r is not None]
                 row += [repr(float(np.mean(hit))) if hit else "", f"{len(hit)}/{len(config.reached[metric])}"]
@@ -498,7 +510,7 @@ class Page:
     """What report.md and index.html both say, in order."""
     title: str
     facts: list[str]
-    figure: str
+    figures: list[str]  # the main figure first
     best: tuple[list[str], list[list[str]]]
     every: tuple[list[str], list[list[str]]]
     metric_pngs: list[tuple[str, str]]  # (metric label, file name)
@@ -506,8 +518,8 @@ class Page:
 
 
 def write_markdown(path: Path, page: Page) -> None:
-    parts = [f"# {page.title}", "\n".join(f"- {fact}" for fact in page.facts), f"![figure]({page.figure})",
-             "## Best configuration per algorithm", markdown_table(*page.best)]
+    parts = [f"# {page.title}", "\n".join(f"- {fact}" for fact in page.facts),
+             *(f"![figure]({figure})" for figure in page.figures), "## Best configuration per algorithm", markdown_table(*page.best)]
     if page.every[1] != page.best[1]:
         parts += ["## All configurations", markdown_table(*page.every)]
     parts += ["\n".join(f"- {note}" for note in page.notes), "## Every metric"]
@@ -526,7 +538,7 @@ table{{border-collapse:collapse;margin:1em 0;font-size:14px}}
 td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left}}
 th{{background:#f3f3f3}}img{{max-width:100%}}</style></head><body>
 <h1>{esc(page.title)}</h1><ul>{"".join(f"<li>{esc(fact)}</li>" for fact in page.facts)}</ul>
-<img src="{esc(page.figure)}" alt="figure">
+{"".join(f'<img src="{esc(figure)}" alt="figure">' for figure in page.figures)}
 <h2>Best configuration per algorithm</h2>{html_table(*page.best)}
 {"" if page.every[1] == page.best[1] else f"<h2>All configurations</h2>{html_table(*page.every)}"}
 <ul>{"".join(f"<li>{esc(note)}</li>" for note in page.notes)}</ul>
@@ -576,15 +588,16 @@ def write_report(store: Store, source: Source, out: Optional[Path] = None, x: Op
         save_metric(path, source.name, metric, drawn, colors, settings, histories)
         files.append(path)
         metric_pngs.append((settings.label(metric), path.name))
-    figure = out / "figure.png"
-    save_figure(figure, source.name, drawn, colors, settings, histories)
+    figures = [out / "figure.png", *(out / f"figure_{axis}.png" for axis in settings.also_x)]
+    for path, axis in zip(figures, [settings.x, *settings.also_x]):
+        save_figure(path, source.name, drawn, colors, replace(settings, x=axis), histories)
     csv_path = out / "table.csv"
     write_csv(csv_path, configs, settings)
 
-    page = make_page(store, source, configs, settings, figure.name, metric_pngs)
+    page = make_page(store, source, configs, settings, [path.name for path in figures], metric_pngs)
     write_markdown(out / "report.md", page)
     write_html(out / "index.html", page)
-    files += [figure, csv_path, out / "report.md", out / "index.html"]
+    files += [*figures, csv_path, out / "report.md", out / "index.html"]
 
     if source.parent_id is not None:
         for path in files:
@@ -592,7 +605,7 @@ def write_report(store: Store, source: Source, out: Optional[Path] = None, x: Op
     return Report(out, files, configs, settings, source)
 
 
-def make_page(store: Store, source: Source, configs: list[Configuration], settings: Settings, figure: str,
+def make_page(store: Store, source: Source, configs: list[Configuration], settings: Settings, figures: list[str],
               metric_pngs: list[tuple[str, str]]) -> Page:
     header, rows = table(configs, settings)
     best_rows = [row for row, config in zip(rows, configs) if config.best]
@@ -603,13 +616,13 @@ def make_page(store: Store, source: Source, configs: list[Configuration], settin
              f"{settings.label(select.metric)}; one with a run that did not finish ranks below all whose runs did",
              f"written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"]
     notes = ["final: the value at each run's last finite evaluation (a diverged run's is where it stopped); "
-             "mean ± sample standard deviation over the configuration's runs (seeds)",
+             f"mean ± {INTERVALS[settings.interval]}",
              "curves: mean over seeds with a band of ±1 standard error; × marks where a diverged run ended",
              f"at most {settings.curves} configurations per algorithm are drawn (its best); the tables list all"]
     if settings.targets:
         notes.append("rounds to target: the first evaluated round at which a run's metric reached the value from "
                      "the side it started on, averaged over the runs that reached it")
-    return Page(f"Report: {source.name}", facts, figure, (header, best_rows), (header, rows), metric_pngs, notes)
+    return Page(f"Report: {source.name}", facts, figures, (header, best_rows), (header, rows), metric_pngs, notes)
 
 
 def report(store: Store, recipe: Optional[Recipe] = None, experiment: Optional[str] = None,

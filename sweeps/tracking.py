@@ -32,7 +32,8 @@ DEFAULT_URI = "sqlite:///mlflow.db"
 BATCH = 1000  # MLflow's limit of metrics per log_batch call (100 for params and tags)
 PARENT_TAG = "mlflow.parentRunId"
 INTERRUPTED = "interrupted: the sweep stopped while this run was going"
-SUMMARY_METRICS = ("train_seconds", "eval_seconds", "wall_seconds")  # one value per run, at its last round
+SUMMARY_METRICS = ("train_seconds", "eval_seconds", "wall_seconds")  # per run, at its last round (train_seconds also
+# by every evaluated round where the run recorded it)
 
 
 def tracking_uri(given: str | None = None) -> str:
@@ -189,8 +190,11 @@ class Store:
         metrics = [Metric(key, float(value), stamp, int(row["round"]))
                    for row in outcome["rows"] for key, value in row.items() if key != "round"]
         last_round = int(outcome["rows"][-1]["round"]) if outcome["rows"] else 0
+        seconds = outcome.get("seconds") or []  # train_seconds by each row: a history whose last point is the total
+        metrics += [Metric("train_seconds", float(value), stamp, int(row["round"]))
+                    for row, value in zip(outcome["rows"], seconds)]
         metrics += [Metric(key, float(outcome[key]), stamp, last_round)
-                    for key in SUMMARY_METRICS]
+                    for key in SUMMARY_METRICS if not (key == "train_seconds" and seconds)]
         tags = [RunTag("status", outcome["status"]), RunTag("device", outcome["device"])]
         if outcome.get("error"):
             tags.append(RunTag("error", outcome["error"][-5000:]))

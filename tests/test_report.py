@@ -174,6 +174,43 @@ def test_a_parent_run_an_experiment_and_a_recipe_give_the_same_table(swept, tmp_
     assert tables[0] == tables[1] == tables[2]
 
 
+def test_training_seconds_are_a_history_and_an_axis(swept):
+    """Each run records its training seconds at every evaluated round (nondecreasing, ending at its total), and
+    `x: seconds` draws the curves over them."""
+    client = swept["client"]
+    for run in swept["trials"]:
+        seconds = history(client, run, "train_seconds")
+        assert [step for step, _ in seconds] == [step for step, _ in history(client, run, "objective")]
+        values = [value for _, value in seconds]
+        assert values[0] == 0 and np.all(np.diff(values) >= 0) and values[-1] == run.data.metrics["train_seconds"]
+    runs = [r for r in swept["trials"] if r.data.params["algorithm.client_lr"] == "0.01"
+            and r.data.tags["algorithm"] == "fedda"]
+    line = curve(runs, "l2_error", Histories(Store(swept["uri"])), "seconds")
+    at_end = [history(client, run, "train_seconds")[-1][1] for run in runs]
+    assert line.x[-1] == pytest.approx(np.mean(at_end)) and np.all(np.diff(line.x) >= 0)
+
+
+def test_confidence_intervals_and_a_second_axis_from_the_report_block(swept, tmp_path):
+    """`interval: ci95` puts mean ± 1.96 s.e. in the tables (Per-FedAvg's Table 1); `x: [rounds, seconds]` draws
+    the figure again over training seconds (its Fig. 1(a)). The report block does not change which sweep it is."""
+    path = tmp_path / "recipe.yaml"
+    path.write_text(RECIPE.replace("  labels: {fedmid: FedMiD}", "  labels: {fedmid: FedMiD}\n  interval: ci95\n"
+                                   "  x: [rounds, seconds]"))
+    out = tmp_path / "out"
+    result = invoke("report", path, "--out", out, "--tracking-uri", swept["uri"])
+    assert result.exit_code == 0, result.output
+    assert (out / "figure.png").exists() and (out / "figure_seconds.png").exists()
+    markdown = (out / "report.md").read_text()
+    assert "![figure](figure_seconds.png)" in markdown and ": final (± 95% CI)" in markdown
+    assert "95% confidence interval" in markdown
+    runs = [r for r in swept["trials"] if r.data.tags["algorithm"] == "fedda"
+            and r.data.params["algorithm.client_lr"] == "0.001"]
+    finals = [history(swept["client"], run, "l2_error")[-1][1] for run in runs]
+    (row,) = [r for r in read_table(out / "table.csv") if r["config_hash"] == runs[0].data.tags["config_hash"]]
+    assert float(row["l2_error_ci95"]) == pytest.approx(1.96 * np.std(finals, ddof=1) / math.sqrt(3), rel=1e-12)
+    assert f"{np.mean(finals):.4g} ± {1.96 * np.std(finals, ddof=1) / math.sqrt(3):.2g}" in markdown
+
+
 def test_a_tuning_session_is_reported_with_its_best_configurations(ray_local, tmp_path, tracking_uri):
     path = tmp_path / "tune.yaml"
     path.write_text(TUNE)

@@ -1,0 +1,149 @@
+"""Paper-size runs of Per-FedAvg's Table 1 (seed 004, spec 004 §3.4, §4.1, §5.3) from the shipped recipes
+recipes/papers/fallah2020_{m1,m2,c1,c2,c3,c4}.yaml: n = 50 users, K = 1000 rounds, 10 users a round, D = D' = D'' =
+40, beta = 0.001, five seeds of the whole pipeline (partition, initialisation, sampling), each method scored by the
+mean over users of the test accuracy after one local step of size alpha. Run with `pytest -m slow -s`, which prints
+every row beside the paper's (mean ± 1.96 s.e. over the seeds, in %).
+
+Measured on the digits rows (2-core CPU, one thread; FedAvg / FO / HF, paper in brackets):
+  M1 (tau = 10, alpha = 0.01): 57.55 ± 2.98 [75.96] / 59.41 ± 3.22 [78.00] / 61.60 ± 3.19 [79.85]
+  M2 (tau = 4,  alpha = 0.01): 43.71 ± 2.04 [60.18] / 43.30 ± 2.32 [64.55] / 42.72 ± 2.09 [70.94]
+The absolute accuracies are 16-28 points below the paper's (plain SGD at beta = 0.001 under-trains the MLP even
+more here: the spec notes the paper's pixel normalisation and initialisation are unspecified). At tau = 10 the
+paper's ordering holds seed by seed (the seeds are paired: the same partition and initialisation for every
+method), by ~2 points each step; its CIs (0.02-0.03) are far narrower than the seed-to-seed spread here
+(± 3), so "beyond the CI" (O1) is checked on the paired differences. At tau = 4 the three methods tie within
+±1.5 points (HF below FedAvg on 4 seeds of 5): O1 and O2 do not reproduce there, and the tests say so.
+Cost: a digits row about 7.5 (tau = 10) and 3 (tau = 4) minutes per seed for the three methods.
+
+The CIFAR-10 rows (C1-C4) were not run here: about 55 minutes per seed for the four rows, 4.6 hours for five
+seeds on this CPU, and no GPU was lent. Their tests assert the paper's claims (spec §5.3) as expectations.
+Checks: O1 (HF above FedAvg + update), O2 (HF >= FO), O8 (adaptation helps Per-FedAvg), O6 (tau = 10 beats
+tau = 4 for every method), O5 (raising alpha hurts FO and not HF), O7 (diff. hetero. widens HF's lead).
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sweeps.execute import build_simulation, drive
+from sweeps.recipe import load
+
+pytestmark = pytest.mark.slow
+PAPERS = Path(__file__).resolve().parents[1] / "recipes" / "papers"
+METHODS = ("fedavg", "fo", "hf")
+PAPER = {  # Table 1, % (mean; the CIs are 0.02–0.23)
+    "m1": (75.96, 78.00, 79.85), "m2": (60.18, 64.55, 70.94), "c1": (40.49, 46.98, 50.44),
+    "c2": (38.38, 34.04, 43.73), "c3": (35.97, 25.32, 46.32), "c4": (58.59, 37.71, 71.25)}
+
+
+class Measured:
+    """One method's final accuracies (%) over the seeds."""
+
+    def __init__(self, adapted: list[float], before: list[float], seconds: list[float]):
+        self.adapted, self.before, self.seconds = np.array(adapted), np.array(before), np.array(seconds)
+
+    @property
+    def mean(self) -> float:
+        return float(self.adapted.mean())
+
+    @property
+    def ci(self) -> float:
+        return 1.96 * float(self.adapted.std(ddof=1)) / math.sqrt(len(self.adapted))
+
+    def text(self) -> str:
+        return f"{self.mean:6.2f} ± {self.ci:4.2f}"
+
+
+@lru_cache(maxsize=None)
+def table_row(row: str) -> dict[str, Measured]:
+    recipe = load(PAPERS / f"fallah2020_{row}.yaml")
+    found: dict[str, tuple[list, list, list]] = {method: ([], [], []) for method in METHODS}
+    for trial in recipe.trials():
+        outcome = drive(build_simulation(trial, "cpu"))
+        assert outcome.status == "finished" and outcome.rows[-1]["round"] == 1000, (row, trial.algorithm, trial.hyperparameters, trial.seed)
+        method = trial.hyperparameters.get("variant", "fedavg")
+        adapted, before, seconds = found[method]
+        adapted.append(100 * outcome.rows[-1]["adapted_accuracy"])
+        before.append(100 * outcome.rows[-1]["accuracy"])
+        seconds.append(outcome.train_seconds)
+    measured = {method: Measured(*lists) for method, lists in found.items()}
+    print(f"\n{row.upper()} (mean ± 1.96 s.e. over {len(measured['hf'].adapted)} seeds, %; paper in brackets; "
+          "before adaptation; training seconds)")
+    for method, paper in zip(METHODS, PAPER[row]):
+        m = measured[method]
+        print(f"  {method:6s} {m.text()} [{paper:5.2f}]   before {m.before.mean():6.2f}   {m.seconds.mean():6.0f} s   seeds {np.round(m.adapted, 2).tolist()}")
+    return measured
+
+
+def gap(row: str, better: str, worse: str) -> float:
+    """How far `better` is above `worse` beyond both CIs (positive: separated)."""
+    measured = table_row(row)
+    high, low = measured[better], measured[worse]
+    return (high.mean - high.ci) - (low.mean + low.ci)
+
+
+def paired(row: str, better: str, worse: str) -> np.ndarray:
+    """Seed-by-seed differences of the adapted accuracy (the same partition and initialisation per seed)."""
+    measured = table_row(row)
+    return measured[better].adapted - measured[worse].adapted
+
+
+def test_m1_hf_beats_fo_beats_fedavg_on_every_seed_and_adaptation_helps():
+    """O1, O2, O4 and O8 at tau = 10 (measured: HF - FedAvg +3.3..+4.8, HF - FO +1.7..+2.6, FO - FedAvg
+    +1.4..+2.3 points on each of the five seeds; adaptation +2.9 (FO) and +3.5 (HF) points)."""
+    assert (paired("m1", "hf", "fedavg") > 0).all(), "O1"
+    assert (paired("m1", "hf", "fo") > 0).all(), "O2"
+    assert (paired("m1", "fo", "fedavg") > 0).all(), "O4"
+    for method in ("fo", "hf"):
+        assert table_row("m1")[method].mean > table_row("m1")[method].before.mean() + 1.0, ("O8", method)
+
+
+def test_m2_the_methods_tie_and_adaptation_still_helps():
+    """At tau = 4 O1 and O2 do not reproduce: the three methods are within 1.5 points of each other on average
+    (measured HF - FedAvg -0.99, HF - FO -0.57 points) and HF is not above FedAvg on most seeds. What holds: the
+    one-step adaptation raises Per-FedAvg's accuracy (O8, +0.2 points for FO and HF)."""
+    assert abs(paired("m2", "hf", "fedavg").mean()) < 1.5 and abs(paired("m2", "hf", "fo").mean()) < 1.5
+    for method in ("fo", "hf"):
+        assert table_row("m2")[method].mean > table_row("m2")[method].before.mean(), ("O8", method)
+
+
+def test_fewer_local_steps_lower_every_method_on_digits():
+    """O6: at fixed K, tau = 10 (M1) beats tau = 4 (M2) for every method, by 14-19 points here."""
+    for method in METHODS:
+        assert table_row("m1")[method].mean > table_row("m2")[method].mean + 5, method
+
+
+# -- CIFAR-10 (not run on this machine: the paper's expectations, spec §5.3) --------------------------------------
+
+@pytest.mark.parametrize("row", ("c1", "c2", "c3", "c4"))
+def test_cifar_hf_beats_fedavg_and_fo_and_adaptation_helps(row):
+    """O1, O2, O8 in every CIFAR-10 row (paper: all hold)."""
+    measured = table_row(row)
+    assert gap(row, "hf", "fedavg") > 0, "O1"
+    assert measured["hf"].mean >= measured["fo"].mean, "O2"
+    for method in ("fo", "hf"):
+        assert measured[method].mean > measured[method].before.mean(), ("O8", method)
+
+
+def test_cifar_fewer_local_steps_lower_every_method():
+    """O6 on CIFAR-10: tau = 10 (C1) beats tau = 4 (C2)."""
+    for method in METHODS:
+        assert table_row("c1")[method].mean > table_row("c2")[method].mean, method
+
+
+def test_larger_alpha_hurts_fo_not_hf():
+    """O5 on CIFAR-10, tau = 4: alpha 0.001 (C2) -> 0.01 (C3)."""
+    small, large = table_row("c2"), table_row("c3")
+    assert large["fo"].mean < small["fo"].mean
+    assert large["hf"].mean >= small["hf"].mean - small["hf"].ci - large["hf"].ci
+
+
+def test_more_heterogeneity_widens_hf_lead():
+    """O7: diff. hetero. (C4) against the base partition (C3)."""
+    base, diff = table_row("c3"), table_row("c4")
+    assert diff["hf"].mean - diff["fedavg"].mean > base["hf"].mean - base["fedavg"].mean
+    assert diff["fo"].mean < diff["hf"].mean
