@@ -241,6 +241,7 @@ class XAxis(str, Enum):
     rounds = "rounds"
     comm = "comm"
     iterations = "iterations"
+    seconds = "seconds"
 
 
 def make_report(tracking_uri: Optional[str], **source):
@@ -278,8 +279,8 @@ def report(
     run_id: Optional[str] = typer.Option(None, "--run", help="Report this sweep or tuning session (its parent run id)"),
     out: Optional[Path] = typer.Option(None, "--out", "-o",
                                        help="Folder to write (default: reports/<name>/ beside the MLflow store)"),
-    x: Optional[XAxis] = typer.Option(None, "--x", help="x-axis: rounds, or floats communicated (default: the "
-                                                         "recipe's report.x, else rounds)"),
+    x: Optional[XAxis] = typer.Option(None, "--x", help="x-axis: rounds, floats communicated, local "
+                                  "iterations or training seconds (default: the recipe's report.x, else rounds)"),
     sets: Optional[List[str]] = SetOption,
     tracking_uri: Optional[str] = TrackingOption,
 ) -> None:

@@ -4,6 +4,7 @@
     problem = fedbench.make_problem("lasso", seed=0)                       # spec 002's design
     result = fedbench.run("fedmid", problem, rounds=2000, client_lr=1e-3)
     result.final                                                            # last evaluated metrics
+    curves = fedbench.run_seeds(problem, "fedmid", Federation(2000), range(30), client_lr=1e-3)  # as one program
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 from fedbench.algorithms import ALGORITHMS, Algorithm
 from fedbench.problems import PROBLEMS, Problem, make_problem
+from fedbench.runs import run_batch, run_seeds
 from fedbench.simulate import Federation, Result, Simulation, simulate
 
 
@@ -27,4 +29,4 @@ def run(algorithm: str, problem: Problem, rounds: int = 100, clients_per_round: 
 
 
 __all__ = ["ALGORITHMS", "PROBLEMS", "Federation", "Result", "Simulation", "make_algorithm", "make_problem",
-           "run", "simulate"]
+           "run", "run_batch", "run_seeds", "simulate"]

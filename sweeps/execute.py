@@ -2,7 +2,9 @@
 
 A sweep is a list of (config, seed) runs. Ray Tune costs ~0.35 s per trial even with actors reused,
 which is as long as a small federated run, so runs of one algorithm are packed into one Ray trial
-(`resources.pack`, by default enough packs to keep every slot busy about four times over). A Ray trial
+(`resources.pack`, by default enough packs to keep every slot busy about four times over), and the seeds of
+one configuration run as one program where the algorithm and problem allow it (`fedbench.runs`, at most
+`resources.batch_runs` per program), a Ray trial of its own. A Ray trial
 reports `start` and `end` events per run; the driver turns them into MLflow runs through one writer
 thread (`tracking.SweepLog`) and a live progress display. Resume is content-addressed: a (config hash,
 seed) that finished in the recipe's experiment is skipped.
@@ -22,7 +24,9 @@ from typing import Any, Callable
 import torch
 
 from fedbench.algorithms import ALGORITHMS
+from fedbench.hparams import resolve
 from fedbench.problems import PROBLEMS
+from fedbench.runs import run_batch
 from fedbench.simulate import Simulation
 from sweeps.recipe import Recipe, Trial
 
@@ -42,11 +46,20 @@ def resolve_device(requested: str, holds_gpu: bool = True) -> str:
     return requested
 
 
-def build_simulation(trial: Trial, device: str | None = None) -> Simulation:
-    problem = PROBLEMS[trial.problem](trial.problem_config, seed=trial.seed,
-                                      device=resolve_device(device or trial.device))
+def build_simulation(trial: Trial, device: str | None = None, problem=None) -> Simulation:
+    """The trial's simulation, on a problem instance of its own or on `problem` (one shared by seeds)."""
+    if problem is None:
+        problem = PROBLEMS[trial.problem](trial.problem_config, seed=trial.seed,
+                                          device=resolve_device(device or trial.device))
     algorithm = ALGORITHMS[trial.algorithm](problem, **trial.hyperparameters)
     return Simulation(problem, algorithm, trial.federation, trial.seed, trial.eval_every, trial.divergence_factor)
+
+
+def batchable(trial: Trial) -> bool:
+    """Whether this trial's seeds can run as one program (`fedbench.runs`)."""
+    algorithm = ALGORITHMS[trial.algorithm]
+    return (algorithm.batchable_runs(resolve(algorithm.hparams, trial.hyperparameters, algorithm.name))
+            and PROBLEMS[trial.problem].shared_by_seeds(trial.problem_config))
 
 
 @dataclass
@@ -55,6 +68,7 @@ class Outcome:
     rows: list[dict[str, float]]
     status: str  # finished | diverged | failed
     device: str
+    seconds: list[float] = field(default_factory=list)  # training seconds by each row (the wall-clock x-axis)
     train_seconds: float = 0.0
     eval_seconds: float = 0.0
     wall_seconds: float = 0.0
@@ -65,35 +79,64 @@ class Outcome:
 def drive(simulation: Simulation, on_row: Callable[[dict[str, float]], None] | None = None) -> Outcome:
     """Run a built simulation to its end."""
     start = time.perf_counter()
-    rows = []
+    rows, seconds = [], []
     for row in simulation:
         rows.append(row)
+        seconds.append(simulation.train_seconds)
         if on_row is not None:
             on_row(row)
-    return Outcome(rows, simulation.status, str(simulation.problem.device), simulation.train_seconds,
+    return Outcome(rows, simulation.status, str(simulation.problem.device), seconds, simulation.train_seconds,
                    simulation.eval_seconds, time.perf_counter() - start)
+
+
+def drive_batch(trials: list[Trial], device: str | None = None) -> list[Outcome]:
+    """Run the seeds of one configuration as one program (`fedbench.runs`) on one problem instance;
+    each run's outcome as `drive` gives it alone (its training seconds: its share of the batch's)."""
+    start = time.perf_counter()
+    first = trials[0]
+    problem = PROBLEMS[first.problem](first.problem_config, seed=first.seed,
+                                      device=resolve_device(device or first.device))
+    sims = [build_simulation(trial, problem=problem) for trial in trials]
+    rows: list[list[dict[str, float]]] = [[] for _ in trials]
+    seconds: list[list[float]] = [[] for _ in trials]
+    for i, row in run_batch(sims):
+        rows[i].append(row)
+        seconds[i].append(sims[i].train_seconds)
+    wall = (time.perf_counter() - start) / len(trials)
+    return [Outcome(rows[i], sim.status, str(problem.device), seconds[i], sim.train_seconds, sim.eval_seconds, wall)
+            for i, sim in enumerate(sims)]
 
 
 # -- inside a Ray trial -------------------------------------------------------------------------------
 
-def run_pack(config: dict[str, Any], packs: list[list[tuple[int, Trial]]]) -> None:
-    """Function trainable: run one pack of (config, seed) runs, one after another, reporting each."""
+Unit = list[tuple[int, Trial]]  # runs executed together: one run, or the seeds of one configuration as one program
+
+
+def run_pack(config: dict[str, Any], packs: list[list[Unit]]) -> None:
+    """Function trainable: run one pack's units one after another, reporting each run's start and end."""
     import ray
     from ray import tune
 
     gpu_ids = ",".join(map(str, ray.get_gpu_ids()))
     node = ray.get_runtime_context().get_node_id()
     torch.set_num_threads(max(1, int(config["cpus"])))
-    for key, trial in packs[config["pack"]]:
-        tags = {"node": node, "gpu_ids": gpu_ids}
-        tune.report({"event": "start", "key": key, "time": time.time(), "tags": tags})
+    for unit in packs[config["pack"]]:
+        tags = {"node": node, "gpu_ids": gpu_ids, "runs_in_batch": str(len(unit))}
+        for key, _ in unit:
+            tune.report({"event": "start", "key": key, "time": time.time(), "tags": tags})
         start = time.perf_counter()
+        device = resolve_device(unit[0][1].device, bool(gpu_ids))
         try:
-            outcome = drive(build_simulation(trial, resolve_device(trial.device, bool(gpu_ids))))
-        except Exception:  # a failing run is recorded and the pack goes on
-            outcome = Outcome([], "failed", trial.device, wall_seconds=time.perf_counter() - start,
-                              error=traceback.format_exc())
-        tune.report({"event": "end", "key": key, "outcome": asdict(outcome)})
+            if len(unit) == 1:
+                outcomes = [drive(build_simulation(unit[0][1], device))]
+            else:
+                outcomes = drive_batch([trial for _, trial in unit], device)
+        except Exception:  # failing runs are recorded and the pack goes on
+            wall = (time.perf_counter() - start) / len(unit)
+            outcomes = [Outcome([], "failed", trial.device, wall_seconds=wall, error=traceback.format_exc())
+                        for _, trial in unit]
+        for (key, _), outcome in zip(unit, outcomes):
+            tune.report({"event": "end", "key": key, "outcome": asdict(outcome)})
 
 
 # -- on the driver ----------------------------------------------------------------------------------
@@ -129,13 +172,37 @@ def slots(resources, nodes: list[dict], max_concurrent: int | None) -> int:
     return min(total, max_concurrent or total)
 
 
-def plan_packs(runs: list[tuple[int, Trial]], pack: int | str, slot_count: int) -> list[list[tuple[int, Trial]]]:
-    """Chunks of runs of one algorithm each; `auto` makes about PACKS_PER_SLOT packs per slot."""
-    size = pack if pack != "auto" else max(1, math.ceil(len(runs) / (PACKS_PER_SLOT * slot_count)))
-    by_algorithm: dict[str, list[tuple[int, Trial]]] = {}
+def plan_batches(runs: list[tuple[int, Trial]], cap: int, slot_count: int) -> tuple[list[Unit], list[tuple[int, Trial]]]:
+    """(batches, singles): the seeds of each batchable configuration in batches of at most `cap` runs, split
+    further so that there are at least as many batches as slots where the runs allow; the other runs alone."""
+    groups: dict[tuple[str, str], Unit] = {}
+    singles = []
     for key, trial in runs:
+        if cap > 1 and batchable(trial):
+            groups.setdefault((trial.config_hash, trial.device), []).append((key, trial))
+        else:
+            singles.append((key, trial))
+    batches = []
+    for group in groups.values():
+        if len(group) == 1:
+            singles.extend(group)
+            continue
+        count = min(len(group), max(math.ceil(len(group) / cap), math.ceil(slot_count / len(groups))))
+        size = math.ceil(len(group) / count)
+        batches.extend(group[i:i + size] for i in range(0, len(group), size))
+    return batches, sorted(singles, key=lambda run: run[0])
+
+
+def plan_packs(runs: list[tuple[int, Trial]], pack: int | str, slot_count: int, batch_runs: int = 1) -> list[list[Unit]]:
+    """Ray trials: every batch of seeds its own; the other runs in chunks of one algorithm each, `auto` making
+    about PACKS_PER_SLOT packs per slot."""
+    batches, singles = plan_batches(runs, batch_runs, slot_count)
+    size = pack if pack != "auto" else max(1, math.ceil(len(singles) / (PACKS_PER_SLOT * slot_count)))
+    by_algorithm: dict[str, list[tuple[int, Trial]]] = {}
+    for key, trial in singles:
         by_algorithm.setdefault(trial.algorithm, []).append((key, trial))
-    return [group[i:i + size] for group in by_algorithm.values() for i in range(0, len(group), size)]
+    return [[batch] for batch in batches] + [[[run] for run in group[i:i + size]]
+                                             for group in by_algorithm.values() for i in range(0, len(group), size)]
 
 
 def connect(address: str | None) -> bool:
@@ -202,7 +269,7 @@ def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | No
     log = SweepLog(store, experiment_id, parent_id)
     state: dict[str, set[int]] = {"running": set(), "ended": set()}
     try:
-        packs = plan_packs(pending, resources.pack, slot_count)
+        packs = plan_packs(pending, resources.pack, slot_count, resources.batch_runs)
         by_key = dict(pending)
         summary.ray_trials = len(packs)
 
@@ -227,7 +294,7 @@ def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | No
 
             def on_trial_error(self, iteration, trials, trial, **info):
                 """The pack's actor died: its running run failed; its unstarted runs wait for a re-run."""
-                for key, _ in packs[trial.config["pack"]]:
+                for key, _ in [run for unit in packs[trial.config["pack"]] for run in unit]:
                     if key in state["running"]:
                         state["running"].discard(key)
                         log.abandoned(key, f"the Ray trial running it died: {trial.error_file or 'no error file'}")

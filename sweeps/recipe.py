@@ -13,7 +13,7 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -192,6 +192,7 @@ class Resources(StrictModel):
     gpus_per_trial: float = Field(0.0, ge=0)
     max_concurrent: Optional[int] = Field(None, ge=1)
     pack: Any = "auto"
+    batch_runs: int = Field(64, ge=1)  # most seeds of one configuration run as one program (fedbench.runs); 1: off
 
     @field_validator("gpus_per_trial")
     @classmethod
@@ -255,13 +256,19 @@ class SelectSpec(StrictModel):
         return _one_of(value, ("min", "max"))
 
 
+X_AXES = ("rounds", "comm", "iterations", "seconds")
+
+
 class ReportSpec(StrictModel):
     """The optional `report:` block: what `fedbench report` draws and how it ranks configurations.
     Every field has a default, so a recipe without the block still gets a report."""
     metrics: list[str] = Field(default_factory=list)  # panels of the paper-style figure, in order
     select: Optional[SelectSpec] = None  # default: the tune block's metric and mode, else the objective
     target: dict[str, float] = Field(default_factory=dict)  # metric -> value, for rounds-to-target
-    x: str = "rounds"  # or comm: floats communicated (uploads + downloads); iterations: local iterations
+    # the figure's x-axis: rounds; comm: floats communicated (uploads + downloads); iterations: local iterations;
+    # seconds: training wall-clock. A list draws the figure once per axis, the first being the main one.
+    x: Union[str, list[str]] = Field("rounds", validate_default=True)
+    interval: str = "sd"  # the tables' ± after each mean: sd, the sample standard deviation over seeds; ci95, 1.96 s.e.
     log: dict[str, bool] = Field(default_factory=dict)  # metric -> log scale, overriding the automatic choice
     labels: dict[str, str] = Field(default_factory=dict)  # algorithm or metric -> name shown in plots and tables
     curves: int = Field(4, ge=1)  # most configurations drawn per algorithm (its best ones)
@@ -275,8 +282,16 @@ class ReportSpec(StrictModel):
 
     @field_validator("x")
     @classmethod
-    def _x(cls, value: str) -> str:
-        return _one_of(value, ("rounds", "comm", "iterations"))
+    def _x(cls, value: Union[str, list[str]]) -> list[str]:
+        axes = [value] if isinstance(value, str) else value
+        if not axes or len(set(axes)) != len(axes):
+            raise ValueError(f"found {value!r}, expected an axis or a list of distinct axes")
+        return [_one_of(axis, X_AXES) for axis in axes]
+
+    @field_validator("interval")
+    @classmethod
+    def _interval(cls, value: str) -> str:
+        return _one_of(value, ("sd", "ci95"))
 
 
 SAMPLERS = ("tpe", "random", "cmaes", "gp")

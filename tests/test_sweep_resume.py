@@ -10,6 +10,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,6 +25,18 @@ seeds: 2
 eval_every: 500
 resources: {pack: 1}
 """
+# The same with shared data: the seeds of each fedmid configuration run as one program (fedbench.runs), three
+# programs of three runs, so the kill lands while whole batches have finished and another is running.
+BATCHED = """\
+name: resume
+problem: {name: lasso, clients: 8, samples_per_client: 40, dim: 60, support: 10, lam: 0.05, data_seed: 0}
+federation: {rounds: 8000, clients_per_round: 4, local_steps: 5, batch_size: 5}
+algorithms:
+  fedmid: {client_lr: [1e-2, 2e-2, 3e-2]}
+seeds: 3
+eval_every: 500
+resources: {batch_runs: 3}
+"""
 
 
 def runs(uri):
@@ -36,9 +49,10 @@ def by_role(uri, role):
     return [run for run in runs(uri) if run.data.tags.get("role") == role]
 
 
-def test_sigkill_then_rerun_completes_the_sweep(tmp_path, tracking_uri):
+@pytest.mark.parametrize("recipe, total", [(RECIPE, 8), (BATCHED, 9)], ids=["alone", "batched"])
+def test_sigkill_then_rerun_completes_the_sweep(tmp_path, tracking_uri, recipe, total):
     path = tmp_path / "resume.yaml"
-    path.write_text(RECIPE)
+    path.write_text(recipe)
     command = [sys.executable, "-m", "cli", "sweep", str(path), "--tracking-uri", tracking_uri]
     first = subprocess.Popen(command, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
@@ -67,11 +81,11 @@ def test_sigkill_then_rerun_completes_the_sweep(tmp_path, tracking_uri):
     trials = by_role(tracking_uri, "trial")
     finished = [run for run in trials if run.info.status == "FINISHED"]
     failed = [run for run in trials if run.info.status == "FAILED"]
-    assert len(finished) == 8  # 2 algorithms x 2 step sizes x 2 seeds
-    assert len({(run.data.tags["config_hash"], run.data.tags["seed"]) for run in finished}) == 8  # no duplicates
+    assert len(finished) == total  # every (config, seed)
+    assert len({(run.data.tags["config_hash"], run.data.tags["seed"]) for run in finished}) == total  # no duplicates
     assert finished_before <= {run.info.run_id for run in finished}  # not run again
     assert {run.info.run_id for run in failed} == running_before  # interrupted, marked failed
     assert all(run.data.tags["status"] == "failed" for run in failed)
-    assert len(trials) == 8 + len(running_before)  # nothing RUNNING, nothing else
+    assert len(trials) == total + len(running_before)  # nothing RUNNING, nothing else
     parents = by_role(tracking_uri, "sweep")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED" and parents[0].data.tags["attempts"] == "2"

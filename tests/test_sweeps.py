@@ -147,5 +147,6 @@ def test_slots_and_packs():
     runs = [(i, type("T", (), {"algorithm": "a" if i < 10 else "b"})) for i in range(14)]
     packs = plan_packs(runs, "auto", 2)  # 14 runs, 2 slots: packs of 2, never mixing algorithms
     assert [len(p) for p in packs] == [2, 2, 2, 2, 2, 2, 2]
-    assert all(len({t.algorithm for _, t in p}) == 1 for p in packs)
+    assert all(len({t.algorithm for unit in p for _, t in unit}) == 1 for p in packs)
+    assert all(len(unit) == 1 for p in packs for unit in p)  # batch_runs = 1: every run alone
     assert [len(p) for p in plan_packs(runs, 5, 2)] == [5, 5, 4]

@@ -22,6 +22,7 @@ from fedbench.hparams import Param
 
 class ASCDPFL(BlockMethod):
     name = "ascd_pfl"
+    runs_axis = True
     hparams = (P_W, ETA, RHO, Param("theta", "float", None, "coupling θ; None: min{0.8, 1/η}", low=0, high=1,
                                     nullable=True))
 

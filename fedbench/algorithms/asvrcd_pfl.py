@@ -35,6 +35,12 @@ class ASVRCDPFL(BlockMethod):
     hparams = (P_W, ETA, RHO, Param("count_refresh", "bool", True, "a refresh of v ends a communication round (the "
                                     "synthetic code, §3.0) or happens inside one (the CV code)"))
 
+    runs_axis = True
+
+    @classmethod
+    def batchable_runs(cls, hp):
+        return hp["count_refresh"]  # else a ρ-coin at every iteration, drawn inside the batched steps
+
     def __init__(self, problem, **hyperparameters):
         super().__init__(problem, **hyperparameters)
         self.rules = rules(problem, self.p_w, self.eta, self.rho)

@@ -60,6 +60,10 @@ class Algorithm:
     requires: ClassVar[frozenset[str]] = frozenset()
     participation: ClassVar[str] = "sampled"  # or "all": every client takes part in every round
     random_stream: ClassVar[str] = "algorithm"  # name of the stream rnd.gen is seeded from, with the trial seed
+    # True: written for the run axis of `fedbench.runs` (state `[R, S, ...]` / server `[R, ...]`: reductions over
+    # the client axis -2, `broadcast`/`aggregate` for server <-> clients, oracles as they come) and draws nothing
+    # inside its rounds but at a coin-flip round's last step; checked by tests/test_runs.py against runs alone
+    runs_axis: ClassVar[bool] = False
 
     def __init__(self, problem, **hyperparameters: Any):
         self.problem = problem
@@ -73,6 +77,11 @@ class Algorithm:
     def requirements(cls, hp: dict[str, Any]) -> set[str]:
         """The capabilities this algorithm needs with resolved hyperparameters `hp`."""
         return set(cls.requires) | {"personal_evaluation" if cls.personalized else "global_evaluation"}
+
+    @classmethod
+    def batchable_runs(cls, hp: dict[str, Any]) -> bool:
+        """Whether runs with these resolved hyperparameters can share a batch (`fedbench.runs`): `runs_axis`."""
+        return cls.runs_axis
 
     @classmethod
     def declared_metrics(cls, hp: dict[str, Any]) -> tuple[Metric, ...]:
@@ -119,13 +128,17 @@ class Algorithm:
 
 
 def broadcast(w: Tensor, rnd: Round) -> Tensor:
-    """The server vector as a fresh `[S, d]` local copy for the sampled clients."""
-    return w.expand(len(rnd.clients), *w.shape).clone()
+    """The server vector as a fresh `[S, d]` local copy for the sampled clients (`[R, S, d]` from `[R, d]` when
+    runs are batched, `fedbench.runs`)."""
+    return w.unsqueeze(-2).expand(*w.shape[:-1], rnd.clients.shape[-1], w.shape[-1]).clone()
 
 
 def aggregate(values: Tensor, weights: Tensor) -> Tensor:
-    """Σ_k π̂_k values_k over the sampled clients (weights `[S]` sum to 1)."""
-    return weights @ values
+    """Σ_k π̂_k values_k over the sampled clients (weights `[S]` sum to 1; `[R, S]` with values `[R, S, d]`
+    when runs are batched)."""
+    if weights.dim() == 1:
+        return weights @ values
+    return torch.matmul(weights.unsqueeze(-2), values).squeeze(-2)
 
 
 def composite_step(reg, h_mode: str, x: Tensor, direction: Tensor, lr) -> Tensor:

@@ -17,6 +17,7 @@ from fedbench.hparams import Param
 
 class FedMiD(Algorithm):
     name = "fedmid"
+    runs_axis = True
     hparams = (
         CLIENT_LR,
         SERVER_LR,

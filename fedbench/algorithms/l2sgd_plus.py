@@ -26,6 +26,7 @@ from fedbench.oracle import Minibatch
 
 class L2SGDPlus(Algorithm):
     name = "l2sgd_plus"
+    runs_axis = True
     personalized = True
     requires = frozenset({"mixture"})
     participation = "all"
@@ -63,23 +64,24 @@ class L2SGDPlus(Algorithm):
 
     def client_step(self, local, batches, rnd, step):
         x, table, table_mean, psi = local["x"], local["table"], local["table_mean"], local["psi"]
-        devices = len(x)
+        devices = x.shape[-2]  # x is [M, d] ([R, M, d] with a run axis, fedbench.runs)
         if step == rnd.local_steps - 1:  # the averaging step
-            x_bar = x.mean(0)
+            x_bar = x.mean(-2, keepdim=True)
             g = (self.lam / (devices * self.prob)) * (x - x_bar) - ((1 / self.prob - 1) / devices) * psi \
                 + table_mean / devices
             x_new = x - self.alpha * g
             return {**local, "x": x_new, "psi": self.lam * ((x if self.psi == "paper" else x_new) - x_bar)}
         oracle = batches.D
-        sample = oracle.rows[:, 0] - self.problem.client_offsets[rnd.clients]
+        sample = oracle.rows[..., 0] - self.problem.client_offsets[rnd.clients]  # j_m of each device
+        entry = sample[..., None, None].expand(*sample.shape, 1, x.shape[-1])  # its row of the device's table
         gamma = oracle.grad(x)
-        delta = gamma - table[torch.arange(devices), sample]
+        delta = gamma - table.gather(-2, entry).squeeze(-2)
         g = delta / (devices * (1 - self.prob)) + (table_mean + psi) / devices
-        table[torch.arange(devices), sample] = gamma  # in place: the gathered rows are this round's copy
-        return {**local, "x": x - self.alpha * g, "table_mean": table_mean + delta / table.shape[1]}
+        table.scatter_(-2, entry, gamma.unsqueeze(-2))  # in place: the gathered rows are this round's copy
+        return {**local, "x": x - self.alpha * g, "table_mean": table_mean + delta / table.shape[-2]}
 
     def client_final(self, local, rnd):
-        return {"w": local["x"].mean(0)}, local
+        return {"w": local["x"].mean(-2)}, local
 
     def server_update(self, server, message, weights, rnd):
         return dict(message)

@@ -110,6 +110,10 @@ class ABUsers(ImageClassification):
                 Metric("accuracy", "test accuracy before adaptation (mean over users)", "max"),
                 Metric("train_loss", "training cross-entropy (pooled)", "min"))
 
+    @classmethod
+    def shared_by_seeds(cls, config):
+        return False  # the evaluation's adaptation batches follow the trial seed
+
     def __init__(self, config: dict[str, Any], seed: int, device="cpu"):
         super().__init__(config, seed, device)
         a, a_test = (config["a"] or PAPER_A[config["dataset"]][0]), (config["a_test"] or PAPER_A[config["dataset"]][1])

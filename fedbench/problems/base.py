@@ -72,6 +72,12 @@ class Problem:
                 | ({"one_client"} if cls.declared_clients(config) == 1 else set()))
 
     @classmethod
+    def shared_by_seeds(cls, config: dict[str, Any]) -> bool:
+        """Whether one instance serves every trial seed with this config, so that runs of several seeds can
+        share it (`fedbench.runs`): the data do not follow the seed, and nothing else in the problem does."""
+        return config.get("data_seed") is not None
+
+    @classmethod
     def metrics(cls, config: dict[str, Any]) -> tuple[Metric, ...]:
         """The metrics `evaluate` returns for the global model, in row order."""
         raise NotImplementedError

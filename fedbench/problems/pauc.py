@@ -142,6 +142,10 @@ class PartialAUC(Problem):
                   for split in splits for name, title in SCORES),
                 Metric("objective", "X-risk objective F(w) (pooled training pairs)", "min"))
 
+    @classmethod
+    def shared_by_seeds(cls, config):
+        return False  # the feature noise of its minibatches follows the trial seed
+
     def __init__(self, config: dict[str, Any], seed: int, device="cpu"):
         super().__init__(config, seed, device)
         self.dtype = torch.float32

@@ -104,6 +104,7 @@ class BlockProblem(Problem):
     `base` (the model of f'), `objective` and `constants` through `_setup`."""
     provides = frozenset({"block_objective", "full_data", "personal_evaluation"})
     evaluates_global_model = False  # a row needs the per-device blocks too
+    _instance_key: str | None = None
 
     objective: BlockObjective
     constants: Constants
@@ -216,10 +217,12 @@ class BlockProblem(Problem):
 
     def instance_key(self) -> str:
         """Identifies the natural objective F(w̃, β) (the reference solution's cache key): settings of the stored
-        variables, the constants and the metrics do not change it."""
-        config = {k: v for k, v in self.config.items() if k not in RULE_SETTINGS}
-        text = json.dumps([self.name, config, str(self.dtype)], sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:24]
+        variables, the constants and the metrics do not change it. Kept once computed: every evaluation asks."""
+        if self._instance_key is None:
+            config = {k: v for k, v in self.config.items() if k not in RULE_SETTINGS}
+            text = json.dumps([self.name, config, str(self.dtype)], sort_keys=True)
+            self._instance_key = hashlib.sha256(text.encode()).hexdigest()[:24]
+        return self._instance_key
 
     def evaluate(self, w: Tensor, personal: Tensor | None = None) -> dict[str, float]:
         """The metrics at (w̃, β): `personal` holds the devices' blocks β `[M, d_β]` (a method that keeps one

@@ -1,0 +1,78 @@
+"""Many runs as one program (`fedbench.runs`): for R = 1, 4, 16, 64 seeds of one configuration, the time of the R
+runs one after another (each a `Simulation`, as `fedbench sweep` ran them before the run axis) over the time of
+the R runs as one program (`run_batch`), measured in the same process, with evaluation on the usual schedule:
+
+  ascd_pfl   ASCD-PFL on seed 003's S1 (MX2, σ_h = 1.0, 20 devices × 1000 samples, d = 15), coin-flip rounds:
+             iteration-wise batch (`IterationBatch`); 100 communication rounds, metrics every 10;
+  fedmid     FedMiD on spec 002's Lasso (p = 1024, 64 clients, S = 10, E = 10, b = 10), the data fixed
+             (`data_seed: 0`) so that the seeds share them; round-synchronous batch; 20 rounds, metrics every 10;
+  fedxl2     FeDXL2 on FeDXL's synthetic pAUC: not on the run axis (its passive scores and the problem's feature
+             noise are drawn inside rounds), so R runs cost R runs; printed as such.
+
+The machine is shared, so only the ratios mean anything. Prints identity too: the largest relative difference
+between a run's rows alone and in the batch.
+Usage: FEDBENCH_DATA=../shared/data python bench/runs_batched.py [--device cuda] [--sizes 1 4 16 64]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+
+import torch
+
+import fedbench
+from fedbench.runs import NotBatchable, run_batch
+from fedbench.simulate import Federation, Simulation
+
+CASES = {
+    "ascd_pfl": (lambda device: fedbench.make_problem("pfl_synthetic", preset="s1", sigma_h=1.0, device=device),
+                 Federation(100, 0, 1, 1), {}, 10),
+    "fedmid": (lambda device: fedbench.make_problem("lasso", preset="bao2022", data_seed=0, device=device),
+               Federation(20, 10, 10, 10), {"client_lr": 1e-3}, 10),
+    "fedxl2": (lambda device: fedbench.make_problem("pauc", preset="guo2023_synthetic", device=device),
+               Federation(20, 4, 4, 32), {}, 10),
+}
+
+
+def simulations(problem, name, federation, hp, eval_every, seeds):
+    return [Simulation(problem, fedbench.make_algorithm(name, problem, **hp), federation, seed, eval_every)
+            for seed in seeds]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--cases", nargs="+", default=list(CASES))
+    args = parser.parse_args()
+    print(f"R runs one after another / R runs as one program, device={args.device}, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads")
+    for name in args.cases:
+        make, federation, hp, eval_every = CASES[name]
+        problem = make(args.device)
+        list(simulations(problem, name, dataclasses.replace(federation, rounds=1), hp, 1, [0])[0])  # warm-up
+        for size in args.sizes:
+            seeds = list(range(size))
+            start = time.perf_counter()
+            alone = [list(sim) for sim in simulations(problem, name, federation, hp, eval_every, seeds)]
+            sequential = time.perf_counter() - start
+            try:
+                batch = run_batch(simulations(problem, name, federation, hp, eval_every, seeds))
+            except NotBatchable as why:
+                print(f"{name:9s} R={size:3d}  not on the run axis ({why}): ratio 1 by construction "
+                      f"({sequential:.2f} s for the R runs)")
+                break
+            rows = [[] for _ in seeds]
+            start = time.perf_counter()
+            for i, row in batch:
+                rows[i].append(row)
+            batched = time.perf_counter() - start
+            worst = max(abs(a[k] - b[k]) / max(abs(a[k]), 1e-300) for x, y in zip(alone, rows)
+                        for a, b in zip(x, y) for k in a)
+            print(f"{name:9s} R={size:3d}  {sequential / batched:5.1f}x   (one after another {sequential:6.2f} s, "
+                  f"one program {batched:6.2f} s; largest relative difference {worst:.1e})", flush=True)
+
+
+if __name__ == "__main__":
+    main()

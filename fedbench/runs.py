@@ -1,0 +1,442 @@
+"""Many runs as one program: a run axis `[R, S, ...]` above the clients' axis.
+
+R simulations of one algorithm with one configuration on one problem instance (the same data), differing in their
+seeds (initial point, client sampling, minibatches, the algorithm's coins), advance round by round as one
+batched tensor program:
+
+    sims = [Simulation(problem, FedMiD(problem, client_lr=1e-3), federation, seed) for seed in range(30)]
+    for run, row in RunBatch(sims):   # each run's rows, exactly as `for row in sims[run]` would yield them
+        ...
+    sims[run].status                  # 'finished' or 'diverged', per run
+
+* Draws. Every run keeps its own `Simulation`, whose generators draw on the host exactly what the run draws
+  alone (round length, clients, minibatch rows), in the same order; only the arithmetic is batched.
+* Layout. The server state gains a leading run axis (`[R, d]`), per-client state too (`[R, N, d]`), the local
+  state of a round is `[R, S, d]`. Algorithms that declare `runs_axis` are written for it (reductions over the
+  client axis −2, `broadcast`/`aggregate` between server and clients); the oracles they call fold the run axis
+  into the client axis (`RunOracle`), so problems need nothing new.
+* Rounds. Of fixed length, the runs advance round by round together (`RunBatch`). Of random length (coin-flip
+  communication, seed 003's block methods, every device in every round), the runs advance iteration by
+  iteration, each through its own rounds (`IterationBatch`): round-synchronous runs would each wait for the
+  longest of R geometric lengths, about ln R times the mean.
+* Divergence. A run that diverges stops, as alone: its partial curve is kept, its final state is stored on its
+  Simulation, and it leaves the batched arithmetic (the live runs are selected every round). A round in which an
+  SVD fails (an iterate that overflowed between two evaluations) is replayed run by run on the same draws: the
+  runs whose SVD fails end diverged there, as alone, and the others go on.
+* Evaluation. On the same schedule as alone, each live run by its own `Simulation.evaluate` on views of the batch.
+
+Why explicit and not `torch.func.vmap` over runs (tried first): on this CPU vmap costs ~2x per elementwise op and
+~30x per gather (index_select with a batched index: 380 µs against 12 µs), where the runs of seed 003's
+problems are streams of ~10 µs ops; the explicit layout's ops on `[R, S, d]` cost about what `[S, d]` costs.
+Identity with runs alone: bit for bit where the batched kernels reduce in the same order as the unbatched ones,
+else within 1e-12 relative (the server average is a batched matrix product); `tests/test_runs.py` per algorithm.
+"""
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+import torch
+from torch import Tensor
+
+from fedbench.algorithms import ALGORITHMS
+from fedbench.algorithms.base import Algorithm, Round
+from fedbench.oracle import Batches
+from fedbench.simulate import Simulation
+
+
+GATHER_BUDGET = 4 * 2**20  # bytes of minibatch rows one batched local step gathers (see RunBatch.chunk)
+
+
+class NotBatchable(ValueError):
+    """These simulations cannot run as one program (the message says why)."""
+
+
+def _random_rounds(algorithm: Algorithm) -> bool:
+    return type(algorithm).round_length is not Algorithm.round_length
+
+
+def why_not_batchable(sims: list[Simulation]) -> str | None:
+    """Why these simulations cannot form one batch (None: they can)."""
+    first = sims[0]
+    if not type(first.algorithm).batchable_runs(first.algorithm.hp):
+        return f"{first.algorithm.name} is not written for the run axis with these settings (Algorithm.runs_axis)"
+    if _random_rounds(first.algorithm) and first.algorithm.participation != "all":
+        return f"{first.algorithm.name} has rounds of random length with sampled clients"
+    for sim in sims[1:]:
+        if sim.problem is not first.problem:
+            return "the runs must share one problem instance (the same data)"
+        if type(sim.algorithm) is not type(first.algorithm) or sim.algorithm.hp != first.algorithm.hp:
+            return "the runs must run one algorithm with the same hyperparameters"
+        if (sim.federation, sim.eval_every, sim.sampler.sizes, sim.divergence_factor) != (
+                first.federation, first.eval_every, first.sampler.sizes, first.divergence_factor):
+            return "the runs must share the federation, batch sizes, evaluation schedule and divergence rule"
+    return None
+
+
+class RunOracle:
+    """An oracle of R runs' minibatches: points `[R, S, d]` are folded to the `[R·S, d]` the problem's oracle of
+    the flattened batch answers, and its answers unfolded. A point shared by a run's clients (`[R, d]`, e.g. a
+    block method's w) is expanded to every client first."""
+
+    def __init__(self, inner, runs: int, rows: Tensor):
+        self.inner, self.runs, self.rows = inner, runs, rows  # rows `[R, S, b]`
+
+    def _fold(self, x: Tensor) -> Tensor:
+        return x.flatten(0, 1)
+
+    def _unfold(self, x: Tensor | None) -> Tensor | None:
+        return None if x is None else x.view(self.runs, -1, *x.shape[1:])
+
+    def loss(self, w):
+        return self._unfold(self.inner.loss(self._fold(w)))
+
+    def grad(self, w):
+        return self._unfold(self.inner.grad(self._fold(w)))
+
+    def hvp(self, w, v):
+        return self._unfold(self.inner.hvp(self._fold(w), self._fold(v)))
+
+    def _per_client(self, w: Tensor, like: Tensor) -> Tensor:
+        return w.unsqueeze(-2).expand(*like.shape[:-1], w.shape[-1]) if w.dim() < like.dim() else w
+
+    def block_grads(self, w, beta, need_w: bool = True):
+        g_w, g_beta = self.inner.block_grads(self._fold(self._per_client(w, beta)), self._fold(beta), need_w)
+        return self._unfold(g_w), self._unfold(g_beta)
+
+    def block_loss(self, w, beta):
+        return self._unfold(self.inner.block_loss(self._fold(self._per_client(w, beta)), self._fold(beta)))
+
+
+class RunBatch:
+    def __init__(self, sims: list[Simulation]):
+        if not sims:
+            raise NotBatchable("no simulations")
+        reason = why_not_batchable(sims)
+        if reason:
+            raise NotBatchable(reason)
+        first = sims[0]
+        self.sims = sims
+        self.problem, self.federation, self.algorithm = first.problem, first.federation, first.algorithm
+        self.everyone = self.algorithm.participation == "all"
+        self.server = {k: torch.stack([s.server[k] for s in sims]) for k in first.server}
+        self.clients = {k: torch.stack([s.clients[k] for s in sims]) for k in first.clients}
+        self.live = list(range(len(sims)))
+        self.rounds_done = 0
+        self.train_seconds = 0.0  # the whole batch's
+        self._uploaded = 0  # floats each run uploaded in the last round
+        # Runs per batched kernel: a local step gathers S·b rows per run; beyond GATHER_BUDGET bytes the gathered
+        # batch leaves the cache and the batch runs slower than its runs one after another (spec 002's Lasso,
+        # 800 KB a run: 1.2x at R = 4, 0.4x at R = 64), so larger batches go through the round in chunks.
+        clients = self.federation.clients_per_round or self.problem.num_clients
+        samples = sum(first.sampler.sizes[mb.name] for mb in first.sampler.minibatches if mb.same_as is None)
+        itemsize = self.server[self.algorithm.downloads[0]].element_size()
+        per_run = clients * samples * (self.problem.row_elements or self.problem.dim) * itemsize
+        self.chunk = max(1, GATHER_BUDGET // per_run)
+
+    def __len__(self) -> int:
+        return len(self.sims)
+
+    # -- one round of every live run ----------------------------------------------------------------------
+    def _draw(self):
+        """Every live run's draws of this round on its own streams, in the order of `Simulation.run_round`."""
+        lengths, clients, rows = [], [], []
+        for i in self.live:
+            sim = self.sims[i]
+            steps = sim.algorithm.round_length(self.federation.local_steps, sim.algorithm_gen)
+            c, r = sim.sampler.draw(steps, everyone=self.everyone)
+            lengths.append(steps)
+            clients.append(c)
+            rows.append(r)
+        rows = {k: torch.stack([r[k] for r in rows], 1) for k in rows[0]}  # [steps, R, S, b]
+        return torch.stack(clients), rows, lengths[0], lengths  # every run's round has the federation's length
+
+    def _step_batches(self, rows: dict[str, Tensor], step: int, runs: int):
+        sampler = self.sims[0].sampler
+        oracles = {}
+        for mb in sampler.minibatches:
+            if mb.same_as is not None:
+                oracles[mb.name] = oracles[mb.same_as]
+            else:
+                step_rows = rows[mb.name][step]
+                oracles[mb.name] = RunOracle(self.problem.step_oracle(step_rows.flatten(0, 1)), runs, step_rows)
+        return Batches(oracles)
+
+    def _weights(self, clients: Tensor, dtype) -> Tensor:
+        if self.federation.aggregation == "uniform":
+            return torch.full(clients.shape, 1.0 / clients.shape[-1], dtype=dtype, device=clients.device)
+        sizes = self.problem.client_sizes[clients].to(dtype)
+        return sizes / sizes.sum(-1, keepdim=True)
+
+    def run_round(self) -> list[int]:
+        """One round of every live run; the runs whose round failed (an SVD of an overflowed iterate raised
+        LinAlgError) are returned: the batch then replays the round run by run on the same draws, so that
+        only the failing runs fail."""
+        draws = self._draw()
+        failed = []
+        for first in range(0, len(self.live), self.chunk):
+            positions = list(range(first, min(first + self.chunk, len(self.live))))
+            try:
+                self._advance(draws, positions)
+            except torch.linalg.LinAlgError:
+                for position in positions:
+                    try:
+                        self._advance(draws, [position])
+                    except torch.linalg.LinAlgError:
+                        failed.append(self.live[position])
+        down = draws[0].shape[-1] * sum(self.server[k][0].numel() for k in self.algorithm.downloads)
+        for i, n in zip(self.live, draws[-1]):
+            sim = self.sims[i]
+            sim.comm_up += self._uploaded
+            sim.comm_down += down
+            sim.rounds_done += 1
+            sim.iterations += n
+        self.rounds_done += 1
+        return failed
+
+    def _advance(self, draws, positions: list[int]) -> None:
+        """The round of the live runs at `positions` (indices into `self.live`) on their draws."""
+        clients, rows, steps, _ = draws
+        algorithm, runs = self.algorithm, len(positions)
+        if runs < len(self.live):
+            chosen = torch.tensor(positions, device=self.problem.device)
+            clients = clients[chosen]
+            rows = {k: v[:, chosen] for k, v in rows.items()}
+        ids = [self.live[p] for p in positions]
+        whole = runs == len(self.sims)
+        live = torch.tensor(ids, device=self.problem.device)
+        pick = (lambda t: t) if whole else (lambda t: t.index_select(0, live))
+        server = {k: pick(v) for k, v in self.server.items()}
+        state = {k: pick(v) for k, v in self.clients.items()}
+        run_index = torch.arange(runs, device=self.problem.device)[:, None]
+        gathered = state if self.everyone else {k: v[run_index, clients] for k, v in state.items()}
+        rnd = Round(self.rounds_done, clients, steps, self.sims[ids[0]].iterations, None)
+        local = algorithm.client_init(server, gathered, rnd)
+        for step in range(steps):
+            local = algorithm.client_step(local, self._step_batches(rows, step, runs), rnd, step)
+        message, updated = algorithm.client_final(local, rnd)
+        weights = self._weights(clients, server[algorithm.downloads[0]].dtype)
+        server = algorithm.server_update(server, message, weights, rnd)
+        for key, value in updated.items():
+            if self.everyone:
+                state[key] = value
+            else:
+                state[key] = state[key].clone()
+                state[key][run_index, clients] = value
+        if whole:
+            self.server, self.clients = server, state
+        else:
+            self.server = {k: self.server[k].index_copy(0, live, v) for k, v in server.items()}
+            self.clients = {k: self.clients[k].index_copy(0, live, v) for k, v in state.items()}
+        self._uploaded = sum(m.numel() for m in message.values()) // runs
+
+    # -- evaluation and the loop --------------------------------------------------------------------------
+    def _sync(self, i: int) -> None:
+        """Run i's state onto its Simulation (views of the batch's tensors)."""
+        sim = self.sims[i]
+        sim.server = {k: v[i] for k, v in self.server.items()}
+        sim.clients = {k: v[i] for k, v in self.clients.items()}
+
+    def evaluate(self, failed: bool = False) -> dict[int, dict[str, float]]:
+        """Every live run's row."""
+        rows = {}
+        for i in self.live:
+            self._sync(i)
+            rows[i] = self.sims[i].evaluate(failed)
+        return rows
+
+    def _stop(self, i: int, status: str) -> None:
+        """Run i ends: its state stays on its Simulation (copied out of the batch), and it leaves the batch."""
+        sim = self.sims[i]
+        self._sync(i)
+        sim.server = {k: v.clone() for k, v in sim.server.items()}
+        sim.clients = {k: v.clone() for k, v in sim.clients.items()}
+        sim.status = status
+        self.live.remove(i)
+
+    def __iter__(self) -> Iterator[tuple[int, dict[str, float]]]:
+        for i, row in self.evaluate().items():
+            self.sims[i].start_objective = row.get("objective")
+            yield i, row
+        eval_every = self.sims[0].eval_every
+        while self.live and self.rounds_done < self.federation.rounds:
+            start = time.perf_counter()
+            failed = self.run_round()
+            elapsed = time.perf_counter() - start
+            self.train_seconds += elapsed
+            for i in self.live:  # each run is charged its share of the batch's time
+                self.sims[i].train_seconds += elapsed / len(self.live)
+            for i in failed:
+                self._sync(i)
+                yield i, self.sims[i].evaluate(failed=True)
+                self._stop(i, "diverged")
+            if self.rounds_done % eval_every == 0 or self.rounds_done == self.federation.rounds:
+                for i, row in self.evaluate().items():
+                    if self.sims[i].exploded(row):
+                        self._stop(i, "diverged")
+                    yield i, row
+        for i in list(self.live):
+            self._stop(i, "finished")
+
+
+class IterationBatch(RunBatch):
+    """The run axis for rounds of random length (coin-flip communication, every device every round): the runs
+    advance iteration by iteration, each through its own rounds, instead of round by round. A round-synchronous
+    batch would run every round as long as the longest of R geometric lengths (about ln R times the mean); here
+    no iteration is wasted.
+
+    At each iteration, first the runs at their round's last step end their rounds one by one, exactly as alone
+    (`Simulation`'s own step, client_final, server_update and the next round's draws and client_init, on views
+    of the batch: the same kernels, the run's own generator for draws inside the last step, its own round index
+    and iteration count); then every row of the batch takes a local step at once (wasted on the rows of runs that
+    just ended a round or stopped, cheaper than selecting the others). A round ends for about R/(mean length)
+    runs per iteration, so the batched step carries the cost. In that step an algorithm reads `step` only to
+    tell the round's last step (`step == rnd.local_steps - 1`, never true there), draws nothing and reads
+    neither `rnd.index` nor `rnd.iteration` (they differ between runs): `Algorithm.batchable_runs` says so."""
+
+    def __init__(self, sims: list[Simulation]):
+        super().__init__(sims)
+        if not self.everyone:
+            raise NotBatchable("iteration-wise batches need every client in every round (participation all)")
+        self.position = [0] * len(sims)  # local step of each run within its round (host copy of `positions`)
+        self.length = [0] * len(sims)
+        self.rows: dict[str, Tensor] = {}  # [R, capacity, S, b]: each run's rows for its current round
+        self.every = torch.arange(len(sims), device=self.problem.device)
+        self.positions = torch.zeros(len(sims), dtype=torch.long, device=self.problem.device)
+        self.moving = torch.ones_like(self.positions)  # 0 for a stopped run
+        self.local: dict[str, Tensor] = {}
+        self.clients_all = torch.arange(self.problem.num_clients, device=self.problem.device)
+        self.inside = Round(-1, self.clients_all.expand(len(sims), -1), 2, -1, None)  # step 0 is not the last
+
+    def _round_of(self, i: int) -> Round:
+        sim = self.sims[i]
+        return Round(sim.rounds_done, self.clients_all, self.length[i], sim.iterations, sim.algorithm_gen)
+
+    def _open_round(self, i: int) -> None:
+        """Run i's next round: its length, then its rows, on its own streams (as alone), and its local state."""
+        sim = self.sims[i]
+        steps = sim.algorithm.round_length(self.federation.local_steps, sim.algorithm_gen)
+        _, rows = sim.sampler.draw(steps, everyone=True)
+        for name, drawn in rows.items():
+            held = self.rows.get(name)
+            if held is None or held.shape[1] < steps:  # grow the per-run buffer to the longest round yet
+                grown = drawn.new_zeros(len(self.sims), max(steps, 2 * (0 if held is None else held.shape[1])),
+                                        *drawn.shape[1:])
+                if held is not None:
+                    grown[:, :held.shape[1]] = held
+                self.rows[name] = held = grown
+            held[i, :steps] = drawn
+        self.position[i], self.length[i] = 0, steps
+        self.positions[i] = 0
+        self._sync(i)
+        local = self.algorithm.client_init(sim.server, sim.clients, self._round_of(i))
+        for key, value in local.items():
+            if key not in self.local:
+                self.local[key] = value.new_zeros(len(self.sims), *value.shape)
+            self.local[key][i] = value
+
+    def _end_round(self, i: int) -> None:
+        """Run i's last local step, client_final and server_update, as `Simulation.run_round` does them."""
+        sim = self.sims[i]
+        self._sync(i)
+        local = {k: v[i] for k, v in self.local.items()}
+        rnd = self._round_of(i)
+        step_rows = {name: held[i, self.position[i]].unsqueeze(0) for name, held in self.rows.items()}
+        local = self.algorithm.client_step(local, sim.sampler.step_batches(step_rows, 0), rnd, self.length[i] - 1)
+        message, updated = self.algorithm.client_final(local, rnd)
+        server = self.algorithm.server_update(sim.server, message, sim.aggregation_weights(self.clients_all), rnd)
+        for key, value in server.items():
+            self.server[key][i] = value
+        for key, value in updated.items():
+            self.clients[key][i] = value
+        sim.comm_up += sum(m.numel() for m in message.values())
+        sim.comm_down += len(self.clients_all) * sum(v.numel() for k, v in server.items() if k in self.algorithm.downloads)
+        sim.rounds_done += 1
+        sim.iterations += self.length[i]
+
+    def _oracles(self):
+        """The oracles of every row's current local step."""
+        oracles = {}
+        for mb in self.sims[0].sampler.minibatches:
+            if mb.same_as is not None:
+                oracles[mb.name] = oracles[mb.same_as]
+                continue
+            rows = self.rows[mb.name][self.every, self.positions]
+            oracles[mb.name] = RunOracle(self.problem.step_oracle(rows.flatten(0, 1)), len(rows), rows)
+        return Batches(oracles)
+
+    def _stop(self, i: int, status: str) -> None:
+        """As `RunBatch._stop`; the run's rows then take a live run's values, so that the batch, which steps every
+        row, stays finite whatever the stopped run's iterate was."""
+        super()._stop(i, status)
+        self.moving[i] = 0
+        self.positions[i] = 0
+        if self.live:
+            donor = self.live[0]
+            for state in (self.local, self.server, self.clients):
+                for key in state:
+                    state[key][i] = state[key][donor]
+
+    def __iter__(self) -> Iterator[tuple[int, dict[str, float]]]:
+        """Each iteration: the runs at their round's last step end their rounds; then every row takes a local
+        step (wasted on the rows of runs that just ended a round or stopped: cheaper than selecting the others);
+        the ended rounds are evaluated on schedule and the next ones drawn and opened."""
+        for i, row in self.evaluate().items():
+            self.sims[i].start_objective = row.get("objective")
+            yield i, row
+        if self.federation.rounds == 0:
+            for i in list(self.live):
+                self._stop(i, "finished")
+            return
+        for i in self.live:
+            self._open_round(i)
+        eval_every, rounds = self.sims[0].eval_every, self.federation.rounds
+        while self.live:
+            start = time.perf_counter()
+            ending = [i for i in self.live if self.position[i] == self.length[i] - 1]
+            for i in ending:
+                self._end_round(i)
+            if len(ending) < len(self.live):
+                self.local = self.algorithm.client_step(self.local, self._oracles(), self.inside, 0)
+            self.positions += self.moving  # a stopped run's rows stay at step 0 of its buffer
+            elapsed = time.perf_counter() - start
+            self.train_seconds += elapsed
+            for i in self.live:
+                self.sims[i].train_seconds += elapsed / len(self.live)
+                self.position[i] += 1
+            for i in ending:
+                sim = self.sims[i]
+                if sim.rounds_done % eval_every == 0 or sim.rounds_done == rounds:
+                    self._sync(i)
+                    row = sim.evaluate()
+                    if sim.exploded(row):
+                        self._stop(i, "diverged")
+                    yield i, row
+                if i not in self.live:
+                    continue
+                if sim.rounds_done == rounds:
+                    self._stop(i, "finished")
+                else:
+                    start = time.perf_counter()
+                    self._open_round(i)
+                    sim.train_seconds += time.perf_counter() - start
+
+def run_batch(sims: list[Simulation]) -> RunBatch:
+    """The batch for these simulations: iteration by iteration where rounds have random lengths and every client
+    takes part (`IterationBatch`), else round by round (`RunBatch`)."""
+    return (IterationBatch if _random_rounds(sims[0].algorithm) else RunBatch)(sims)
+
+
+def run_seeds(problem, algorithm_name: str, federation, seeds, eval_every: int = 10,
+              **hyperparameters) -> list[list[dict[str, float]]]:
+    """The rows of one algorithm run with each of `seeds` on `problem`, as one program (runs alone where the
+    algorithm is not written for the run axis): `run_seeds(...)[k]` is seed k's curve."""
+    seeds = list(seeds)
+    sims = [Simulation(problem, ALGORITHMS[algorithm_name](problem, **hyperparameters), federation, seed, eval_every)
+            for seed in seeds]
+    if why_not_batchable(sims):
+        return [list(sim) for sim in sims]
+    rows: list[list[dict[str, float]]] = [[] for _ in seeds]
+    for i, row in run_batch(sims):
+        rows[i].append(row)
+    return rows

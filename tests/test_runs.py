@@ -1,0 +1,186 @@
+"""The run axis (`fedbench.runs`): R runs of one configuration with different seeds as one program give each run's
+curve as it is alone, and a run that diverges or fails inside a batch leaves the others' curves unchanged.
+
+Identity, per algorithm written for the run axis (`CASES`): bit for bit where every reduction of a round is per
+run and per client (LSGD-PFL, and FedAvg/FedMiD on these instances), within 1e-12 relative where a server
+average over clients is a batched matrix product against the vector product of a run alone (measured ≤ 2e-14
+after a dozen rounds). Round-synchronous batches (`RunBatch`) for fixed-length rounds; iteration-wise batches
+(`IterationBatch`) for ASCD-PFL's and L2SGD+'s coin-flip rounds. Batches mix seeds only: runs that differ in a
+hyperparameter run in separate batches (`why_not_batchable`).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import fedbench
+from fedbench.runs import NotBatchable, RunBatch, run_batch, run_seeds, why_not_batchable
+from fedbench.simulate import Federation, Simulation
+from small_problems import small_lasso, small_lowrank
+
+SEEDS = [0, 3, 7, 11]
+
+
+def pfl(**config):
+    return fedbench.make_problem("pfl_synthetic", preset="s1", sigma_h=1.0, **config)
+
+
+CASES = {  # algorithm: (problem, federation, hyperparameters, tolerance)
+    "fedavg": (lambda: small_lasso(), Federation(12, 3, 4, 5), {"client_lr": 0.01}, 1e-12),
+    "fedmid": (lambda: small_lasso(), Federation(12, 3, 4, 5), {"client_lr": 0.01}, 1e-12),
+    "lsgd_pfl": (pfl, Federation(12, 0, 5, 1), {}, 0.0),
+    "ascd_pfl": (pfl, Federation(12, 0, 1, 1), {}, 1e-12),
+    "l2sgd_plus": (pfl, Federation(12, 0, 1, 1), {}, 1e-12),
+    "asvrcd_pfl": (pfl, Federation(12, 0, 1, 1), {"rho": 0.05}, 1e-12),  # refreshes exercised
+    "pfedme": (pfl, Federation(12, 0, 4, 5), {"lam": None, "client_lr": 0.005, "personal_lr": 1.0}, 1e-12),
+    "pfedme_sampled": (lambda: small_lasso(), Federation(12, 3, 3, 5), {"client_lr": 0.005}, 1e-12),
+}
+
+
+def curves_alone(problem, name, federation, hp, seeds, eval_every=3):
+    return [list(Simulation(problem, fedbench.make_algorithm(name, problem, **hp), federation, seed, eval_every))
+            for seed in seeds]
+
+
+def assert_same(alone, batched, tolerance):
+    assert len(alone) == len(batched)
+    for a, b in zip(alone, batched):
+        assert [row["round"] for row in a] == [row["round"] for row in b]
+        for x, y in zip(a, b):
+            assert x.keys() == y.keys()
+            for key in x:
+                if math.isnan(x[key]):
+                    assert math.isnan(y[key]), key
+                else:
+                    assert abs(x[key] - y[key]) <= tolerance * max(abs(x[key]), 1e-300), (key, x[key], y[key])
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_batch_of_seeds_gives_each_run_its_curve_alone(name):
+    make, federation, hp, tolerance = CASES[name]
+    problem, name = make(), name.split("_sampled")[0]
+    alone = curves_alone(problem, name, federation, hp, SEEDS)
+    batched = run_seeds(problem, name, federation, SEEDS, eval_every=3, **hp)
+    assert_same(alone, batched, tolerance)
+    if name in ("ascd_pfl", "l2sgd_plus", "asvrcd_pfl"):  # the coin-flip rounds really differ between seeds
+        assert len({row["iterations"] for row in (curve[-1] for curve in alone)}) == len(SEEDS)
+
+
+def test_communication_and_iteration_counts_are_per_run():
+    problem = pfl()
+    federation = Federation(6, 0, 1, 1)
+    sims = [Simulation(problem, fedbench.make_algorithm("ascd_pfl", problem), federation, seed, 2) for seed in SEEDS]
+    list(run_batch(sims))
+    alone = curves_alone(problem, "ascd_pfl", federation, {}, SEEDS, eval_every=2)
+    for sim, curve in zip(sims, alone):
+        assert (sim.iterations, sim.comm_up, sim.comm_down) == (curve[-1]["iterations"], curve[-1]["comm_up"],
+                                                                curve[-1]["comm_down"])
+        assert sim.status == "finished"
+
+
+def test_a_diverging_run_inside_a_batch_leaves_the_others_unchanged():
+    """Run 1 starts from a non-finite point (as after an overflow): it ends 'diverged' at its first evaluation with
+    its partial curve, as alone, and the three others give their curves alone."""
+    problem = small_lasso()
+    federation, hp = Federation(30, 3, 4, 5), {"client_lr": 0.01}
+
+    def sims():
+        made = [Simulation(problem, fedbench.make_algorithm("fedavg", problem, **hp), federation, s, 3) for s in SEEDS]
+        made[1].server["w"] = torch.full_like(made[1].server["w"], math.nan)
+        return made
+
+    alone = [list(sim) for sim in sims()]
+    assert len(alone[1]) == 2 < len(alone[0])  # run 1 diverges alone at round 3
+    batch = sims()
+    batched = [[] for _ in SEEDS]
+    for i, row in RunBatch(batch):
+        batched[i].append(row)
+    assert_same(alone, batched, 1e-12)
+    assert [sim.status for sim in batch] == ["finished", "diverged", "finished", "finished"]
+
+
+def test_an_svd_failing_in_one_run_fails_that_run_only():
+    """One run's iterate is non-finite at the start of a round, so the nuclear prox's SVD raises in the batched
+    round; the round is replayed run by run on the same draws: that run ends diverged with a NaN row, the others
+    go on exactly as alone."""
+    problem = small_lowrank()
+    federation, hp = Federation(9, 3, 3, 5), {"client_lr": 0.01}
+
+    def sims():
+        made = [Simulation(problem, fedbench.make_algorithm("fedmid", problem, **hp), federation, s, 3) for s in SEEDS]
+        made[2].server["w"] = torch.full_like(made[2].server["w"], math.inf)
+        return made
+
+    alone = [list(sim) for sim in sims()]
+    batch = sims()
+    batched = [[] for _ in SEEDS]
+    for i, row in RunBatch(batch):
+        batched[i].append(row)
+    assert batch[2].status == "diverged" and all(math.isnan(v) for k, v in batched[2][-1].items()
+                                                 if k not in ("round", "comm_up", "comm_down", "iterations"))
+    assert_same([alone[i] for i in (0, 1, 3)], [batched[i] for i in (0, 1, 3)], 1e-12)
+
+
+def test_what_cannot_share_a_batch_is_refused_with_the_reason():
+    problem = small_lasso()
+    federation = Federation(3, 3, 2, 5)
+
+    def sim(name="fedavg", problem=problem, **hp):
+        return Simulation(problem, fedbench.make_algorithm(name, problem, **hp), federation, 0)
+
+    assert why_not_batchable([sim(), sim()]) is None
+    assert "same hyperparameters" in why_not_batchable([sim(client_lr=0.1), sim(client_lr=0.2)])
+    assert "problem instance" in why_not_batchable([sim(), sim(problem=small_lasso())])
+    assert "run axis" in why_not_batchable([sim("fedda"), sim("fedda")])
+    with pytest.raises(NotBatchable, match="run axis"):
+        RunBatch([sim("fedda")])
+    # run_seeds runs such an algorithm alone, seed by seed
+    rows = run_seeds(problem, "fedda", federation, [0, 1], eval_every=1)
+    assert rows == curves_alone(problem, "fedda", federation, {}, [0, 1], eval_every=1)
+
+
+BATCHED = """\
+name: batched
+problem: {name: pfl_synthetic, preset: s1, sigma_h: 1.0}
+federation: {rounds: 8, clients_per_round: 0, local_steps: 1, batch_size: 1}
+algorithms:
+  ascd_pfl: {}
+  lsgd_pfl: {client_lr: 0.01, federation: {local_steps: 5}}
+  asvrcd_pfl: {count_refresh: false}
+seeds: 4
+eval_every: 2
+"""
+
+
+def test_a_sweep_runs_the_seeds_of_a_configuration_as_one_program(ray_local, tmp_path, tracking_uri):
+    """ASCD-PFL's and LSGD-PFL's four seeds run as one program each (tag runs_in_batch = 4) and log each seed's
+    curve as it is alone; ASVRCD-PFL with the CV code's counting (a ρ-coin every iteration, drawn inside the
+    batched steps: not on the run axis) runs seed by seed on the same recipe."""
+    from mlflow.tracking import MlflowClient
+
+    from sweeps.execute import build_simulation, drive, sweep
+    from sweeps.recipe import load
+
+    path = tmp_path / "batched.yaml"
+    path.write_text(BATCHED)
+    recipe = load(path)
+    summary = sweep(recipe, tracking=tracking_uri)
+    assert summary.ok and summary.counts["finished"] == 12
+    client = MlflowClient(tracking_uri)
+    experiment = client.get_experiment_by_name("batched")
+    nested = [run for run in client.search_runs([experiment.experiment_id], max_results=100)
+              if run.data.tags.get("role") == "trial"]
+    assert {(run.data.tags["algorithm"], run.data.tags["runs_in_batch"]) for run in nested} == {
+        ("ascd_pfl", "4"), ("lsgd_pfl", "4"), ("asvrcd_pfl", "1")}
+    by_key = {(run.data.tags["algorithm"], int(run.data.tags["seed"])): run for run in nested}
+    trials = recipe.trials()
+    problem = build_simulation(trials[0], "cpu").problem  # the data do not follow the seed: one instance serves all
+    for trial in trials:
+        alone = drive(build_simulation(trial, problem=problem)).rows
+        run = by_key[(trial.algorithm, trial.seed)]
+        history = sorted(client.get_metric_history(run.info.run_id, "objective"), key=lambda m: m.step)
+        assert [m.step for m in history] == [row["round"] for row in alone]
+        for metric, row in zip(history, alone):
+            assert metric.value == pytest.approx(row["objective"], rel=1e-12, abs=0)
