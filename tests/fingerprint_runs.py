@@ -7,7 +7,8 @@ module (`fedbench.models`): its bias is now added after the matrix product, as i
 MLP, instead of inside torch.baddbmm, which rounds differently in float32 (metrics moved by ~1e-7 relative
 over 320 iterations). The bao2022_lowrank record was made again once, when the nuclear prox of a batch of
 matrices moved from the SVD to the eigendecomposition of the Gram matrix (`fedbench.prox`; metrics moved by at
-most 4.7e-14 relative over 100 rounds). Every other record is the engine's from before the redesign."""
+most 4.7e-14 relative over 100 rounds). Every other record is the engine's from before the redesign, except
+bao2022_emnist10_cpu, see `CPU_DEPENDENT`."""
 from __future__ import annotations
 
 import json
@@ -34,9 +35,21 @@ RUNS = [
     ("guo2023_auc_noisy_mlp", "recipes/papers/guo2023_auc_noisy.yaml",
      ["fedxl1", "local_pair", "local_sgd_ce", "codasca", "centralized"],
      ["federation.iterations=192", "federation.local_steps=32", "eval_every=2"]),
-    ("bao2022_emnist10_cpu", "recipes/papers/bao2022_emnist10_cpu.yaml", ["fast_fedda"],
+    ("bao2022_emnist10_cpu", "recipes/papers/bao2022_emnist10_cpu.yaml", ["fedmid", "fedda"],
      ["federation.rounds=20", "eval_every=5"]),
 ]
+
+# Records that cannot be bit-identical from one CPU to another: float32 matrix products and reductions on the
+# 784-feature EMNIST model round differently under each kernel set (MKL and ATen pick AVX-512, AVX2 or SSE code
+# by CPU). For FedMiD and FedDA that moves the metrics by ~1e-8 relative (measured by forcing the kernel sets
+# with ATEN_CPU_CAPABILITY and MKL_ENABLE_INSTRUCTIONS; nonzeros identical), so those runs are compared to
+# `CPU_RTOL`. The record once held fast_fedda instead, made before the redesign: its early steps, 1/(μγ) = 40
+# with the recipe's μ = 1e-3, γ = 25, amplify that rounding into a different trajectory on every CPU (train loss
+# at round 5: 1.61 recorded, 1.72 on the CI machine, 1.96 / 1.92 / 1.85 here with AVX-512 / AVX2 / default
+# kernels; c_fedda likewise), so no record of it can be checked on another machine; it was replaced by these
+# two, recorded after the redesign.
+CPU_DEPENDENT = {"bao2022_emnist10_cpu"}
+CPU_RTOL = 1e-6
 
 
 def rows_of(recipe_path: str, algorithm: str, overrides: list[str]) -> list[dict[str, float]]:
