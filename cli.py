@@ -6,6 +6,7 @@ import math
 import os
 import subprocess
 import sys
+import webbrowser
 from pathlib import Path
 from enum import Enum
 from typing import List, Optional
@@ -25,6 +26,21 @@ DataOption = typer.Option(None, "--data-dir", envvar="FEDBENCH_DATA",
                           help="Root of real datasets (sets FEDBENCH_DATA for this run and its Ray workers)")
 TrackingOption = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI",
                               help="MLflow store (default sqlite:///mlflow.db in this directory)")
+
+
+@app.callback()
+def main(verbose: bool = typer.Option(False, "--verbose", "-v",
+                                      help="Also print MLflow's, Ray's and the MLflow UI server's own log lines")) -> None:
+    """Declarative experiment sweeps for federated optimization research."""
+    if verbose:
+        os.environ["FEDBENCH_VERBOSE"] = "1"
+    else:  # read by MLflow when it is imported, i.e. after this (the commands import it lazily)
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # no "Creating initial MLflow database tables..."
+
+
+def say(message: str) -> None:
+    """A line of plain output, never wrapped (run ids and paths stay whole, whatever the terminal's width)."""
+    console.print(message, highlight=False, soft_wrap=True)
 
 
 def fail(message: str) -> None:
@@ -94,7 +110,7 @@ def run(
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(rows, indent=1))
-        console.print(f"rows written to {json_path}", highlight=False)
+        say(f"rows written to {json_path}")
     if track:
         from dataclasses import asdict
 
@@ -105,7 +121,7 @@ def run(
         run_id = store.start_trial(store.experiment(recipe.name), trial, None, start_time,
                                    {"recipe_hash": recipe.recipe_hash}, role="run")
         store.finish_trial(run_id, asdict(outcome))
-        console.print(f"logged to {store.uri} (experiment {recipe.name!r}, run {run_id})", highlight=False)
+        say(f"logged to {store.uri} (experiment {recipe.name!r}, run {run_id})")
     if outcome.status == "diverged":
         raise typer.Exit(1)
 
@@ -157,8 +173,7 @@ def sweep(
     console.print(table)
     from sweeps.tracking import tracking_uri as resolve_uri
 
-    console.print(f"tracked in {resolve_uri(tracking_uri)} (experiment {recipe.name!r}, parent run "
-                  f"{summary.parent_run_id})", highlight=False)
+    say(f"tracked in {resolve_uri(tracking_uri)} (experiment {recipe.name!r}, parent run {summary.parent_run_id})")
     for error in summary.tracking_errors:
         errors.print(f"tracking error: {error}", highlight=False)
     if summary.interrupted:
@@ -170,6 +185,8 @@ def sweep(
             show_report(make_report(tracking_uri, recipe=recipe))
         except ReportError as err:  # e.g. every run failed: the sweep's own exit code says the rest
             errors.print(f"no report: {err}", highlight=False)
+    store = f" --tracking-uri {tracking_uri}" if tracking_uri else ""
+    say(f"browse the runs: fedbench ui {recipe_path}{store} --open")
     if not summary.ok:
         raise typer.Exit(1)
 
@@ -268,7 +285,7 @@ def show_report(result) -> None:
     console.print(table)
     parent = result.source.parent_id
     where = f"; logged on run {parent} under report/" if parent else ""
-    console.print(f"report: {result.out / 'index.html'} ({len(result.files)} files){where}", highlight=False)
+    say(f"report: {result.out / 'index.html'} ({len(result.files)} files){where}")
 
 
 @app.command()
@@ -362,23 +379,73 @@ def contract_lines(kind: str, cls) -> list[str]:
 
 @app.command()
 def ui(
+    recipe_path: Optional[Path] = typer.Argument(None, metavar="[RECIPE]", help="Land on this recipe's experiment"),
+    experiment: Optional[str] = typer.Option(None, "--experiment", "-e", help="Land on this experiment"),
+    open_browser: bool = typer.Option(False, "--open", help="Open the page in the default browser once it is served"),
     tracking_uri: Optional[str] = TrackingOption,
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind (0.0.0.0 exposes it to the network)"),
     port: int = typer.Option(5000, "--port"),
 ) -> None:
-    """Start the MLflow UI on the tracking store."""
-    from sweeps.tracking import sqlite_path, tracking_uri as resolve_uri
+    """Start the MLflow UI on the tracking store (telemetry off) and print the page of the experiment's runs:
+    MLflow's model-training view, every run but the sweep parents listed, their per-round curves charted."""
+    from sweeps.tracking import Store, runs_url, sqlite_path, tracking_uri as resolve_uri
 
+    if recipe_path is not None and experiment is not None:
+        fail("give RECIPE or --experiment, not both")
     uri = resolve_uri(tracking_uri)
     path = sqlite_path(uri)
-    if path is None:
-        fail(f"the tracking store {uri} is a server; open it in a browser")
-    if not path.exists():
+    if path is not None and not path.exists():
         fail(f"no MLflow store at {path}; run `fedbench sweep` or `fedbench run` here first, or pass --tracking-uri")
-    console.print(f"MLflow UI for {uri} at http://{host}:{port}", highlight=False)
+    name = load_recipe(recipe_path, None).name if recipe_path is not None else experiment
+    store = Store(uri)
+    if name is None:  # the store's one fedbench experiment, if there is just one
+        found = [e.name for e in store.client.search_experiments() if e.name != "Default"]
+        name = found[0] if len(found) == 1 else None
+    elif store.client.get_experiment_by_name(name) is None:
+        fail(f"no experiment {name!r} in {uri}; run `fedbench sweep` on its recipe first")
+    base = uri.rstrip("/") if path is None else f"http://{host}:{port}"
+    experiment_id = store.experiment(name) if name else None  # also marks an older experiment's kind
+    table = runs_url(base, experiment_id)
+    say(f"runs:   {table}")
+    if experiment_id is not None:
+        say(f"charts: {runs_url(base, experiment_id, charts=True)}")
+    if path is None:  # a tracking server serves its own UI
+        if open_browser:
+            webbrowser.open(table)
+        return
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", f"sqlite:///{path.resolve()}",
                "--host", host, "--port", str(port)]
-    raise typer.Exit(subprocess.call(command, env={**os.environ, "MLFLOW_TRACKING_URI": uri}))
+    log = path.resolve().parent / "mlflow-ui.log"  # the server's own lines, unless `fedbench -v`
+    output = None if os.environ.get("FEDBENCH_VERBOSE") == "1" else log.open("w")
+    server = subprocess.Popen(command, env={**os.environ, "MLFLOW_TRACKING_URI": uri},  # telemetry off: Store
+                              stdout=output, stderr=subprocess.STDOUT if output else None)
+    try:
+        if not serving(server, host, port):
+            server.terminate()
+            tail = "".join(log.read_text().splitlines(keepends=True)[-20:]) if output else ""
+            fail(f"the MLflow UI server did not start on {host}:{port}\n{tail}")
+        say(f"serving (its log: {log if output else 'above'}); Ctrl-C stops it")
+        if open_browser:
+            webbrowser.open(table)
+        raise typer.Exit(server.wait())
+    except KeyboardInterrupt:
+        server.terminate()
+        raise typer.Exit(server.wait())
+
+
+def serving(server: subprocess.Popen, host: str, port: int, timeout: float = 60.0) -> bool:
+    """Wait until the UI server accepts connections (False if it exited or the time ran out)."""
+    import socket
+    import time
+
+    deadline = time.monotonic() + timeout
+    while server.poll() is None and time.monotonic() < deadline:
+        try:
+            socket.create_connection((host if host != "0.0.0.0" else "127.0.0.1", port), timeout=1).close()
+            return True
+        except OSError:
+            time.sleep(0.2)
+    return False
 
 
 if __name__ == "__main__":

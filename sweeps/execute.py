@@ -211,10 +211,18 @@ def connect(address: str | None) -> bool:
 
     if ray.is_initialized():
         return False
-    # "local": a fresh Ray of our own, never whatever cluster `ray start` left on this machine.
-    ray.init(address=address or "local", log_to_driver=False, include_dashboard=False, configure_logging=True,
-             logging_level=logging.ERROR)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage-stats notice, nothing sent
+    # "local": a fresh Ray of our own, never whatever cluster `ray start` left on this machine. Ray's own log
+    # lines and the workers' output only with `fedbench -v` (FEDBENCH_VERBOSE): the progress display says
+    # what matters, and a trial's error goes to its MLflow run.
+    ray.init(address=address or "local", log_to_driver=verbose(), include_dashboard=False, configure_logging=True,
+             logging_level=logging.INFO if verbose() else logging.ERROR)
     return True
+
+
+def verbose() -> bool:
+    """`fedbench -v`: show Ray's and MLflow's own log lines."""
+    return os.environ.get("FEDBENCH_VERBOSE") == "1"
 
 
 def open_cluster(recipe: Recipe, address: str | None, max_concurrent: int | None) -> tuple[bool, int]:
@@ -229,7 +237,7 @@ def open_cluster(recipe: Recipe, address: str | None, max_concurrent: int | None
         raise ClusterError(f"{recipe.source}: device {recipe.device} needs resources.gpus_per_trial > 0")
     started = connect(address)
     for name in ("ray", "ray.tune", "mlflow"):  # the progress display says what matters
-        logging.getLogger(name).setLevel(logging.ERROR)
+        logging.getLogger(name).setLevel(logging.INFO if verbose() else logging.ERROR)
     try:
         nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
         return started, slots(resources, nodes, max_concurrent or resources.max_concurrent)
@@ -258,11 +266,11 @@ def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | No
     pending = [(key, trial) for key, trial in enumerate(trials) if (trial.config_hash, trial.seed) not in done]
     summary = SweepSummary(total=len(trials), skipped=len(trials) - len(pending), experiment_id=experiment_id)
     started_ray, slot_count = open_cluster(recipe, address, max_concurrent) if pending else (False, 1)
-    parent_id, attempt = store.open_sweep(experiment_id, recipe, overrides or [], parent_tags)
+    parent_id = store.open_sweep(experiment_id, recipe, overrides or [], parent_tags)
     summary.parent_run_id = parent_id
     store.fail_stale(experiment_id, parent_id)
     if not pending:
-        store.close_sweep(parent_id, attempt, "FINISHED", {**summary.counts, "skipped": summary.skipped})
+        store.close_sweep(parent_id, "FINISHED", {**summary.counts, "skipped": summary.skipped})
         return summary
 
     start = time.perf_counter()
@@ -328,7 +336,7 @@ def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | No
         summary.tracking_errors = log.close()
         summary.wall_seconds = time.perf_counter() - start
         status = "FINISHED" if summary.ok else ("KILLED" if summary.interrupted else "FAILED")
-        store.close_sweep(parent_id, attempt, status, {**summary.counts, "skipped": summary.skipped})
+        store.close_sweep(parent_id, status, {**summary.counts, "skipped": summary.skipped})
         if started_ray:
             ray.shutdown()
     return summary

@@ -3,7 +3,7 @@
 Layout. Experiment = recipe name. The sweep's parent run carries the recipe (file and resolved YAML as
 artifacts), its hash, the tool's git commit and the host; it is found again by recipe hash, so a resumed
 sweep keeps one parent. Each (config, seed) is a nested run (tag `mlflow.parentRunId`) with flattened
-params, tags `role=trial, problem, algorithm, seed, config_hash, status` and the per-round curve as
+params, tags `role=trial, problem, algorithm, seed, config_hash, configuration, status` and the per-round curve as
 metrics with `step=round`.
 
 Speed and safety. On SQLite one `log_metric` costs ~10-30 ms; the curve goes out with `log_batch` in
@@ -12,6 +12,7 @@ driver (`SweepLog`), so parallel trials never contend for the database ("databas
 """
 from __future__ import annotations
 
+import json
 import os
 import platform
 import queue
@@ -21,10 +22,22 @@ import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
+from urllib.parse import urlencode
 
 import yaml
-from mlflow.entities import Metric, Param, RunTag
-from mlflow.tracking import MlflowClient
+
+
+def telemetry_off(environ=os.environ) -> None:
+    """MLflow sends usage telemetry unless told not to; fedbench tells it not to, for its own tracking and for
+    the UI server it starts, unless the user set either switch (MLFLOW_DISABLE_TELEMETRY, DO_NOT_TRACK)."""
+    if "MLFLOW_DISABLE_TELEMETRY" not in environ and "DO_NOT_TRACK" not in environ:
+        environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
+
+
+telemetry_off()  # before MLflow is imported: its telemetry client reads the switch when it starts
+
+from mlflow.entities import Metric, Param, RunTag  # noqa: E402
+from mlflow.tracking import MlflowClient  # noqa: E402
 
 from sweeps.recipe import Recipe, Trial
 
@@ -32,6 +45,18 @@ DEFAULT_URI = "sqlite:///mlflow.db"
 BATCH = 1000  # MLflow's limit of metrics per log_batch call (100 for params and tags)
 PARENT_TAG = "mlflow.parentRunId"
 INTERRUPTED = "interrupted: the sweep stopped while this run was going"
+# MLflow 3's UI opens an experiment in its GenAI (traces) view unless the experiment says it holds model
+# training runs: the experiment tag its frontend reads to choose the view, and the value its kind selector sets.
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+# The view of the runs that `fedbench ui` links to, stored as MLflow's "shared view" experiment tag (what the
+# UI's share button writes; the URL names it with `viewStateShareKey`): the runs that are compared, i.e. not the
+# sweep and tuning parents, whose bookkeeping is in tags, grouped by configuration so that each group holds its
+# seeds, and the charts drawing each group's mean curve. Grouping is also what makes nested runs visible: the
+# plain table shows a sweep's runs collapsed under its parent, and its charts only the runs shown.
+VIEW_KEY = "fedbench"
+VIEW = {"searchFilter": "tags.role != 'sweep' and tags.role != 'tune'",
+        "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": "configuration"}]},
+        "useGroupedValuesInCharts": True}
 SUMMARY_METRICS = ("train_seconds", "eval_seconds", "wall_seconds")  # per run, at its last round (train_seconds also
 # by every evaluated round where the run recorded it)
 
@@ -56,6 +81,18 @@ def tool_commit() -> str:
     return commit + ("+dirty" if dirty else "")
 
 
+def runs_url(base: str, experiment_id: str | None, charts: bool = False) -> str:
+    """The MLflow UI page of an experiment's runs: the model-training view (`workflowType`; otherwise MLflow 3
+    may open its GenAI view) in the stored `VIEW`, as the table or the chart view (`compareRunsMode`). Without
+    an experiment: the list of experiments."""
+    if experiment_id is None:
+        return f"{base}/#/experiments?workflowType=machine_learning"
+    query = {"workflowType": "machine_learning", "viewStateShareKey": VIEW_KEY}
+    if charts:
+        query["compareRunsMode"] = "CHART"
+    return f"{base}/#/experiments/{experiment_id}/runs?{urlencode(query)}"
+
+
 def chunks(items: list, size: int) -> Iterable[list]:
     for start in range(0, len(items), size):
         yield items[start:start + size]
@@ -78,13 +115,18 @@ class Store:
         return path.resolve().parent if path is not None else Path.cwd()
 
     def experiment(self, name: str) -> str:
+        """The experiment's id, created if new, with the tags of `EXPERIMENT_KIND` and of the runs view."""
+        tags = dict([EXPERIMENT_KIND, (f"mlflow.sharedViewState.{VIEW_KEY}", json.dumps(VIEW))])
         found = self.client.get_experiment_by_name(name)
         if found is not None:
+            for key, value in tags.items():  # an experiment of an older fedbench, or made by hand
+                if found.tags.get(key) != value:
+                    self.client.set_experiment_tag(found.experiment_id, key, value)
             return found.experiment_id
         path = sqlite_path(self.uri)
         # Artifacts next to the database rather than in whatever directory the command ran from.
         location = (path.resolve().parent / "mlartifacts" / name.replace("/", "_")).as_uri() if path else None
-        return self.client.create_experiment(name, artifact_location=location)
+        return self.client.create_experiment(name, artifact_location=location, tags=tags)
 
     def search(self, experiment_id: str, filter_string: str) -> list:
         runs, token = [], None
@@ -114,18 +156,17 @@ class Store:
         self.client.set_terminated(run_id, "FAILED")
 
     def open_sweep(self, experiment_id: str, recipe: Recipe, overrides: list[str],
-                   tags: dict[str, str] | None = None) -> tuple[str, int]:
-        """The sweep's parent run (the one of an earlier attempt of the same recipe, or a new one), and
-        which attempt this is."""
+                   tags: dict[str, str] | None = None) -> str:
+        """The sweep's parent run: the one of an earlier attempt of the same recipe (its `attempts` tag counted
+        up), or a new one."""
         previous = self.search(experiment_id, f"tags.role = 'sweep' and tags.recipe_hash = '{recipe.recipe_hash}'")
         if previous:
             run_id = previous[0].info.run_id
-            attempts = int(previous[0].data.tags.get("attempts", "1")) + 1
             self.client.update_run(run_id, status="RUNNING")
-            self.client.set_tag(run_id, "attempts", str(attempts))
-            return run_id, attempts
+            self.client.set_tag(run_id, "attempts", str(int(previous[0].data.tags.get("attempts", "1")) + 1))
+            return run_id
         return self.open_parent(experiment_id, recipe, overrides, f"sweep {recipe.name}",
-                                {"role": "sweep", "attempts": "1", **(tags or {})}), 1
+                                {"role": "sweep", "attempts": "1", **(tags or {})})
 
     def open_parent(self, experiment_id: str, recipe: Recipe, overrides: list[str], name: str,
                     tags: dict[str, str]) -> str:
@@ -144,9 +185,10 @@ class Store:
         with tempfile.TemporaryDirectory() as scratch:
             return Path(self.client.download_artifacts(run_id, path, scratch)).read_text()
 
-    def close_sweep(self, run_id: str, attempt: int, status: str, counts: dict[str, int]) -> None:
-        """This attempt's counts (step = attempt) and the parent's status."""
-        self.client.log_batch(run_id, metrics=[Metric(f"runs_{k}", v, now_ms(), attempt) for k, v in counts.items()])
+    def close_sweep(self, run_id: str, status: str, counts: dict[str, int]) -> None:
+        """The latest attempt's counts as tags `runs_<count>` (tags, not metrics: the UI's chart view plots every
+        metric of every listed run, and these would crowd out the curves) and the parent's status."""
+        self.client.log_batch(run_id, tags=[RunTag(f"runs_{k}", str(v)) for k, v in counts.items()])
         self.client.set_terminated(run_id, status)
 
     def log_summary(self, run_id: str, params: dict[str, Any], metrics: dict[str, float]) -> None:
@@ -172,12 +214,13 @@ class Store:
         """A run of one (config, seed): role `trial` in a sweep, `tune_trial` in a tuning session, `run`
         for `fedbench run`."""
         hp = ", ".join(f"{k}={v}" for k, v in trial.hyperparameters.items())
-        run_tags = {"role": role, "problem": trial.problem, "algorithm": trial.algorithm,
-                    "seed": str(trial.seed), "config_hash": trial.config_hash, "status": "running", **tags}
+        configuration = f"{trial.algorithm} ({hp})"  # what the UI's runs view groups the seeds by
+        run_tags = {"role": role, "problem": trial.problem, "algorithm": trial.algorithm, "seed": str(trial.seed),
+                    "config_hash": trial.config_hash, "configuration": configuration, "status": "running", **tags}
         if parent_id:
             run_tags[PARENT_TAG] = parent_id
         run = self.client.create_run(experiment_id, start_time=int(start_time * 1000),
-                                     run_name=f"{trial.algorithm} ({hp}) seed {trial.seed}", tags=run_tags)
+                                     run_name=f"{configuration} seed {trial.seed}", tags=run_tags)
         run_id = run.info.run_id
         params = [Param(k, str(v)) for k, v in trial.params().items()]
         for part in chunks(params, 100):

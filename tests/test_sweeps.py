@@ -104,7 +104,7 @@ def test_sweep_logs_a_parent_and_a_nested_run_per_config_and_seed_equal_to_fedbe
     assert again.exit_code == 0, again.output
     assert len(runs_of(tracking_uri, "grid", "trial")) == 12 and len(runs_of(tracking_uri, "grid", "sweep")) == 1
     parent = runs_of(tracking_uri, "grid", "sweep")[0]
-    assert parent.data.tags["attempts"] == "2" and parent.data.metrics["runs_skipped"] == 12
+    assert parent.data.tags["attempts"] == "2" and parent.data.tags["runs_skipped"] == "12"
 
 
 def test_a_diverging_run_is_recorded_and_the_sweep_goes_on(ray_local, tmp_path, tracking_uri):
