@@ -38,6 +38,11 @@ def main(verbose: bool = typer.Option(False, "--verbose", "-v",
         os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # no "Creating initial MLflow database tables..."
 
 
+def program() -> str:
+    """How this command was called (`.venv/bin/fedbench` when the venv is not activated), for printed commands."""
+    return sys.argv[0] if Path(sys.argv[0]).name == "fedbench" else "fedbench"
+
+
 def say(message: str) -> None:
     """A line of plain output, never wrapped (run ids and paths stay whole, whatever the terminal's width)."""
     console.print(message, highlight=False, soft_wrap=True)
@@ -186,7 +191,7 @@ def sweep(
         except ReportError as err:  # e.g. every run failed: the sweep's own exit code says the rest
             errors.print(f"no report: {err}", highlight=False)
     store = f" --tracking-uri {tracking_uri}" if tracking_uri else ""
-    say(f"browse the runs: fedbench ui {recipe_path}{store} --open")
+    say(f"browse the runs: {program()} ui {recipe_path}{store} --open")
     if not summary.ok:
         raise typer.Exit(1)
 

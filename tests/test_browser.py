@@ -13,7 +13,6 @@ import importlib.util
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -53,6 +52,10 @@ def sweep_folder(tmp_path_factory) -> Path:
                           cwd=folder,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
+    output = done.stdout + done.stderr
+    # Quiet by default: no MLflow/Alembic INFO line (a new store prints two), and the command that opens the runs.
+    assert not re.search(r"\bINFO\b", output), output
+    assert f"browse the runs: fedbench ui {RECIPE} --tracking-uri {store(folder)[1]} --open" in output, output
     return folder
 
 
@@ -91,16 +94,10 @@ def test_report_page_shows_every_figure_and_the_table(sweep_folder, browser, tmp
     page.close()
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture
-def ui_server(sweep_folder):
+def ui_server(sweep_folder, free_tcp_port):
     """`fedbench ui RECIPE` on the sweep's store: its printed URLs, once it serves."""
-    port = free_port()
+    port = free_tcp_port
     server = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "ui", str(RECIPE), "--port", str(port),
                                *store(sweep_folder)],
                               cwd=sweep_folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
