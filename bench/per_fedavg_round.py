@@ -12,13 +12,12 @@ Usage: FEDBENCH_DATA=../shared/data python bench/per_fedavg_round.py [--device c
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
 import fedbench
 from fedbench.simulate import Federation, Simulation
+from round_timing import median_round_seconds
 
 WAYS = {"fedavg": ("fedavg", {}), "per_fedavg fo": ("per_fedavg", {"variant": "fo"}),
         "per_fedavg hf": ("per_fedavg", {"variant": "hf"}), "per_fedavg exact": ("per_fedavg", {"variant": "exact"})}
@@ -35,23 +34,7 @@ def main() -> None:
     sims = {way: Simulation(problem, fedbench.make_algorithm(name, problem, client_lr=1e-3, **hp), federation, seed=0)
             for way, (name, hp) in WAYS.items()}
 
-    def timed(sim):
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(args.rounds):
-            sim.run_round()
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
-        return (time.perf_counter() - start) / args.rounds
-
-    for sim in sims.values():
-        timed(sim)  # warm-up
-    samples = {way: [] for way in sims}
-    for _ in range(args.repeats):
-        for way, sim in sims.items():
-            samples[way].append(timed(sim))
-    medians = {way: statistics.median(values) for way, values in samples.items()}
+    medians = median_round_seconds(sims, args.rounds, args.repeats, args.device)
     print(f"one training round, spec 004 digits (n=50, 10 users/round, tau=10, batches 40, MLP 784-80-60-10), "
           f"device={args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads")
     for way, seconds in medians.items():

@@ -10,13 +10,12 @@ Usage: python bench/pfedfbe_round.py [--device cuda] [--rounds 10] [--repeats 7]
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
 import fedbench
 from fedbench.simulate import Federation, Simulation
+from round_timing import median_round_seconds
 
 WAYS = {
     "fedavg": {},
@@ -42,23 +41,7 @@ def main() -> None:
         sims[way] = Simulation(problem, fedbench.make_algorithm(name, problem, client_lr=5e-4, **extra), federation,
                                seed=0)
 
-    def timed(sim):
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(args.rounds):
-            sim.run_round()
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
-        return (time.perf_counter() - start) / args.rounds
-
-    for sim in sims.values():
-        timed(sim)  # warm-up
-    samples = {way: [] for way in sims}
-    for _ in range(args.repeats):
-        for way, sim in sims.items():
-            samples[way].append(timed(sim))
-    medians = {way: statistics.median(values) for way, values in samples.items()}
+    medians = median_round_seconds(sims, args.rounds, args.repeats, args.device)
     print(f"one round, spec 000 Lasso (II) p=1025 S=10 R=20 b=50, device={args.device}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")
     for way, seconds in medians.items():

@@ -44,6 +44,14 @@ def curves_alone(problem, name, federation, hp, seeds, eval_every=3):
             for seed in seeds]
 
 
+def rows_by_run(batch, runs: int) -> list[list[dict]]:
+    """A batch's (run index, row) stream as one curve per run."""
+    curves = [[] for _ in range(runs)]
+    for i, row in batch:
+        curves[i].append(row)
+    return curves
+
+
 def assert_same(alone, batched, tolerance):
     assert len(alone) == len(batched)
     for a, b in zip(alone, batched):
@@ -94,9 +102,7 @@ def test_a_diverging_run_inside_a_batch_leaves_the_others_unchanged():
     alone = [list(sim) for sim in sims()]
     assert len(alone[1]) == 2 < len(alone[0])  # run 1 diverges alone at round 3
     batch = sims()
-    batched = [[] for _ in SEEDS]
-    for i, row in RunBatch(batch):
-        batched[i].append(row)
+    batched = rows_by_run(RunBatch(batch), len(SEEDS))
     assert_same(alone, batched, 1e-12)
     assert [sim.status for sim in batch] == ["finished", "diverged", "finished", "finished"]
 
@@ -115,9 +121,7 @@ def test_an_svd_failing_in_one_run_fails_that_run_only():
 
     alone = [list(sim) for sim in sims()]
     batch = sims()
-    batched = [[] for _ in SEEDS]
-    for i, row in RunBatch(batch):
-        batched[i].append(row)
+    batched = rows_by_run(RunBatch(batch), len(SEEDS))
     assert batch[2].status == "diverged" and all(math.isnan(v) for k, v in batched[2][-1].items()
                                                  if k not in ("round", "comm_up", "comm_down", "iterations"))
     assert_same([alone[i] for i in (0, 1, 3)], [batched[i] for i in (0, 1, 3)], 1e-12)
