@@ -73,48 +73,68 @@ def load_recipe(path: Path, sets: Optional[List[str]], algorithm: Optional[str] 
 def run(
     recipe_path: Path = typer.Argument(..., metavar="RECIPE", help="YAML recipe"),
     algorithm: Optional[str] = typer.Option(None, "--algorithm", "-a", help="Which of the recipe's algorithms"),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Trial seed (default: the recipe's first)"),
+    seeds: Optional[List[int]] = typer.Option(None, "--seed", help="Trial seed (default: the recipe's first); "
+                                              "repeat it for several seeds, run as one batched program where "
+                                              "the algorithm and problem allow"),
+    all_seeds: bool = typer.Option(False, "--all-seeds", help="Run every seed of the recipe"),
     sets: Optional[List[str]] = SetOption,
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write every evaluated row to this JSON file"),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write every evaluated row to this JSON file "
+                                             "(with several seeds: an object of rows by seed)"),
     device: Optional[str] = typer.Option(None, "--device", help="auto, cpu or cuda (default: the recipe's)"),
     tracking_uri: Optional[str] = TrackingOption,
-    track: bool = typer.Option(True, "--track/--no-track", help="Log the run to MLflow"),
+    track: bool = typer.Option(True, "--track/--no-track", help="Log the run(s) to MLflow"),
     data_dir: Optional[Path] = DataOption,
 ) -> None:
-    """Run one trial in-process (no Ray): one algorithm, one value per hyperparameter."""
+    """Run one configuration in-process (no Ray): one algorithm, one value per hyperparameter, one or more
+    seeds."""
     use_data_dir(data_dir)
-    from sweeps.execute import build_simulation, drive
+    from sweeps.execute import batchable, build_batch, build_simulation, drive, drive_batch
     from sweeps.recipe import RecipeError
 
     recipe = load_recipe(recipe_path, sets, algorithm)
+    if all_seeds and seeds:
+        fail("give --seed or --all-seeds, not both")
+    chosen = list(recipe.seeds) if all_seeds else list(dict.fromkeys(seeds or [None]))
     try:
-        trial = recipe.single_trial(algorithm, seed)
-        simulation = build_simulation(trial, device)
+        trials = [recipe.single_trial(algorithm, seed) for seed in chosen]
+        together = len(trials) > 1 and batchable(trials[0])
+        sims = build_batch(trials, device) if together else [build_simulation(trial, device) for trial in trials]
     except RecipeError as err:
         fail(str(err))
     except ValueError as err:
         fail(f"{recipe_path}: {err}")
 
+    trial = trials[0]
     hp = ", ".join(f"{k}={v}" for k, v in trial.hyperparameters.items())
-    console.print(f"[bold]{trial.recipe}[/]: {trial.problem} / {trial.algorithm} ({hp}), seed {trial.seed}",
+    seed_text = f"seed {trial.seed}" if len(trials) == 1 else (
+        f"seeds {', '.join(str(t.seed) for t in trials)}" + (" as one program" if together else " one after another"))
+    console.print(f"[bold]{trial.recipe}[/]: {trial.problem} / {trial.algorithm} ({hp}), {seed_text}",
                   highlight=False)
     with Progress(TextColumn("rounds"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TimeRemainingColumn(), console=console, transient=False) as progress:
-        task = progress.add_task("rounds", total=trial.federation.rounds)
-        outcome = drive(simulation, lambda row: progress.update(task, completed=row["round"]))
-    rows = outcome.rows
+        tasks = [progress.add_task("rounds", total=trial.federation.rounds) for _ in trials]
+        if together:
+            outcomes = drive_batch(sims, lambda i, row: progress.update(tasks[i], completed=row["round"]))
+        else:
+            outcomes = [drive(sim, lambda row, task=task: progress.update(task, completed=row["round"]))
+                        for sim, task in zip(sims, tasks)]
 
-    table = Table(title=f"round {rows[-1]['round']} ({outcome.status})", show_header=True)
+    final = [outcome.rows[-1] for outcome in outcomes]
+    table = Table(title=f"round {final[0]['round']:g} ({', '.join(o.status for o in outcomes)})", show_header=True)
     table.add_column("metric")
-    table.add_column("value", justify="right")
-    for key, value in rows[-1].items():
+    for t in trials:
+        table.add_column(f"seed {t.seed}" if len(trials) > 1 else "value", justify="right")
+    for key in final[0]:
         if key != "round":
-            table.add_row(key, f"{value:.6g}" if math.isfinite(value) else str(value))
+            table.add_row(key, *(f"{row[key]:.6g}" if math.isfinite(row[key]) else str(row[key]) for row in final))
     console.print(table)
-    console.print(f"{outcome.wall_seconds:.1f} s wall: {outcome.train_seconds:.1f} s training, "
-                  f"{outcome.eval_seconds:.1f} s evaluation ({len(rows)} evaluations)", highlight=False)
+    wall = sum(o.wall_seconds for o in outcomes)
+    console.print(f"{wall:.1f} s wall: {sum(o.train_seconds for o in outcomes):.1f} s training, "
+                  f"{sum(o.eval_seconds for o in outcomes):.1f} s evaluation "
+                  f"({sum(len(o.rows) for o in outcomes)} evaluations)", highlight=False)
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
+        rows = outcomes[0].rows if len(trials) == 1 else {str(t.seed): o.rows for t, o in zip(trials, outcomes)}
         json_path.write_text(json.dumps(rows, indent=1))
         say(f"rows written to {json_path}")
     if track:
@@ -123,12 +143,14 @@ def run(
         from sweeps.tracking import Store
 
         store = Store(tracking_uri)
-        start_time = outcome.end_time - outcome.wall_seconds
-        run_id = store.start_trial(store.experiment(recipe.name), trial, None, start_time,
-                                   {"recipe_hash": recipe.recipe_hash}, role="run")
-        store.finish_trial(run_id, asdict(outcome))
-        say(f"logged to {store.uri} (experiment {recipe.name!r}, run {run_id})")
-    if outcome.status == "diverged":
+        experiment = store.experiment(recipe.name)
+        for t, outcome in zip(trials, outcomes):
+            start_time = outcome.end_time - outcome.wall_seconds
+            run_id = store.start_trial(experiment, t, None, start_time, {"recipe_hash": recipe.recipe_hash},
+                                       role="run")
+            store.finish_trial(run_id, asdict(outcome))
+            say(f"logged to {store.uri} (experiment {recipe.name!r}, run {run_id})")
+    if any(outcome.status == "diverged" for outcome in outcomes):
         raise typer.Exit(1)
 
 

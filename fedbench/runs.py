@@ -23,7 +23,8 @@ batched tensor program:
   Simulation, and it leaves the batched arithmetic (the live runs are selected every round). A round in which an
   SVD fails (an iterate that overflowed between two evaluations) is replayed run by run on the same draws: the
   runs whose SVD fails end diverged there, as alone, and the others go on.
-* Evaluation. On the same schedule as alone, each live run by its own `Simulation.evaluate` on views of the batch.
+* Evaluation. On the same schedule as alone, the runs due together in one `Problem.evaluate_runs` call on views
+  of the batch (`evaluate_rows`, which evaluates a run alone too, as a batch of one).
 
 Why explicit and not `torch.func.vmap` over runs (tried first): on this CPU vmap costs ~2x per elementwise op and
 ~30x per gather (index_select with a batched index: 380 µs against 12 µs), where the runs of seed 003's
@@ -42,7 +43,7 @@ from torch import Tensor
 from fedbench.algorithms import ALGORITHMS
 from fedbench.algorithms.base import Algorithm, Round
 from fedbench.oracle import Batches
-from fedbench.simulate import Simulation
+from fedbench.simulate import Simulation, evaluate_rows
 
 
 GATHER_BUDGET = 4 * 2**20  # bytes of minibatch rows one batched local step gathers (see RunBatch.chunk)
@@ -237,13 +238,12 @@ class RunBatch:
         sim.server = {k: v[i] for k, v in self.server.items()}
         sim.clients = {k: v[i] for k, v in self.clients.items()}
 
-    def evaluate(self, failed: bool = False) -> dict[int, dict[str, float]]:
-        """Every live run's row."""
-        rows = {}
-        for i in self.live:
+    def evaluate(self, runs: list[int] | None = None) -> dict[int, dict[str, float]]:
+        """The rows of `runs` (default: every live run), evaluated together (`evaluate_rows`)."""
+        runs = list(self.live) if runs is None else runs
+        for i in runs:
             self._sync(i)
-            rows[i] = self.sims[i].evaluate(failed)
-        return rows
+        return dict(zip(runs, evaluate_rows([self.sims[i] for i in runs])))
 
     def _stop(self, i: int, status: str) -> None:
         """Run i ends: its state stays on its Simulation (copied out of the batch), and it leaves the batch."""
@@ -335,6 +335,34 @@ class IterationBatch(RunBatch):
                 self.local[key] = value.new_zeros(len(self.sims), *value.shape)
             self.local[key][i] = value
 
+    def _end_rounds(self, ending: list[int]) -> None:
+        """The last local step, client_final and server_update of the runs in `ending`, together (a round's last
+        step of 1: step 0), for algorithms that draw nothing there; one by one (`_end_round`) for the others."""
+        if self.algorithm.draws_at_round_end:
+            for i in ending:
+                self._end_round(i)
+            return
+        runs = torch.tensor(ending, device=self.problem.device)
+        local = {k: v.index_select(0, runs) for k, v in self.local.items()}
+        server = {k: v.index_select(0, runs) for k, v in self.server.items()}
+        clients = self.clients_all.expand(len(ending), -1)
+        rnd = Round(-1, clients, 1, -1, None)
+        local = self.algorithm.client_step(local, self._oracles(runs, self.positions.index_select(0, runs)), rnd, 0)
+        message, updated = self.algorithm.client_final(local, rnd)
+        server = self.algorithm.server_update(server, message, self._weights(clients, server[self.algorithm.downloads[0]].dtype), rnd)
+        for key, value in server.items():
+            self.server[key].index_copy_(0, runs, value)
+        for key, value in updated.items():
+            self.clients[key].index_copy_(0, runs, value)
+        up = sum(m.numel() for m in message.values()) // len(ending)
+        down = len(self.clients_all) * sum(server[k][0].numel() for k in self.algorithm.downloads)
+        for i in ending:
+            sim = self.sims[i]
+            sim.comm_up += up
+            sim.comm_down += down
+            sim.rounds_done += 1
+            sim.iterations += self.length[i]
+
     def _end_round(self, i: int) -> None:
         """Run i's last local step, client_final and server_update, as `Simulation.run_round` does them."""
         sim = self.sims[i]
@@ -354,14 +382,14 @@ class IterationBatch(RunBatch):
         sim.rounds_done += 1
         sim.iterations += self.length[i]
 
-    def _oracles(self):
-        """The oracles of every row's current local step."""
+    def _oracles(self, runs: Tensor, positions: Tensor):
+        """The oracles of these runs' local steps at these positions of their rounds."""
         oracles = {}
         for mb in self.sims[0].sampler.minibatches:
             if mb.same_as is not None:
                 oracles[mb.name] = oracles[mb.same_as]
                 continue
-            rows = self.rows[mb.name][self.every, self.positions]
+            rows = self.rows[mb.name][runs, positions]
             oracles[mb.name] = RunOracle(self.problem.step_oracle(rows.flatten(0, 1)), len(rows), rows)
         return Batches(oracles)
 
@@ -394,24 +422,25 @@ class IterationBatch(RunBatch):
         while self.live:
             start = time.perf_counter()
             ending = [i for i in self.live if self.position[i] == self.length[i] - 1]
-            for i in ending:
-                self._end_round(i)
+            if ending:
+                self._end_rounds(ending)
             if len(ending) < len(self.live):
-                self.local = self.algorithm.client_step(self.local, self._oracles(), self.inside, 0)
+                self.local = self.algorithm.client_step(self.local, self._oracles(self.every, self.positions),
+                                                        self.inside, 0)
             self.positions += self.moving  # a stopped run's rows stay at step 0 of its buffer
             elapsed = time.perf_counter() - start
             self.train_seconds += elapsed
             for i in self.live:
                 self.sims[i].train_seconds += elapsed / len(self.live)
                 self.position[i] += 1
+            due = self.evaluate([i for i in ending if self.sims[i].rounds_done % eval_every == 0
+                                 or self.sims[i].rounds_done == rounds])
             for i in ending:
                 sim = self.sims[i]
-                if sim.rounds_done % eval_every == 0 or sim.rounds_done == rounds:
-                    self._sync(i)
-                    row = sim.evaluate()
-                    if sim.exploded(row):
+                if i in due:
+                    if sim.exploded(due[i]):
                         self._stop(i, "diverged")
-                    yield i, row
+                    yield i, due[i]
                 if i not in self.live:
                     continue
                 if sim.rounds_done == rounds:

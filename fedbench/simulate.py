@@ -177,22 +177,45 @@ class Simulation:
 
     def evaluate(self, failed: bool = False) -> dict[str, float]:
         """The metrics row; all metrics NaN when the iterate is beyond evaluation (overflowed)."""
-        start = time.perf_counter()
-        algorithm = self.algorithm
-        metrics = None
-        if not failed:
-            try:
-                metrics = self.problem.evaluate(algorithm.global_params(self.server),
-                                                algorithm.personal_params(self.server, self.clients))
-                metrics.update(algorithm.evaluate(self.server, self.clients))
-                self.metric_names = list(metrics)
-            except torch.linalg.LinAlgError:
-                pass
+        return evaluate_rows([self], failed)[0]
+
+    def row(self, metrics: dict[str, float] | None) -> dict[str, float]:
         if metrics is None:
             metrics = dict.fromkeys(self.metric_names, math.nan)
-        self.eval_seconds += time.perf_counter() - start
+        else:
+            self.metric_names = list(metrics)
         return {"round": self.rounds_done, **metrics, "comm_up": float(self.comm_up),
                 "comm_down": float(self.comm_down), "iterations": float(self.iterations)}
+
+
+def evaluate_rows(sims: list[Simulation], failed: bool = False) -> list[dict[str, float]]:
+    """The rows of simulations of one algorithm on one problem instance (a run alone, or the live runs of a
+    batch), their metrics from one `Problem.evaluate_runs` call, so that a run's row comes from the same kernels
+    alone and in a batch. A run whose iterate is beyond evaluation (an SVD of an overflowed iterate) gets NaN."""
+    if not sims:
+        return []
+    start = time.perf_counter()
+    metrics: list[dict[str, float] | None] = [None] * len(sims)
+    if not failed:
+        algorithm = sims[0].algorithm
+        try:
+            rows = sims[0].problem.evaluate_runs(
+                torch.stack([algorithm.global_params(sim.server) for sim in sims]),
+                _stack([algorithm.personal_params(sim.server, sim.clients) for sim in sims]))
+            for sim, row in zip(sims, rows):
+                row.update(sim.algorithm.evaluate(sim.server, sim.clients))
+            metrics = rows
+        except torch.linalg.LinAlgError:
+            if len(sims) > 1:  # only the runs that fail alone fail
+                return [row for sim in sims for row in evaluate_rows([sim])]
+    share = (time.perf_counter() - start) / len(sims)
+    for sim in sims:
+        sim.eval_seconds += share
+    return [sim.row(m) for sim, m in zip(sims, metrics)]
+
+
+def _stack(tensors: list[Tensor | None]) -> Tensor | None:
+    return None if tensors[0] is None else torch.stack(tensors)
 
 
 @dataclass

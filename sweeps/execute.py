@@ -89,22 +89,29 @@ def drive(simulation: Simulation, on_row: Callable[[dict[str, float]], None] | N
                    simulation.eval_seconds, time.perf_counter() - start)
 
 
-def drive_batch(trials: list[Trial], device: str | None = None) -> list[Outcome]:
-    """Run the seeds of one configuration as one program (`fedbench.runs`) on one problem instance;
-    each run's outcome as `drive` gives it alone (its training seconds: its share of the batch's)."""
-    start = time.perf_counter()
+def build_batch(trials: list[Trial], device: str | None = None) -> list[Simulation]:
+    """The simulations of the seeds of one configuration on one problem instance, for `drive_batch`."""
     first = trials[0]
     problem = PROBLEMS[first.problem](first.problem_config, seed=first.seed,
                                       device=resolve_device(device or first.device))
-    sims = [build_simulation(trial, problem=problem) for trial in trials]
-    rows: list[list[dict[str, float]]] = [[] for _ in trials]
-    seconds: list[list[float]] = [[] for _ in trials]
+    return [build_simulation(trial, problem=problem) for trial in trials]
+
+
+def drive_batch(sims: list[Simulation],
+                on_row: Callable[[int, dict[str, float]], None] | None = None) -> list[Outcome]:
+    """Run the seeds of one configuration as one program (`fedbench.runs`, from `build_batch`); each run's
+    outcome as `drive` gives it alone (its training seconds: its share of the batch's)."""
+    start = time.perf_counter()
+    rows: list[list[dict[str, float]]] = [[] for _ in sims]
+    seconds: list[list[float]] = [[] for _ in sims]
     for i, row in run_batch(sims):
         rows[i].append(row)
         seconds[i].append(sims[i].train_seconds)
-    wall = (time.perf_counter() - start) / len(trials)
-    return [Outcome(rows[i], sim.status, str(problem.device), seconds[i], sim.train_seconds, sim.eval_seconds, wall)
-            for i, sim in enumerate(sims)]
+        if on_row is not None:
+            on_row(i, row)
+    wall = (time.perf_counter() - start) / len(sims)
+    return [Outcome(rows[i], sim.status, str(sim.problem.device), seconds[i], sim.train_seconds, sim.eval_seconds,
+                    wall) for i, sim in enumerate(sims)]
 
 
 # -- inside a Ray trial -------------------------------------------------------------------------------
@@ -130,7 +137,7 @@ def run_pack(config: dict[str, Any], packs: list[list[Unit]]) -> None:
             if len(unit) == 1:
                 outcomes = [drive(build_simulation(unit[0][1], device))]
             else:
-                outcomes = drive_batch([trial for _, trial in unit], device)
+                outcomes = drive_batch(build_batch([trial for _, trial in unit], device))
         except Exception:  # failing runs are recorded and the pack goes on
             wall = (time.perf_counter() - start) / len(unit)
             outcomes = [Outcome([], "failed", trial.device, wall_seconds=wall, error=traceback.format_exc())

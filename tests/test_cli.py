@@ -65,6 +65,50 @@ def test_set_overrides_and_seed(recipe, tmp_path):
     assert rows == direct.rows
 
 
+def test_run_over_several_seeds_gives_each_seed_its_run(recipe, tmp_path, tracking_uri):
+    """The Lasso's data follow the seed: the seeds run one after another, each equal to its run alone."""
+    from mlflow.tracking import MlflowClient
+
+    out = tmp_path / "rows.json"
+    result = invoke("run", recipe, "-a", "fedmid", "--seed", 3, "--seed", 5, "--json", out,
+                    "--tracking-uri", tracking_uri)
+    assert result.exit_code == 0, result.output
+    assert "seeds 3, 5 one after another" in result.output
+    rows = json.loads(out.read_text())
+    for seed in (3, 5):
+        problem = fedbench.make_problem("lasso", seed=seed, clients=8, samples_per_client=20, dim=30, support=10,
+                                        lam=0.05)
+        direct = fedbench.run("fedmid", problem, rounds=12, clients_per_round=4, local_steps=3, batch_size=5,
+                              eval_every=5, client_lr=1e-2)
+        assert rows[str(seed)] == direct.rows
+    runs = MlflowClient(tracking_uri).search_runs(
+        [MlflowClient(tracking_uri).get_experiment_by_name("small-lasso").experiment_id])
+    assert sorted(run.data.tags["seed"] for run in runs) == ["3", "5"]
+
+
+def test_run_over_several_seeds_as_one_program(tmp_path):
+    """Seeds sharing their data (seed 003's S1) run as one batched program; each seed's rows are its run alone
+    (within 1e-12 relative, tests/test_runs.py)."""
+    recipe = tmp_path / "s1.yaml"
+    recipe.write_text("name: s1-short\nproblem: {name: pfl_synthetic, preset: s1, sigma_h: 1.0}\n"
+                      "federation: {rounds: 6, clients_per_round: 0, local_steps: 1, batch_size: 1}\n"
+                      "algorithms: {ascd_pfl: {}}\nseeds: [0, 1, 2]\neval_every: 2\n")
+    out = tmp_path / "rows.json"
+    result = invoke("run", recipe, "--all-seeds", "--json", out, "--no-track")
+    assert result.exit_code == 0, result.output
+    assert "seeds 0, 1, 2 as one program" in result.output
+    rows = json.loads(out.read_text())
+    problem = fedbench.make_problem("pfl_synthetic", preset="s1", sigma_h=1.0)
+    for seed in (0, 1, 2):
+        alone = fedbench.run("ascd_pfl", problem, rounds=6, clients_per_round=0, local_steps=1, batch_size=1,
+                             eval_every=2, seed=seed).rows
+        assert [r["round"] for r in rows[str(seed)]] == [r["round"] for r in alone] == [0, 2, 4, 6]
+        for got, want in zip(rows[str(seed)], alone):
+            assert got.keys() == want.keys()
+            assert all(abs(got[k] - want[k]) <= 1e-12 * abs(want[k]) for k in want)
+    assert invoke("run", recipe, "--all-seeds", "--seed", 1, "--no-track").exit_code == 2
+
+
 def test_run_logs_its_trial_to_mlflow(recipe, tmp_path, tracking_uri):
     from mlflow.tracking import MlflowClient
 

@@ -36,6 +36,7 @@ class ASVRCDPFL(BlockMethod):
                                     "synthetic code, §3.0) or happens inside one (the CV code)"))
 
     runs_axis = True
+    draws_at_round_end = True  # the refresh and ζ coins (`coins`)
 
     @classmethod
     def batchable_runs(cls, hp):

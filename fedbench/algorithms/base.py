@@ -64,6 +64,9 @@ class Algorithm:
     # the client axis -2, `broadcast`/`aggregate` for server <-> clients, oracles as they come) and draws nothing
     # inside its rounds but at a coin-flip round's last step; checked by tests/test_runs.py against runs alone
     runs_axis: ClassVar[bool] = False
+    # True: a coin-flip round's last step draws from rnd.gen (and branches on the draws), so that the runs of an
+    # iteration-wise batch end their rounds one by one; False: they end them together (`fedbench.runs`)
+    draws_at_round_end: ClassVar[bool] = False
 
     def __init__(self, problem, **hyperparameters: Any):
         self.problem = problem

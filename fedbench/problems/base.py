@@ -194,6 +194,11 @@ class Problem:
             metrics.update({f"personal_{k}": v for k, v in self.evaluate_personal(personal).items()})
         return metrics
 
+    def evaluate_runs(self, ws: Tensor, personals: Tensor | None = None) -> list[dict[str, float]]:
+        """The metrics of K runs' models (`ws[k]`, `personals[k]`), e.g. the runs of a batch (`fedbench.runs`);
+        one `evaluate` each unless the problem evaluates all runs in one pass over its data."""
+        return [self.evaluate(w, None if personals is None else personals[k]) for k, w in enumerate(ws)]
+
     def evaluate_global(self, w: Tensor) -> dict[str, float]:
         raise NotImplementedError
 
