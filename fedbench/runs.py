@@ -1,8 +1,8 @@
 """Many runs as one program: a run axis `[R, S, ...]` above the clients' axis.
 
 R simulations of one algorithm with one configuration on one problem instance (the same data), differing in their
-seeds (initial point, client sampling, minibatches, the algorithm's coins), advance round by round as one
-batched tensor program:
+seeds (initial point, client sampling, minibatches, the algorithm's coins) and in per-run hyperparameters, advance
+round by round as one batched tensor program:
 
     sims = [Simulation(problem, FedMiD(problem, client_lr=1e-3), federation, seed) for seed in range(30)]
     for run, row in RunBatch(sims):   # each run's rows, exactly as `for row in sims[run]` would yield them
@@ -15,6 +15,9 @@ batched tensor program:
   state of a round is `[R, S, d]`. Algorithms that declare `runs_axis` are written for it (reductions over the
   client axis −2, `broadcast`/`aggregate` between server and clients); the oracles they call fold the run axis
   into the client axis (`RunOracle`), so problems need nothing new.
+* Hyperparameters. The runs may differ in the continuous hyperparameters the algorithm declares `run_hparams`
+  (e.g. FedAvg's and FedMiD's step sizes): the batch's algorithm holds them as `[R]` tensors of the runs it
+  advances, which the algorithm broadcasts over its tensors' run axis (`per_run`). Everything else is shared.
 * Rounds. Of fixed length, the runs advance round by round together (`RunBatch`). Of random length (coin-flip
   communication, seed 003's block methods, every device in every round), the runs advance iteration by
   iteration, each through its own rounds (`IterationBatch`): round-synchronous runs would each wait for the
@@ -34,6 +37,7 @@ else within 1e-12 relative (the server average is a batched matrix product); `te
 """
 from __future__ import annotations
 
+import copy
 import time
 from typing import Iterator
 
@@ -67,8 +71,14 @@ def why_not_batchable(sims: list[Simulation]) -> str | None:
     for sim in sims[1:]:
         if sim.problem is not first.problem:
             return "the runs must share one problem instance (the same data)"
-        if type(sim.algorithm) is not type(first.algorithm) or sim.algorithm.hp != first.algorithm.hp:
-            return "the runs must run one algorithm with the same hyperparameters"
+        if type(sim.algorithm) is not type(first.algorithm):
+            return "the runs must run one algorithm"
+        differ = sorted(k for k in first.algorithm.hp if sim.algorithm.hp[k] != first.algorithm.hp[k])
+        per_run = type(first.algorithm).run_hparams
+        if any(k not in per_run or not isinstance(sim.algorithm.hp[k], float) for k in differ):
+            return (f"the runs may differ only in {', '.join(per_run)} (per-run values), not in "
+                    f"{', '.join(k for k in differ if k not in per_run)}" if per_run else
+                    f"{first.algorithm.name} takes no per-run hyperparameters: the runs must share them")
         if (sim.federation, sim.eval_every, sim.sampler.sizes, sim.divergence_factor) != (
                 first.federation, first.eval_every, first.sampler.sizes, first.divergence_factor):
             return "the runs must share the federation, batch sizes, evaluation schedule and divergence rule"
@@ -119,6 +129,12 @@ class RunBatch:
         first = sims[0]
         self.sims = sims
         self.problem, self.federation, self.algorithm = first.problem, first.federation, first.algorithm
+        dtype = first.server[self.algorithm.downloads[0]].dtype
+        self.per_run = {k: torch.tensor([float(s.algorithm.hp[k]) for s in sims], dtype=dtype, device=self.problem.device)
+                        for k in type(self.algorithm).run_hparams
+                        if any(s.algorithm.hp[k] != first.algorithm.hp[k] for s in sims)}
+        if self.per_run:  # a copy whose hyperparameters that differ are the live runs' values (`_hparams_of`)
+            self.algorithm = copy.copy(self.algorithm)
         self.everyone = self.algorithm.participation == "all"
         self.server = {k: torch.stack([s.server[k] for s in sims]) for k in first.server}
         self.clients = {k: torch.stack([s.clients[k] for s in sims]) for k in first.clients}
@@ -132,8 +148,8 @@ class RunBatch:
         clients = self.federation.clients_per_round or self.problem.num_clients
         samples = sum(first.sampler.sizes[mb.name] for mb in first.sampler.minibatches if mb.same_as is None)
         itemsize = self.server[self.algorithm.downloads[0]].element_size()
-        per_run = clients * samples * (self.problem.row_elements or self.problem.dim) * itemsize
-        self.chunk = max(1, GATHER_BUDGET // per_run)
+        run_bytes = clients * samples * (self.problem.row_elements or self.problem.dim) * itemsize
+        self.chunk = max(1, GATHER_BUDGET // run_bytes)
 
     def __len__(self) -> int:
         return len(self.sims)
@@ -211,6 +227,7 @@ class RunBatch:
         state = {k: pick(v) for k, v in self.clients.items()}
         run_index = torch.arange(runs, device=self.problem.device)[:, None]
         gathered = state if self.everyone else {k: v[run_index, clients] for k, v in state.items()}
+        self._hparams_of(live, whole)
         rnd = Round(self.rounds_done, clients, steps, self.sims[ids[0]].iterations, None)
         local = algorithm.client_init(server, gathered, rnd)
         for step in range(steps):
@@ -230,6 +247,11 @@ class RunBatch:
             self.server = {k: self.server[k].index_copy(0, live, v) for k, v in server.items()}
             self.clients = {k: self.clients[k].index_copy(0, live, v) for k, v in state.items()}
         self._uploaded = sum(m.numel() for m in message.values()) // runs
+
+    def _hparams_of(self, live: Tensor, whole: bool) -> None:
+        """The batch's algorithm takes the per-run hyperparameter values of the runs it advances (`live`)."""
+        for key, values in self.per_run.items():
+            setattr(self.algorithm, key, values if whole else values.index_select(0, live))
 
     # -- evaluation and the loop --------------------------------------------------------------------------
     def _sync(self, i: int) -> None:

@@ -28,7 +28,7 @@ from fedbench.hparams import resolve
 from fedbench.problems import PROBLEMS
 from fedbench.runs import run_batch
 from fedbench.simulate import Simulation
-from sweeps.recipe import Recipe, Trial
+from sweeps.recipe import Recipe, Trial, stable_hash
 
 PACKS_PER_SLOT = 4
 
@@ -53,6 +53,15 @@ def build_simulation(trial: Trial, device: str | None = None, problem=None) -> S
                                           device=resolve_device(device or trial.device))
     algorithm = ALGORITHMS[trial.algorithm](problem, **trial.hyperparameters)
     return Simulation(problem, algorithm, trial.federation, trial.seed, trial.eval_every, trial.divergence_factor)
+
+
+def batch_key(trial: Trial) -> str:
+    """The configurations whose seeds may share one program: the same but for the algorithm's per-run
+    hyperparameters (`Algorithm.run_hparams`)."""
+    per_run = ALGORITHMS[trial.algorithm].run_hparams
+    config = trial.config()
+    config["algorithm"] = {k: v for k, v in config["algorithm"].items() if k not in per_run or not isinstance(v, float)}
+    return stable_hash(config)
 
 
 def batchable(trial: Trial) -> bool:
@@ -180,13 +189,14 @@ def slots(resources, nodes: list[dict], max_concurrent: int | None) -> int:
 
 
 def plan_batches(runs: list[tuple[int, Trial]], cap: int, slot_count: int) -> tuple[list[Unit], list[tuple[int, Trial]]]:
-    """(batches, singles): the seeds of each batchable configuration in batches of at most `cap` runs, split
+    """(batches, singles): the seeds of each batchable configuration, with the values of its per-run
+    hyperparameters (`batch_key`), in batches of at most `cap` runs, split
     further so that there are at least as many batches as slots where the runs allow; the other runs alone."""
     groups: dict[tuple[str, str], Unit] = {}
     singles = []
     for key, trial in runs:
         if cap > 1 and batchable(trial):
-            groups.setdefault((trial.config_hash, trial.device), []).append((key, trial))
+            groups.setdefault((batch_key(trial), trial.device), []).append((key, trial))
         else:
             singles.append((key, trial))
     batches = []

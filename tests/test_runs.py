@@ -76,6 +76,32 @@ def test_a_batch_of_seeds_gives_each_run_its_curve_alone(name):
         assert len({row["iterations"] for row in (curve[-1] for curve in alone)}) == len(SEEDS)
 
 
+MIXED = [(0, 0.02, 1.0), (3, 0.5, 1.0), (7, 0.02, 0.5), (11, 0.005, 1.0)]  # (seed, client_lr, server_lr)
+
+
+@pytest.mark.parametrize("name,make,threshold", [("fedavg", small_lasso, None), ("fedmid", small_lasso, "bao"),
+                                                 ("fedmid", small_lasso, "yuan"), ("fedmid", small_lowrank, "bao")])
+def test_runs_differing_in_seed_and_step_sizes_share_a_batch(name, make, threshold):
+    """Per-run hyperparameters (`Algorithm.run_hparams`): each run of a batch mixing seeds and step sizes gives its
+    curve alone, the prox thresholds (client η_c, server η_s·η_c(·E)) per run too. Run 1's step size is too large:
+    it diverges and leaves the batch, and the per-run values then follow the live runs."""
+    problem, federation = make(), Federation(12, 3, 4, 5)
+    extra = {} if threshold is None else {"server_threshold": threshold}
+
+    def sims():
+        return [Simulation(problem, fedbench.make_algorithm(name, problem, client_lr=lr, server_lr=slr, **extra),
+                           federation, seed, 3) for seed, lr, slr in MIXED]
+
+    alone_sims = sims()
+    alone = [list(sim) for sim in alone_sims]
+    assert [sim.status for sim in alone_sims] == ["finished", "diverged", "finished", "finished"]
+    batch = sims()
+    batched = rows_by_run(RunBatch(batch), len(MIXED))
+    assert_same(alone, batched, 1e-12)
+    assert [sim.status for sim in batch] == [sim.status for sim in alone_sims]
+    assert len({curve[-1]["objective"] for curve in alone}) == len(MIXED)  # the runs really differ
+
+
 def test_communication_and_iteration_counts_are_per_run():
     problem = pfl()
     federation = Federation(6, 0, 1, 1)
@@ -135,7 +161,10 @@ def test_what_cannot_share_a_batch_is_refused_with_the_reason():
         return Simulation(problem, fedbench.make_algorithm(name, problem, **hp), federation, 0)
 
     assert why_not_batchable([sim(), sim()]) is None
-    assert "same hyperparameters" in why_not_batchable([sim(client_lr=0.1), sim(client_lr=0.2)])
+    assert why_not_batchable([sim(client_lr=0.1), sim(client_lr=0.2)]) is None  # a per-run hyperparameter
+    assert "not in subgradient" in why_not_batchable([sim(subgradient=True), sim(subgradient=False)])
+    assert "no per-run hyperparameters" in why_not_batchable([sim("pfedme", client_lr=0.1),
+                                                              sim("pfedme", client_lr=0.2)])
     assert "problem instance" in why_not_batchable([sim(), sim(problem=small_lasso())])
     assert "run axis" in why_not_batchable([sim("fedda"), sim("fedda")])
     with pytest.raises(NotBatchable, match="run axis"):
@@ -185,6 +214,45 @@ def test_a_sweep_runs_the_seeds_of_a_configuration_as_one_program(ray_local, tmp
         alone = drive(build_simulation(trial, problem=problem)).rows
         run = by_key[(trial.algorithm, trial.seed)]
         history = sorted(client.get_metric_history(run.info.run_id, "objective"), key=lambda m: m.step)
+        assert [m.step for m in history] == [row["round"] for row in alone]
+        for metric, row in zip(history, alone):
+            assert metric.value == pytest.approx(row["objective"], rel=1e-12, abs=0)
+
+
+GRID = """\
+name: lr-grid
+problem: {name: lasso, clients: 8, samples_per_client: 20, dim: 30, support: 10, lam: 0.05, data_seed: 1}
+federation: {rounds: 8, clients_per_round: 4, local_steps: 3, batch_size: 5}
+algorithms:
+  fedmid: {client_lr: [1.0e-3, 3.0e-3, 1.0e-2]}
+seeds: [5]
+eval_every: 2
+"""
+
+
+def test_a_sweep_batches_the_values_of_a_per_run_hyperparameter(ray_local, tmp_path, tracking_uri):
+    """A step-size grid on shared data: the configurations differ only in FedMiD's client_lr, a per-run
+    hyperparameter, so that they share programs (on 2 slots: one of 2 runs, one of 1); each logged curve is the
+    run alone."""
+    from mlflow.tracking import MlflowClient
+
+    from sweeps.execute import build_simulation, drive, sweep
+    from sweeps.recipe import load
+
+    path = tmp_path / "grid.yaml"
+    path.write_text(GRID)
+    recipe = load(path)
+    summary = sweep(recipe, tracking=tracking_uri, max_concurrent=2)
+    assert summary.ok and summary.counts["finished"] == 3
+    client = MlflowClient(tracking_uri)
+    experiment = client.get_experiment_by_name("lr-grid")
+    nested = [run for run in client.search_runs([experiment.experiment_id]) if run.data.tags.get("role") == "trial"]
+    assert sorted(run.data.tags["runs_in_batch"] for run in nested) == ["1", "2", "2"]
+    by_lr = {float(run.data.params["algorithm.client_lr"]): run for run in nested}
+    for trial in recipe.trials():
+        alone = drive(build_simulation(trial, "cpu")).rows
+        history = sorted(client.get_metric_history(by_lr[trial.hyperparameters["client_lr"]].info.run_id,
+                                                   "objective"), key=lambda m: m.step)
         assert [m.step for m in history] == [row["round"] for row in alone]
         for metric, row in zip(history, alone):
             assert metric.value == pytest.approx(row["objective"], rel=1e-12, abs=0)

@@ -67,6 +67,9 @@ class Algorithm:
     # True: a coin-flip round's last step draws from rnd.gen (and branches on the draws), so that the runs of an
     # iteration-wise batch end their rounds one by one; False: they end them together (`fedbench.runs`)
     draws_at_round_end: ClassVar[bool] = False
+    # continuous hyperparameters used only as factors of tensors, through `per_run`: the runs of a batch may differ
+    # in them, each run's value a row of a `[R]` tensor (`fedbench.runs`)
+    run_hparams: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, problem, **hyperparameters: Any):
         self.problem = problem
@@ -152,6 +155,12 @@ def composite_step(reg, h_mode: str, x: Tensor, direction: Tensor, lr) -> Tensor
     if not reg.lam:  # h = 0: no zero subgradient to build and add in the inner loops
         return x - lr * direction
     return x - lr * (direction + reg.subgradient(x))
+
+
+def per_run(value: float | Tensor, like: Tensor) -> float | Tensor:
+    """A hyperparameter as a factor of `like`: a float as it is; the per-run values `[R]` of a batch (`run_hparams`)
+    shaped to broadcast over `like`'s leading run axis `[R, ...]`."""
+    return value.view(-1, *[1] * (like.dim() - 1)) if isinstance(value, Tensor) else value
 
 
 def coin_flips_to_success(p: float, gen: torch.Generator) -> int:

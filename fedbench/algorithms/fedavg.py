@@ -8,13 +8,14 @@ With all clients, one local step and full batches this is gradient descent with 
 """
 from __future__ import annotations
 
-from fedbench.algorithms.base import CLIENT_LR, SERVER_LR, Algorithm, aggregate, broadcast
+from fedbench.algorithms.base import CLIENT_LR, SERVER_LR, Algorithm, aggregate, broadcast, per_run
 from fedbench.hparams import Param
 
 
 class FedAvg(Algorithm):
     name = "fedavg"
     runs_axis = True
+    run_hparams = ("client_lr", "server_lr")
     hparams = (
         CLIENT_LR,
         SERVER_LR,
@@ -29,11 +30,11 @@ class FedAvg(Algorithm):
         direction = batches.D.grad(u)
         if self.subgradient:
             direction = direction + self.reg.subgradient(u)
-        return {"u": u - self.client_lr * direction}
+        return {"u": u - per_run(self.client_lr, u) * direction}
 
     def client_final(self, local, rnd):
         return {"u": local["u"]}, {}
 
     def server_update(self, server, message, weights, rnd):
         w = server["w"]
-        return {"w": w + self.server_lr * (aggregate(message["u"], weights) - w)}
+        return {"w": w + per_run(self.server_lr, w) * (aggregate(message["u"], weights) - w)}

@@ -11,13 +11,14 @@ Server threshold τ_s (spec 002 §7 item 9):
 """
 from __future__ import annotations
 
-from fedbench.algorithms.base import CLIENT_LR, SERVER_LR, Algorithm, aggregate, broadcast
+from fedbench.algorithms.base import CLIENT_LR, SERVER_LR, Algorithm, aggregate, broadcast, per_run
 from fedbench.hparams import Param
 
 
 class FedMiD(Algorithm):
     name = "fedmid"
     runs_axis = True
+    run_hparams = ("client_lr", "server_lr")
     hparams = (
         CLIENT_LR,
         SERVER_LR,
@@ -30,17 +31,18 @@ class FedMiD(Algorithm):
 
     def client_step(self, local, batches, rnd, step):
         u = local["u"]
-        return {"u": self.reg.prox(u - self.client_lr * batches.D.grad(u), self.client_lr)}
+        lr = per_run(self.client_lr, u)
+        return {"u": self.reg.prox(u - lr * batches.D.grad(u), lr)}
 
     def client_final(self, local, rnd):
         return {"u": local["u"]}, {}
 
     def server_update(self, server, message, weights, rnd):
         w = server["w"]
-        w = w + self.server_lr * (aggregate(message["u"], weights) - w)
+        w = w + per_run(self.server_lr, w) * (aggregate(message["u"], weights) - w)
         if self.server_threshold == "none":
             return {"w": w}
         step = self.server_lr * self.client_lr
         if self.server_threshold == "yuan":
-            step *= rnd.local_steps
-        return {"w": self.reg.prox(w, step)}
+            step = step * rnd.local_steps
+        return {"w": self.reg.prox(w, per_run(step, w))}
