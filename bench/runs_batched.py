@@ -5,31 +5,34 @@ the R runs as one program (`run_batch`), measured in the same process, with eval
   ascd_pfl   ASCD-PFL on seed 003's S1 (MX2, σ_h = 1.0, 20 devices × 1000 samples, d = 15), coin-flip rounds:
              iteration-wise batch (`IterationBatch`); 100 communication rounds, metrics every 10;
   fedmid     FedMiD on spec 002's Lasso (p = 1024, 64 clients, S = 10, E = 10, b = 10), the data fixed
-             (`data_seed: 0`) so that the seeds share them; round-synchronous batch; 20 rounds, metrics every 10;
+             (`data_seed: 0`) so that the seeds share them; round-synchronous batch; 60 rounds, metrics every 10;
   fedxl2     FeDXL2 on FeDXL's synthetic pAUC: not on the run axis (its passive scores and the problem's feature
              noise are drawn inside rounds), so R runs cost R runs; printed as such.
 
-The machine is shared, so only the ratios mean anything. Prints identity too: the largest relative difference
-between a run's rows alone and in the batch.
-Usage: FEDBENCH_DATA=../shared/data python bench/runs_batched.py [--device cuda] [--sizes 1 4 16 64]
+The machine is shared, so only the ratios mean anything: each is the ratio of the medians of `--repeats`
+interleaved timings (alone, batched, alone, ...), so that a drift of the load hits both alike. Prints identity
+too: the largest relative difference between a run's rows alone and in the batch. A batch of one is the run
+alone (`run_batch`), so R = 1 reads 1x up to noise.
+Usage: FEDBENCH_DATA=../shared/data python bench/runs_batched.py [--device cuda] [--sizes 1 4 16 64] [--repeats 3]
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import statistics
 import time
 
 import torch
 
 import fedbench
-from fedbench.runs import NotBatchable, run_batch
+from fedbench.runs import run_batch, why_not_batchable
 from fedbench.simulate import Federation, Simulation
 
 CASES = {
     "ascd_pfl": (lambda device: fedbench.make_problem("pfl_synthetic", preset="s1", sigma_h=1.0, device=device),
                  Federation(100, 0, 1, 1), {}, 10),
     "fedmid": (lambda device: fedbench.make_problem("lasso", preset="bao2022", data_seed=0, device=device),
-               Federation(20, 10, 10, 10), {"client_lr": 1e-3}, 10),
+               Federation(60, 10, 10, 10), {"client_lr": 1e-3}, 10),
     "fedxl2": (lambda device: fedbench.make_problem("pauc", preset="guo2023_synthetic", device=device),
                Federation(20, 4, 4, 32), {}, 10),
 }
@@ -40,11 +43,18 @@ def simulations(problem, name, federation, hp, eval_every, seeds):
             for seed in seeds]
 
 
+def timed(work):
+    start = time.perf_counter()
+    result = work()
+    return time.perf_counter() - start, result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--cases", nargs="+", default=list(CASES))
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved timings per way; the medians compared")
     args = parser.parse_args()
     print(f"R runs one after another / R runs as one program, device={args.device}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")
@@ -52,26 +62,39 @@ def main() -> None:
         make, federation, hp, eval_every = CASES[name]
         problem = make(args.device)
         list(simulations(problem, name, dataclasses.replace(federation, rounds=1), hp, 1, [0])[0])  # warm-up
+        why = why_not_batchable(simulations(problem, name, federation, hp, eval_every, [0, 1]))
         for size in args.sizes:
             seeds = list(range(size))
-            start = time.perf_counter()
-            alone = [list(sim) for sim in simulations(problem, name, federation, hp, eval_every, seeds)]
-            sequential = time.perf_counter() - start
-            try:
-                batch = run_batch(simulations(problem, name, federation, hp, eval_every, seeds))
-            except NotBatchable as why:
+
+            def alone():
+                return [list(sim) for sim in simulations(problem, name, federation, hp, eval_every, seeds)]
+
+            def together():
+                rows = [[] for _ in seeds]
+                for i, row in run_batch(simulations(problem, name, federation, hp, eval_every, seeds)):
+                    rows[i].append(row)
+                return rows
+
+            if why:
+                seconds, _ = timed(alone)
                 print(f"{name:9s} R={size:3d}  not on the run axis ({why}): ratio 1 by construction "
-                      f"({sequential:.2f} s for the R runs)")
+                      f"({seconds:.2f} s for the R runs)")
                 break
-            rows = [[] for _ in seeds]
-            start = time.perf_counter()
-            for i, row in batch:
-                rows[i].append(row)
-            batched = time.perf_counter() - start
-            worst = max(abs(a[k] - b[k]) / max(abs(a[k]), 1e-300) for x, y in zip(alone, rows)
+            times = {"alone": [], "together": []}
+            for _ in range(args.repeats):
+                for way, work in (("alone", alone), ("together", together)):
+                    seconds, rows = timed(work)
+                    times[way].append(seconds)
+                    if way == "alone":
+                        reference = rows
+                    else:
+                        batched_rows = rows
+            worst = max(abs(a[k] - b[k]) / max(abs(a[k]), 1e-300) for x, y in zip(reference, batched_rows)
                         for a, b in zip(x, y) for k in a)
-            print(f"{name:9s} R={size:3d}  {sequential / batched:5.1f}x   (one after another {sequential:6.2f} s, "
-                  f"one program {batched:6.2f} s; largest relative difference {worst:.1e})", flush=True)
+            sequential, batched = statistics.median(times["alone"]), statistics.median(times["together"])
+            print(f"{name:9s} R={size:3d}  {sequential / batched:5.2f}x   (one after another {sequential:6.2f} s, "
+                  f"one program {batched:6.2f} s, medians of {args.repeats}; largest relative difference "
+                  f"{worst:.1e})", flush=True)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import torch
 from torch import Tensor
@@ -472,9 +472,12 @@ class IterationBatch(RunBatch):
                     self._open_round(i)
                     sim.train_seconds += time.perf_counter() - start
 
-def run_batch(sims: list[Simulation]) -> RunBatch:
+def run_batch(sims: list[Simulation]) -> Iterable[tuple[int, dict[str, float]]]:
     """The batch for these simulations: iteration by iteration where rounds have random lengths and every client
-    takes part (`IterationBatch`), else round by round (`RunBatch`)."""
+    takes part (`IterationBatch`), else round by round (`RunBatch`); one simulation runs alone (the same rows,
+    without the batch's selections)."""
+    if len(sims) == 1:
+        return ((0, row) for row in sims[0])
     return (IterationBatch if _random_rounds(sims[0].algorithm) else RunBatch)(sims)
 
 
