@@ -74,11 +74,12 @@ def why_not_batchable(sims: list[Simulation]) -> str | None:
         if type(sim.algorithm) is not type(first.algorithm):
             return "the runs must run one algorithm"
         differ = sorted(k for k in first.algorithm.hp if sim.algorithm.hp[k] != first.algorithm.hp[k])
-        per_run = type(first.algorithm).run_hparams
+        per_run = type(first.algorithm).run_hparams if not _random_rounds(first.algorithm) else ()
         if any(k not in per_run or not isinstance(sim.algorithm.hp[k], float) for k in differ):
             return (f"the runs may differ only in {', '.join(per_run)} (per-run values), not in "
                     f"{', '.join(k for k in differ if k not in per_run)}" if per_run else
-                    f"{first.algorithm.name} takes no per-run hyperparameters: the runs must share them")
+                    f"{first.algorithm.name} takes no per-run hyperparameters (none declared, or rounds of random "
+                    "length, whose batches step run by run at round ends): the runs must share them")
         if (sim.federation, sim.eval_every, sim.sampler.sizes, sim.divergence_factor) != (
                 first.federation, first.eval_every, first.sampler.sizes, first.divergence_factor):
             return "the runs must share the federation, batch sizes, evaluation schedule and divergence rule"

@@ -11,6 +11,7 @@ seed) that finished in the recipe's experiment is skipped.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -26,7 +27,7 @@ import torch
 from fedbench.algorithms import ALGORITHMS
 from fedbench.hparams import resolve
 from fedbench.problems import PROBLEMS
-from fedbench.runs import run_batch
+from fedbench.runs import run_batch, why_not_batchable
 from fedbench.simulate import Simulation
 from sweeps.recipe import Recipe, Trial, stable_hash
 
@@ -109,7 +110,10 @@ def build_batch(trials: list[Trial], device: str | None = None) -> list[Simulati
 def drive_batch(sims: list[Simulation],
                 on_row: Callable[[int, dict[str, float]], None] | None = None) -> list[Outcome]:
     """Run the seeds of one configuration as one program (`fedbench.runs`, from `build_batch`); each run's
-    outcome as `drive` gives it alone (its training seconds: its share of the batch's)."""
+    outcome as `drive` gives it alone (its training seconds: its share of the batch's). Simulations that cannot
+    share a program (`why_not_batchable`) run one after another."""
+    if why_not_batchable(sims):
+        return [drive(sim, None if on_row is None else functools.partial(on_row, i)) for i, sim in enumerate(sims)]
     start = time.perf_counter()
     rows: list[list[dict[str, float]]] = [[] for _ in sims]
     seconds: list[list[float]] = [[] for _ in sims]

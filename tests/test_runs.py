@@ -169,6 +169,23 @@ def test_what_cannot_share_a_batch_is_refused_with_the_reason():
     assert "run axis" in why_not_batchable([sim("fedda"), sim("fedda")])
     with pytest.raises(NotBatchable, match="run axis"):
         RunBatch([sim("fedda")])
+
+
+def test_simulations_that_cannot_share_a_program_run_one_after_another():
+    """`drive_batch` on simulations `why_not_batchable` refuses runs them alone instead of failing them all."""
+    from sweeps.execute import drive, drive_batch
+
+    problem, federation = small_lasso(), Federation(6, 3, 2, 5)
+
+    def sims():
+        return [Simulation(problem, fedbench.make_algorithm("fedavg", problem, client_lr=0.01, subgradient=sub),
+                           federation, 0, 2) for sub in (True, False)]
+
+    assert why_not_batchable(sims())
+    seen = []
+    outcomes = drive_batch(sims(), lambda i, row: seen.append(i))
+    assert [o.rows for o in outcomes] == [drive(sim).rows for sim in sims()]
+    assert [o.status for o in outcomes] == ["finished", "finished"] and seen == [0] * 4 + [1] * 4
     # run_seeds runs such an algorithm alone, seed by seed
     rows = run_seeds(problem, "fedda", federation, [0, 1], eval_every=1)
     assert rows == curves_alone(problem, "fedda", federation, {}, [0, 1], eval_every=1)
