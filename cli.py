@@ -1,10 +1,13 @@
 """fedbench command line: `fedbench run | sweep | tune | report | validate | list | ui`."""
 from __future__ import annotations
 
+import collections
+import functools
 import json
 import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import webbrowser
@@ -106,28 +109,26 @@ def run(
 
     trial = trials[0]
     hp = ", ".join(f"{k}={v}" for k, v in trial.hyperparameters.items())
+    listed = ", ".join(str(t.seed) for t in trials) if len(trials) <= FEW_SEEDS else (
+        f"{trials[0].seed} … {trials[-1].seed} ({len(trials)})")
     seed_text = f"seed {trial.seed}" if len(trials) == 1 else (
-        f"seeds {', '.join(str(t.seed) for t in trials)}" + (" as one program" if together else " one after another"))
+        f"seeds {listed}" + (" as one program" if together else " one after another"))
     console.print(f"[bold]{trial.recipe}[/]: {trial.problem} / {trial.algorithm} ({hp}), {seed_text}",
                   highlight=False)
     with Progress(TextColumn("rounds"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TimeRemainingColumn(), console=console, transient=False) as progress:
-        tasks = [progress.add_task("rounds", total=trial.federation.rounds) for _ in trials]
-        if together:
-            outcomes = drive_batch(sims, lambda i, row: progress.update(tasks[i], completed=row["round"]))
-        else:
-            outcomes = [drive(sim, lambda row, task=task: progress.update(task, completed=row["round"]))
-                        for sim, task in zip(sims, tasks)]
+        task = progress.add_task("rounds", total=trial.federation.rounds * len(trials))  # one bar for all seeds
+        reached = [0.0] * len(trials)
 
-    final = [outcome.rows[-1] for outcome in outcomes]
-    table = Table(title=f"round {final[0]['round']:g} ({', '.join(o.status for o in outcomes)})", show_header=True)
-    table.add_column("metric")
-    for t in trials:
-        table.add_column(f"seed {t.seed}" if len(trials) > 1 else "value", justify="right")
-    for key in final[0]:
-        if key != "round":
-            table.add_row(key, *(f"{row[key]:.6g}" if math.isfinite(row[key]) else str(row[key]) for row in final))
-    console.print(table)
+        def advance(i: int, row: dict[str, float]) -> None:
+            reached[i] = row["round"]
+            progress.update(task, completed=sum(reached))
+
+        if together:
+            outcomes = drive_batch(sims, advance)
+        else:
+            outcomes = [drive(sim, functools.partial(advance, i)) for i, sim in enumerate(sims)]
+    console.print(final_table([t.seed for t in trials], outcomes))
     wall = sum(o.wall_seconds for o in outcomes)
     console.print(f"{wall:.1f} s wall: {sum(o.train_seconds for o in outcomes):.1f} s training, "
                   f"{sum(o.eval_seconds for o in outcomes):.1f} s evaluation "
@@ -152,6 +153,31 @@ def run(
             say(f"logged to {store.uri} (experiment {recipe.name!r}, run {run_id})")
     if any(outcome.status == "diverged" for outcome in outcomes):
         raise typer.Exit(1)
+
+
+FEW_SEEDS = 4  # up to this many seeds, `fedbench run` shows a column per seed; more, their statistics
+
+
+def final_table(seeds: list[int], outcomes) -> Table:
+    """The last row of each seed's run: a column per seed, or for many seeds mean, std, min and max."""
+    final = [outcome.rows[-1] for outcome in outcomes]
+    statuses = collections.Counter(o.status for o in outcomes)
+    table = Table(title=f"round {final[0]['round']:g} ({', '.join(f'{n} {s}' for s, n in statuses.items())})"
+                  if len(seeds) > 1 else f"round {final[0]['round']:g} ({outcomes[0].status})", show_header=True)
+    table.add_column("metric")
+    many = len(seeds) > FEW_SEEDS
+    heads = (["mean", "std", "min", "max"] if many else [f"seed {seed}" for seed in seeds] if len(seeds) > 1
+             else ["value"])
+    for head in heads:
+        table.add_column(head, justify="right")
+    for key in final[0]:
+        if key == "round":
+            continue
+        values = [row[key] for row in final]
+        if many:
+            values = [statistics.fmean(values), statistics.stdev(values), min(values), max(values)]
+        table.add_row(key, *(f"{v:.6g}" if math.isfinite(v) else str(v) for v in values))
+    return table
 
 
 @app.command()

@@ -92,11 +92,14 @@ def test_run_over_several_seeds_as_one_program(tmp_path):
     recipe = tmp_path / "s1.yaml"
     recipe.write_text("name: s1-short\nproblem: {name: pfl_synthetic, preset: s1, sigma_h: 1.0}\n"
                       "federation: {rounds: 6, clients_per_round: 0, local_steps: 1, batch_size: 1}\n"
-                      "algorithms: {ascd_pfl: {}}\nseeds: [0, 1, 2]\neval_every: 2\n")
+                      "algorithms: {ascd_pfl: {}}\nseeds: 6\neval_every: 2\n")
     out = tmp_path / "rows.json"
     result = invoke("run", recipe, "--all-seeds", "--json", out, "--no-track")
     assert result.exit_code == 0, result.output
-    assert "seeds 0, 1, 2 as one program" in result.output
+    assert "seeds 0 … 5 (6) as one program" in result.output and "(6 finished)" in result.output
+    assert all(head in result.output for head in ("mean", "std", "min", "max"))  # many seeds: their statistics
+    few = invoke("run", recipe, "--seed", 0, "--seed", 1, "--no-track")
+    assert "seeds 0, 1 as one program" in few.output and "seed 1" in few.output and "mean" not in few.output
     rows = json.loads(out.read_text())
     problem = fedbench.make_problem("pfl_synthetic", preset="s1", sigma_h=1.0)
     for seed in (0, 1, 2):
