@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import fedbench
-from small_problems import small_lasso, small_lowrank
 from fedbench.rng import generator
 from fedbench.simulate import Federation, Simulation, simulate
+from small_problems import small_lasso, small_lowrank
 
 
 
@@ -36,6 +36,20 @@ def test_bao2022_lasso_random_init_f1_is_about_0_66():
     assert float(metrics["recall"].mean()) > 0.97  # ~0.8% of N(0,1) entries are below 0.01
     assert float(metrics["precision"].mean()) == pytest.approx(0.5, abs=0.02)
     assert float(w0.std()) == pytest.approx(1.0, abs=0.1)
+
+
+@pytest.mark.parametrize("make,personal", [(small_lasso, {}), (small_lowrank, {}),
+                                            (small_lasso, {"personal_support": 2, "personal_value": 0.5}),
+                                            (small_lowrank, {"personal_value": 0.5})])
+def test_a_global_model_is_scored_once_against_a_truth_all_clients_share(make, personal):
+    """A global model's recovery metrics are the mean over clients of its comparison with each client's truth;
+    where the truths are all equal, `evaluate` makes one comparison: the same values."""
+    problem = make(**personal)
+    assert problem.shared_truth == (not personal)
+    w = torch.randn(problem.dim, generator=torch.Generator().manual_seed(3), dtype=problem.dtype)
+    row = problem.evaluate(w)
+    for name, per_client in problem.recovery_metrics(w.expand(problem.num_clients, -1)).items():
+        assert row[name] == pytest.approx(float(per_client.mean()), rel=1e-14, abs=0), name
 
 
 def test_bao2022_lowrank_random_init_has_full_rank_32():

@@ -74,10 +74,11 @@ class Lasso(LeastSquares):
     def make_regularizer(self):
         return L1(self.config["lam"], self.feature_dim, self.config["domain_radius"])
 
-    def recovery_metrics(self, models: Tensor) -> dict[str, Tensor]:
-        error = models - self.truth
+    def recovery_metrics(self, models: Tensor, truth: Tensor | None = None) -> dict[str, Tensor]:
+        truth = self.truth if truth is None else truth
+        error = models - truth
         estimated = models.abs() > self.config["support_threshold"]
-        true = self.truth != 0
+        true = truth != 0
         hits = (estimated & true).sum(-1).to(models.dtype)
         n_estimated = estimated.sum(-1).to(models.dtype)
         precision = torch.where(n_estimated > 0, hits / n_estimated.clamp_min(1), 0.0)

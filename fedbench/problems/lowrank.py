@@ -69,9 +69,10 @@ class LowRank(LeastSquares):
     def make_regularizer(self):
         return Nuclear(self.config["lam"], self.shape, self.config["domain_radius"])
 
-    def recovery_metrics(self, models: Tensor) -> dict[str, Tensor]:
+    def recovery_metrics(self, models: Tensor, truth: Tensor | None = None) -> dict[str, Tensor]:
+        truth = self.truth if truth is None else truth
         matrices = models.reshape(-1, *self.shape)
-        error_sv = torch.linalg.svdvals(matrices - self.truth.reshape(-1, *self.shape))
+        error_sv = torch.linalg.svdvals(matrices - truth.reshape(-1, *self.shape))
         model_sv = torch.linalg.svdvals(matrices)
         tol = self.config["rank_tol"]
         if tol is None:
