@@ -57,8 +57,14 @@ class NotBatchable(ValueError):
     """These simulations cannot run as one program (the message says why)."""
 
 
-def _random_rounds(algorithm: Algorithm) -> bool:
-    return type(algorithm).round_length is not Algorithm.round_length
+def _random_rounds(algorithm_type: type[Algorithm]) -> bool:
+    return algorithm_type.round_length is not Algorithm.round_length
+
+
+def per_run_hparams(algorithm_type: type[Algorithm]) -> tuple[str, ...]:
+    """The hyperparameters in which the runs of one batch may differ: the algorithm's `run_hparams`, in
+    round-synchronous batches only (an iteration-wise batch ends rounds run by run, with one algorithm)."""
+    return () if _random_rounds(algorithm_type) else algorithm_type.run_hparams
 
 
 def why_not_batchable(sims: list[Simulation]) -> str | None:
@@ -66,7 +72,7 @@ def why_not_batchable(sims: list[Simulation]) -> str | None:
     first = sims[0]
     if not type(first.algorithm).batchable_runs(first.algorithm.hp):
         return f"{first.algorithm.name} is not written for the run axis with these settings (Algorithm.runs_axis)"
-    if _random_rounds(first.algorithm) and first.algorithm.participation != "all":
+    if _random_rounds(type(first.algorithm)) and first.algorithm.participation != "all":
         return f"{first.algorithm.name} has rounds of random length with sampled clients"
     for sim in sims[1:]:
         if sim.problem is not first.problem:
@@ -74,7 +80,7 @@ def why_not_batchable(sims: list[Simulation]) -> str | None:
         if type(sim.algorithm) is not type(first.algorithm):
             return "the runs must run one algorithm"
         differ = sorted(k for k in first.algorithm.hp if sim.algorithm.hp[k] != first.algorithm.hp[k])
-        per_run = type(first.algorithm).run_hparams if not _random_rounds(first.algorithm) else ()
+        per_run = per_run_hparams(type(first.algorithm))
         if any(k not in per_run or not isinstance(sim.algorithm.hp[k], float) for k in differ):
             return (f"the runs may differ only in {', '.join(per_run)} (per-run values), not in "
                     f"{', '.join(k for k in differ if k not in per_run)}" if per_run else
@@ -132,7 +138,7 @@ class RunBatch:
         self.problem, self.federation, self.algorithm = first.problem, first.federation, first.algorithm
         dtype = first.server[self.algorithm.downloads[0]].dtype
         self.per_run = {k: torch.tensor([float(s.algorithm.hp[k]) for s in sims], dtype=dtype, device=self.problem.device)
-                        for k in type(self.algorithm).run_hparams
+                        for k in per_run_hparams(type(self.algorithm))
                         if any(s.algorithm.hp[k] != first.algorithm.hp[k] for s in sims)}
         if self.per_run:  # a copy whose hyperparameters that differ are the live runs' values (`_hparams_of`)
             self.algorithm = copy.copy(self.algorithm)
@@ -204,11 +210,7 @@ class RunBatch:
                         failed.append(self.live[position])
         down = draws[0].shape[-1] * sum(self.server[k][0].numel() for k in self.algorithm.downloads)
         for i, n in zip(self.live, draws[-1]):
-            sim = self.sims[i]
-            sim.comm_up += self._uploaded
-            sim.comm_down += down
-            sim.rounds_done += 1
-            sim.iterations += n
+            self.sims[i].count_round(self._uploaded, down, n)
         self.rounds_done += 1
         return failed
 
@@ -372,7 +374,8 @@ class IterationBatch(RunBatch):
         rnd = Round(-1, clients, 1, -1, None)
         local = self.algorithm.client_step(local, self._oracles(runs, self.positions.index_select(0, runs)), rnd, 0)
         message, updated = self.algorithm.client_final(local, rnd)
-        server = self.algorithm.server_update(server, message, self._weights(clients, server[self.algorithm.downloads[0]].dtype), rnd)
+        weights = self._weights(clients, server[self.algorithm.downloads[0]].dtype)
+        server = self.algorithm.server_update(server, message, weights, rnd)
         for key, value in server.items():
             self.server[key].index_copy_(0, runs, value)
         for key, value in updated.items():
@@ -380,11 +383,7 @@ class IterationBatch(RunBatch):
         up = sum(m.numel() for m in message.values()) // len(ending)
         down = len(self.clients_all) * sum(server[k][0].numel() for k in self.algorithm.downloads)
         for i in ending:
-            sim = self.sims[i]
-            sim.comm_up += up
-            sim.comm_down += down
-            sim.rounds_done += 1
-            sim.iterations += self.length[i]
+            self.sims[i].count_round(up, down, self.length[i])
 
     def _end_round(self, i: int) -> None:
         """Run i's last local step, client_final and server_update, as `Simulation.run_round` does them."""
@@ -400,10 +399,8 @@ class IterationBatch(RunBatch):
             self.server[key][i] = value
         for key, value in updated.items():
             self.clients[key][i] = value
-        sim.comm_up += sum(m.numel() for m in message.values())
-        sim.comm_down += len(self.clients_all) * sum(v.numel() for k, v in server.items() if k in self.algorithm.downloads)
-        sim.rounds_done += 1
-        sim.iterations += self.length[i]
+        down = len(self.clients_all) * sum(server[k].numel() for k in self.algorithm.downloads)
+        sim.count_round(sum(m.numel() for m in message.values()), down, self.length[i])
 
     def _oracles(self, runs: Tensor, positions: Tensor):
         """The oracles of these runs' local steps at these positions of their rounds."""
@@ -479,7 +476,7 @@ def run_batch(sims: list[Simulation]) -> Iterable[tuple[int, dict[str, float]]]:
     without the batch's selections)."""
     if len(sims) == 1:
         return ((0, row) for row in sims[0])
-    return (IterationBatch if _random_rounds(sims[0].algorithm) else RunBatch)(sims)
+    return (IterationBatch if _random_rounds(type(sims[0].algorithm)) else RunBatch)(sims)
 
 
 def run_seeds(problem, algorithm_name: str, federation, seeds, eval_every: int = 10,

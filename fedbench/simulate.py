@@ -168,6 +168,13 @@ class Simulation:
         self.rounds_done += 1
         self.iterations += steps
 
+    def count_round(self, uploaded: int, downloaded: int, steps: int) -> None:
+        """A round that a batch (`fedbench.runs`) ended for this run: its floats up and down, its local steps."""
+        self.comm_up += uploaded
+        self.comm_down += downloaded
+        self.rounds_done += 1
+        self.iterations += steps
+
     def aggregation_weights(self, clients: Tensor) -> Tensor:
         dtype = self.server[self.algorithm.downloads[0]].dtype
         if self.federation.aggregation == "uniform":
