@@ -3,10 +3,13 @@ curve as it is alone, and a run that diverges or fails inside a batch leaves the
 
 Identity, per algorithm written for the run axis (`CASES`): bit for bit where every reduction of a round is per
 run and per client (LSGD-PFL, and FedAvg/FedMiD on these instances), within 1e-12 relative where a server
-average over clients is a batched matrix product against the vector product of a run alone (measured ≤ 2e-14
-after a dozen rounds). Round-synchronous batches (`RunBatch`) for fixed-length rounds; iteration-wise batches
-(`IterationBatch`) for ASCD-PFL's and L2SGD+'s coin-flip rounds. Batches mix seeds only: runs that differ in a
-hyperparameter run in separate batches (`why_not_batchable`).
+average over clients is a batched matrix product against the vector product of a run alone (measured ≤ 2e-15
+after a dozen rounds), 1e-9 where a finite-difference HVP divides those last-bit differences by τ ~ 1e-8 (measured
+~1e-11). Round-synchronous batches (`RunBatch`) for fixed-length rounds; iteration-wise batches
+(`IterationBatch`) for ASCD-PFL's, ASVRCD-PFL's and L2SGD+'s coin-flip rounds. Runs may differ in the
+hyperparameters an algorithm declares `run_hparams` (`MIXED_CASES`); in any other, they run in separate batches
+(`why_not_batchable`). Not on the run axis yet: the pair-score methods of seed 001 (FeDXL1/2, LocalPair, CODASCA,
+centralized) and ACD-PFL (its full-data gradients at every iteration).
 """
 from __future__ import annotations
 
@@ -27,15 +30,35 @@ def pfl(**config):
     return fedbench.make_problem("pfl_synthetic", preset="s1", sigma_h=1.0, **config)
 
 
-CASES = {  # algorithm: (problem, federation, hyperparameters, tolerance)
-    "fedavg": (lambda: small_lasso(), Federation(12, 3, 4, 5), {"client_lr": 0.01}, 1e-12),
-    "fedmid": (lambda: small_lasso(), Federation(12, 3, 4, 5), {"client_lr": 0.01}, 1e-12),
+SAMPLED = Federation(12, 3, 4, 5)
+SMALL_BATCHES = {"inner_batch": 5, "outer_batch": 5, "hessian_batch": 5}
+CASES = {  # algorithm[:case]: (problem, federation, hyperparameters, tolerance)
+    "fedavg": (lambda: small_lasso(), SAMPLED, {"client_lr": 0.01}, 1e-12),
+    "fedmid": (lambda: small_lasso(), SAMPLED, {"client_lr": 0.01}, 1e-12),
+    "fedprox": (lambda: small_lasso(), SAMPLED, {"client_lr": 0.01}, 1e-12),
+    "ditto": (lambda: small_lasso(), SAMPLED, {"client_lr": 0.01}, 1e-12),
+    "fedda": (lambda: small_lasso(), SAMPLED, {"client_lr": 0.01}, 1e-12),
+    "fedda:lowrank": (lambda: small_lowrank(), SAMPLED, {"client_lr": 0.01}, 1e-12),
+    "fast_fedda": (lambda: small_lasso(), SAMPLED, {}, 1e-12),
+    "fast_fedda:lowrank": (lambda: small_lowrank(), SAMPLED, {}, 1e-12),
+    "c_fedda:ball": (lambda: small_lasso(), SAMPLED, {"radius": 0.5}, 1e-12),
+    "c_fedda:lowrank": (lambda: small_lowrank(), SAMPLED, {"radius": 0.5}, 1e-12),
+    "mc_fedda": (lambda: small_lasso(), SAMPLED, {"stage_rounds": [4, 4, 4], "stage_lams": [0.1, 0.05, 0.02],
+                                                  "stage_radii": [1.0, 0.5, 0.2]}, 1e-12),
+    "pfedfbe": (lambda: small_lasso(), SAMPLED, {"lam": 200.0}, 1e-12),
+    "pfedfbe:last_local": (lambda: small_lasso(), SAMPLED, {"lam": 200.0, "personal_point": "last_local",
+                                                            "hvp_batch": "independent"}, 1e-12),
+    # a finite difference divides the last-bit differences of two gradients by τ ~ 1e-8: ~1e-11 on the curves
+    "pfedfbe:finite_diff": (lambda: small_lasso(), SAMPLED, {"lam": 200.0, "hvp": "finite_diff"}, 1e-9),
+    "per_fedavg": (lambda: small_lasso(), SAMPLED, SMALL_BATCHES, 1e-12),
+    "per_fedavg:exact": (lambda: small_lasso(), SAMPLED, {"variant": "exact", **SMALL_BATCHES}, 1e-12),
+    "per_fedavg:fo": (lambda: small_lasso(), SAMPLED, {"variant": "fo", **SMALL_BATCHES}, 1e-12),
     "lsgd_pfl": (pfl, Federation(12, 0, 5, 1), {}, 0.0),
     "ascd_pfl": (pfl, Federation(12, 0, 1, 1), {}, 1e-12),
     "l2sgd_plus": (pfl, Federation(12, 0, 1, 1), {}, 1e-12),
     "asvrcd_pfl": (pfl, Federation(12, 0, 1, 1), {"rho": 0.05}, 1e-12),  # refreshes exercised
     "pfedme": (pfl, Federation(12, 0, 4, 5), {"lam": None, "client_lr": 0.005, "personal_lr": 1.0}, 1e-12),
-    "pfedme_sampled": (lambda: small_lasso(), Federation(12, 3, 3, 5), {"client_lr": 0.005}, 1e-12),
+    "pfedme:sampled": (lambda: small_lasso(), Federation(12, 3, 3, 5), {"client_lr": 0.005}, 1e-12),
 }
 
 
@@ -68,7 +91,7 @@ def assert_same(alone, batched, tolerance):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_a_batch_of_seeds_gives_each_run_its_curve_alone(name):
     make, federation, hp, tolerance = CASES[name]
-    problem, name = make(), name.split("_sampled")[0]
+    problem, name = make(), name.partition(":")[0]
     alone = curves_alone(problem, name, federation, hp, SEEDS)
     batched = run_seeds(problem, name, federation, SEEDS, eval_every=3, **hp)
     assert_same(alone, batched, tolerance)
@@ -79,18 +102,32 @@ def test_a_batch_of_seeds_gives_each_run_its_curve_alone(name):
 MIXED = [(0, 0.02, 1.0), (3, 0.5, 1.0), (7, 0.02, 0.5), (11, 0.005, 1.0)]  # (seed, client_lr, server_lr)
 
 
-@pytest.mark.parametrize("name,make,threshold", [("fedavg", small_lasso, None), ("fedmid", small_lasso, "bao"),
-                                                 ("fedmid", small_lasso, "yuan"), ("fedmid", small_lowrank, "bao")])
-def test_runs_differing_in_seed_and_step_sizes_share_a_batch(name, make, threshold):
-    """Per-run hyperparameters (`Algorithm.run_hparams`): each run of a batch mixing seeds and step sizes gives its
-    curve alone, the prox thresholds (client η_c, server η_s·η_c(·E)) per run too. Run 1's step size is too large:
-    it diverges and leaves the batch, and the per-run values then follow the live runs."""
-    problem, federation = make(), Federation(12, 3, 4, 5)
-    extra = {} if threshold is None else {"server_threshold": threshold}
+MIXED_CASES = {  # algorithm:case -> (problem, fixed hyperparameters, the second per-run hyperparameter)
+    "fedavg": (small_lasso, {}, "server_lr"),
+    "fedmid:bao": (small_lasso, {"server_threshold": "bao"}, "server_lr"),
+    "fedmid:yuan": (small_lasso, {"server_threshold": "yuan"}, "server_lr"),
+    "fedmid:lowrank": (small_lowrank, {"server_threshold": "bao"}, "server_lr"),
+    "fedprox": (small_lasso, {"h_mode": "prox"}, "prox_mu"),
+    "ditto": (small_lasso, {"h_mode": "prox"}, "ditto_lambda"),
+    "per_fedavg": (small_lasso, SMALL_BATCHES, "alpha"),
+    "per_fedavg:exact": (small_lasso, {"variant": "exact", **SMALL_BATCHES}, "alpha"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MIXED_CASES))
+def test_runs_differing_in_seed_and_step_sizes_share_a_batch(case):
+    """Per-run hyperparameters (`Algorithm.run_hparams`): each run of a batch mixing seeds, step sizes and a second
+    continuous hyperparameter gives its curve alone, the prox thresholds (client η_c, server η_s·η_c(·E)) per run
+    too. Run 1's step size is too large: it diverges and leaves the batch, and the per-run values then follow the
+    live runs."""
+    make, fixed, second = MIXED_CASES[case]
+    name, problem, federation = case.partition(":")[0], make(), Federation(12, 3, 4, 5)
+    scale = 0.01 if second == "alpha" else 1.0  # Per-FedAvg's α is a step size of its own
 
     def sims():
-        return [Simulation(problem, fedbench.make_algorithm(name, problem, client_lr=lr, server_lr=slr, **extra),
-                           federation, seed, 3) for seed, lr, slr in MIXED]
+        return [Simulation(problem, fedbench.make_algorithm(name, problem, client_lr=lr, **{second: scale * value},
+                                                            **fixed), federation, seed, 3)
+                for seed, lr, value in MIXED]
 
     alone_sims = sims()
     alone = [list(sim) for sim in alone_sims]
@@ -166,9 +203,10 @@ def test_what_cannot_share_a_batch_is_refused_with_the_reason():
     assert "no per-run hyperparameters" in why_not_batchable([sim("pfedme", client_lr=0.1),
                                                               sim("pfedme", client_lr=0.2)])
     assert "problem instance" in why_not_batchable([sim(), sim(problem=small_lasso())])
-    assert "run axis" in why_not_batchable([sim("fedda"), sim("fedda")])
+    blocks = pfl()  # ASVRCD-PFL with a refresh coin at every iteration is not written for the run axis
+    assert "run axis" in why_not_batchable([sim("asvrcd_pfl", blocks, count_refresh=False)] * 2)
     with pytest.raises(NotBatchable, match="run axis"):
-        RunBatch([sim("fedda")])
+        RunBatch([sim("asvrcd_pfl", blocks, count_refresh=False)])
 
 
 def test_simulations_that_cannot_share_a_program_run_one_after_another():
@@ -187,8 +225,9 @@ def test_simulations_that_cannot_share_a_program_run_one_after_another():
     assert [o.rows for o in outcomes] == [drive(sim).rows for sim in sims()]
     assert [o.status for o in outcomes] == ["finished", "finished"] and seen == [0] * 4 + [1] * 4
     # run_seeds runs such an algorithm alone, seed by seed
-    rows = run_seeds(problem, "fedda", federation, [0, 1], eval_every=1)
-    assert rows == curves_alone(problem, "fedda", federation, {}, [0, 1], eval_every=1)
+    blocks, coins = pfl(), Federation(4, 0, 1, 1)
+    rows = run_seeds(blocks, "asvrcd_pfl", coins, [0, 1], eval_every=1, count_refresh=False)
+    assert rows == curves_alone(blocks, "asvrcd_pfl", coins, {"count_refresh": False}, [0, 1], eval_every=1)
 
 
 BATCHED = """\

@@ -34,6 +34,7 @@ CONSTRAINED_PROX = Param("constrained_prox", "choice", "sequential",
 
 class CFedDA(DualAveraging):
     name = "c_fedda"
+    runs_axis = True
     hparams = (
         MU,
         Param("gamma", "float", 600.0, "anchor weight γ (see gamma_convention)", low=0, low_open=True, log=True),
@@ -70,8 +71,8 @@ class CFedDA(DualAveraging):
                                    self.stage_radius(round_index), self.constrained_prox == "exact")
 
     def client_init(self, server, rows, rnd):
-        return {"g": broadcast(server["g"], rnd), "u": broadcast(server["w"], rnd), "wt": server["wt"],
-                "anchor": server["anchor"]}
+        return {"g": broadcast(server["g"], rnd), "u": broadcast(server["w"], rnd), "wt": server["wt"].unsqueeze(-2),
+                "anchor": server["anchor"].unsqueeze(-2)}
 
     def client_step(self, local, batches, rnd, step):
         weight = self._alpha(self.stage_round(rnd.index))

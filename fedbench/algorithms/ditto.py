@@ -14,12 +14,14 @@ g is a subgradient of h (spec 000's default treatment of the nonsmooth part) or,
 from __future__ import annotations
 
 from fedbench.algorithms.base import (CLIENT_LR, H_MODE, SERVER_LR, Algorithm, aggregate, broadcast, composite_step,
-                                      per_client_copies)
+                                      per_client_copies, per_run)
 from fedbench.hparams import Param
 
 
 class Ditto(Algorithm):
     name = "ditto"
+    runs_axis = True
+    run_hparams = ("client_lr", "server_lr", "personal_lr", "ditto_lambda")
     personalized = True
     hparams = (
         CLIENT_LR,
@@ -35,12 +37,12 @@ class Ditto(Algorithm):
         return {"v": per_client_copies(w0, num_clients)}
 
     def client_init(self, server, rows, rnd):
-        return {"u": broadcast(server["w"], rnd), "v": rows["v"], "w": server["w"]}
+        return {"u": broadcast(server["w"], rnd), "v": rows["v"], "w": server["w"].unsqueeze(-2)}
 
     def client_step(self, local, batches, rnd, step):
         u, v, w = local["u"], local["v"], local["w"]
         personal_lr = self.client_lr if self.personal_lr is None else self.personal_lr
-        pulled = batches.D.grad(v) + self.ditto_lambda * (v - w)
+        pulled = batches.D.grad(v) + per_run(self.ditto_lambda, v) * (v - w)
         return {
             "u": composite_step(self.reg, self.h_mode, u, batches.D.grad(u), self.client_lr),
             "v": composite_step(self.reg, self.h_mode, v, pulled, personal_lr),
@@ -52,7 +54,7 @@ class Ditto(Algorithm):
 
     def server_update(self, server, message, weights, rnd):
         w = server["w"]
-        return {"w": w + self.server_lr * (aggregate(message["u"], weights) - w)}
+        return {"w": w + per_run(self.server_lr, w) * (aggregate(message["u"], weights) - w)}
 
     def personal_params(self, server, clients):
         return clients["v"]

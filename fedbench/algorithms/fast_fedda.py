@@ -28,6 +28,7 @@ from fedbench.hparams import Param
 
 class FastFedDA(DualAveraging):
     name = "fast_fedda"
+    runs_axis = True
     hparams = (
         MU,
         Param("gamma", "float", 550.0, "anchor weight γ (paper convention)", low=0, low_open=True, log=True),
@@ -43,7 +44,7 @@ class FastFedDA(DualAveraging):
 
     def client_init(self, server, rows, rnd):
         return {"g": broadcast(server["g"], rnd), "wt": broadcast(server["wt"], rnd),
-                "u": broadcast(server["w"], rnd), "anchor": server["anchor"]}
+                "u": broadcast(server["w"], rnd), "anchor": server["anchor"].unsqueeze(-2)}
 
     def client_step(self, local, batches, rnd, step):
         t = rnd.iteration + step

@@ -19,6 +19,7 @@ from fedbench.hparams import Param
 
 class FedDA(Algorithm):
     name = "fedda"
+    runs_axis = True
     hparams = (
         CLIENT_LR,
         SERVER_LR,

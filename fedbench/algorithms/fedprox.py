@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import torch
 
-from fedbench.algorithms.base import CLIENT_LR, H_MODE, Algorithm, aggregate, broadcast, composite_step
+from fedbench.algorithms.base import CLIENT_LR, H_MODE, Algorithm, aggregate, broadcast, composite_step, per_run
 from fedbench.hparams import Param
 
 
 class FedProx(Algorithm):
     name = "fedprox"
+    runs_axis = True
+    run_hparams = ("client_lr", "prox_mu")
     personalized = True
     hparams = (
         CLIENT_LR,
@@ -30,19 +32,19 @@ class FedProx(Algorithm):
         return {"last": w0.new_zeros(num_clients, *w0.shape), "sampled": w0.new_zeros(num_clients, 1)}
 
     def client_init(self, server, rows, rnd):
-        return {"w": broadcast(server["w"], rnd), "anchor": server["w"]}
+        return {"w": broadcast(server["w"], rnd), "anchor": server["w"].unsqueeze(-2)}  # [1, d]: every client's
 
     def client_step(self, local, batches, rnd, step):
         w = local["w"]
-        direction = batches.D.grad(w) + self.prox_mu * (w - local["anchor"])
+        direction = batches.D.grad(w) + per_run(self.prox_mu, w) * (w - local["anchor"])
         return {**local, "w": composite_step(self.reg, self.h_mode, w, direction, self.client_lr)}
 
     def client_final(self, local, rnd):
         w = local["w"]
-        return {"w": w}, {"last": w, "sampled": w.new_ones(len(w), 1)}
+        return {"w": w}, {"last": w, "sampled": w.new_ones(*w.shape[:-1], 1)}
 
     def server_update(self, server, message, weights, rnd):
         return {"w": aggregate(message["w"], weights)}
 
     def personal_params(self, server, clients):
-        return torch.where(clients["sampled"] > 0, clients["last"], server["w"])
+        return torch.where(clients["sampled"] > 0, clients["last"], server["w"].unsqueeze(-2))

@@ -15,13 +15,15 @@ The same batch D″ serves both HF evaluations (its noise cancels). D″ = D′ 
 """
 from __future__ import annotations
 
-from fedbench.algorithms.base import Algorithm, aggregate, broadcast
+from fedbench.algorithms.base import Algorithm, aggregate, broadcast, per_run
 from fedbench.hparams import Param
 from fedbench.oracle import Batches, Minibatch
 
 
 class PerFedAvg(Algorithm):
     name = "per_fedavg"
+    runs_axis = True
+    run_hparams = ("alpha", "client_lr", "delta")
     hparams = (
         Param("variant", "choice", "hf", "meta-gradient estimate: exact HVP, first order, or Hessian-free",
               choices=("exact", "fo", "hf")),
@@ -48,19 +50,21 @@ class PerFedAvg(Algorithm):
 
     def direction(self, w, batches: Batches):
         """The stochastic meta-gradient of eq. (8) (or its FO / HF estimate) at w `[S, d]`."""
-        v = batches.D1.grad(w - self.alpha * batches.D.grad(w))
+        alpha, delta = per_run(self.alpha, w), per_run(self.delta, w)
+        v = batches.D1.grad(w - alpha * batches.D.grad(w))
         if self.variant == "fo":
             return v
         if self.variant == "exact":
-            return v - self.alpha * batches.D2.hvp(w, v)
-        difference = batches.D2.grad(w + self.delta * v) - batches.D2.grad(w - self.delta * v)
-        return v - (self.alpha / (2 * self.delta)) * difference
+            return v - alpha * batches.D2.hvp(w, v)
+        difference = batches.D2.grad(w + delta * v) - batches.D2.grad(w - delta * v)
+        return v - (alpha / (2 * delta)) * difference
 
     def client_init(self, server, rows, rnd):
         return {"u": broadcast(server["w"], rnd)}
 
     def client_step(self, local, batches, rnd, step):
-        return {"u": local["u"] - self.client_lr * self.direction(local["u"], batches)}
+        u = local["u"]
+        return {"u": u - per_run(self.client_lr, u) * self.direction(u, batches)}
 
     def client_final(self, local, rnd):
         return {"u": local["u"]}, {}
