@@ -182,7 +182,8 @@ def final_table(seeds: list[int], outcomes) -> Table:
 
 @app.command()
 def sweep(
-    recipe_path: Path = typer.Argument(..., metavar="RECIPE", help="YAML recipe"),
+    recipe_paths: List[Path] = typer.Argument(..., metavar="RECIPE...", help="YAML recipe(s): several run one after "
+                                              "another on one Ray, each with its experiment and report"),
     sets: Optional[List[str]] = SetOption,
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (default: start a local Ray)"),
     tracking_uri: Optional[str] = TrackingOption,
@@ -192,13 +193,32 @@ def sweep(
     write_report: bool = typer.Option(True, "--report/--no-report", help="At the end, write the report "
                                       "(reports/<recipe name>/ beside the MLflow store) and log it on the parent run"),
 ) -> None:
-    """Run every (config, seed) of the recipe on Ray Tune; runs already finished in the store are skipped."""
+    """Run every (config, seed) of the recipe on Ray Tune; runs already finished in the store are skipped. Several
+    recipes are all checked before the first runs (--set applies to each), and share one Ray."""
     use_data_dir(data_dir)
+    from sweeps.execute import ClusterError, one_cluster
+
+    recipes = [load_recipe(path, sets) for path in recipe_paths]
+    if len(recipes) == 1:
+        ok = sweep_one(recipes[0], recipe_paths[0], sets, address, tracking_uri, max_concurrent, write_report)
+    else:
+        try:
+            with one_cluster(recipes, address, max_concurrent):
+                ok = all([sweep_one(recipe, path, sets, address, tracking_uri, max_concurrent, write_report)
+                          for recipe, path in zip(recipes, recipe_paths)])
+        except ClusterError as err:
+            fail(str(err))
+    if not ok:
+        raise typer.Exit(1)
+
+
+def sweep_one(recipe, recipe_path: Path, sets: Optional[List[str]], address: Optional[str],
+              tracking_uri: Optional[str], max_concurrent: Optional[int], write_report: bool) -> bool:
+    """One recipe's sweep, its summary table, report and UI command; whether every run finished."""
     from sweeps.execute import ClusterError
     from sweeps.execute import sweep as run_sweep
     from sweeps.recipe import RecipeError
 
-    recipe = load_recipe(recipe_path, sets)
     columns = (TextColumn("runs"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[detail]}"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
     with Progress(*columns, console=console) as bar:
@@ -241,8 +261,7 @@ def sweep(
             errors.print(f"no report: {err}", highlight=False)
     store = f" --tracking-uri {tracking_uri}" if tracking_uri else ""
     say(f"browse the runs: {program()} ui {recipe_path}{store} --open")
-    if not summary.ok:
-        raise typer.Exit(1)
+    return summary.ok
 
 
 @app.command()

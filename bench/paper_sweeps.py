@@ -1,7 +1,8 @@
 """Whole paper sweeps through `fedbench sweep` end to end (Ray start, every run, MLflow logging, the report), each
 in a fresh working directory with its own SQLite store:
 
-  bao2022    recipes/papers/bao2022_lasso.yaml + bao2022_lowrank.yaml (5 methods × 3 seeds each, full rounds);
+  bao2022    recipes/papers/bao2022_lasso.yaml + bao2022_lowrank.yaml (5 methods × 3 seeds each, full rounds), as
+             one command, `fedbench sweep bao2022_lasso.yaml bao2022_lowrank.yaml` (one Ray for both);
   s1         recipes/papers/hanzely2023_s1.yaml at σ_h = 1.0 (5 methods × 30 repetitions, metrics every round).
 
 With `--compare`, each sweep runs a second time with `resources.batch_runs=1` (every run alone, as before the run
@@ -21,25 +22,24 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPERS = ROOT / "recipes" / "papers"
-SWEEPS = {
-    "bao2022": [(PAPERS / "bao2022_lasso.yaml", []), (PAPERS / "bao2022_lowrank.yaml", [])],
-    "s1": [(PAPERS / "hanzely2023_s1.yaml", ["problem.sigma_h=1.0"])],
+SWEEPS = {  # name: (recipes, overrides), run as one `fedbench sweep` command (several recipes share one Ray)
+    "bao2022": ([PAPERS / "bao2022_lasso.yaml", PAPERS / "bao2022_lowrank.yaml"], []),
+    "s1": ([PAPERS / "hanzely2023_s1.yaml"], ["problem.sigma_h=1.0"]),
 }
 
 
-def timed_sweep(recipes: list[tuple[Path, list[str]]], extra: list[str]) -> float:
-    """Wall seconds of `fedbench sweep` on each recipe, one after another, in a fresh directory."""
+def timed_sweep(recipes: list[Path], sets: list[str]) -> float:
+    """Wall seconds of one `fedbench sweep` command on the recipes, in a fresh directory."""
     with tempfile.TemporaryDirectory(prefix="fedbench-paper-sweep-") as workdir:
         start = time.perf_counter()
-        for recipe, sets in recipes:
-            command = [sys.executable, str(ROOT / "cli.py"), "sweep", str(recipe), "--tracking-uri",
-                       f"sqlite:///{workdir}/mlflow.db"]
-            for item in sets + extra:
-                command += ["--set", item]
-            done = subprocess.run(command, cwd=workdir, capture_output=True, text=True,
-                                  env={**os.environ, "PYTHONPATH": str(ROOT)})
-            if done.returncode != 0:
-                raise SystemExit(f"{recipe.name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        command = [sys.executable, str(ROOT / "cli.py"), "sweep", *map(str, recipes), "--tracking-uri",
+                   f"sqlite:///{workdir}/mlflow.db"]
+        for item in sets:
+            command += ["--set", item]
+        done = subprocess.run(command, cwd=workdir, capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+        if done.returncode != 0:
+            raise SystemExit(f"{' '.join(r.name for r in recipes)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
         return time.perf_counter() - start
 
 
@@ -50,10 +50,11 @@ def main() -> None:
     parser.add_argument("--set", dest="sets", action="append", default=[], help="an override for every recipe")
     args = parser.parse_args()
     for name in args.only:
-        batched = timed_sweep(SWEEPS[name], args.sets)
+        recipes, sets = SWEEPS[name]
+        batched = timed_sweep(recipes, sets + args.sets)
         line = f"{name:8s} fedbench sweep, report included: {batched:7.1f} s"
         if args.compare:
-            alone = timed_sweep(SWEEPS[name], args.sets + ["resources.batch_runs=1"])
+            alone = timed_sweep(recipes, sets + args.sets + ["resources.batch_runs=1"])
             line += f"   every run alone: {alone:7.1f} s   ratio {alone / batched:4.1f}x"
         print(line, flush=True)
 

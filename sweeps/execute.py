@@ -11,6 +11,7 @@ seed) that finished in the recipe's experiment is skipped.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -20,7 +21,7 @@ import tempfile
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -268,6 +269,23 @@ def open_cluster(recipe: Recipe, address: str | None, max_concurrent: int | None
         if started:
             ray.shutdown()
         raise
+
+
+@contextlib.contextmanager
+def one_cluster(recipes: list[Recipe], address: str | None, max_concurrent: int | None) -> Iterator[None]:
+    """Ray for several sweeps in a row (`fedbench sweep A.yaml B.yaml`): joined or started once, not once per
+    recipe, and every recipe's resources checked against it before the first runs (ClusterError); stopped at the
+    end when started here."""
+    import ray
+
+    started = False
+    try:
+        for recipe in recipes:
+            started = open_cluster(recipe, address, max_concurrent)[0] or started
+        yield
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | None = None,

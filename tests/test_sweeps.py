@@ -138,6 +138,27 @@ def test_gpu_request_on_a_cluster_without_gpus_is_refused_up_front(ray_local, tm
     assert runs_of(tracking_uri, "grid", "trial") == []
 
 
+def test_several_recipes_run_in_one_command_each_with_its_experiment(ray_local, tmp_path, tracking_uri):
+    """`fedbench sweep A.yaml B.yaml`: each recipe its experiment and report; a recipe the cluster cannot run, or a
+    malformed one, anywhere in the list is refused before the first runs (exit 2, nothing tracked)."""
+    first = write(tmp_path, GRID.replace("seeds: [3, 4]", "seeds: [3]"), "first.yaml")
+    second = write(tmp_path, GRID.replace("name: grid", "name: second").replace("seeds: [3, 4]", "seeds: [4]")
+                   .replace("  fedda: {client_lr: [1e-3, 1e-2]}\n", ""), "second.yaml")
+    gpus = write(tmp_path, GRID.replace("name: grid", "name: gpus") + "resources: {gpus_per_trial: 0.5}\n", "gpus.yaml")
+    malformed = write(tmp_path, GRID.replace("rounds: 30", "rounds: many"), "malformed.yaml")
+    for bad, says in ((gpus, "0.5 GPU per trial"), (malformed, "federation.rounds")):
+        refused = CliRunner().invoke(app, ["sweep", str(first), str(bad), "--tracking-uri", tracking_uri])
+        assert refused.exit_code == 2 and says in refused.output and "Traceback" not in refused.output
+        assert MlflowClient(tracking_uri).get_experiment_by_name("grid") is None  # the first did not run either
+    result = CliRunner().invoke(app, ["sweep", str(first), str(second), "--tracking-uri", tracking_uri,
+                                      "--set", "federation.rounds=10"])
+    assert result.exit_code == 0, result.output
+    assert len(runs_of(tracking_uri, "grid", "trial")) == 6 and len(runs_of(tracking_uri, "second", "trial")) == 4
+    assert all(run.data.params["federation.rounds"] == "10" for run in runs_of(tracking_uri, "second", "trial"))
+    assert (tmp_path / "reports" / "grid").is_dir() and (tmp_path / "reports" / "second").is_dir()
+    assert result.output.count("browse the runs:") == 2
+
+
 def test_slots_and_packs():
     recipe_resources = type("R", (), {"cpus_per_trial": 1.0, "gpus_per_trial": 0.5})
     assert slots(recipe_resources, [{"CPU": 8, "GPU": 2}], None) == 4
