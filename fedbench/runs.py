@@ -125,6 +125,12 @@ class RunOracle:
     def block_loss(self, w, beta):
         return self._unfold(self.inner.block_loss(self._fold(self._per_client(w, beta)), self._fold(beta)))
 
+    def residuals(self, w):
+        return self._unfold(self.inner.residuals(self._fold(w)))
+
+    def grad_of_residuals(self, residuals):
+        return self._unfold(self.inner.grad_of_residuals(self._fold(residuals)))
+
 
 class RunBatch:
     def __init__(self, sims: list[Simulation]):

@@ -52,12 +52,21 @@ class BlockOracle(Oracle):
     def block_loss(self, w: Tensor, beta: Tensor) -> Tensor:
         return self.problem.block_loss(w, beta, self.batch)
 
+    def residuals(self, theta: Tensor) -> Tensor:
+        """∂ℓ/∂outputs of each row at θ `[S, D]`: `[S, b, k]` (the gradient is their product with the features)."""
+        return self.problem.base.residuals(theta, *self.batch)
+
+    def grad_of_residuals(self, residuals: Tensor) -> Tensor:
+        """The mean over the rows of residual ⊗ features `[S, D]`: the gradient whose rows have these residuals."""
+        return self.problem.base.grad_of_residuals(residuals, self.batch[0])
+
 
 class BinaryLogistic:
     """f'(θ; x, y) = binary cross-entropy of σ(xᵀθ) (the authors' synthetic model, no bias)."""
 
     def __init__(self, features: int):
         self.dim = features
+        self.residual_width = 1
 
     def logits(self, theta: Tensor, x: Tensor) -> Tensor:
         """xᵀθ of every row: θ `[S, d]` on each client's rows x `[S, b, d]`, or the θ `[K, S, d]` of K runs on
@@ -73,9 +82,14 @@ class BinaryLogistic:
         logits = self.logits(theta, x)
         return F.binary_cross_entropy_with_logits(logits, y.expand_as(logits), reduction="none").mean(-1)
 
+    def residuals(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
+        return torch.sigmoid(self.logits(theta, x)).sub_(y).unsqueeze(-1)
+
+    def grad_of_residuals(self, residuals: Tensor, x: Tensor) -> Tensor:
+        return (residuals * x).mean(-2)
+
     def grad(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
-        residual = torch.sigmoid(self.logits(theta, x)).sub_(y)
-        return (residual.unsqueeze(-1) * x).mean(-2)
+        return self.grad_of_residuals(self.residuals(theta, x, y), x)
 
     def correct(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
         return (self.logits(theta, x) > 0).to(y.dtype) == y
@@ -88,6 +102,7 @@ class Softmax:
     def __init__(self, features: int, classes: int):
         self.features, self.classes = features, classes
         self.dim = classes * (features + 1)
+        self.residual_width = classes
 
     def logits(self, theta: Tensor, x: Tensor) -> Tensor:
         """Θ `[S, D]` on each client's rows x `[S, b, p]`, or the Θ `[K, S, D]` of K runs on the same rows."""
@@ -99,11 +114,16 @@ class Softmax:
         labels = y.expand(logits.shape[:-1])
         return F.cross_entropy(logits.flatten(0, -2), labels.flatten(), reduction="none").view(labels.shape).mean(-1)
 
+    def residuals(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
+        probabilities = torch.softmax(self.logits(theta, x), -1)
+        return probabilities - F.one_hot(y, self.classes).to(probabilities.dtype)
+
+    def grad_of_residuals(self, residuals: Tensor, x: Tensor) -> Tensor:
+        weights = torch.einsum("sbc,sbp->scp", residuals, x) / x.shape[-2]
+        return torch.cat([weights, residuals.mean(-2).unsqueeze(-1)], -1).flatten(-2)
+
     def grad(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
-        residual = torch.softmax(self.logits(theta, x), -1)
-        residual = residual - F.one_hot(y, self.classes).to(residual.dtype)
-        weights = torch.einsum("sbc,sbp->scp", residual, x) / x.shape[-2]
-        return torch.cat([weights, residual.mean(-2).unsqueeze(-1)], -1).flatten(-2)
+        return self.grad_of_residuals(self.residuals(theta, x, y), x)
 
     def correct(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
         return self.logits(theta, x).argmax(-1) == y
@@ -112,7 +132,7 @@ class Softmax:
 class BlockProblem(Problem):
     """The shared machinery of seed 003's problems: subclasses set the data (`x` `[M, n, p]`, `y` `[M, n]`),
     `base` (the model of f'), `objective` and `constants` through `_setup`."""
-    provides = frozenset({"block_objective", "full_data", "personal_evaluation"})
+    provides = frozenset({"block_objective", "full_data", "personal_evaluation", "linear_model"})
     evaluates_global_model = False  # a row needs the per-device blocks too
     _instance_key: str | None = None
 
