@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 
 from fedbench.algorithms import ALGORITHMS
-from fedbench.algorithms.base import Algorithm, Round
+from fedbench.algorithms.base import Algorithm, Round, RunStreams
 from fedbench.oracle import Batches
 from fedbench.simulate import Simulation, evaluate_rows
 
@@ -92,6 +92,21 @@ def why_not_batchable(sims: list[Simulation]) -> str | None:
     return None
 
 
+def _rows_replaced(held: Tensor, runs: Tensor, values: Tensor) -> Tensor:
+    """`held` `[R, ...]` with the rows of `runs` replaced by `values`; where the round changed the entry's shape
+    (FeDXL's score pools shrink from every sample's score to the last rounds' records), the other rows are zeros
+    until their own chunk of the round writes them (a run that has left the batch keeps its state on its
+    Simulation)."""
+    if held.shape[1:] != values.shape[1:]:
+        held = values.new_zeros(len(held), *values.shape[1:])
+    return held.index_copy(0, runs, values)
+
+
+def _stack_noise(noise: list[Tensor | None]) -> Tensor | None:
+    """The runs' minibatch noise `[S·b, ...]` each, as that of the flattened batch (None: the problem has none)."""
+    return None if noise[0] is None else torch.cat(noise)
+
+
 class RunOracle:
     """An oracle of R runs' minibatches: points `[R, S, d]` are folded to the `[R·S, d]` the problem's oracle of
     the flattened batch answers, and its answers unfolded. A point shared by a run's clients (`[R, d]`, e.g. a
@@ -127,6 +142,25 @@ class RunOracle:
 
     def residuals(self, w):
         return self._unfold(self.inner.residuals(self._fold(w)))
+
+    # pair oracles (X-risk problems): the step's positives/negatives per client, and the surrogate's gradient
+    @property
+    def positives(self) -> int:
+        return self.inner.positives
+
+    @property
+    def negatives(self) -> int:
+        return self.inner.negatives
+
+    @property
+    def positive_index(self) -> Tensor:
+        return self._unfold(self.inner.positive_index)
+
+    def surrogate_grad(self, w, surrogate):
+        """The inner oracle's, on the flattened batch; `surrogate` sees the scores `[R, S, b]` and gives `[R, S]`."""
+        grad, scores = self.inner.surrogate_grad(
+            self._fold(w), lambda a, b: surrogate(self._unfold(a), self._unfold(b)).flatten())
+        return self._unfold(grad), self._unfold(scores)
 
     def grad_of_residuals(self, residuals):
         return self._unfold(self.inner.grad_of_residuals(self._fold(residuals)))
@@ -181,15 +215,18 @@ class RunBatch:
         rows = {k: torch.stack([r[k] for r in rows], 1) for k in rows[0]}  # [steps, R, S, b]
         return torch.stack(clients), rows, lengths[0], lengths  # every run's round has the federation's length
 
-    def _step_batches(self, rows: dict[str, Tensor], step: int, runs: int):
-        sampler = self.sims[0].sampler
+    def _step_batches(self, rows: dict[str, Tensor], step: int, ids: list[int]):
+        """The oracles of one local step of the runs `ids`, each run's minibatch noise on its own stream."""
         oracles = {}
-        for mb in sampler.minibatches:
+        for mb in self.sims[0].sampler.minibatches:
             if mb.same_as is not None:
                 oracles[mb.name] = oracles[mb.same_as]
             else:
                 step_rows = rows[mb.name][step]
-                oracles[mb.name] = RunOracle(self.problem.step_oracle(step_rows.flatten(0, 1)), runs, step_rows)
+                noise = [self.problem.minibatch_noise(run_rows, self.sims[i].sampler.noise_gen)
+                         for run_rows, i in zip(step_rows, ids)]
+                oracles[mb.name] = RunOracle(self.problem.step_oracle(step_rows.flatten(0, 1), _stack_noise(noise)),
+                                             len(ids), step_rows)
         return Batches(oracles)
 
     def _weights(self, clients: Tensor, dtype) -> Tensor:
@@ -203,25 +240,28 @@ class RunBatch:
         LinAlgError) are returned: the batch then replays the round run by run on the same draws, so that
         only the failing runs fail."""
         draws = self._draw()
+        # what each sampled client downloads: the server state before the round (FeDXL's pools change size in it)
+        down = draws[0].shape[-1] * sum(self.server[k][0].numel() for k in self.algorithm.downloads)
+        start = (self.server, self.clients)  # every chunk starts from the state before the round
         failed = []
         for first in range(0, len(self.live), self.chunk):
             positions = list(range(first, min(first + self.chunk, len(self.live))))
             try:
-                self._advance(draws, positions)
+                self._advance(draws, positions, start)
             except torch.linalg.LinAlgError:
                 for position in positions:
                     try:
-                        self._advance(draws, [position])
+                        self._advance(draws, [position], start)
                     except torch.linalg.LinAlgError:
                         failed.append(self.live[position])
-        down = draws[0].shape[-1] * sum(self.server[k][0].numel() for k in self.algorithm.downloads)
         for i, n in zip(self.live, draws[-1]):
             self.sims[i].count_round(self._uploaded, down, n)
         self.rounds_done += 1
         return failed
 
-    def _advance(self, draws, positions: list[int]) -> None:
-        """The round of the live runs at `positions` (indices into `self.live`) on their draws."""
+    def _advance(self, draws, positions: list[int], start: tuple[dict, dict]) -> None:
+        """The round of the live runs at `positions` (indices into `self.live`) on their draws, from their state in
+        `start` (server, clients) at the round's beginning."""
         clients, rows, steps, _ = draws
         algorithm, runs = self.algorithm, len(positions)
         if runs < len(self.live):
@@ -232,15 +272,16 @@ class RunBatch:
         whole = runs == len(self.sims)
         live = torch.tensor(ids, device=self.problem.device)
         pick = (lambda t: t) if whole else (lambda t: t.index_select(0, live))
-        server = {k: pick(v) for k, v in self.server.items()}
-        state = {k: pick(v) for k, v in self.clients.items()}
+        server = {k: pick(v) for k, v in start[0].items()}
+        state = {k: pick(v) for k, v in start[1].items()}
         run_index = torch.arange(runs, device=self.problem.device)[:, None]
         gathered = state if self.everyone else {k: v[run_index, clients] for k, v in state.items()}
         self._hparams_of(live, whole)
-        rnd = Round(self.rounds_done, clients, steps, self.sims[ids[0]].iterations, None)
+        rnd = Round(self.rounds_done, clients, steps, self.sims[ids[0]].iterations,
+                    RunStreams(self.sims[i].algorithm_gen for i in ids))
         local = algorithm.client_init(server, gathered, rnd)
         for step in range(steps):
-            local = algorithm.client_step(local, self._step_batches(rows, step, runs), rnd, step)
+            local = algorithm.client_step(local, self._step_batches(rows, step, ids), rnd, step)
         message, updated = algorithm.client_final(local, rnd)
         weights = self._weights(clients, server[algorithm.downloads[0]].dtype)
         server = algorithm.server_update(server, message, weights, rnd)
@@ -253,8 +294,8 @@ class RunBatch:
         if whole:
             self.server, self.clients = server, state
         else:
-            self.server = {k: self.server[k].index_copy(0, live, v) for k, v in server.items()}
-            self.clients = {k: self.clients[k].index_copy(0, live, v) for k, v in state.items()}
+            self.server = {k: _rows_replaced(self.server[k], live, v) for k, v in server.items()}
+            self.clients = {k: _rows_replaced(self.clients[k], live, v) for k, v in state.items()}
         self._uploaded = sum(m.numel() for m in message.values()) // runs
 
     def _hparams_of(self, live: Tensor, whole: bool) -> None:
@@ -329,6 +370,8 @@ class IterationBatch(RunBatch):
         super().__init__(sims)
         if not self.everyone:
             raise NotBatchable("iteration-wise batches need every client in every round (participation all)")
+        if self.problem.noisy_minibatches:  # the steps wasted on runs between rounds would draw their noise
+            raise NotBatchable(f"iteration-wise batches draw no minibatch noise ({self.problem.name} has)")
         self.position = [0] * len(sims)  # local step of each run within its round (host copy of `positions`)
         self.length = [0] * len(sims)
         self.rows: dict[str, Tensor] = {}  # [R, capacity, S, b]: each run's rows for its current round

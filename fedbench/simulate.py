@@ -75,6 +75,7 @@ class RoundSampler:
         self.sizes = sizes or {mb.name: federation.batch_size for mb in minibatches}
         self.client_gen = generator(seed, "clients")
         self.batch_gen = generator(seed, "minibatches")
+        self.noise_gen = generator(seed, "feature-noise")  # the problem's minibatch_noise, if it has any
 
     def draw(self, local_steps: int, everyone: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
         """(clients [S], rows `[local_steps, S, b]` per drawn minibatch name)."""
@@ -91,8 +92,12 @@ class RoundSampler:
         """The oracles of local step `step`: one per declared name, a reused batch sharing its source's."""
         oracles = {}
         for mb in self.minibatches:
-            oracles[mb.name] = (oracles[mb.same_as] if mb.same_as is not None
-                                else self.problem.step_oracle(rows[mb.name][step]))
+            if mb.same_as is not None:
+                oracles[mb.name] = oracles[mb.same_as]
+            else:
+                step_rows = rows[mb.name][step]
+                oracles[mb.name] = self.problem.step_oracle(step_rows,
+                                                            self.problem.minibatch_noise(step_rows, self.noise_gen))
         return Batches(oracles)
 
 

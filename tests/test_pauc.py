@@ -54,10 +54,14 @@ def test_batches_are_class_balanced_and_inside_each_client():
 
 
 def test_fresh_client_noise_on_every_draw():
+    """The noise is drawn on the stream it is given (a simulation's `feature-noise`, following the run's seed)."""
     problem = small()
     rows = torch.arange(8).view(2, 4)
-    (x1, _), (x2, _) = problem.gather(rows), problem.gather(rows)
+    gen = generator(0, "feature-noise")
+    (x1, _), (x2, _) = (problem.gather(rows, problem.minibatch_noise(rows, gen)) for _ in range(2))
     assert not torch.equal(x1, x2)
+    again = generator(0, "feature-noise")
+    assert torch.equal(problem.gather(rows, problem.minibatch_noise(rows, again))[0], x1)
     clean = small(noise_scale=0.0)
     x, y = clean.gather(rows)
     torch.testing.assert_close(x, clean.features[rows])
@@ -193,7 +197,7 @@ def test_femnist_features_are_normalised_pixels_with_the_client_noise(tmp_path):
     noisy = tiny(tmp_path, noise_scale=3.0)
     many = torch.zeros(2, 400, dtype=torch.long)
     many[1] = int(noisy.client_offsets[2])  # one row of client 0 and one of client 2, drawn 400 times
-    shift = noisy.gather(many)[0] - clean.gather(many)[0]
+    shift = noisy.gather(many, noisy.minibatch_noise(many, generator(0, "feature-noise")))[0] - clean.gather(many)[0]
     mean = shift.mean((1, 2))
     torch.testing.assert_close(mean, 3.0 * torch.tensor([-0.08, -0.08 + 0.16 * 2 / 3]), atol=0.005, rtol=0)
     torch.testing.assert_close(shift.std((1, 2)), torch.full((2,), 0.6), rtol=0.01, atol=0)

@@ -8,8 +8,8 @@ after a dozen rounds), 1e-9 where a finite-difference HVP divides those last-bit
 ~1e-11). Round-synchronous batches (`RunBatch`) for fixed-length rounds; iteration-wise batches
 (`IterationBatch`) for ASCD-PFL's, ASVRCD-PFL's and L2SGD+'s coin-flip rounds. Runs may differ in the
 hyperparameters an algorithm declares `run_hparams` (`MIXED_CASES`); in any other, they run in separate batches
-(`why_not_batchable`). Not on the run axis yet: the pair-score methods of seed 001 (FeDXL1/2, LocalPair, CODASCA,
-centralized) and ACD-PFL (its full-data gradients at every iteration).
+(`why_not_batchable`). Seed 001's pair-score methods run in float32: within 5e-5 (a pAUC moves by one flipped
+near-tied pair). Not on the run axis yet: ACD-PFL (its full-data gradients at every iteration).
 """
 from __future__ import annotations
 
@@ -28,6 +28,17 @@ SEEDS = [0, 3, 7, 11]
 
 def pfl(**config):
     return fedbench.make_problem("pfl_synthetic", preset="s1", sigma_h=1.0, **config)
+
+
+def pauc(**config):
+    return fedbench.make_problem("pauc", seed=0, clients=4, positives_per_client=10, negatives_per_client=50,
+                                 features=6, test_size=600, **config)
+
+
+PAIRS = Federation(8, 3, 4, 8)
+# pAUC is float32: the losses agree within ~2e-7 relative; a (p)AUC is a count of ranked pairs, which a near tie
+# flipped by the last bit moves by one pair's weight (1/(P·N) ~ 1e-4 on the pooled problem): absolute 1e-3 there
+FLOAT32 = (5e-5, 1e-3)
 
 
 SAMPLED = Federation(12, 3, 4, 5)
@@ -59,6 +70,15 @@ CASES = {  # algorithm[:case]: (problem, federation, hyperparameters, tolerance)
     "asvrcd_pfl": (pfl, Federation(12, 0, 1, 1), {"rho": 0.05}, 1e-12),  # refreshes exercised
     "pfedme": (pfl, Federation(12, 0, 4, 5), {"lam": None, "client_lr": 0.005, "personal_lr": 1.0}, 1e-12),
     "pfedme:sampled": (lambda: small_lasso(), Federation(12, 3, 3, 5), {"client_lr": 0.005}, 1e-12),
+    # seed 001's pair-score methods: each run's feature noise and passive draws on its own streams
+    "fedxl2": (pauc, PAIRS, {"client_lr": 0.5}, FLOAT32),
+    "fedxl2:mlp": (lambda: pauc(model="mlp", hidden=5), PAIRS, {"client_lr": 0.5, "average_momentum": False},
+                   FLOAT32),
+    "fedxl1": (lambda: pauc(preset="guo2023_noisy_auc"), PAIRS, {"client_lr": 2.0}, FLOAT32),
+    "local_pair": (pauc, PAIRS, {"client_lr": 0.5}, FLOAT32),
+    "codasca": (pauc, PAIRS, {"client_lr": 0.5, "decay_every": 8}, FLOAT32),  # a stage ends at round 2
+    "centralized": (lambda: pauc(pooled=True), Federation(8, 1, 4, 8), {"client_lr": 0.5}, FLOAT32),
+    "local_sgd_ce": (pauc, PAIRS, {"client_lr": 0.5}, FLOAT32),
 }
 
 
@@ -76,6 +96,8 @@ def rows_by_run(batch, runs: int) -> list[list[dict]]:
 
 
 def assert_same(alone, batched, tolerance):
+    """Equal curves within `tolerance` relative, or (relative, absolute for the (p)AUC counts of ranked pairs)."""
+    tolerance, pairs = tolerance if isinstance(tolerance, tuple) else (tolerance, None)
     assert len(alone) == len(batched)
     for a, b in zip(alone, batched):
         assert [row["round"] for row in a] == [row["round"] for row in b]
@@ -84,6 +106,8 @@ def assert_same(alone, batched, tolerance):
             for key in x:
                 if math.isnan(x[key]):
                     assert math.isnan(y[key]), key
+                elif pairs is not None and "auc" in key:
+                    assert abs(x[key] - y[key]) <= pairs, (key, x[key], y[key])
                 else:
                     assert abs(x[key] - y[key]) <= tolerance * max(abs(x[key]), 1e-300), (key, x[key], y[key])
 
@@ -97,6 +121,19 @@ def test_a_batch_of_seeds_gives_each_run_its_curve_alone(name):
     assert_same(alone, batched, tolerance)
     if name in ("ascd_pfl", "l2sgd_plus", "asvrcd_pfl"):  # the coin-flip rounds really differ between seeds
         assert len({row["iterations"] for row in (curve[-1] for curve in alone)}) == len(SEEDS)
+
+
+def test_a_batch_run_in_chunks_gives_each_run_its_curve_alone(monkeypatch):
+    """Batches beyond the gather budget go through each round in chunks of runs, every chunk from the state at the
+    round's start: FeDXL2's score pools change size in its first round (every sample's score, then the last rounds'
+    records), which a chunk must not read from the one before it."""
+    monkeypatch.setattr(fedbench.runs, "GATHER_BUDGET", 1)  # one run per chunk
+    problem = pauc()
+    alone = curves_alone(problem, "fedxl2", PAIRS, {"client_lr": 0.5}, SEEDS)
+    batch = RunBatch([Simulation(problem, fedbench.make_algorithm("fedxl2", problem, client_lr=0.5), PAIRS, seed, 3)
+                      for seed in SEEDS])
+    assert batch.chunk == 1
+    assert_same(alone, rows_by_run(batch, len(SEEDS)), FLOAT32)
 
 
 MIXED = [(0, 0.02, 1.0), (3, 0.5, 1.0), (7, 0.02, 0.5), (11, 0.005, 1.0)]  # (seed, client_lr, server_lr)

@@ -25,7 +25,7 @@ per-run tensors.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 from torch import Tensor
@@ -49,7 +49,7 @@ class Round:
     clients: Tensor  # [S] participating client ids, on the compute device
     local_steps: int  # E, or this round's drawn length
     iteration: int  # local iterations each client did before this round (r·E for fixed-length rounds)
-    gen: torch.Generator | None = None  # the algorithm's own random stream (coins, draws from pools)
+    gen: torch.Generator | RunStreams | None = None  # the algorithm's own random stream (coins, draws from pools)
 
 
 class Algorithm:
@@ -61,8 +61,9 @@ class Algorithm:
     participation: ClassVar[str] = "sampled"  # or "all": every client takes part in every round
     random_stream: ClassVar[str] = "algorithm"  # name of the stream rnd.gen is seeded from, with the trial seed
     # True: written for the run axis of `fedbench.runs` (state `[R, S, ...]` / server `[R, ...]`: reductions over
-    # the client axis -2, `broadcast`/`aggregate` for server <-> clients, oracles as they come) and draws nothing
-    # inside its rounds but at a coin-flip round's last step; checked by tests/test_runs.py against runs alone
+    # the client axis -2, `broadcast`/`aggregate` for server <-> clients, oracles as they come) and draws inside its
+    # rounds only through `draw` (or at a coin-flip round's last step); checked by tests/test_runs.py against runs
+    # alone
     runs_axis: ClassVar[bool] = False
     # True: a coin-flip round's last step draws from rnd.gen (and branches on the draws), so that the runs of an
     # iteration-wise batch end their rounds one by one; False: they end them together (`fedbench.runs`)
@@ -162,6 +163,18 @@ def per_run(value: float | Tensor, like: Tensor) -> float | Tensor:
     """A hyperparameter as a factor of `like`: a float as it is; the per-run values `[R]` of a batch (`run_hparams`)
     shaped to broadcast over `like`'s leading run axis `[R, ...]`."""
     return value.view(-1, *[1] * (like.dim() - 1)) if isinstance(value, Tensor) else value
+
+
+class RunStreams(tuple):
+    """`Round.gen` of a batch of runs (`fedbench.runs`): each run's own algorithm stream, in the batch's order."""
+
+
+def draw(gen: torch.Generator | RunStreams, sample: Callable[[torch.Generator], Tensor]) -> Tensor:
+    """A draw inside a round on the algorithm's stream: `sample(gen)` for a run alone; in a batch, each run's
+    `sample` on its own stream, stacked on the run axis, so that every run draws exactly what it draws alone."""
+    if isinstance(gen, RunStreams):
+        return torch.stack([sample(one) for one in gen])
+    return sample(gen)
 
 
 def coin_flips_to_success(p: float, gen: torch.Generator) -> int:

@@ -37,6 +37,7 @@ ALPHA_MAX = 999.0  # LibAUC's clip of the dual variable
 
 class CODASCA(Algorithm):
     name = "codasca"
+    runs_axis = True
     requires = frozenset({"pair_scores"})
     hparams = (
         CLIENT_LR,
@@ -66,28 +67,29 @@ class CODASCA(Algorithm):
 
     def client_init(self, server, rows, rnd):
         return {"v": broadcast(server["v"], rnd), "alpha": broadcast(server["alpha"], rnd),
-                "correction": server["c"] - rows["c_i"], "c_i": rows["c_i"], "ref": server["ref"],
+                "correction": server["c"].unsqueeze(-2) - rows["c_i"], "c_i": rows["c_i"],
+                "ref": server["ref"].unsqueeze(-2),
                 "grad_sum": torch.zeros_like(rows["c_i"])}
 
     def client_step(self, local, batches, rnd, step):
         oracle = batches.D
         v, alpha = local["v"], local["alpha"]
-        a, b = v[:, -2:-1], v[:, -1:]
+        a, b = v[..., -2:-1], v[..., -1:]
 
         def square_loss(pos, neg):  # L without its α² term, [S]; a, b, α are constants here
             return self.scale * (((pos - a) ** 2).mean(-1) + ((neg - b) ** 2).mean(-1)
-                                 + 2 * alpha[:, 0] * (neg.mean(-1) - pos.mean(-1)))
+                                 + 2 * alpha[..., 0] * (neg.mean(-1) - pos.mean(-1)))
 
-        grad_w, scores = oracle.surrogate_grad(v[:, :-2], square_loss)
-        pos, neg = scores[:, : oracle.positives], scores[:, oracle.positives:]
+        grad_w, scores = oracle.surrogate_grad(v[..., :-2], square_loss)
+        pos, neg = scores[..., : oracle.positives], scores[..., oracle.positives:]
         grad_a = -2 * self.scale * (pos - a).mean(-1, keepdim=True)
         grad_b = -2 * self.scale * (neg - b).mean(-1, keepdim=True)
         grad_alpha = 2 * (self.margin + b - a) - 2 * alpha
-        grad = torch.cat([grad_w.clamp(-self.clip, self.clip), grad_a, grad_b, grad_alpha], dim=1)
+        grad = torch.cat([grad_w.clamp(-self.clip, self.clip), grad_a, grad_b, grad_alpha], dim=-1)
         corrected = grad + local["correction"]
         lr = step_size(self.client_lr, self.decay, self.decay_every, rnd, step)
-        v_new = v - lr * (corrected[:, :-1] + (v - local["ref"]) / self.gamma) - lr * self.weight_decay * v
-        alpha_new = (alpha + lr * corrected[:, -1:]).clamp(0.0, ALPHA_MAX)
+        v_new = v - lr * (corrected[..., :-1] + (v - local["ref"]) / self.gamma) - lr * self.weight_decay * v
+        alpha_new = (alpha + lr * corrected[..., -1:]).clamp(0.0, ALPHA_MAX)
         return {**local, "v": v_new, "alpha": alpha_new, "grad_sum": local["grad_sum"] + grad}
 
     def client_final(self, local, rnd):
@@ -97,12 +99,12 @@ class CODASCA(Algorithm):
     def server_update(self, server, message, weights, rnd):
         v = aggregate(message["v"], weights)
         stage_rounds = server["stage_rounds"] + 1
-        stage_mean = server["stage_mean"] + (v - server["stage_mean"]) / stage_rounds
+        stage_mean = server["stage_mean"] + (v - server["stage_mean"]) / stage_rounds[..., None]
         stage_ends = stage(self.decay_every, rnd.iteration + rnd.local_steps) > stage(self.decay_every, rnd.iteration)
         return {"v": v, "alpha": aggregate(message["alpha"], weights),
-                "c": server["c"] + message["dc"].sum(0) / self.problem.num_clients,
+                "c": server["c"] + message["dc"].sum(-2) / self.problem.num_clients,
                 "ref": stage_mean if stage_ends else server["ref"], "stage_mean": stage_mean,
-                "stage_rounds": stage_rounds.new_zeros(()) if stage_ends else stage_rounds}
+                "stage_rounds": torch.zeros_like(stage_rounds) if stage_ends else stage_rounds}
 
     def global_params(self, server):
-        return server["v"][:-2]
+        return server["v"][..., :-2]

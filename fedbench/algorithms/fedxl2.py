@@ -29,6 +29,7 @@ from fedbench.hparams import Param
 
 class FeDXL2(StaleScores):
     name = "fedxl2"
+    runs_axis = True
     with_u = True
     hparams = (
         CLIENT_LR,
@@ -67,7 +68,7 @@ class FeDXL2(StaleScores):
         momentum = (1 - self.beta) * local["G"] + self.beta * direction
         lr = step_size(self.client_lr, self.decay, self.decay_every, rnd, step)
         return {**local, "w": local["w"] - lr * momentum, "G": momentum,
-                "u": local["u"].scatter(1, oracle.positive_index, fresh["u"]),
+                "u": local["u"].scatter(-1, oracle.positive_index, fresh["u"]),
                 **self.record(local, scores, positives, fresh["u"])}
 
     def client_final(self, local, rnd):

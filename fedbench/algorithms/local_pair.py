@@ -20,6 +20,7 @@ from fedbench.hparams import Param
 
 class LocalPair(Algorithm):
     name = "local_pair"
+    runs_axis = True
     requires = frozenset({"pair_scores"})
     hparams = (
         CLIENT_LR,
@@ -54,7 +55,7 @@ class LocalPair(Algorithm):
         momentum = (1 - self.beta) * local["G"] + self.beta * direction
         lr = step_size(self.client_lr, self.decay, self.decay_every, rnd, step)
         return {"w": local["w"] - lr * momentum, "G": momentum,
-                "u": local["u"].scatter(1, oracle.positive_index, fresh["u"])}
+                "u": local["u"].scatter(-1, oracle.positive_index, fresh["u"])}
 
     def client_final(self, local, rnd):
         if self.average_momentum:

@@ -14,6 +14,7 @@ from fedbench.algorithms.xrisk import DECAY, DECAY_EVERY, step_size
 class LocalSGDCE(FedAvg):
     name = "local_sgd_ce"
     hparams = (CLIENT_LR, DECAY_EVERY, DECAY)
+    run_hparams = ()  # its step size is a scheduled Python float (`step_size`)
 
     def client_step(self, local, batches, rnd, step):
         lr = step_size(self.client_lr, self.decay, self.decay_every, rnd, step)

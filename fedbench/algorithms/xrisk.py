@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fedbench.algorithms.base import Algorithm, Round, State
+from fedbench.algorithms.base import Algorithm, Round, State, draw
 from fedbench.hparams import Param
 
 BETA = Param("beta", "float", 0.1, "weight β of the new gradient in the momentum average", low=0, low_open=True, high=1)
@@ -46,7 +46,7 @@ def local_pair_surrogate(problem, a, b, c) -> Tensor:
 
 def updated_u(u_table: Tensor, index: Tensor, inner: Tensor, gamma: float) -> Tensor:
     """(1 − γ) u[idx] + γ ĝ for the sampled positives (spec 001 eq. (11)); the table is not modified."""
-    return (1 - gamma) * u_table.gather(1, index) + gamma * inner.detach()
+    return (1 - gamma) * u_table.gather(-1, index) + gamma * inner.detach()
 
 
 def stage(decay_every: int, iteration: int) -> int:
@@ -94,32 +94,38 @@ class StaleScores(Algorithm):
 
     def open_round(self, server: State, rnd) -> State:
         """Empty score records, and the pools the clients received."""
-        empty = server["w"].new_zeros(len(rnd.clients), 0)
+        empty = server["w"].new_zeros(*rnd.clients.shape, 0)
         records = {"h_pos": empty, "h_neg": empty, **({"u_pos": empty} if self.with_u else {})}
         return {**records, "pools": {k: v for k, v in server.items() if k.startswith("pool_")}}
 
     def draw_passive(self, pools: State, oracle, rnd: Round) -> tuple:
         """(ha [S,b₁], its u or None, hb [S,b₂]): passive positive scores with their u, and negative scores,
-        as many as the step's active positives and negatives, from the algorithm's stream."""
+        as many as the step's active positives and negatives, from the algorithm's stream (each run's own in a
+        batch, where the pools are `[R, P]`)."""
         def index(pool, count):
-            return torch.randint(len(pool), (len(rnd.clients), count), generator=rnd.gen).to(pool.device)
+            shape = (rnd.clients.shape[-1], count)
+            return draw(rnd.gen, lambda gen: torch.randint(pool.shape[-1], shape, generator=gen)).to(pool.device)
+
+        def take(pool, picks):
+            return pool.gather(-1, picks.flatten(-2)).view(picks.shape)
 
         pair = index(pools["pool_pos"], oracle.positives)
-        paired_u = pools["pool_u"][pair] if self.with_u else None
-        return pools["pool_pos"][pair], paired_u, pools["pool_neg"][index(pools["pool_neg"], oracle.negatives)]
+        paired_u = take(pools["pool_u"], pair) if self.with_u else None
+        return take(pools["pool_pos"], pair), paired_u, take(pools["pool_neg"], index(pools["pool_neg"], oracle.negatives))
 
     def record(self, local: State, scores: Tensor, positives: int, u: Tensor | None = None) -> State:
         """The step's detached scores (and u of its positives) appended to the round's records."""
-        records = {"h_pos": torch.cat([local["h_pos"], scores[:, :positives]], 1),
-                   "h_neg": torch.cat([local["h_neg"], scores[:, positives:]], 1)}
+        records = {"h_pos": torch.cat([local["h_pos"], scores[..., :positives]], -1),
+                   "h_neg": torch.cat([local["h_neg"], scores[..., positives:]], -1)}
         if u is not None:
-            records["u_pos"] = torch.cat([local["u_pos"], u], 1)
+            records["u_pos"] = torch.cat([local["u_pos"], u], -1)
         return records
 
     def merge_pools(self, server: State, message: State) -> State:
         """The round's records of all sampled clients, newest first, then up to τ − 1 earlier rounds."""
         pools = {}
         for key in [k for k in ("pos", "neg", "u") if f"pool_{k}" in server]:
-            fresh = message[f"h_{key}" if key != "u" else "u_pos"].reshape(-1)
-            pools[f"pool_{key}"] = torch.cat([fresh, server[f"pool_{key}"]])[: self.history_rounds * len(fresh)]
+            fresh = message[f"h_{key}" if key != "u" else "u_pos"].flatten(-2)
+            kept = self.history_rounds * fresh.shape[-1]
+            pools[f"pool_{key}"] = torch.cat([fresh, server[f"pool_{key}"]], -1)[..., :kept]
         return pools

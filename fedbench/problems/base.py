@@ -35,6 +35,7 @@ class Problem:
     provides: ClassVar[frozenset[str]] = frozenset()  # capabilities (fedbench.contract), whatever the config
     row_elements: ClassVar[int | None] = None  # features per gathered sample (None: dim), for memory budgets
     evaluates_global_model: ClassVar[bool] = True  # False: a metric row needs per-client blocks too
+    noisy_minibatches: ClassVar[bool] = False  # True: its minibatches carry noise (`minibatch_noise`)
 
     num_clients: int
     dim: int
@@ -122,8 +123,15 @@ class Problem:
         beyond a client's n_k) and give it zero weight."""
         raise NotImplementedError
 
-    def step_oracle(self, rows: Tensor) -> Oracle:
-        """The oracle of one declared minibatch of one local step (X-risk problems return a richer one)."""
+    def minibatch_noise(self, rows: Tensor, gen: torch.Generator) -> Tensor | None:
+        """The random perturbation a step's minibatch `rows` `[S, b]` carries (pAUC's per-client feature noise),
+        drawn on the simulation's own stream (`RoundSampler`), so that it follows the run's seed and not the
+        problem instance's; None for problems without one."""
+        return None
+
+    def step_oracle(self, rows: Tensor, noise: Tensor | None = None) -> Oracle:
+        """The oracle of one declared minibatch of one local step, with its `minibatch_noise` (X-risk problems
+        return a richer oracle)."""
         return Oracle(self, self.gather(rows))
 
     def full_data(self, clients: Tensor) -> Oracle:

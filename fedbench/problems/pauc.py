@@ -78,6 +78,7 @@ class PartialAUC(Problem):
     """Provides `pair_scores` (spec 001's X-risk algorithms use these and nothing else of it): `pair_loss`,
     `outer_grad`, `scores_by_class`, `positive_counts`/`negative_counts`, and `PairOracle` minibatches."""
     name = "pauc"
+    noisy_minibatches = True  # each client's feature noise, fresh at every draw
     caps_batches = True  # class-balanced draws with replacement: any b works with any client size
     provides = frozenset({"hvp", "pair_scores"})
     params = (
@@ -142,10 +143,6 @@ class PartialAUC(Problem):
                   for split in splits for name, title in SCORES),
                 Metric("objective", "X-risk objective F(w) (pooled training pairs)", "min"))
 
-    @classmethod
-    def shared_by_seeds(cls, config):
-        return False  # the feature noise of its minibatches follows the trial seed
-
     def __init__(self, config: dict[str, Any], seed: int, device="cpu"):
         super().__init__(config, seed, device)
         self.dtype = torch.float32
@@ -177,7 +174,6 @@ class PartialAUC(Problem):
         self.noise_mean = (scale * (-0.08 + 0.01 * (16 * torch.arange(n_clients, dtype=self.dtype) / n_clients))
                            ).to(self.device)
         self.noise_std = 0.2 * scale
-        self.restart_noise()
         self.test_features, self.test_labels = test_features.to(self.device), test_labels.to(self.device)
         self.val_features, self.val_labels = (part.to(self.device) for part in val)
         self.objective_pairs = self._objective_subsample()
@@ -229,13 +225,8 @@ class PartialAUC(Problem):
         return torch.cat(scores)
 
     # -- engine interface ----------------------------------------------------------------------
-    def restart_noise(self) -> None:
-        self.noise_gen = generator(self.seed, "feature-noise")
-
     def init_params(self, gen: torch.Generator) -> Tensor:
-        """The initial point; also restarts the feature-noise stream, so that every simulation of this
-        problem instance draws the same noise."""
-        self.restart_noise()
+        """The initial point."""
         if self.config["model"] == "linear":
             return torch.zeros(self.dim, dtype=self.dtype, device=self.device)
         return self.model.init(gen, self.dtype).to(self.device)  # PyTorch's default uniform(±1/√fan_in)
@@ -252,11 +243,17 @@ class PartialAUC(Problem):
         rows = torch.cat([offsets + (pos_keys * n_pos).long(), offsets + n_pos + (neg_keys * n_neg).long()], dim=-1)
         return rows.to(self.device)
 
-    def gather(self, rows: Tensor) -> tuple[Tensor, Tensor]:
-        """Features with each client's fresh noise N(μ_i, (0.2·scale)²) (spec 001 §3.2), and labels."""
+    def minibatch_noise(self, rows: Tensor, gen: torch.Generator) -> Tensor:
+        """ε ~ N(0, I) of every row's features `[S·b, features]`, fresh at every draw (spec 001 §3.2)."""
+        return torch.randn(rows.numel(), self.feature_dim, generator=gen, dtype=self.dtype).to(self.device)
+
+    def gather(self, rows: Tensor, noise: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Features with each client's noise μ_i + 0.2·scale·ε (spec 001 §3.2; ε from `minibatch_noise`, None: ε = 0,
+        the client's mean shift only), and labels."""
         s, b = rows.shape
         flat = rows.reshape(-1)
-        noise = torch.randn(s * b, self.feature_dim, generator=self.noise_gen, dtype=self.dtype).to(self.device)
+        if noise is None:
+            noise = torch.zeros(s * b, self.feature_dim, dtype=self.dtype, device=self.device)
         mean = self.noise_mean[self.row_source[flat]].unsqueeze(-1)
         if self.pixel_scale is None:
             noisy = self.features[flat] + mean + self.noise_std * noise
@@ -279,8 +276,8 @@ class PartialAUC(Problem):
         w = w.detach().requires_grad_(True)
         return torch.autograd.grad(self.loss(w, batch).sum(), w)[0]
 
-    def step_oracle(self, rows: Tensor) -> "PairOracle":
-        return PairOracle(self, rows)
+    def step_oracle(self, rows: Tensor, noise: Tensor | None = None) -> "PairOracle":
+        return PairOracle(self, rows, noise)
 
     # -- the X-risk (spec 001 §1.4): F(w) = mean₊ f(mean₋ ℓ(h₊, h₋)), from the task (`xrisk_tasks`) ----------------
     def pair_loss(self, a: Tensor, b: Tensor) -> Tensor:
@@ -327,8 +324,8 @@ class PairOracle(Oracle):
     the positive and negative scores and get its gradient for every client at once, and read
     `positive_index` (each positive's place among its client's positives, for per-positive u tables)."""
 
-    def __init__(self, problem: PartialAUC, rows: Tensor):
-        super().__init__(problem, problem.gather(rows))
+    def __init__(self, problem: PartialAUC, rows: Tensor, noise: Tensor | None = None):
+        super().__init__(problem, problem.gather(rows, noise))
         self.positives = rows.shape[1] // 2
         self.negatives = rows.shape[1] - self.positives
         owners = problem.row_client[rows[:, : self.positives]]

@@ -183,7 +183,7 @@ class BlockProblem(Problem):
         return (self.flat_x.index_select(0, flat).view(*rows.shape, -1),
                 self.flat_y.index_select(0, flat).view(rows.shape))
 
-    def step_oracle(self, rows: Tensor) -> BlockOracle:
+    def step_oracle(self, rows: Tensor, noise: Tensor | None = None) -> BlockOracle:
         return BlockOracle(self, self.gather(rows), rows)
 
     def full_data(self, clients: Tensor) -> BlockOracle:
