@@ -6,10 +6,11 @@ run and per client (LSGD-PFL, and FedAvg/FedMiD on these instances), within 1e-1
 average over clients is a batched matrix product against the vector product of a run alone (measured ≤ 2e-15
 after a dozen rounds), 1e-9 where a finite-difference HVP divides those last-bit differences by τ ~ 1e-8 (measured
 ~1e-11). Round-synchronous batches (`RunBatch`) for fixed-length rounds; iteration-wise batches
-(`IterationBatch`) for ASCD-PFL's, ASVRCD-PFL's and L2SGD+'s coin-flip rounds. Runs may differ in the
+(`IterationBatch`) for ACD-PFL's, ASCD-PFL's, ASVRCD-PFL's and L2SGD+'s coin-flip rounds. Runs may differ in the
 hyperparameters an algorithm declares `run_hparams` (`MIXED_CASES`); in any other, they run in separate batches
 (`why_not_batchable`). Seed 001's pair-score methods run in float32: within 5e-5 (a pAUC moves by one flipped
-near-tied pair). Not on the run axis yet: ACD-PFL (its full-data gradients at every iteration).
+near-tied pair). Every shipped algorithm is on the run axis; ASVRCD-PFL only when counting refreshes (else a
+ρ-coin at every iteration decides a full-data refresh inside the batched steps).
 """
 from __future__ import annotations
 
@@ -68,6 +69,10 @@ CASES = {  # algorithm[:case]: (problem, federation, hyperparameters, tolerance)
     "ascd_pfl": (pfl, Federation(12, 0, 1, 1), {}, 1e-12),
     "l2sgd_plus": (pfl, Federation(12, 0, 1, 1), {}, 1e-12),
     "asvrcd_pfl": (pfl, Federation(12, 0, 1, 1), {"rho": 0.05}, 1e-12),  # refreshes exercised
+    "acd_pfl": (pfl, Federation(12, 0, 1, 1), {}, 1e-12),
+    "scd_pfl": (pfl, Federation(12, 0, 1, 1), {}, 1e-12),
+    "svrcd_pfl": (pfl, Federation(12, 0, 1, 1), {"rho": 0.05}, 1e-12),
+    "acd_pfl:keep": (pfl, Federation(12, 0, 1, 1), {"unsampled_y": "keep"}, 1e-12),
     "pfedme": (pfl, Federation(12, 0, 4, 5), {"lam": None, "client_lr": 0.005, "personal_lr": 1.0}, 1e-12),
     "pfedme:sampled": (lambda: small_lasso(), Federation(12, 3, 3, 5), {"client_lr": 0.005}, 1e-12),
     # seed 001's pair-score methods: each run's feature noise and passive draws on its own streams
@@ -119,7 +124,7 @@ def test_a_batch_of_seeds_gives_each_run_its_curve_alone(name):
     alone = curves_alone(problem, name, federation, hp, SEEDS)
     batched = run_seeds(problem, name, federation, SEEDS, eval_every=3, **hp)
     assert_same(alone, batched, tolerance)
-    if name in ("ascd_pfl", "l2sgd_plus", "asvrcd_pfl"):  # the coin-flip rounds really differ between seeds
+    if name in ("acd_pfl", "ascd_pfl", "scd_pfl", "l2sgd_plus", "asvrcd_pfl", "svrcd_pfl"):  # coin-flip rounds
         assert len({row["iterations"] for row in (curve[-1] for curve in alone)}) == len(SEEDS)
 
 

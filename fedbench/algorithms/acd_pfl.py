@@ -29,6 +29,7 @@ from fedbench.hparams import Param
 
 class ACDPFL(BlockMethod):
     name = "acd_pfl"
+    runs_axis = True
     requires = frozenset({"block_objective", "full_data"})
     hparams = (Param("unsampled_y", "choice", "x", "y of the block not updated: its x (textbook ACD) or kept",
                      choices=("x", "keep")),)
@@ -70,10 +71,10 @@ class ACDPFL(BlockMethod):
         problem = self.problem
         w_x = local["w"] + self.theta * (local["w_z"] - local["w"])
         beta_x = local["beta"] + self.theta * (local["beta_z"] - local["beta"])
-        everyone = torch.arange(len(beta_x), device=beta_x.device)
+        everyone = torch.arange(beta_x.shape[-2], device=beta_x.device)
         if step == rnd.local_steps - 1:  # the w-update: G_w all-reduced over the devices
             g_w, _ = problem.client_block_grads(w_x, beta_x, everyone)
-            w, w_z = self.sampled(w_x, local["w_z"], g_w.mean(0), self.step_w, self.mirror_w)
+            w, w_z = self.sampled(w_x, local["w_z"], g_w.mean(-2), self.step_w, self.mirror_w)
             beta, beta_z = self.unsampled(beta_x, local["beta"], local["beta_z"])
         else:
             _, g_beta = problem.client_block_grads(w_x, beta_x, everyone)

@@ -209,7 +209,17 @@ class BlockProblem(Problem):
         return (None if g_w is None else self.w_scale * g_w), g_beta
 
     def client_block_grads(self, w: Tensor, beta: Tensor, clients: Tensor) -> tuple[Tensor, Tensor]:
-        """(∇_w f_m, ∇_β f_m) on each device's full data at the stored w `[d_w]` (shared) and β `[C, d_β]`."""
+        """(∇_w f_m, ∇_β f_m) on each device's full data at the stored w `[d_w]` (shared) and β `[C, d_β]`; with
+        a leading run axis (w `[R, d_w]`, β `[R, C, d_β]`, `fedbench.runs`) the runs' devices are one batch of
+        R·C, each with its run's w (a device's gradients reduce over its own rows only: the numbers of each run
+        alone)."""
+        if beta.dim() == 3:
+            runs, count = beta.shape[:2]
+            w_each = w.unsqueeze(-2).expand(runs, count, w.shape[-1]).flatten(0, 1)
+            parts = self._by_chunk(clients.repeat(runs), lambda oracle, w_part, b: oracle.block_grads(w_part, b),
+                                   w_each, beta.flatten(0, 1))
+            return (torch.cat([g for g, _ in parts]).view(runs, count, -1),
+                    torch.cat([g for _, g in parts]).view(runs, count, -1))
         parts = self._by_chunk(clients, lambda oracle, b: oracle.block_grads(w, b), beta)
         return torch.cat([g for g, _ in parts]), torch.cat([g for _, g in parts])
 
