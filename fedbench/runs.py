@@ -372,8 +372,11 @@ class IterationBatch(RunBatch):
             raise NotBatchable("iteration-wise batches need every client in every round (participation all)")
         if self.problem.noisy_minibatches:  # the steps wasted on runs between rounds would draw their noise
             raise NotBatchable(f"iteration-wise batches draw no minibatch noise ({self.problem.name} has)")
-        self.position = [0] * len(sims)  # local step of each run within its round (host copy of `positions`)
         self.length = [0] * len(sims)
+        self.iteration = 0  # the batch's iterations so far
+        self.ends: dict[int, list[int]] = {}  # batch iteration -> the runs whose round's last step it is
+        self.share = 0.0  # Σ over iterations of the iteration's seconds / live runs: each live run's time share
+        self.settled = [0.0] * len(sims)  # `share` when each run was last charged (`_settle`)
         self.rows: dict[str, Tensor] = {}  # [R, capacity, S, b]: each run's rows for its current round
         self.every = torch.arange(len(sims), device=self.problem.device)
         self.positions = torch.zeros(len(sims), dtype=torch.long, device=self.problem.device)
@@ -386,28 +389,39 @@ class IterationBatch(RunBatch):
         sim = self.sims[i]
         return Round(sim.rounds_done, self.clients_all, self.length[i], sim.iterations, sim.algorithm_gen)
 
-    def _open_round(self, i: int) -> None:
-        """Run i's next round: its length, then its rows, on its own streams (as alone), and its local state."""
-        sim = self.sims[i]
-        steps = sim.algorithm.round_length(self.federation.local_steps, sim.algorithm_gen)
-        _, rows = sim.sampler.draw(steps, everyone=True)
-        for name, drawn in rows.items():
-            held = self.rows.get(name)
-            if held is None or held.shape[1] < steps:  # grow the per-run buffer to the longest round yet
-                grown = drawn.new_zeros(len(self.sims), max(steps, 2 * (0 if held is None else held.shape[1])),
-                                        *drawn.shape[1:])
-                if held is not None:
-                    grown[:, :held.shape[1]] = held
-                self.rows[name] = held = grown
-            held[i, :steps] = drawn
-        self.position[i], self.length[i] = 0, steps
-        self.positions[i] = 0
-        self._sync(i)
-        local = self.algorithm.client_init(sim.server, sim.clients, self._round_of(i))
+    def _open_rounds(self, opening: list[int]) -> None:
+        """The next round of each run in `opening`: its length, then its rows, on its own streams (as alone); then
+        their local states together (client_init on the batch's rows of these runs: it reads neither `rnd.index`
+        nor `rnd.iteration`, as the batched steps). Their first step is the next iteration."""
+        for i in opening:
+            sim = self.sims[i]
+            steps = sim.algorithm.round_length(self.federation.local_steps, sim.algorithm_gen)
+            _, rows = sim.sampler.draw(steps, everyone=True)
+            for name, drawn in rows.items():
+                held = self.rows.get(name)
+                if held is None or held.shape[1] < steps:  # grow the per-run buffer to the longest round yet
+                    grown = drawn.new_zeros(len(self.sims), max(steps, 2 * (0 if held is None else held.shape[1])),
+                                            *drawn.shape[1:])
+                    if held is not None:
+                        grown[:, :held.shape[1]] = held
+                    self.rows[name] = held = grown
+                held[i, :steps] = drawn
+            self.length[i] = steps
+            self.ends.setdefault(self.iteration + steps - 1, []).append(i)
+        runs = torch.tensor(opening, device=self.problem.device)
+        self.positions.index_fill_(0, runs, 0)
+        rnd = Round(-1, self.clients_all.expand(len(opening), -1), 2, -1, None)
+        local = self.algorithm.client_init({k: v.index_select(0, runs) for k, v in self.server.items()},
+                                           {k: v.index_select(0, runs) for k, v in self.clients.items()}, rnd)
         for key, value in local.items():
             if key not in self.local:
-                self.local[key] = value.new_zeros(len(self.sims), *value.shape)
-            self.local[key][i] = value
+                self.local[key] = value.new_zeros(len(self.sims), *value.shape[1:])
+            self.local[key].index_copy_(0, runs, value)
+
+    def _settle(self, i: int) -> None:
+        """Run i's share of the batch's seconds since it was last charged, onto its training seconds."""
+        self.sims[i].train_seconds += self.share - self.settled[i]
+        self.settled[i] = self.share
 
     def _end_rounds(self, ending: list[int]) -> None:
         """The last local step, client_final and server_update of the runs in `ending`, together (a round's last
@@ -440,7 +454,7 @@ class IterationBatch(RunBatch):
         self._sync(i)
         local = {k: v[i] for k, v in self.local.items()}
         rnd = self._round_of(i)
-        step_rows = {name: held[i, self.position[i]].unsqueeze(0) for name, held in self.rows.items()}
+        step_rows = {name: held[i, self.length[i] - 1].unsqueeze(0) for name, held in self.rows.items()}
         local = self.algorithm.client_step(local, sim.sampler.step_batches(step_rows, 0), rnd, self.length[i] - 1)
         message, updated = self.algorithm.client_final(local, rnd)
         server = self.algorithm.server_update(sim.server, message, sim.aggregation_weights(self.clients_all), rnd)
@@ -465,6 +479,7 @@ class IterationBatch(RunBatch):
     def _stop(self, i: int, status: str) -> None:
         """As `RunBatch._stop`; the run's rows then take a live run's values, so that the batch, which steps every
         row, stays finite whatever the stopped run's iterate was."""
+        self._settle(i)
         super()._stop(i, status)
         self.moving[i] = 0
         self.positions[i] = 0
@@ -485,28 +500,30 @@ class IterationBatch(RunBatch):
             for i in list(self.live):
                 self._stop(i, "finished")
             return
-        for i in self.live:
-            self._open_round(i)
+        start = time.perf_counter()
+        self._open_rounds(list(self.live))
+        self.share += (time.perf_counter() - start) / len(self.live)
         eval_every, rounds = self.sims[0].eval_every, self.federation.rounds
         while self.live:
             start = time.perf_counter()
-            ending = [i for i in self.live if self.position[i] == self.length[i] - 1]
+            ending = self.ends.pop(self.iteration, [])
             if ending:
                 self._end_rounds(ending)
             if len(ending) < len(self.live):
                 self.local = self.algorithm.client_step(self.local, self._oracles(self.every, self.positions),
                                                         self.inside, 0)
             self.positions += self.moving  # a stopped run's rows stay at step 0 of its buffer
+            self.iteration += 1
             elapsed = time.perf_counter() - start
             self.train_seconds += elapsed
-            for i in self.live:
-                self.sims[i].train_seconds += elapsed / len(self.live)
-                self.position[i] += 1
+            self.share += elapsed / len(self.live)
             due = self.evaluate([i for i in ending if self.sims[i].rounds_done % eval_every == 0
                                  or self.sims[i].rounds_done == rounds])
+            opening = []
             for i in ending:
                 sim = self.sims[i]
                 if i in due:
+                    self._settle(i)
                     if sim.exploded(due[i]):
                         self._stop(i, "diverged")
                     yield i, due[i]
@@ -515,9 +532,11 @@ class IterationBatch(RunBatch):
                 if sim.rounds_done == rounds:
                     self._stop(i, "finished")
                 else:
-                    start = time.perf_counter()
-                    self._open_round(i)
-                    sim.train_seconds += time.perf_counter() - start
+                    opening.append(i)
+            if opening:
+                start = time.perf_counter()
+                self._open_rounds(opening)
+                self.share += (time.perf_counter() - start) / len(self.live)
 
 def run_batch(sims: list[Simulation]) -> Iterable[tuple[int, dict[str, float]]]:
     """The batch for these simulations: iteration by iteration where rounds have random lengths and every client

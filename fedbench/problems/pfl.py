@@ -86,7 +86,10 @@ class BinaryLogistic:
         return torch.sigmoid(self.logits(theta, x)).sub_(y).unsqueeze(-1)
 
     def grad_of_residuals(self, residuals: Tensor, x: Tensor) -> Tensor:
-        return (residuals * x).mean(-2)
+        terms = residuals * x
+        # one row (the coordinate methods' single samples): the mean is the row itself, without a reduction
+        # kernel (~25 µs on [1280, 1, 15] here, for nothing)
+        return terms.squeeze(-2) if x.shape[-2] == 1 else terms.mean(-2)
 
     def grad(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
         return self.grad_of_residuals(self.residuals(theta, x, y), x)
