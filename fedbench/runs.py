@@ -51,6 +51,20 @@ from fedbench.simulate import Simulation, evaluate_rows
 
 
 GATHER_BUDGET = 4 * 2**20  # bytes of minibatch rows one batched local step gathers (see RunBatch.chunk)
+# Bytes of minibatch rows a run gathers per local step beyond which its runs go one after another (`run_batch`): the
+# step is then bound by memory traffic, which a batch does not reduce, and the batch's bookkeeping costs ~5%.
+# Measured here (FedMiD, Lasso with S·b = 100 rows, R = 16): 50 KB a run 1.7x, 200 KB 1.15x, 800 KB (spec 002's
+# p = 1024) 0.91-1.05x whatever the chunk size.
+MEMORY_BOUND_RUN_BYTES = 512 * 2**10
+
+
+def step_bytes(sim: Simulation) -> int:
+    """Bytes of minibatch rows one local step of this run gathers."""
+    federation, problem = sim.federation, sim.problem
+    clients = federation.clients_per_round or problem.num_clients
+    samples = sum(sim.sampler.sizes[mb.name] for mb in sim.sampler.minibatches if mb.same_as is None)
+    itemsize = sim.server[sim.algorithm.downloads[0]].element_size()
+    return clients * samples * (problem.row_elements or problem.dim) * itemsize
 
 
 class NotBatchable(ValueError):
@@ -191,12 +205,9 @@ class RunBatch:
         self._uploaded = 0  # floats each run uploaded in the last round
         # Runs per batched kernel: a local step gathers S·b rows per run; beyond GATHER_BUDGET bytes the gathered
         # batch leaves the cache and the batch runs slower than its runs one after another (spec 002's Lasso,
-        # 800 KB a run: 1.2x at R = 4, 0.4x at R = 64), so larger batches go through the round in chunks.
-        clients = self.federation.clients_per_round or self.problem.num_clients
-        samples = sum(first.sampler.sizes[mb.name] for mb in first.sampler.minibatches if mb.same_as is None)
-        itemsize = self.server[self.algorithm.downloads[0]].element_size()
-        run_bytes = clients * samples * (self.problem.row_elements or self.problem.dim) * itemsize
-        self.chunk = max(1, GATHER_BUDGET // run_bytes)
+        # 800 KB a run: 1.2x at R = 4, 0.4x at R = 64, before `run_batch` sent such runs one after another), so
+        # larger batches go through the round in chunks.
+        self.chunk = max(1, GATHER_BUDGET // step_bytes(first))
 
     def __len__(self) -> int:
         return len(self.sims)
@@ -540,10 +551,11 @@ class IterationBatch(RunBatch):
 
 def run_batch(sims: list[Simulation]) -> Iterable[tuple[int, dict[str, float]]]:
     """The batch for these simulations: iteration by iteration where rounds have random lengths and every client
-    takes part (`IterationBatch`), else round by round (`RunBatch`); one simulation runs alone (the same rows,
-    without the batch's selections)."""
-    if len(sims) == 1:
-        return ((0, row) for row in sims[0])
+    takes part (`IterationBatch`), else round by round (`RunBatch`). One simulation runs alone (the same rows,
+    without the batch's selections), and so do, one after another, runs whose local steps are memory-bound
+    (`MEMORY_BOUND_RUN_BYTES`)."""
+    if len(sims) == 1 or step_bytes(sims[0]) > MEMORY_BOUND_RUN_BYTES:
+        return ((i, row) for i, sim in enumerate(sims) for row in sim)
     return (IterationBatch if _random_rounds(type(sims[0].algorithm)) else RunBatch)(sims)
 
 

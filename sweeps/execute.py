@@ -112,7 +112,7 @@ def drive_batch(sims: list[Simulation],
                 on_row: Callable[[int, dict[str, float]], None] | None = None) -> list[Outcome]:
     """Run the seeds of one configuration as one program (`fedbench.runs`, from `build_batch`); each run's
     outcome as `drive` gives it alone (its training seconds: its share of the batch's). Simulations that cannot
-    share a program (`why_not_batchable`) run one after another."""
+    share a program (`why_not_batchable`) run one after another, and so do memory-bound ones (`run_batch`)."""
     if why_not_batchable(sims):
         return [drive(sim, None if on_row is None else functools.partial(on_row, i)) for i, sim in enumerate(sims)]
     start = time.perf_counter()

@@ -141,6 +141,21 @@ def test_a_batch_run_in_chunks_gives_each_run_its_curve_alone(monkeypatch):
     assert_same(alone, rows_by_run(batch, len(SEEDS)), FLOAT32)
 
 
+def test_memory_bound_runs_go_one_after_another(monkeypatch):
+    """Runs whose steps gather more than MEMORY_BOUND_RUN_BYTES run alone, one after another (a batch would not be
+    faster): the same rows, run by run."""
+    problem, federation = small_lasso(), Federation(6, 3, 2, 5)
+    sims = [Simulation(problem, fedbench.make_algorithm("fedmid", problem), federation, seed, 2) for seed in SEEDS]
+    assert fedbench.runs.step_bytes(sims[0]) == 3 * 5 * 30 * 8  # S·b rows of p = 30 float64 features
+    monkeypatch.setattr(fedbench.runs, "MEMORY_BOUND_RUN_BYTES", 3 * 5 * 30 * 8 - 1)
+    order = [i for i, _ in run_batch(sims)]
+    assert order == sorted(order)  # run 0 to its end, then run 1, ...
+    assert [sim.status for sim in sims] == ["finished"] * len(SEEDS)
+    assert_same(curves_alone(problem, "fedmid", federation, {}, SEEDS, eval_every=2),
+                rows_by_run(run_batch([Simulation(problem, fedbench.make_algorithm("fedmid", problem), federation,
+                                                  seed, 2) for seed in SEEDS]), len(SEEDS)), 0.0)
+
+
 MIXED = [(0, 0.02, 1.0), (3, 0.5, 1.0), (7, 0.02, 0.5), (11, 0.005, 1.0)]  # (seed, client_lr, server_lr)
 
 
