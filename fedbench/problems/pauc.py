@@ -255,8 +255,8 @@ class PartialAUC(Problem):
         if noise is None:
             noise = torch.zeros(s * b, self.feature_dim, dtype=self.dtype, device=self.device)
         mean = self.noise_mean[self.row_source[flat]].unsqueeze(-1)
-        if self.pixel_scale is None:
-            noisy = self.features[flat] + mean + self.noise_std * noise
+        if self.pixel_scale is None:  # (x + μ_i) + σ·ε in that order, in place on fresh tensors: 2.5x the expression
+            noisy = self.features.index_select(0, flat).add_(mean).add_(noise.mul_(self.noise_std))
         else:  # pixels v: 2v/white − 1 + μ_i + σ·ε, in place on the noise (half the time of the expression)
             noisy = noise.mul_(self.noise_std).add_(mean - 1.0).add_(self.features[flat], alpha=self.pixel_scale)
         return noisy.view(s, b, -1), self.labels[flat].view(s, b)
