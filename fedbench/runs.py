@@ -108,7 +108,7 @@ def why_not_batchable(sims: list[Simulation]) -> str | None:
 
 def _rows_replaced(held: Tensor, runs: Tensor, values: Tensor) -> Tensor:
     """`held` `[R, ...]` with the rows of `runs` replaced by `values`; where the round changed the entry's shape
-    (FeDXL's score pools shrink from every sample's score to the last rounds' records), the other rows are zeros
+    (FeDXL's score pools go from every sample's score to the last rounds' records), the other rows are zeros
     until their own chunk of the round writes them (a run that has left the batch keeps its state on its
     Simulation)."""
     if held.shape[1:] != values.shape[1:]:

@@ -111,7 +111,8 @@ class StaleScores(Algorithm):
 
         pair = index(pools["pool_pos"], oracle.positives)
         paired_u = take(pools["pool_u"], pair) if self.with_u else None
-        return take(pools["pool_pos"], pair), paired_u, take(pools["pool_neg"], index(pools["pool_neg"], oracle.negatives))
+        negatives = index(pools["pool_neg"], oracle.negatives)
+        return take(pools["pool_pos"], pair), paired_u, take(pools["pool_neg"], negatives)
 
     def record(self, local: State, scores: Tensor, positives: int, u: Tensor | None = None) -> State:
         """The step's detached scores (and u of its positives) appended to the round's records."""
