@@ -168,6 +168,8 @@ MIXED_CASES = {  # algorithm:case -> (problem, fixed hyperparameters, the second
     "ditto": (small_lasso, {"h_mode": "prox"}, "ditto_lambda"),
     "per_fedavg": (small_lasso, SMALL_BATCHES, "alpha"),
     "per_fedavg:exact": (small_lasso, {"variant": "exact", **SMALL_BATCHES}, "alpha"),
+    "pfedme": (small_lasso, {"lam": 15.0}, "personal_lr"),
+    "pfedme:lam": (small_lasso, {"personal_lr": 0.01}, "lam"),
 }
 
 
@@ -179,7 +181,7 @@ def test_runs_differing_in_seed_and_step_sizes_share_a_batch(case):
     live runs."""
     make, fixed, second = MIXED_CASES[case]
     name, problem, federation = case.partition(":")[0], make(), Federation(12, 3, 4, 5)
-    scale = 0.01 if second == "alpha" else 1.0  # Per-FedAvg's α is a step size of its own
+    scale = {"alpha": 0.01, "personal_lr": 0.01, "lam": 15.0}.get(second, 1.0)  # values of their own scale
 
     def sims():
         return [Simulation(problem, fedbench.make_algorithm(name, problem, client_lr=lr, **{second: scale * value},
@@ -257,8 +259,9 @@ def test_what_cannot_share_a_batch_is_refused_with_the_reason():
     assert why_not_batchable([sim(), sim()]) is None
     assert why_not_batchable([sim(client_lr=0.1), sim(client_lr=0.2)]) is None  # a per-run hyperparameter
     assert "not in subgradient" in why_not_batchable([sim(subgradient=True), sim(subgradient=False)])
-    assert "no per-run hyperparameters" in why_not_batchable([sim("pfedme", client_lr=0.1),
-                                                              sim("pfedme", client_lr=0.2)])
+    assert why_not_batchable([sim("pfedme", client_lr=0.1), sim("pfedme", client_lr=0.2)]) is None
+    assert "no per-run hyperparameters" in why_not_batchable([sim("fedda", client_lr=0.1),
+                                                              sim("fedda", client_lr=0.2)])
     assert "problem instance" in why_not_batchable([sim(), sim(problem=small_lasso())])
     blocks = pfl()  # ASVRCD-PFL with a refresh coin at every iteration is not written for the run axis
     assert "run axis" in why_not_batchable([sim("asvrcd_pfl", blocks, count_refresh=False)] * 2)

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from fedbench.algorithms.base import H_MODE, Algorithm, aggregate, broadcast, composite_step, per_client_copies
+from fedbench.algorithms.base import (H_MODE, Algorithm, aggregate, broadcast, composite_step, per_client_copies,
+                                      per_run)
 from fedbench.hparams import Param
 
 HIDDEN_DECAY = 1e-3  # pFedMeOptimizer's default weight decay inside the inner step
@@ -32,6 +33,7 @@ HIDDEN_DECAY = 1e-3  # pFedMeOptimizer's default weight decay inside the inner s
 class PFedMe(Algorithm):
     name = "pfedme"
     runs_axis = True
+    run_hparams = ("client_lr", "personal_lr", "lam", "beta")
     personalized = True
     hparams = (
         Param("client_lr", "float", 0.005, "step η of the local copy toward θ", low=0, low_open=True, log=True),
@@ -65,7 +67,7 @@ class PFedMe(Algorithm):
 
     def inner_step(self, theta, anchor, grad):
         """One step on f(θ) + h(θ) + (λ/2)‖θ − anchor‖², `grad` ∇f(θ)."""
-        direction = grad + self.lam * (theta - anchor)
+        direction = grad + per_run(self.lam, theta) * (theta - anchor)
         if self.hidden_decay:
             direction = direction + HIDDEN_DECAY * theta
         return composite_step(self.reg, self.h_mode, theta, direction, self.personal_lr)
@@ -74,14 +76,16 @@ class PFedMe(Algorithm):
         theta, w_loc = local["theta"], local["w_loc"]
         for _ in range(self.inner_steps):
             theta = self.inner_step(theta, w_loc, batches.D.grad(theta))
-        return {"w_loc": w_loc - self.client_lr * self.lam * (w_loc - theta), "theta": theta}
+        pull = per_run(self.client_lr, w_loc) * per_run(self.lam, w_loc)
+        return {"w_loc": w_loc - pull * (w_loc - theta), "theta": theta}
 
     def client_final(self, local, rnd):
         return {"w_loc": local["w_loc"]}, {"theta": local["theta"]}
 
     def server_update(self, server, message, weights, rnd):
         w = server["w"]
-        return {"w": (1 - self.beta) * w + self.beta * aggregate(message["w_loc"], weights)}
+        beta = per_run(self.beta, w)
+        return {"w": (1 - beta) * w + beta * aggregate(message["w_loc"], weights)}
 
     def personal_params(self, server, clients):
         if self.personal_eval == "stale":
