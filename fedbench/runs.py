@@ -116,11 +116,6 @@ def _rows_replaced(held: Tensor, runs: Tensor, values: Tensor) -> Tensor:
     return held.index_copy(0, runs, values)
 
 
-def _stack_noise(noise: list[Tensor | None]) -> Tensor | None:
-    """The runs' minibatch noise `[S·b, ...]` each, as that of the flattened batch (None: the problem has none)."""
-    return None if noise[0] is None else torch.cat(noise)
-
-
 class RunOracle:
     """An oracle of R runs' minibatches: points `[R, S, d]` are folded to the `[R·S, d]` the problem's oracle of
     the flattened batch answers, and its answers unfolded. A point shared by a run's clients (`[R, d]`, e.g. a
@@ -226,18 +221,19 @@ class RunBatch:
         rows = {k: torch.stack([r[k] for r in rows], 1) for k in rows[0]}  # [steps, R, S, b]
         return torch.stack(clients), rows, lengths[0], lengths  # every run's round has the federation's length
 
-    def _step_batches(self, rows: dict[str, Tensor], step: int, ids: list[int]):
-        """The oracles of one local step of the runs `ids`, each run's minibatch noise on its own stream."""
+    def _step_batches(self, step_rows: dict[str, Tensor], ids: list[int]) -> Batches:
+        """The oracles of one local step of the runs `ids` on their rows `[R, S, b]` of each drawn minibatch, with
+        each run's minibatch noise drawn on its own stream (for problems that have noise)."""
         oracles = {}
         for mb in self.sims[0].sampler.minibatches:
             if mb.same_as is not None:
                 oracles[mb.name] = oracles[mb.same_as]
-            else:
-                step_rows = rows[mb.name][step]
-                noise = [self.problem.minibatch_noise(run_rows, self.sims[i].sampler.noise_gen)
-                         for run_rows, i in zip(step_rows, ids)]
-                oracles[mb.name] = RunOracle(self.problem.step_oracle(step_rows.flatten(0, 1), _stack_noise(noise)),
-                                             len(ids), step_rows)
+                continue
+            rows, noise = step_rows[mb.name], None
+            if self.problem.noisy_minibatches:
+                noise = torch.cat([self.problem.minibatch_noise(run_rows, self.sims[i].sampler.noise_gen)
+                                   for run_rows, i in zip(rows, ids)])
+            oracles[mb.name] = RunOracle(self.problem.step_oracle(rows.flatten(0, 1), noise), len(ids), rows)
         return Batches(oracles)
 
     def _weights(self, clients: Tensor, dtype) -> Tensor:
@@ -292,7 +288,8 @@ class RunBatch:
                     RunStreams(self.sims[i].algorithm_gen for i in ids))
         local = algorithm.client_init(server, gathered, rnd)
         for step in range(steps):
-            local = algorithm.client_step(local, self._step_batches(rows, step, ids), rnd, step)
+            local = algorithm.client_step(local, self._step_batches({k: v[step] for k, v in rows.items()}, ids),
+                                          rnd, step)
         message, updated = algorithm.client_final(local, rnd)
         weights = self._weights(clients, server[algorithm.downloads[0]].dtype)
         server = algorithm.server_update(server, message, weights, rnd)
@@ -389,6 +386,7 @@ class IterationBatch(RunBatch):
         self.share = 0.0  # Σ over iterations of the iteration's seconds / live runs: each live run's time share
         self.settled = [0.0] * len(sims)  # `share` when each run was last charged (`_settle`)
         self.rows: dict[str, Tensor] = {}  # [R, capacity, S, b]: each run's rows for its current round
+        self.ids = list(range(len(sims)))
         self.every = torch.arange(len(sims), device=self.problem.device)
         self.positions = torch.zeros(len(sims), dtype=torch.long, device=self.problem.device)
         self.moving = torch.ones_like(self.positions)  # 0 for a stopped run
@@ -446,7 +444,8 @@ class IterationBatch(RunBatch):
         server = {k: v.index_select(0, runs) for k, v in self.server.items()}
         clients = self.clients_all.expand(len(ending), -1)
         rnd = Round(-1, clients, 1, -1, None)
-        local = self.algorithm.client_step(local, self._oracles(runs, self.positions.index_select(0, runs)), rnd, 0)
+        oracles = self._oracles(ending, runs, self.positions.index_select(0, runs))
+        local = self.algorithm.client_step(local, oracles, rnd, 0)
         message, updated = self.algorithm.client_final(local, rnd)
         weights = self._weights(clients, server[self.algorithm.downloads[0]].dtype)
         server = self.algorithm.server_update(server, message, weights, rnd)
@@ -476,16 +475,9 @@ class IterationBatch(RunBatch):
         down = len(self.clients_all) * sum(server[k].numel() for k in self.algorithm.downloads)
         sim.count_round(sum(m.numel() for m in message.values()), down, self.length[i])
 
-    def _oracles(self, runs: Tensor, positions: Tensor):
-        """The oracles of these runs' local steps at these positions of their rounds."""
-        oracles = {}
-        for mb in self.sims[0].sampler.minibatches:
-            if mb.same_as is not None:
-                oracles[mb.name] = oracles[mb.same_as]
-                continue
-            rows = self.rows[mb.name][runs, positions]
-            oracles[mb.name] = RunOracle(self.problem.step_oracle(rows.flatten(0, 1)), len(rows), rows)
-        return Batches(oracles)
+    def _oracles(self, ids: list[int], runs: Tensor, positions: Tensor) -> Batches:
+        """The oracles of the local steps of runs `ids` (`runs` on the device) at these positions of their rounds."""
+        return self._step_batches({name: held[runs, positions] for name, held in self.rows.items()}, ids)
 
     def _stop(self, i: int, status: str) -> None:
         """As `RunBatch._stop`; the run's rows then take a live run's values, so that the batch, which steps every
@@ -521,7 +513,7 @@ class IterationBatch(RunBatch):
             if ending:
                 self._end_rounds(ending)
             if len(ending) < len(self.live):
-                self.local = self.algorithm.client_step(self.local, self._oracles(self.every, self.positions),
+                self.local = self.algorithm.client_step(self.local, self._oracles(self.ids, self.every, self.positions),
                                                         self.inside, 0)
             self.positions += self.moving  # a stopped run's rows stay at step 0 of its buffer
             self.iteration += 1
