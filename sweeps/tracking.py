@@ -12,6 +12,7 @@ driver (`SweepLog`), so parallel trials never contend for the database ("databas
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import platform
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 from urllib.parse import urlencode
 
+import sqlalchemy
 import yaml
 
 
@@ -37,6 +39,8 @@ def telemetry_off(environ=os.environ) -> None:
 telemetry_off()  # before MLflow is imported: its telemetry client reads the switch when it starts
 
 from mlflow.entities import Metric, Param, RunTag  # noqa: E402
+from mlflow.store.tracking.dbmodels.models import SqlMetric  # noqa: E402
+from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 from sweeps.recipe import Recipe, Trial
@@ -241,12 +245,40 @@ class Store:
         tags = [RunTag("status", outcome["status"]), RunTag("device", outcome["device"])]
         if outcome.get("error"):
             tags.append(RunTag("error", outcome["error"][-5000:]))
-        parts = list(chunks(metrics, BATCH)) or [[]]
-        for part in parts[:-1]:
-            self.client.log_batch(run_id, metrics=part)
-        self.client.log_batch(run_id, metrics=parts[-1], tags=tags)
+        self.log_metrics(run_id, metrics)
+        self.client.log_batch(run_id, tags=tags)
         self.client.set_terminated(run_id, "FAILED" if outcome["status"] == "failed" else "FINISHED",
                                    end_time=int(outcome["end_time"] * 1000))
+
+
+    def log_metrics(self, run_id: str, metrics: list[Metric]) -> None:
+        """A run's metrics, as `log_batch` would store them. MLflow's SQL store makes one ORM object per value in
+        `log_batch` (~70 µs each: 0.5 s for a curve of 1000 rounds × 7 keys, 75 CPU-s of the driver in a sweep of
+        150 such runs); into a SQL store (SQLite by default) the same rows go in one executemany, sanitised as
+        MLflow does (NaN stored as 0 with is_nan, ±inf as ±the largest float), and MLflow's own routine then
+        updates the run's latest values, ~6× faster. Elsewhere (a tracking server) `log_batch` in chunks of
+        `BATCH`. `tests/test_tracking.py` holds the two paths to the same stored history."""
+        store = getattr(getattr(self.client, "_tracking_client", None), "store", None)
+        if not isinstance(store, SqlAlchemyStore):
+            for part in chunks(metrics, BATCH):
+                self.client.log_batch(run_id, metrics=part)
+            return
+        rows, latest = {}, {}
+        for metric in metrics:
+            is_nan, value = store.sanitize_metric_value(float(metric.value))
+            row = {"run_uuid": run_id, "key": metric.key, "value": value, "timestamp": int(metric.timestamp),
+                   "step": int(metric.step), "is_nan": is_nan}
+            rows[(metric.key, row["timestamp"], row["step"], value, is_nan)] = row  # a repeated value once
+            order = (row["step"], row["timestamp"], value)  # MLflow's order of recency
+            if metric.key not in latest or order > latest[metric.key][0]:
+                latest[metric.key] = (order, row)
+        if not rows:
+            return
+        writing = {"read_only": False} if "read_only" in inspect.signature(store.ManagedSessionMaker).parameters else {}
+        with store.ManagedSessionMaker(**writing) as session:  # MLflow ≥ 3.1x: sessions read-only unless told
+            store._check_run_is_active(store._get_run(run_uuid=run_id, session=session))
+            session.execute(sqlalchemy.insert(SqlMetric.__table__), list(rows.values()))
+            store._update_latest_metrics_if_necessary([SqlMetric(**row) for _, row in latest.values()], session)
 
 
 def now_ms() -> int:

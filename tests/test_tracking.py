@@ -1,0 +1,57 @@
+"""The tracking store's fast write of a curve (`Store.log_metrics`) stores what MLflow's `log_batch` stores."""
+import math
+
+import pytest
+from mlflow.entities import Metric
+from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+from sweeps.tracking import Store
+
+
+def comparable(value: float) -> float | str:
+    return "nan" if math.isnan(value) else value  # NaN != NaN
+
+
+def stored(store: Store, run_id: str) -> tuple[dict, dict]:
+    """The run's every stored value by key (step, timestamp, value) and its latest values."""
+    run = store.client.get_run(run_id)
+    history = {key: sorted((m.step, m.timestamp, comparable(m.value))
+                           for m in store.client.get_metric_history(run_id, key)) for key in run.data.metrics}
+    return history, {key: comparable(value) for key, value in run.data.metrics.items()}
+
+
+def test_curve_inserted_in_one_statement_equals_log_batch(tmp_path):
+    store = Store(f"sqlite:///{tmp_path}/mlflow.db")
+    assert isinstance(store.client._tracking_client.store, SqlAlchemyStore)  # the path of one statement
+    experiment = store.experiment("curves")
+    values = [0.5, -2.0, math.nan, math.inf, -math.inf, 1e-300, 3.0]
+    # 2500 values (more than one log_batch), a NaN and infinities, a value repeated exactly (stored once), a key
+    # whose last step is not its last in the list and two values at one step (the latest: by timestamp, then value)
+    metrics = [Metric(key, values[(step + k) % len(values)] + step, 1000 + step, step)
+               for step in range(500) for k, key in enumerate(["objective", "accuracy", "gap", "norm"])]
+    metrics += [Metric("objective", 7.0, 1000, 3)] * 2 + [Metric("late", 2.0, 5, 9), Metric("late", 1.0, 4, 10),
+                                                          Metric("late", 4.0, 6, 9), Metric("tie", 1.0, 7, 2),
+                                                          Metric("tie", 3.0, 7, 2)]
+    fast = store.client.create_run(experiment).info.run_id
+    store.log_metrics(fast, metrics)
+    reference = store.client.create_run(experiment).info.run_id
+    for start in range(0, len(metrics), 1000):
+        store.client.log_batch(reference, metrics=metrics[start:start + 1000])
+    history, latest = stored(store, fast)
+    assert (history, latest) == stored(store, reference)
+    assert len(history["objective"]) == 501 and latest["late"] == 1.0 and latest["tie"] == 3.0
+    assert {"nan", 1.7976931348623157e308, -1.7976931348623157e308} <= {v for _, _, v in history["gap"]}
+    # a second curve onto the same run updates the latest values as log_batch does
+    more = [Metric("objective", -1.0, 2000, 600), Metric("accuracy", 9.0, 1, 0)]
+    store.log_metrics(fast, more)
+    store.client.log_batch(reference, metrics=more)
+    assert stored(store, fast) == stored(store, reference)
+
+
+def test_a_finished_run_refuses_a_curve(tmp_path):
+    store = Store(f"sqlite:///{tmp_path}/mlflow.db")
+    run_id = store.client.create_run(store.experiment("curves")).info.run_id
+    store.client.set_terminated(run_id, "FINISHED")
+    store.client.delete_run(run_id)
+    with pytest.raises(Exception, match="active"):
+        store.log_metrics(run_id, [Metric("objective", 1.0, 0, 0)])
