@@ -192,25 +192,27 @@ def resolve_settings(recipe: Optional[Recipe], available: list[str], x: Optional
 # -- curves and statistics ----------------------------------------------------------------------------
 
 class Histories:
-    """Metric histories, each read from the store once, on first use (finite points only, by round). A run of a
-    non-personalized method has no `personal_X`: its personal model is its global model (spec 000 §2.3), so
-    its `X` stands in, and methods compare on one panel."""
+    """Metric histories (finite points only, by round), read from the store on first use, for every run of the
+    report at once (`Store.metric_histories`). A run of a non-personalized method has no `personal_X`: its
+    personal model is its global model (spec 000 §2.3), so its `X` stands in, and methods compare on one panel."""
 
-    def __init__(self, store: Store):
-        self.client = store.client
+    def __init__(self, store: Store, runs: list = ()):
+        self.store = store
+        self.run_ids = [run.info.run_id for run in runs]  # read together with whichever run is asked for
         self.cache: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
 
     def __call__(self, run, metric: str) -> tuple[np.ndarray, np.ndarray]:
         if metric.startswith("personal_") and metric not in run.data.metrics:
             metric = metric.removeprefix("personal_")
-        cached = (run.info.run_id, metric)
-        if cached not in self.cache:
-            points = sorted(self.client.get_metric_history(run.info.run_id, metric), key=lambda m: m.step)
-            steps = np.array([m.step for m in points], dtype=float)
-            values = np.array([m.value for m in points], dtype=float)
-            finite = np.isfinite(values)
-            self.cache[cached] = steps[finite], values[finite]
-        return self.cache[cached]
+        if (run.info.run_id, metric) not in self.cache:
+            run_ids = list(dict.fromkeys([*self.run_ids, run.info.run_id]))
+            for run_id, points in self.store.metric_histories(run_ids, metric).items():
+                points.sort(key=lambda point: point[0])
+                steps = np.array([step for step, _ in points], dtype=float)
+                values = np.array([value for _, value in points], dtype=float)
+                finite = np.isfinite(values)
+                self.cache[run_id, metric] = steps[finite], values[finite]
+        return self.cache[run.info.run_id, metric]
 
     def x(self, run, steps: np.ndarray, axis: str) -> np.ndarray:
         """The x of a run's points: their rounds, the local iterations, the training seconds or the floats
@@ -565,11 +567,11 @@ def write_report(store: Store, source: Source, out: Optional[Path] = None, x: Op
     import matplotlib
 
     matplotlib.use("Agg")
-    histories = Histories(store)
     runs = [run for run in source.runs if set(run.data.metrics) - set(SUMMARY_METRICS)]
     if not runs:
         raise ReportError(f"{source.description} in {store.uri}: no run with a curve to report "
                           f"(runs: {statuses(source.runs) or 'none'})")
+    histories = Histories(store, runs)
     available = sorted(set().union(*(run.data.metrics for run in runs)) - set(SUMMARY_METRICS) - set(AXES))
     settings = resolve_settings(source.recipe, available, x)
     order = list(source.recipe.algorithms) if source.recipe is not None else []

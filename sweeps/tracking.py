@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import os
 import platform
 import queue
@@ -209,7 +210,7 @@ class Store:
                 if objective == "final":
                     values.append(run.data.metrics[metric])
                 else:
-                    curve = [m.value for m in self.client.get_metric_history(run.info.run_id, metric)]
+                    curve = [value for _, value in self.metric_histories([run.info.run_id], metric)[run.info.run_id]]
                     values.append(min(curve) if mode == "min" else max(curve))
         return values
 
@@ -258,8 +259,8 @@ class Store:
         MLflow does (NaN stored as 0 with is_nan, ±inf as ±the largest float), and MLflow's own routine then
         updates the run's latest values, ~6× faster. Elsewhere (a tracking server) `log_batch` in chunks of
         `BATCH`. `tests/test_tracking.py` holds the two paths to the same stored history."""
-        store = getattr(getattr(self.client, "_tracking_client", None), "store", None)
-        if not isinstance(store, SqlAlchemyStore):
+        store = self._sql_store()
+        if store is None:
             for part in chunks(metrics, BATCH):
                 self.client.log_batch(run_id, metrics=part)
             return
@@ -279,6 +280,31 @@ class Store:
             store._check_run_is_active(store._get_run(run_uuid=run_id, session=session))
             session.execute(sqlalchemy.insert(SqlMetric.__table__), list(rows.values()))
             store._update_latest_metrics_if_necessary([SqlMetric(**row) for _, row in latest.values()], session)
+
+    def metric_histories(self, run_ids: list[str], key: str) -> dict[str, list[tuple[int, float]]]:
+        """Each run's (step, value) of every stored value of a metric, in MLflow's order (timestamp, step, value),
+        as `get_metric_history` gives them. From a SQL store in one query per 500 runs: MLflow's store reads a
+        run's metric by its key alone (the table's index starts with the key), so a query per run scans every
+        run's values of that key, and `get_metric_history` makes an entity per value besides (together 13 s of
+        the report of 150 runs × 3 curves of 1001 points); from a server, `get_metric_history` per run."""
+        store = self._sql_store()
+        if store is None:
+            return {run_id: [(m.step, m.value) for m in self.client.get_metric_history(run_id, key)]
+                    for run_id in run_ids}
+        table, found = SqlMetric.__table__, {run_id: [] for run_id in run_ids}
+        with store.ManagedSessionMaker() as session:
+            for part in chunks(list(run_ids), 500):  # SQLite's limit of parameters in one statement
+                query = (sqlalchemy.select(table.c.run_uuid, table.c.step, table.c.value, table.c.is_nan)
+                         .where(table.c.key == key, table.c.run_uuid.in_(part))
+                         .order_by(table.c.run_uuid, table.c.timestamp, table.c.step, table.c.value))
+                for run_id, step, value, is_nan in session.execute(query):
+                    found[run_id].append((step, math.nan if is_nan else value))
+        return found
+
+    def _sql_store(self) -> SqlAlchemyStore | None:
+        """MLflow's store behind the client where it is a SQL database (SQLite by default), else None."""
+        store = getattr(getattr(self.client, "_tracking_client", None), "store", None)
+        return store if isinstance(store, SqlAlchemyStore) else None
 
 
 def now_ms() -> int:

@@ -1,4 +1,5 @@
-"""The tracking store's fast write of a curve (`Store.log_metrics`) stores what MLflow's `log_batch` stores."""
+"""The tracking store's fast write and read of a curve (`Store.log_metrics`, `Store.metric_histories`) store and read
+what MLflow's `log_batch` and `get_metric_history` do."""
 import math
 
 import pytest
@@ -41,6 +42,12 @@ def test_curve_inserted_in_one_statement_equals_log_batch(tmp_path):
     assert (history, latest) == stored(store, reference)
     assert len(history["objective"]) == 501 and latest["late"] == 1.0 and latest["tie"] == 3.0
     assert {"nan", 1.7976931348623157e308, -1.7976931348623157e308} <= {v for _, _, v in history["gap"]}
+    for key in history:  # the read of several runs in one query gives what get_metric_history gives, in its order
+        read = store.metric_histories([fast, reference, "no-such-run"], key)
+        assert read["no-such-run"] == []
+        for run_id in (fast, reference):
+            assert ([(step, comparable(value)) for step, value in read[run_id]]
+                    == [(m.step, comparable(m.value)) for m in store.client.get_metric_history(run_id, key)])
     # a second curve onto the same run updates the latest values as log_batch does
     more = [Metric("objective", -1.0, 2000, 600), Metric("accuracy", 9.0, 1, 0)]
     store.log_metrics(fast, more)
