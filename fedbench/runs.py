@@ -56,6 +56,7 @@ GATHER_BUDGET = 4 * 2**20  # bytes of minibatch rows one batched local step gath
 # Measured here (FedMiD, Lasso with S·b = 100 rows, R = 16): 50 KB a run 1.7x, 200 KB 1.15x, 800 KB (spec 002's
 # p = 1024) 0.91-1.05x whatever the chunk size.
 MEMORY_BOUND_RUN_BYTES = 512 * 2**10
+STREAM_BYTES = 2**20  # rows of the iterations an iteration-wise batch draws ahead for all its runs at a time
 
 
 def step_bytes(sim: Simulation) -> int:
@@ -86,8 +87,8 @@ def why_not_batchable(sims: list[Simulation]) -> str | None:
     first = sims[0]
     if not type(first.algorithm).batchable_runs(first.algorithm.hp):
         return f"{first.algorithm.name} is not written for the run axis with these settings (Algorithm.runs_axis)"
-    if _random_rounds(type(first.algorithm)) and first.algorithm.participation != "all":
-        return f"{first.algorithm.name} has rounds of random length with sampled clients"
+    if _random_rounds(type(first.algorithm)) and (why := _not_iteration_wise(first)):
+        return why
     for sim in sims[1:]:
         if sim.problem is not first.problem:
             return "the runs must share one problem instance (the same data)"
@@ -103,6 +104,18 @@ def why_not_batchable(sims: list[Simulation]) -> str | None:
         if (sim.federation, sim.eval_every, sim.sampler.sizes, sim.divergence_factor) != (
                 first.federation, first.eval_every, first.sampler.sizes, first.divergence_factor):
             return "the runs must share the federation, batch sizes, evaluation schedule and divergence rule"
+    return None
+
+
+def _not_iteration_wise(sim: Simulation) -> str | None:
+    """Why runs like this one, whose rounds have random lengths, cannot be an `IterationBatch` (None: they can)."""
+    name, problem = sim.algorithm.name, sim.problem.name
+    if sim.algorithm.participation != "all":
+        return f"{name} has rounds of random length with sampled clients"
+    if sim.problem.noisy_minibatches:  # the steps wasted on runs between rounds would draw their noise
+        return f"{name} has rounds of random length, and {problem}'s minibatches carry noise"
+    if not sim.problem.draws_by_step or len([mb for mb in sim.sampler.minibatches if mb.same_as is None]) != 1:
+        return f"{name} has rounds of random length, and {problem} does not draw one minibatch a step, step by step"
     return None
 
 
@@ -365,6 +378,11 @@ class IterationBatch(RunBatch):
     batch would run every round as long as the longest of R geometric lengths (about ln R times the mean); here
     no iteration is wasted.
 
+    Every live run takes a local step at every iteration, so a run's k-th iteration is the batch's. Its rows are
+    drawn ahead, for many iterations at a time (`_draw_ahead`): a round's rows are the next iterations' of the
+    run's own stream, which the problem draws step after step (`Problem.draws_by_step`), so that the run draws
+    exactly what it draws alone round by round, and a local step's rows are one slice of the batch's buffer.
+
     At each iteration, first the runs at their round's last step end their rounds one by one, exactly as alone
     (`Simulation`'s own step, client_final, server_update and the next round's draws and client_init, on views
     of the batch: the same kernels, the run's own generator for draws inside the last step, its own round index
@@ -376,20 +394,19 @@ class IterationBatch(RunBatch):
 
     def __init__(self, sims: list[Simulation]):
         super().__init__(sims)
-        if not self.everyone:
-            raise NotBatchable("iteration-wise batches need every client in every round (participation all)")
-        if self.problem.noisy_minibatches:  # the steps wasted on runs between rounds would draw their noise
-            raise NotBatchable(f"iteration-wise batches draw no minibatch noise ({self.problem.name} has)")
+        if why := _not_iteration_wise(sims[0]):
+            raise NotBatchable(why)
+        sampler = sims[0].sampler
+        self.rows_per_step = self.problem.num_clients * next(sampler.sizes[mb.name] for mb in sampler.minibatches
+                                                             if mb.same_as is None)
         self.length = [0] * len(sims)
         self.iteration = 0  # the batch's iterations so far
         self.ends: dict[int, list[int]] = {}  # batch iteration -> the runs whose round's last step it is
         self.share = 0.0  # Σ over iterations of the iteration's seconds / live runs: each live run's time share
         self.settled = [0.0] * len(sims)  # `share` when each run was last charged (`_settle`)
-        self.rows: dict[str, Tensor] = {}  # [R, capacity, S, b]: each run's rows for its current round
+        self.ahead: dict[str, Tensor] = {}  # [R, A, S, b]: each run's rows of the iterations `drawn` to `drawn + A`
+        self.drawn = 0
         self.ids = list(range(len(sims)))
-        self.every = torch.arange(len(sims), device=self.problem.device)
-        self.positions = torch.zeros(len(sims), dtype=torch.long, device=self.problem.device)
-        self.moving = torch.ones_like(self.positions)  # 0 for a stopped run
         self.local: dict[str, Tensor] = {}
         self.clients_all = torch.arange(self.problem.num_clients, device=self.problem.device)
         self.inside = Round(-1, self.clients_all.expand(len(sims), -1), 2, -1, None)  # step 0 is not the last
@@ -398,27 +415,34 @@ class IterationBatch(RunBatch):
         sim = self.sims[i]
         return Round(sim.rounds_done, self.clients_all, self.length[i], sim.iterations, sim.algorithm_gen)
 
+    def _draw_ahead(self) -> None:
+        """The rows of every live run for the next iterations, on its own stream (`sampler.draw` of that many
+        steps): the rows alone of its rounds from here on, one round after another (`Problem.draws_by_step`). A
+        stopped run keeps its old rows, which the batch's wasted steps read."""
+        width = max(1, STREAM_BYTES // (8 * self.rows_per_step * len(self.sims)))
+        for i in self.live:
+            for name, rows in self.sims[i].sampler.draw(width, everyone=True)[1].items():
+                if name not in self.ahead:
+                    self.ahead[name] = rows.new_zeros(len(self.sims), *rows.shape)
+                self.ahead[name][i] = rows
+        self.drawn = self.iteration
+
+    def _step_rows(self) -> dict[str, Tensor]:
+        """Every run's rows `[R, S, b]` of this iteration."""
+        if self.iteration == self.drawn + next(iter(self.ahead.values())).shape[1]:
+            self._draw_ahead()
+        return {name: rows[:, self.iteration - self.drawn] for name, rows in self.ahead.items()}
+
     def _open_rounds(self, opening: list[int]) -> None:
-        """The next round of each run in `opening`: its length, then its rows, on its own streams (as alone); then
-        their local states together (client_init on the batch's rows of these runs: it reads neither `rnd.index`
-        nor `rnd.iteration`, as the batched steps). Their first step is the next iteration."""
+        """The next round of each run in `opening`: its length on its own stream (as alone); then their local
+        states together (client_init on the batch's rows of these runs: it reads neither `rnd.index` nor
+        `rnd.iteration`, as the batched steps). Their first step is the next iteration."""
         for i in opening:
             sim = self.sims[i]
             steps = sim.algorithm.round_length(self.federation.local_steps, sim.algorithm_gen)
-            _, rows = sim.sampler.draw(steps, everyone=True)
-            for name, drawn in rows.items():
-                held = self.rows.get(name)
-                if held is None or held.shape[1] < steps:  # grow the per-run buffer to the longest round yet
-                    grown = drawn.new_zeros(len(self.sims), max(steps, 2 * (0 if held is None else held.shape[1])),
-                                            *drawn.shape[1:])
-                    if held is not None:
-                        grown[:, :held.shape[1]] = held
-                    self.rows[name] = held = grown
-                held[i, :steps] = drawn
             self.length[i] = steps
             self.ends.setdefault(self.iteration + steps - 1, []).append(i)
         runs = torch.tensor(opening, device=self.problem.device)
-        self.positions.index_fill_(0, runs, 0)
         rnd = Round(-1, self.clients_all.expand(len(opening), -1), 2, -1, None)
         local = self.algorithm.client_init({k: v.index_select(0, runs) for k, v in self.server.items()},
                                            {k: v.index_select(0, runs) for k, v in self.clients.items()}, rnd)
@@ -432,19 +456,19 @@ class IterationBatch(RunBatch):
         self.sims[i].train_seconds += self.share - self.settled[i]
         self.settled[i] = self.share
 
-    def _end_rounds(self, ending: list[int]) -> None:
+    def _end_rounds(self, ending: list[int], rows: dict[str, Tensor]) -> None:
         """The last local step, client_final and server_update of the runs in `ending`, together (a round's last
         step of 1: step 0), for algorithms that draw nothing there; one by one (`_end_round`) for the others."""
         if self.algorithm.draws_at_round_end:
             for i in ending:
-                self._end_round(i)
+                self._end_round(i, {name: value[i].unsqueeze(0) for name, value in rows.items()})
             return
         runs = torch.tensor(ending, device=self.problem.device)
         local = {k: v.index_select(0, runs) for k, v in self.local.items()}
         server = {k: v.index_select(0, runs) for k, v in self.server.items()}
         clients = self.clients_all.expand(len(ending), -1)
         rnd = Round(-1, clients, 1, -1, None)
-        oracles = self._oracles(ending, runs, self.positions.index_select(0, runs))
+        oracles = self._step_batches({name: value.index_select(0, runs) for name, value in rows.items()}, ending)
         local = self.algorithm.client_step(local, oracles, rnd, 0)
         message, updated = self.algorithm.client_final(local, rnd)
         weights = self._weights(clients, server[self.algorithm.downloads[0]].dtype)
@@ -458,13 +482,13 @@ class IterationBatch(RunBatch):
         for i in ending:
             self.sims[i].count_round(up, down, self.length[i])
 
-    def _end_round(self, i: int) -> None:
-        """Run i's last local step, client_final and server_update, as `Simulation.run_round` does them."""
+    def _end_round(self, i: int, step_rows: dict[str, Tensor]) -> None:
+        """Run i's last local step on its rows `[1, S, b]`, client_final and server_update, as
+        `Simulation.run_round` does them."""
         sim = self.sims[i]
         self._sync(i)
         local = {k: v[i] for k, v in self.local.items()}
         rnd = self._round_of(i)
-        step_rows = {name: held[i, self.length[i] - 1].unsqueeze(0) for name, held in self.rows.items()}
         local = self.algorithm.client_step(local, sim.sampler.step_batches(step_rows, 0), rnd, self.length[i] - 1)
         message, updated = self.algorithm.client_final(local, rnd)
         server = self.algorithm.server_update(sim.server, message, sim.aggregation_weights(self.clients_all), rnd)
@@ -475,17 +499,11 @@ class IterationBatch(RunBatch):
         down = len(self.clients_all) * sum(server[k].numel() for k in self.algorithm.downloads)
         sim.count_round(sum(m.numel() for m in message.values()), down, self.length[i])
 
-    def _oracles(self, ids: list[int], runs: Tensor, positions: Tensor) -> Batches:
-        """The oracles of the local steps of runs `ids` (`runs` on the device) at these positions of their rounds."""
-        return self._step_batches({name: held[runs, positions] for name, held in self.rows.items()}, ids)
-
     def _stop(self, i: int, status: str) -> None:
         """As `RunBatch._stop`; the run's rows then take a live run's values, so that the batch, which steps every
         row, stays finite whatever the stopped run's iterate was."""
         self._settle(i)
         super()._stop(i, status)
-        self.moving[i] = 0
-        self.positions[i] = 0
         if self.live:
             donor = self.live[0]
             for state in (self.local, self.server, self.clients):
@@ -504,18 +522,18 @@ class IterationBatch(RunBatch):
                 self._stop(i, "finished")
             return
         start = time.perf_counter()
+        self._draw_ahead()
         self._open_rounds(list(self.live))
         self.share += (time.perf_counter() - start) / len(self.live)
         eval_every, rounds = self.sims[0].eval_every, self.federation.rounds
         while self.live:
             start = time.perf_counter()
             ending = self.ends.pop(self.iteration, [])
+            rows = self._step_rows()
             if ending:
-                self._end_rounds(ending)
+                self._end_rounds(ending, rows)
             if len(ending) < len(self.live):
-                self.local = self.algorithm.client_step(self.local, self._oracles(self.ids, self.every, self.positions),
-                                                        self.inside, 0)
-            self.positions += self.moving  # a stopped run's rows stay at step 0 of its buffer
+                self.local = self.algorithm.client_step(self.local, self._step_batches(rows, self.ids), self.inside, 0)
             self.iteration += 1
             elapsed = time.perf_counter() - start
             self.train_seconds += elapsed

@@ -372,3 +372,16 @@ def test_a_sweep_batches_the_values_of_a_per_run_hyperparameter(ray_local, tmp_p
         assert [m.step for m in history] == [row["round"] for row in alone]
         for metric, row in zip(history, alone):
             assert metric.value == pytest.approx(row["objective"], rel=1e-12, abs=0)
+
+
+@pytest.mark.parametrize("make", [pfl, lambda: fedbench.make_problem("pfl_images", classes=2, train=10, test=20)],
+                         ids=["pfl_synthetic", "pfl_images"])
+def test_block_problems_draw_step_after_step(make):
+    """`draws_by_step`, on which iteration-wise batches rely to draw a run's rows ahead: 7 + 5 + 30 steps drawn
+    one round after another are the 42 steps drawn at once."""
+    problem = make()
+    assert problem.draws_by_step
+    clients = torch.arange(problem.num_clients)
+    gen = torch.Generator().manual_seed(4)
+    rounds = torch.cat([problem.draw_minibatches(clients, steps, 3, gen) for steps in (7, 5, 30)])
+    assert torch.equal(rounds, problem.draw_minibatches(clients, 42, 3, torch.Generator().manual_seed(4)))

@@ -36,6 +36,9 @@ class Problem:
     row_elements: ClassVar[int | None] = None  # features per gathered sample (None: dim), for memory budgets
     evaluates_global_model: ClassVar[bool] = True  # False: a metric row needs per-client blocks too
     noisy_minibatches: ClassVar[bool] = False  # True: its minibatches carry noise (`minibatch_noise`)
+    # True: `draw_minibatches` draws its steps one after another on the generator, so that drawing a + b steps
+    # gives the draws of a steps then those of b (iteration-wise run batches draw a run's rows ahead, by iteration)
+    draws_by_step: ClassVar[bool] = False
 
     num_clients: int
     dim: int

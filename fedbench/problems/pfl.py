@@ -177,6 +177,8 @@ class BlockProblem(Problem):
     def init_params(self, gen: torch.Generator) -> Tensor:
         return torch.zeros(self.dim, dtype=self.dtype, device=self.device)  # every method starts at 0 (§3.0)
 
+    draws_by_step = True  # one randint over [steps, S, b], drawn element by element on the CPU generator
+
     def draw_minibatches(self, clients: Tensor, steps: int, batch_size: int, gen: torch.Generator) -> Tensor:
         """Each device's samples drawn uniformly with replacement, as the authors' codes do (`np.random.choice(n,
         size=n)` per iteration; pFedMe's minibatch with replacement): one randint, where the base draw without
