@@ -38,8 +38,9 @@ else within 1e-12 relative (the server average is a batched matrix product); `te
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 from torch import Tensor
@@ -77,9 +78,8 @@ def _random_rounds(algorithm_type: type[Algorithm]) -> bool:
 
 
 def per_run_hparams(algorithm_type: type[Algorithm]) -> tuple[str, ...]:
-    """The hyperparameters in which the runs of one batch may differ: the algorithm's `run_hparams`, in
-    round-synchronous batches only (an iteration-wise batch ends rounds run by run, with one algorithm)."""
-    return () if _random_rounds(algorithm_type) else algorithm_type.run_hparams
+    """The hyperparameters in which the runs of one batch may differ: the algorithm's `run_hparams`."""
+    return algorithm_type.run_hparams
 
 
 def why_not_batchable(sims: list[Simulation]) -> str | None:
@@ -99,12 +99,29 @@ def why_not_batchable(sims: list[Simulation]) -> str | None:
         if any(k not in per_run or not isinstance(sim.algorithm.hp[k], float) for k in differ):
             return (f"the runs may differ only in {', '.join(per_run)} (per-run values), not in "
                     f"{', '.join(k for k in differ if k not in per_run)}" if per_run else
-                    f"{first.algorithm.name} takes no per-run hyperparameters (none declared, or rounds of random "
-                    "length, whose batches step run by run at round ends): the runs must share them")
+                    f"{first.algorithm.name} takes no per-run hyperparameters (none declared): the runs must share "
+                    "them")
         if (sim.federation, sim.eval_every, sim.sampler.sizes, sim.divergence_factor) != (
                 first.federation, first.eval_every, first.sampler.sizes, first.divergence_factor):
             return "the runs must share the federation, batch sizes, evaluation schedule and divergence rule"
     return None
+
+
+def _run_values(values: list, dtype: torch.dtype, device) -> Tensor | Any:
+    """The runs' values of one attribute as a `[R]` tensor; of a dataclass of floats, the dataclass of the `[R]`
+    tensors of its fields."""
+    if dataclasses.is_dataclass(values[0]):
+        return dataclasses.replace(values[0], **{f.name: _run_values([getattr(v, f.name) for v in values], dtype, device)
+                                                 for f in dataclasses.fields(values[0])})
+    return torch.tensor([float(v) for v in values], dtype=dtype, device=device)
+
+
+def _runs_of(values: Tensor | Any, runs: Tensor) -> Tensor | Any:
+    """The rows `runs` of `_run_values`."""
+    if dataclasses.is_dataclass(values):
+        return dataclasses.replace(values, **{f.name: getattr(values, f.name).index_select(0, runs)
+                                              for f in dataclasses.fields(values)})
+    return values.index_select(0, runs)
 
 
 def _not_iteration_wise(sim: Simulation) -> str | None:
@@ -203,6 +220,8 @@ class RunBatch:
                         for k in per_run_hparams(type(self.algorithm))
                         if any(s.algorithm.hp[k] != first.algorithm.hp[k] for s in sims)}
         if self.per_run:  # a copy whose hyperparameters that differ are the live runs' values (`_hparams_of`)
+            self.per_run.update({name: _run_values([getattr(s.algorithm, name) for s in sims], dtype,
+                                                   self.problem.device) for name in self.algorithm.run_derived})
             self.algorithm = copy.copy(self.algorithm)
         self.everyone = self.algorithm.participation == "all"
         self.server = {k: torch.stack([s.server[k] for s in sims]) for k in first.server}
@@ -320,9 +339,10 @@ class RunBatch:
         self._uploaded = sum(m.numel() for m in message.values()) // runs
 
     def _hparams_of(self, live: Tensor, whole: bool) -> None:
-        """The batch's algorithm takes the per-run hyperparameter values of the runs it advances (`live`)."""
+        """The batch's algorithm takes the per-run hyperparameter (and derived) values of the runs it advances
+        (`live`)."""
         for key, values in self.per_run.items():
-            setattr(self.algorithm, key, values if whole else values.index_select(0, live))
+            setattr(self.algorithm, key, values if whole else _runs_of(values, live))
 
     # -- evaluation and the loop --------------------------------------------------------------------------
     def _sync(self, i: int) -> None:
@@ -407,6 +427,7 @@ class IterationBatch(RunBatch):
         self.ahead: dict[str, Tensor] = {}  # [R, A, S, b]: each run's rows of the iterations `drawn` to `drawn + A`
         self.drawn = 0
         self.ids = list(range(len(sims)))
+        self.every = torch.arange(len(sims), device=self.problem.device)
         self.local: dict[str, Tensor] = {}
         self.clients_all = torch.arange(self.problem.num_clients, device=self.problem.device)
         self.inside = Round(-1, self.clients_all.expand(len(sims), -1), 2, -1, None)  # step 0 is not the last
@@ -444,6 +465,7 @@ class IterationBatch(RunBatch):
             self.ends.setdefault(self.iteration + steps - 1, []).append(i)
         runs = torch.tensor(opening, device=self.problem.device)
         rnd = Round(-1, self.clients_all.expand(len(opening), -1), 2, -1, None)
+        self._hparams_of(runs, whole=False)
         local = self.algorithm.client_init({k: v.index_select(0, runs) for k, v in self.server.items()},
                                            {k: v.index_select(0, runs) for k, v in self.clients.items()}, rnd)
         for key, value in local.items():
@@ -464,6 +486,7 @@ class IterationBatch(RunBatch):
                 self._end_round(i, {name: value[i].unsqueeze(0) for name, value in rows.items()})
             return
         runs = torch.tensor(ending, device=self.problem.device)
+        self._hparams_of(runs, whole=False)
         local = {k: v.index_select(0, runs) for k, v in self.local.items()}
         server = {k: v.index_select(0, runs) for k, v in self.server.items()}
         clients = self.clients_all.expand(len(ending), -1)
@@ -484,14 +507,14 @@ class IterationBatch(RunBatch):
 
     def _end_round(self, i: int, step_rows: dict[str, Tensor]) -> None:
         """Run i's last local step on its rows `[1, S, b]`, client_final and server_update, as
-        `Simulation.run_round` does them."""
-        sim = self.sims[i]
+        `Simulation.run_round` does them (with the run's own algorithm, its hyperparameters floats)."""
+        sim, algorithm = self.sims[i], self.sims[i].algorithm
         self._sync(i)
         local = {k: v[i] for k, v in self.local.items()}
         rnd = self._round_of(i)
-        local = self.algorithm.client_step(local, sim.sampler.step_batches(step_rows, 0), rnd, self.length[i] - 1)
-        message, updated = self.algorithm.client_final(local, rnd)
-        server = self.algorithm.server_update(sim.server, message, sim.aggregation_weights(self.clients_all), rnd)
+        local = algorithm.client_step(local, sim.sampler.step_batches(step_rows, 0), rnd, self.length[i] - 1)
+        message, updated = algorithm.client_final(local, rnd)
+        server = algorithm.server_update(sim.server, message, sim.aggregation_weights(self.clients_all), rnd)
         for key, value in server.items():
             self.server[key][i] = value
         for key, value in updated.items():
@@ -533,6 +556,7 @@ class IterationBatch(RunBatch):
             if ending:
                 self._end_rounds(ending, rows)
             if len(ending) < len(self.live):
+                self._hparams_of(self.every, whole=True)
                 self.local = self.algorithm.client_step(self.local, self._step_batches(rows, self.ids), self.inside, 0)
             self.iteration += 1
             elapsed = time.perf_counter() - start

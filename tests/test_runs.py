@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import fedbench
+from fedbench.algorithms.pfl_rules import rules
 from fedbench.runs import NotBatchable, RunBatch, run_batch, run_seeds, why_not_batchable
 from fedbench.simulate import Federation, Simulation
 from small_problems import small_lasso, small_lowrank
@@ -385,3 +386,40 @@ def test_block_problems_draw_step_after_step(make):
     gen = torch.Generator().manual_seed(4)
     rounds = torch.cat([problem.draw_minibatches(clients, steps, 3, gen) for steps in (7, 5, 30)])
     assert torch.equal(rounds, problem.draw_minibatches(clients, 42, 3, torch.Generator().manual_seed(4)))
+
+
+BLOCK_MIXED = [(0, 1.0, 1.0), (3, 1000.0, 1.0), (7, 1.0, 0.5), (11, 0.5, 2.0)]  # (seed, step factor, second factor)
+BLOCK_MIXED_CASES = {  # seed 003's methods -> (step size, the second per-run hyperparameter, its base value)
+    "ascd_pfl": ("eta", "p_w", lambda problem: rules(problem).p_w),
+    "scd_pfl": ("eta", "p_w", lambda problem: rules(problem).p_w),
+    "asvrcd_pfl": ("eta", "rho", lambda problem: 0.05),  # refreshes exercised; ζ and refresh coins drawn per run
+    "svrcd_pfl": ("eta", "rho", lambda problem: 0.05),
+    "l2sgd_plus": ("eta", "p", lambda problem: rules(problem).p_w),
+    "lsgd_pfl": ("client_lr", None, None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BLOCK_MIXED_CASES))
+def test_block_methods_take_per_run_step_sizes_and_probabilities(name):
+    """Seed 003's methods in one batch with each run's own η (and p_w, ρ or p): their Thm 8/9 parameters follow
+    per run (`run_derived`), and so do the lengths of the coin-flip rounds; each run gives its curve alone. Run 1's
+    step is 1000x the rule's: it diverges and leaves the batch."""
+    step, second, base = BLOCK_MIXED_CASES[name]
+    problem, federation = pfl(), Federation(12, 0, 1 if name != "lsgd_pfl" else 5, 1)
+    start = rules(problem).eta if step == "eta" else 10.0  # LSGD's logistic gradients are bounded: 1e4 diverges
+
+    def sims():
+        return [Simulation(problem, fedbench.make_algorithm(name, problem, **{step: start * factor},
+                                                            **({second: base(problem) * other} if second else {})),
+                           federation, seed, 3)
+                for seed, factor, other in BLOCK_MIXED]
+
+    alone_sims = sims()
+    alone = [list(sim) for sim in alone_sims]
+    assert [sim.status for sim in alone_sims] == ["finished", "diverged", "finished", "finished"]
+    batch = sims()
+    assert why_not_batchable(batch) is None
+    batched = rows_by_run(run_batch(batch), len(BLOCK_MIXED))
+    assert_same(alone, batched, 1e-12)
+    assert [sim.status for sim in batch] == [sim.status for sim in alone_sims]
+    assert len({curve[-1]["objective"] for curve in alone}) == len(BLOCK_MIXED)  # the runs really differ

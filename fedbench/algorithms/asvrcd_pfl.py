@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from fedbench.algorithms.base import coin_flips_to_success
+from fedbench.algorithms.base import add_scaled, coin_flips_to_success, per_run
 from fedbench.algorithms.pfl_rules import ETA, P_W, RHO, BlockMethod, rules, zeros_beta, zeros_w
 from fedbench.hparams import Param
 
@@ -37,6 +37,8 @@ class ASVRCDPFL(BlockMethod):
 
     runs_axis = True
     draws_at_round_end = True  # the refresh and ζ coins (`coins`)
+    run_hparams = ("p_w", "eta", "rho")
+    run_derived = ("rules", "any_event")
 
     @classmethod
     def batchable_runs(cls, hp):
@@ -80,13 +82,13 @@ class ASVRCDPFL(BlockMethod):
         return {**server, **rows}
 
     def couple(self, y, z, v):
-        r = self.rules
-        return r.theta1 * z + r.theta2 * v + (1 - r.theta1 - r.theta2) * y
+        theta1, theta2 = per_run(self.rules.theta1, y), per_run(self.rules.theta2, y)
+        return theta1 * z + theta2 * v + (1 - theta1 - theta2) * y
 
     def accelerated_step(self, x, z, g):
         """y' = x − ηg, z' = νz + (1 − ν)x + (γ/η)(y' − x) = lerp(x, z, ν) − γg."""
         r = self.rules
-        return torch.add(x, g, alpha=-r.eta), torch.lerp(x, z, r.nu).sub_(g, alpha=r.gamma)
+        return add_scaled(x, -r.eta, g), add_scaled(torch.lerp(x, z, per_run(r.nu, x)), -r.gamma, g)
 
     # -- one iteration ---------------------------------------------------------------------------------------
     def client_step(self, local, batches, rnd, step):
@@ -102,7 +104,7 @@ class ASVRCDPFL(BlockMethod):
         if update_w:  # the all-reduce of the devices' control-variate differences
             g_w, g_beta = (gx_w - gv_w).mean(0) / r.p_w + s["w_gv"], s["beta_gv"]
         else:
-            g_w, g_beta = s["w_gv"], (scale / r.p_beta) * (gx_beta - gv_beta) + s["beta_gv"]
+            g_w, g_beta = s["w_gv"], (scale / per_run(r.p_beta, gx_beta)) * (gx_beta - gv_beta) + s["beta_gv"]
         s["w"], s["w_z"] = self.accelerated_step(w_x, s["w_z"], g_w)
         s["beta"], s["beta_z"] = self.accelerated_step(beta_x, s["beta_z"], g_beta)
         return s

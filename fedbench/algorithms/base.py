@@ -71,6 +71,10 @@ class Algorithm:
     # continuous hyperparameters used only as factors of tensors, through `per_run`: the runs of a batch may differ
     # in them, each run's value a row of a `[R]` tensor (`fedbench.runs`)
     run_hparams: ClassVar[tuple[str, ...]] = ()
+    # attributes the algorithm derives from `run_hparams` when built (floats, or dataclasses of floats such as seed
+    # 003's Thm 8/9 parameters) and uses only through `per_run`: a batch whose runs differ in those hyperparameters
+    # holds each run's derived values too
+    run_derived: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, problem, **hyperparameters: Any):
         self.problem = problem
@@ -157,6 +161,13 @@ def composite_step(reg, h_mode: str, x: Tensor, direction: Tensor, lr) -> Tensor
     if not reg.lam:  # h = 0: no zero subgradient to build and add in the inner loops
         return x - lr * direction
     return x - lr * (direction + reg.subgradient(x))
+
+
+def add_scaled(x: Tensor, scale: float | Tensor, g: Tensor) -> Tensor:
+    """x + scale·g, one kernel: `scale` a float (alone), or a batch's per-run values `[R]` (`per_run`)."""
+    if isinstance(scale, Tensor):
+        return torch.addcmul(x, per_run(scale, g), g)
+    return torch.add(x, g, alpha=scale)
 
 
 def per_run(value: float | Tensor, like: Tensor) -> float | Tensor:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from fedbench.algorithms.base import Algorithm, coin_flips_to_success
+from fedbench.algorithms.base import Algorithm, coin_flips_to_success, per_run
 from fedbench.algorithms.pfl_rules import rules
 from fedbench.hparams import Param
 from fedbench.oracle import Minibatch
@@ -33,6 +33,8 @@ class L2SGDPlus(Algorithm):
     personalized = True
     requires = frozenset({"mixture", "linear_model"})
     participation = "all"
+    run_hparams = ("eta", "p")
+    run_derived = ("alpha", "prob")
     hparams = (
         Param("eta", "float", None, "step size α (None: ASVRCD's η on the problem)", low=0, low_open=True,
               log=True, nullable=True),
@@ -69,20 +71,20 @@ class L2SGDPlus(Algorithm):
     def client_step(self, local, batches, rnd, step):
         x, table, table_mean, psi = local["x"], local["table"], local["table_mean"], local["psi"]
         devices = x.shape[-2]  # x is [M, d] ([R, M, d] with a run axis, fedbench.runs)
+        prob, alpha = per_run(self.prob, x), per_run(self.alpha, x)
         if step == rnd.local_steps - 1:  # the averaging step
             x_bar = x.mean(-2, keepdim=True)
-            g = (self.lam / (devices * self.prob)) * (x - x_bar) - ((1 / self.prob - 1) / devices) * psi \
-                + table_mean / devices
-            x_new = x - self.alpha * g
+            g = (self.lam / (devices * prob)) * (x - x_bar) - ((1 / prob - 1) / devices) * psi + table_mean / devices
+            x_new = x - alpha * g
             return {**local, "x": x_new, "psi": self.lam * ((x if self.psi == "paper" else x_new) - x_bar)}
         oracle = batches.D
         sample = oracle.rows[..., 0] - self.problem.client_offsets[rnd.clients]  # j_m of each device
         entry = sample[..., None, None].expand(*sample.shape, 1, table.shape[-1])  # its row of the device's table
         residual = oracle.residuals(x)  # [M, 1, k]: γ = ∇f'_{m,j}(x_m) is residual ⊗ x_j
         delta = oracle.grad_of_residuals(residual - table.gather(-2, entry))  # γ − J_m[j]
-        g = delta / (devices * (1 - self.prob)) + (table_mean + psi) / devices
+        g = delta / (devices * (1 - prob)) + (table_mean + psi) / devices
         table.scatter_(-2, entry, residual)  # in place: the gathered rows are this round's copy
-        return {**local, "x": x - self.alpha * g, "table_mean": table_mean + delta / table.shape[-2]}
+        return {**local, "x": x - alpha * g, "table_mean": table_mean + delta / table.shape[-2]}
 
     def client_final(self, local, rnd):
         return {"w": local["x"].mean(-2)}, local

@@ -11,7 +11,7 @@ code). The real-data code passes ASVRCD's η instead of the printed 0.01: `clien
 """
 from __future__ import annotations
 
-from fedbench.algorithms.base import aggregate, broadcast
+from fedbench.algorithms.base import aggregate, broadcast, per_run
 from fedbench.algorithms.pfl_rules import BlockMethod, rules, zeros_beta, zeros_w
 from fedbench.hparams import Param
 
@@ -19,6 +19,8 @@ from fedbench.hparams import Param
 class LSGDPFL(BlockMethod):
     name = "lsgd_pfl"
     runs_axis = True
+    run_hparams = ("client_lr",)
+    run_derived = ("step",)
     hparams = (
         Param("client_lr", "float", 0.01, "step size η (None: ASVRCD's 1/(4𝓛), as the real-data code)", low=0,
               low_open=True, log=True, nullable=True),
@@ -42,8 +44,9 @@ class LSGDPFL(BlockMethod):
 
     def client_step(self, local, batches, rnd, step):
         g_w, g_beta = batches.D.block_grads(local["w"], local["beta"])
-        return {"w": local["w"] - (self.step * self.w_scale) * g_w,
-                "beta": local["beta"] - (self.step * self.problem.beta_scale) * g_beta}
+        step = per_run(self.step, g_w)
+        return {"w": local["w"] - (step * self.w_scale) * g_w,
+                "beta": local["beta"] - (step * self.problem.beta_scale) * g_beta}
 
     def client_final(self, local, rnd):
         return {"w": local["w"]}, {"beta": local["beta"]}

@@ -9,13 +9,15 @@ It is ASCD-PFL with θ = 0 (x = y) and no z-sequence; η and p_w follow the same
 from __future__ import annotations
 
 from fedbench.algorithms.ascd_pfl import ASCDPFL
-from fedbench.algorithms.base import Algorithm
+from fedbench.algorithms.base import Algorithm, add_scaled
 from fedbench.algorithms.pfl_rules import ETA, P_W, rules
 
 
 class SCDPFL(ASCDPFL):
     name = "scd_pfl"
     hparams = (P_W, ETA)
+    run_hparams = ("p_w", "eta")
+    run_derived = ("rules",)
 
     def __init__(self, problem, **hyperparameters):
         Algorithm.__init__(self, problem, **hyperparameters)
@@ -23,4 +25,4 @@ class SCDPFL(ASCDPFL):
         self.coupling = 0.0
 
     def accelerated_step(self, x, z, g):
-        return x - self.rules.eta * g, z  # plain SGD; z stays at 0, unused
+        return add_scaled(x, -self.rules.eta, g), z  # plain SGD; z stays at 0, unused

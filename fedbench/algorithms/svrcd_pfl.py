@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from fedbench.algorithms.asvrcd_pfl import ASVRCDPFL
+from fedbench.algorithms.base import add_scaled
 
 
 class SVRCDPFL(ASVRCDPFL):
@@ -20,4 +21,4 @@ class SVRCDPFL(ASVRCDPFL):
         return y
 
     def accelerated_step(self, x, z, g):
-        return x - self.rules.eta * g, z  # z stays at 0, unused
+        return add_scaled(x, -self.rules.eta, g), z  # z stays at 0, unused
