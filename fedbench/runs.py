@@ -583,12 +583,18 @@ class IterationBatch(RunBatch):
                 self._open_rounds(opening)
                 self.share += (time.perf_counter() - start) / len(self.live)
 
+def one_program(sims: list[Simulation]) -> bool:
+    """Whether `run_batch` runs these (batchable) simulations as one program, rather than one after another: more
+    than one, and not memory-bound (`MEMORY_BOUND_RUN_BYTES`)."""
+    return len(sims) > 1 and step_bytes(sims[0]) <= MEMORY_BOUND_RUN_BYTES
+
+
 def run_batch(sims: list[Simulation]) -> Iterable[tuple[int, dict[str, float]]]:
     """The batch for these simulations: iteration by iteration where rounds have random lengths and every client
     takes part (`IterationBatch`), else round by round (`RunBatch`). One simulation runs alone (the same rows,
     without the batch's selections), and so do, one after another, runs whose local steps are memory-bound
     (`MEMORY_BOUND_RUN_BYTES`)."""
-    if len(sims) == 1 or step_bytes(sims[0]) > MEMORY_BOUND_RUN_BYTES:
+    if not one_program(sims):
         return ((i, row) for i, sim in enumerate(sims) for row in sim)
     return (IterationBatch if _random_rounds(type(sims[0].algorithm)) else RunBatch)(sims)
 

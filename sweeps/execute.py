@@ -28,7 +28,7 @@ import torch
 from fedbench.algorithms import ALGORITHMS
 from fedbench.hparams import resolve
 from fedbench.problems import PROBLEMS
-from fedbench.runs import per_run_hparams, run_batch, why_not_batchable
+from fedbench.runs import one_program, per_run_hparams, run_batch, why_not_batchable
 from fedbench.simulate import Simulation
 from sweeps.recipe import Recipe, Trial, stable_hash
 
@@ -85,6 +85,7 @@ class Outcome:
     wall_seconds: float = 0.0
     error: str | None = None
     end_time: float = field(default_factory=time.time)  # epoch seconds, where the run ran
+    runs_in_batch: int = 1  # runs of the program it ran in (1: alone, or one after another)
 
 
 def drive(simulation: Simulation, on_row: Callable[[dict[str, float]], None] | None = None) -> Outcome:
@@ -123,9 +124,9 @@ def drive_batch(sims: list[Simulation],
         seconds[i].append(sims[i].train_seconds)
         if on_row is not None:
             on_row(i, row)
-    wall = (time.perf_counter() - start) / len(sims)
+    wall, together = (time.perf_counter() - start) / len(sims), len(sims) if one_program(sims) else 1
     return [Outcome(rows[i], sim.status, str(sim.problem.device), seconds[i], sim.train_seconds, sim.eval_seconds,
-                    wall) for i, sim in enumerate(sims)]
+                    wall, runs_in_batch=together) for i, sim in enumerate(sims)]
 
 
 # -- inside a Ray trial -------------------------------------------------------------------------------
@@ -154,8 +155,8 @@ def run_pack(config: dict[str, Any], packs: list[list[Unit]]) -> None:
                 outcomes = drive_batch(build_batch([trial for _, trial in unit], device))
         except Exception:  # failing runs are recorded and the pack goes on
             wall = (time.perf_counter() - start) / len(unit)
-            outcomes = [Outcome([], "failed", trial.device, wall_seconds=wall, error=traceback.format_exc())
-                        for _, trial in unit]
+            outcomes = [Outcome([], "failed", trial.device, wall_seconds=wall, error=traceback.format_exc(),
+                                runs_in_batch=len(unit)) for _, trial in unit]
         for (key, _), outcome in zip(unit, outcomes):
             tune.report({"event": "end", "key": key, "outcome": asdict(outcome)})
 

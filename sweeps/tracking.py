@@ -243,7 +243,8 @@ class Store:
                     for row, value in zip(outcome["rows"], seconds)]
         metrics += [Metric(key, float(outcome[key]), stamp, last_round)
                     for key in SUMMARY_METRICS if not (key == "train_seconds" and seconds)]
-        tags = [RunTag("status", outcome["status"]), RunTag("device", outcome["device"])]
+        tags = [RunTag("status", outcome["status"]), RunTag("device", outcome["device"]),
+                RunTag("runs_in_batch", str(outcome.get("runs_in_batch", 1)))]  # as run: memory-bound ones alone
         if outcome.get("error"):
             tags.append(RunTag("error", outcome["error"][-5000:]))
         self.log_metrics(run_id, metrics)

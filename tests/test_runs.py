@@ -24,6 +24,7 @@ from fedbench.algorithms.pfl_rules import rules
 from fedbench.runs import NotBatchable, RunBatch, run_batch, run_seeds, why_not_batchable
 from fedbench.simulate import Federation, Simulation
 from small_problems import small_lasso, small_lowrank
+from sweeps.execute import drive_batch
 
 SEEDS = [0, 3, 7, 11]
 
@@ -155,6 +156,14 @@ def test_memory_bound_runs_go_one_after_another(monkeypatch):
     assert_same(curves_alone(problem, "fedmid", federation, {}, SEEDS, eval_every=2),
                 rows_by_run(run_batch([Simulation(problem, fedbench.make_algorithm("fedmid", problem), federation,
                                                   seed, 2) for seed in SEEDS]), len(SEEDS)), 0.0)
+    # and the sweep's outcomes say so (the MLflow tag runs_in_batch): 1, each run alone
+    outcomes = drive_batch([Simulation(problem, fedbench.make_algorithm("fedmid", problem), federation, seed, 2)
+                            for seed in SEEDS])
+    assert [outcome.runs_in_batch for outcome in outcomes] == [1] * len(SEEDS)
+    monkeypatch.undo()
+    outcomes = drive_batch([Simulation(problem, fedbench.make_algorithm("fedmid", problem), federation, seed, 2)
+                            for seed in SEEDS])
+    assert [outcome.runs_in_batch for outcome in outcomes] == [len(SEEDS)] * len(SEEDS)
 
 
 MIXED = [(0, 0.02, 1.0), (3, 0.5, 1.0), (7, 0.02, 0.5), (11, 0.005, 1.0)]  # (seed, client_lr, server_lr)
