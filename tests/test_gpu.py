@@ -1,0 +1,37 @@
+"""The GPU path, where CUDA is available (skipped elsewhere): every algorithm of `test_runs.CASES` runs with its
+problem's data on the device and gives the curve it gives on the CPU (the draws are made on the host, so they are
+the same), and a batch of seeds on the device gives each run its curve alone there. The tolerances of the CPU's
+identity test hold between runs alone and batched; between devices, float64 kernels that reduce in another order
+(cuBLAS, CUDA reductions) are allowed 1e-9 relative over the 12 rounds, pFedFBE's finite difference (which
+divides last-bit differences by τ ~ 1e-8) 1e-6, float32 the pair-score tolerances."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedbench.runs import run_seeds
+from test_runs import CASES, FLOAT32, SEEDS, assert_same, curves_alone
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+def across_devices(tolerance):
+    if tolerance == FLOAT32:
+        return tolerance
+    return 1e-6 if tolerance > 1e-12 else 1e-9
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_algorithm_runs_on_the_gpu_as_on_the_cpu(name):
+    make, federation, hp, tolerance = CASES[name]
+    algorithm = name.partition(":")[0]
+    assert_same(curves_alone(make(), algorithm, federation, hp, SEEDS[:2]),
+                curves_alone(make(device="cuda"), algorithm, federation, hp, SEEDS[:2]), across_devices(tolerance))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_batch_of_seeds_on_the_gpu_gives_each_run_its_curve_alone(name):
+    make, federation, hp, tolerance = CASES[name]
+    problem, algorithm = make(device="cuda"), name.partition(":")[0]
+    assert_same(curves_alone(problem, algorithm, federation, hp, SEEDS),
+                run_seeds(problem, algorithm, federation, SEEDS, eval_every=3, **hp), tolerance)
