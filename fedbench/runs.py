@@ -403,14 +403,16 @@ class IterationBatch(RunBatch):
     run's own stream, which the problem draws step after step (`Problem.draws_by_step`), so that the run draws
     exactly what it draws alone round by round, and a local step's rows are one slice of the batch's buffer.
 
-    At each iteration, first the runs at their round's last step end their rounds one by one, exactly as alone
-    (`Simulation`'s own step, client_final, server_update and the next round's draws and client_init, on views
-    of the batch: the same kernels, the run's own generator for draws inside the last step, its own round index
-    and iteration count); then every row of the batch takes a local step at once (wasted on the rows of runs that
-    just ended a round or stopped, cheaper than selecting the others). A round ends for about R/(mean length)
-    runs per iteration, so the batched step carries the cost. In that step an algorithm reads `step` only to
-    tell the round's last step (`step == rnd.local_steps - 1`, never true there), draws nothing and reads
-    neither `rnd.index` nor `rnd.iteration` (they differ between runs): `Algorithm.batchable_runs` says so."""
+    At each iteration, first the runs at their round's last step end their rounds: together (last step,
+    client_final, server_update on the batch's rows of these runs) where the algorithm draws nothing there, else
+    one by one exactly as alone (the run's own algorithm and generator, its own round index and iteration count,
+    on views of the batch); then every row of the batch takes a local step at once (wasted on the rows of runs
+    that just ended a round or stopped, cheaper than selecting the others); the runs that go on then draw their
+    next round's length and take their local states together (client_init). A round ends for about
+    R/(mean length) runs per iteration, so the batched step carries the cost. In that step an algorithm reads
+    `step` only to tell the round's last step (`step == rnd.local_steps - 1`, never true there), draws nothing and
+    reads neither `rnd.index` nor `rnd.iteration` (they differ between runs): `Algorithm.batchable_runs` says so.
+    Per-run hyperparameters (`run_hparams`, `run_derived`) are those of the rows each call advances."""
 
     def __init__(self, sims: list[Simulation]):
         super().__init__(sims)
@@ -425,6 +427,7 @@ class IterationBatch(RunBatch):
         self.share = 0.0  # Σ over iterations of the iteration's seconds / live runs: each live run's time share
         self.settled = [0.0] * len(sims)  # `share` when each run was last charged (`_settle`)
         self.ahead: dict[str, Tensor] = {}  # [R, A, S, b]: each run's rows of the iterations `drawn` to `drawn + A`
+        self.ahead_steps = max(1, STREAM_BYTES // (8 * self.rows_per_step * len(sims)))  # A
         self.drawn = 0
         self.ids = list(range(len(sims)))
         self.every = torch.arange(len(sims), device=self.problem.device)
@@ -440,9 +443,8 @@ class IterationBatch(RunBatch):
         """The rows of every live run for the next iterations, on its own stream (`sampler.draw` of that many
         steps): the rows alone of its rounds from here on, one round after another (`Problem.draws_by_step`). A
         stopped run keeps its old rows, which the batch's wasted steps read."""
-        width = max(1, STREAM_BYTES // (8 * self.rows_per_step * len(self.sims)))
         for i in self.live:
-            for name, rows in self.sims[i].sampler.draw(width, everyone=True)[1].items():
+            for name, rows in self.sims[i].sampler.draw(self.ahead_steps, everyone=True)[1].items():
                 if name not in self.ahead:
                     self.ahead[name] = rows.new_zeros(len(self.sims), *rows.shape)
                 self.ahead[name][i] = rows
@@ -450,7 +452,7 @@ class IterationBatch(RunBatch):
 
     def _step_rows(self) -> dict[str, Tensor]:
         """Every run's rows `[R, S, b]` of this iteration."""
-        if self.iteration == self.drawn + next(iter(self.ahead.values())).shape[1]:
+        if self.iteration == self.drawn + self.ahead_steps:
             self._draw_ahead()
         return {name: rows[:, self.iteration - self.drawn] for name, rows in self.ahead.items()}
 

@@ -432,3 +432,17 @@ def test_block_methods_take_per_run_step_sizes_and_probabilities(name):
     assert_same(alone, batched, 1e-12)
     assert [sim.status for sim in batch] == [sim.status for sim in alone_sims]
     assert len({curve[-1]["objective"] for curve in alone}) == len(BLOCK_MIXED)  # the runs really differ
+
+
+@pytest.mark.parametrize("name", ["ascd_pfl", "asvrcd_pfl", "l2sgd_plus"])
+def test_rows_drawn_ahead_a_few_iterations_at_a_time(monkeypatch, name):
+    """An iteration-wise batch draws its runs' rows ahead, here 7 iterations at a time: the draws that fall in the
+    middle of rounds still give every run its rows alone."""
+    problem, federation = pfl(), Federation(6, 0, 1, 1)
+    monkeypatch.setattr(fedbench.runs, "STREAM_BYTES", 8 * problem.num_clients * len(SEEDS) * 7)
+    sims = [Simulation(problem, fedbench.make_algorithm(name, problem), federation, seed, 2) for seed in SEEDS]
+    batch = run_batch(sims)
+    assert batch.ahead_steps == 7
+    assert_same(curves_alone(problem, name, federation, {}, SEEDS, eval_every=2), rows_by_run(batch, len(SEEDS)),
+                1e-12)
+    assert batch.iteration > 7 * 5
