@@ -38,7 +38,7 @@ class ASVRCDPFL(BlockMethod):
     runs_axis = True
     draws_at_round_end = True  # the refresh and ζ coins (`coins`)
     run_hparams = ("p_w", "eta", "rho")
-    run_derived = ("rules", "any_event")
+    run_derived = ("rules",)  # the coins (`any_event`) are drawn by each run's own algorithm, at its round's end
 
     @classmethod
     def batchable_runs(cls, hp):
