@@ -446,3 +446,21 @@ def test_rows_drawn_ahead_a_few_iterations_at_a_time(monkeypatch, name):
     assert_same(curves_alone(problem, name, federation, {}, SEEDS, eval_every=2), rows_by_run(batch, len(SEEDS)),
                 1e-12)
     assert batch.iteration > 7 * 5
+
+
+def test_a_step_size_grid_of_a_block_method_plans_one_program():
+    """ASCD-PFL's η grid with two seeds on S1's data (which do not follow the seed): the six runs differ only in
+    per-run hyperparameters, so that the sweep plans them as one program; a grid over a choice does not."""
+    from sweeps.execute import plan_batches
+    from sweeps.recipe import parse
+
+    def planned(algorithms):
+        recipe = parse({"name": "grid", "problem": {"name": "pfl_synthetic", "preset": "s1"},
+                        "federation": {"rounds": 5, "clients_per_round": 0, "local_steps": 1, "batch_size": 1},
+                        "algorithms": algorithms, "seeds": 2}, "grid.yaml")
+        batches, singles = plan_batches(list(enumerate(recipe.trials())), 64, 1)
+        return sorted(len(batch) for batch in batches), len(singles)
+
+    assert planned({"ascd_pfl": {"eta": [1.0, 3.0, 5.0]}}) == ([6], 0)
+    assert planned({"ascd_pfl": {"eta": [1.0, 3.0], "p_w": [0.02, 0.05]}}) == ([8], 0)
+    assert planned({"acd_pfl": {"unsampled_y": ["x", "keep"]}}) == ([2, 2], 0)
