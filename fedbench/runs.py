@@ -111,8 +111,9 @@ def _run_values(values: list, dtype: torch.dtype, device) -> Tensor | Any:
     """The runs' values of one attribute as a `[R]` tensor; of a dataclass of floats, the dataclass of the `[R]`
     tensors of its fields."""
     if dataclasses.is_dataclass(values[0]):
-        return dataclasses.replace(values[0], **{f.name: _run_values([getattr(v, f.name) for v in values], dtype, device)
-                                                 for f in dataclasses.fields(values[0])})
+        fields = {f.name: _run_values([getattr(v, f.name) for v in values], dtype, device)
+                  for f in dataclasses.fields(values[0])}
+        return dataclasses.replace(values[0], **fields)
     return torch.tensor([float(v) for v in values], dtype=dtype, device=device)
 
 

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable
 from urllib.parse import urlencode
 
 import sqlalchemy
+import sqlalchemy.exc
 import yaml
 
 
@@ -40,6 +41,7 @@ def telemetry_off(environ=os.environ) -> None:
 telemetry_off()  # before MLflow is imported: its telemetry client reads the switch when it starts
 
 from mlflow.entities import Metric, Param, RunTag  # noqa: E402
+from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.store.tracking.dbmodels.models import SqlMetric  # noqa: E402
 from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
@@ -258,13 +260,23 @@ class Store:
         `log_batch` (~70 µs each: 0.5 s for a curve of 1000 rounds × 7 keys, 75 CPU-s of the driver in a sweep of
         150 such runs); into a SQL store (SQLite by default) the same rows go in one executemany, sanitised as
         MLflow does (NaN stored as 0 with is_nan, ±inf as ±the largest float), and MLflow's own routine then
-        updates the run's latest values, ~6× faster. Elsewhere (a tracking server) `log_batch` in chunks of
+        updates the run's latest values, ~6× faster. Elsewhere (a tracking server), or if the database refuses the
+        statement (a schema of another MLflow: the transaction is rolled back whole), `log_batch` in chunks of
         `BATCH`. `tests/test_tracking.py` holds the two paths to the same stored history."""
         store = self._sql_store()
-        if store is None:
-            for part in chunks(metrics, BATCH):
-                self.client.log_batch(run_id, metrics=part)
-            return
+        if store is not None:
+            try:
+                return self._insert_metrics(store, run_id, metrics)
+            except MlflowException as error:
+                if not refused_by_database(error):
+                    raise
+        for part in chunks(metrics, BATCH):
+            self.client.log_batch(run_id, metrics=part)
+
+    @staticmethod
+    def _insert_metrics(store: SqlAlchemyStore, run_id: str, metrics: list[Metric]) -> None:
+        """`log_metrics` into a SQL store: one executemany and MLflow's update of the latest values, in one
+        transaction."""
         rows, latest = {}, {}
         for metric in metrics:
             is_nan, value = store.sanitize_metric_value(float(metric.value))
@@ -287,11 +299,20 @@ class Store:
         as `get_metric_history` gives them. From a SQL store in one query per 500 runs: MLflow's store reads a
         run's metric by its key alone (the table's index starts with the key), so a query per run scans every
         run's values of that key, and `get_metric_history` makes an entity per value besides (together 13 s of
-        the report of 150 runs × 3 curves of 1001 points); from a server, `get_metric_history` per run."""
+        the report of 150 runs × 3 curves of 1001 points); from a server, or if the database refuses the query,
+        `get_metric_history` per run."""
         store = self._sql_store()
-        if store is None:
-            return {run_id: [(m.step, m.value) for m in self.client.get_metric_history(run_id, key)]
-                    for run_id in run_ids}
+        if store is not None:
+            try:
+                return self._select_histories(store, run_ids, key)
+            except MlflowException as error:
+                if not refused_by_database(error):
+                    raise
+        return {run_id: [(m.step, m.value) for m in self.client.get_metric_history(run_id, key)] for run_id in run_ids}
+
+    @staticmethod
+    def _select_histories(store: SqlAlchemyStore, run_ids: list[str], key: str) -> dict[str, list[tuple[int, float]]]:
+        """`metric_histories` from a SQL store."""
         table, found = SqlMetric.__table__, {run_id: [] for run_id in run_ids}
         with store.ManagedSessionMaker() as session:
             for part in chunks(list(run_ids), 500):  # SQLite's limit of parameters in one statement
@@ -306,6 +327,11 @@ class Store:
         """MLflow's store behind the client where it is a SQL database (SQLite by default), else None."""
         store = getattr(getattr(self.client, "_tracking_client", None), "store", None)
         return store if isinstance(store, SqlAlchemyStore) else None
+
+
+def refused_by_database(error: MlflowException) -> bool:
+    """Whether MLflow's SQL session raised this for the database's own error (it wraps them)."""
+    return isinstance(error.__cause__, sqlalchemy.exc.SQLAlchemyError)
 
 
 def now_ms() -> int:

@@ -3,8 +3,8 @@ what MLflow's `log_batch` and `get_metric_history` do."""
 import math
 
 import pytest
+import sqlalchemy
 from mlflow.entities import Metric
-from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
 from sweeps.tracking import Store
 
@@ -21,9 +21,8 @@ def stored(store: Store, run_id: str) -> tuple[dict, dict]:
     return history, {key: comparable(value) for key, value in run.data.metrics.items()}
 
 
-def test_curve_inserted_in_one_statement_equals_log_batch(tmp_path):
+def test_curve_inserted_in_one_statement_equals_log_batch(tmp_path, monkeypatch):
     store = Store(f"sqlite:///{tmp_path}/mlflow.db")
-    assert isinstance(store.client._tracking_client.store, SqlAlchemyStore)  # the path of one statement
     experiment = store.experiment("curves")
     values = [0.5, -2.0, math.nan, math.inf, -math.inf, 1e-300, 3.0]
     # 2500 values (more than one log_batch), a NaN and infinities, a value repeated exactly (stored once), a key
@@ -34,7 +33,9 @@ def test_curve_inserted_in_one_statement_equals_log_batch(tmp_path):
                                                           Metric("late", 4.0, 6, 9), Metric("tie", 1.0, 7, 2),
                                                           Metric("tie", 3.0, 7, 2)]
     fast = store.client.create_run(experiment).info.run_id
-    store.log_metrics(fast, metrics)
+    with monkeypatch.context() as patched:  # the statement of its own, not log_batch
+        patched.setattr(store.client, "log_batch", lambda *args, **kwargs: pytest.fail("log_batch called"))
+        store.log_metrics(fast, metrics)
     reference = store.client.create_run(experiment).info.run_id
     for start in range(0, len(metrics), 1000):
         store.client.log_batch(reference, metrics=metrics[start:start + 1000])
@@ -62,3 +63,22 @@ def test_a_finished_run_refuses_a_curve(tmp_path):
     store.client.delete_run(run_id)
     with pytest.raises(Exception, match="active"):
         store.log_metrics(run_id, [Metric("objective", 1.0, 0, 0)])
+
+
+def test_a_statement_the_database_refuses_falls_back_to_log_batch(tmp_path, monkeypatch):
+    """Where the SQL store refuses the insert and the query (here: the table of another MLflow's schema), the
+    transaction is rolled back and `log_batch` stores the curve, which `get_metric_history` reads back. (A refusal
+    that is not the database's, an inactive run, still raises: the test above.)"""
+    import sweeps.tracking
+    from mlflow.store.tracking.dbmodels.models import SqlMetric
+
+    store = Store(f"sqlite:///{tmp_path}/mlflow.db")
+    run_id = store.client.create_run(store.experiment("curves")).info.run_id
+    elsewhere = sqlalchemy.Table("metrics_of_another_schema", sqlalchemy.MetaData(),
+                                 *[sqlalchemy.Column(c.name, c.type) for c in SqlMetric.__table__.columns])
+    monkeypatch.setattr(sweeps.tracking, "SqlMetric", type("SqlMetric", (), {"__table__": elsewhere}))
+    store.log_metrics(run_id, [Metric("objective", 1.0, 5, 0), Metric("objective", 0.5, 6, 1)])
+    assert store.metric_histories([run_id], "objective")[run_id] == [(0, 1.0), (1, 0.5)]  # read back the same way
+    assert store.client.get_run(run_id).data.metrics == {"objective": 0.5}
+    monkeypatch.undo()
+    assert store.metric_histories([run_id], "objective")[run_id] == [(0, 1.0), (1, 0.5)]
