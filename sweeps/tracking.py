@@ -263,15 +263,11 @@ class Store:
         updates the run's latest values, ~6× faster. Elsewhere (a tracking server), or if the database refuses the
         statement (a schema of another MLflow: the transaction is rolled back whole), `log_batch` in chunks of
         `BATCH`. `tests/test_tracking.py` holds the two paths to the same stored history."""
-        store = self._sql_store()
-        if store is not None:
-            try:
-                return self._insert_metrics(store, run_id, metrics)
-            except MlflowException as error:
-                if not refused_by_database(error):
-                    raise
-        for part in chunks(metrics, BATCH):
-            self.client.log_batch(run_id, metrics=part)
+        def public() -> None:
+            for part in chunks(metrics, BATCH):
+                self.client.log_batch(run_id, metrics=part)
+
+        self._sql_or(lambda store: self._insert_metrics(store, run_id, metrics), public)
 
     @staticmethod
     def _insert_metrics(store: SqlAlchemyStore, run_id: str, metrics: list[Metric]) -> None:
@@ -301,14 +297,9 @@ class Store:
         run's values of that key, and `get_metric_history` makes an entity per value besides (together 13 s of
         the report of 150 runs × 3 curves of 1001 points); from a server, or if the database refuses the query,
         `get_metric_history` per run."""
-        store = self._sql_store()
-        if store is not None:
-            try:
-                return self._select_histories(store, run_ids, key)
-            except MlflowException as error:
-                if not refused_by_database(error):
-                    raise
-        return {run_id: [(m.step, m.value) for m in self.client.get_metric_history(run_id, key)] for run_id in run_ids}
+        return self._sql_or(lambda store: self._select_histories(store, run_ids, key),
+                            lambda: {run_id: [(m.step, m.value) for m in self.client.get_metric_history(run_id, key)]
+                                     for run_id in run_ids})
 
     @staticmethod
     def _select_histories(store: SqlAlchemyStore, run_ids: list[str], key: str) -> dict[str, list[tuple[int, float]]]:
@@ -323,15 +314,18 @@ class Store:
                     found[run_id].append((step, math.nan if is_nan else value))
         return found
 
-    def _sql_store(self) -> SqlAlchemyStore | None:
-        """MLflow's store behind the client where it is a SQL database (SQLite by default), else None."""
+    def _sql_or(self, direct: Callable[[SqlAlchemyStore], Any], public: Callable[[], Any]) -> Any:
+        """`direct(store)` on MLflow's store behind the client where it is a SQL database (SQLite by default) that
+        takes the statements; else `public()`, through MLflow's API. A refused statement (MLflow's session wraps
+        the database's errors) is rolled back whole by that session."""
         store = getattr(getattr(self.client, "_tracking_client", None), "store", None)
-        return store if isinstance(store, SqlAlchemyStore) else None
-
-
-def refused_by_database(error: MlflowException) -> bool:
-    """Whether MLflow's SQL session raised this for the database's own error (it wraps them)."""
-    return isinstance(error.__cause__, sqlalchemy.exc.SQLAlchemyError)
+        if isinstance(store, SqlAlchemyStore):
+            try:
+                return direct(store)
+            except MlflowException as error:
+                if not isinstance(error.__cause__, sqlalchemy.exc.SQLAlchemyError):
+                    raise
+        return public()
 
 
 def now_ms() -> int:
