@@ -64,7 +64,7 @@ def step_bytes(sim: Simulation) -> int:
     """Bytes of minibatch rows one local step of this run gathers."""
     federation, problem = sim.federation, sim.problem
     clients = federation.clients_per_round or problem.num_clients
-    samples = sum(sim.sampler.sizes[mb.name] for mb in sim.sampler.minibatches if mb.same_as is None)
+    samples = sum(sim.sampler.sizes[mb.name] for mb in sim.sampler.drawn)
     itemsize = sim.server[sim.algorithm.downloads[0]].element_size()
     return clients * samples * (problem.row_elements or problem.dim) * itemsize
 
@@ -75,11 +75,6 @@ class NotBatchable(ValueError):
 
 def _random_rounds(algorithm_type: type[Algorithm]) -> bool:
     return algorithm_type.round_length is not Algorithm.round_length
-
-
-def per_run_hparams(algorithm_type: type[Algorithm]) -> tuple[str, ...]:
-    """The hyperparameters in which the runs of one batch may differ: the algorithm's `run_hparams`."""
-    return algorithm_type.run_hparams
 
 
 def why_not_batchable(sims: list[Simulation]) -> str | None:
@@ -95,7 +90,7 @@ def why_not_batchable(sims: list[Simulation]) -> str | None:
         if type(sim.algorithm) is not type(first.algorithm):
             return "the runs must run one algorithm"
         differ = sorted(k for k in first.algorithm.hp if sim.algorithm.hp[k] != first.algorithm.hp[k])
-        per_run = per_run_hparams(type(first.algorithm))
+        per_run = type(first.algorithm).run_hparams
         if any(k not in per_run or not isinstance(sim.algorithm.hp[k], float) for k in differ):
             return (f"the runs may differ only in {', '.join(per_run)} (per-run values), not in "
                     f"{', '.join(k for k in differ if k not in per_run)}" if per_run else
@@ -132,7 +127,7 @@ def _not_iteration_wise(sim: Simulation) -> str | None:
         return f"{name} has rounds of random length with sampled clients"
     if sim.problem.noisy_minibatches:  # the steps wasted on runs between rounds would draw their noise
         return f"{name} has rounds of random length, and {problem}'s minibatches carry noise"
-    if not sim.problem.draws_by_step or len([mb for mb in sim.sampler.minibatches if mb.same_as is None]) != 1:
+    if not sim.problem.draws_by_step or len(sim.sampler.drawn) != 1:
         return f"{name} has rounds of random length, and {problem} does not draw one minibatch a step, step by step"
     return None
 
@@ -218,7 +213,7 @@ class RunBatch:
         self.problem, self.federation, self.algorithm = first.problem, first.federation, first.algorithm
         dtype = first.server[self.algorithm.downloads[0]].dtype
         self.per_run = {k: torch.tensor([float(s.algorithm.hp[k]) for s in sims], dtype=dtype, device=self.problem.device)
-                        for k in per_run_hparams(type(self.algorithm))
+                        for k in type(self.algorithm).run_hparams
                         if any(s.algorithm.hp[k] != first.algorithm.hp[k] for s in sims)}
         if self.per_run:  # a copy whose hyperparameters that differ are the live runs' values (`_hparams_of`)
             self.per_run.update({name: _run_values([getattr(s.algorithm, name) for s in sims], dtype,
@@ -420,8 +415,7 @@ class IterationBatch(RunBatch):
         if why := _not_iteration_wise(sims[0]):
             raise NotBatchable(why)
         sampler = sims[0].sampler
-        self.rows_per_step = self.problem.num_clients * next(sampler.sizes[mb.name] for mb in sampler.minibatches
-                                                             if mb.same_as is None)
+        self.rows_per_step = self.problem.num_clients * sampler.sizes[sampler.drawn[0].name]
         self.length = [0] * len(sims)
         self.iteration = 0  # the batch's iterations so far
         self.ends: dict[int, list[int]] = {}  # batch iteration -> the runs whose round's last step it is
@@ -585,6 +579,7 @@ class IterationBatch(RunBatch):
                 start = time.perf_counter()
                 self._open_rounds(opening)
                 self.share += (time.perf_counter() - start) / len(self.live)
+
 
 def one_program(sims: list[Simulation]) -> bool:
     """Whether `run_batch` runs these (batchable) simulations as one program, rather than one after another: more

@@ -73,6 +73,7 @@ class RoundSampler:
         self.problem, self.federation = problem, federation
         self.minibatches = minibatches
         self.sizes = sizes or {mb.name: federation.batch_size for mb in minibatches}
+        self.drawn = tuple(mb for mb in minibatches if mb.same_as is None)  # those with draws of their own
         self.client_gen = generator(seed, "clients")
         self.batch_gen = generator(seed, "minibatches")
         self.noise_gen = generator(seed, "feature-noise")  # the problem's minibatch_noise, if it has any
@@ -85,7 +86,7 @@ class RoundSampler:
         else:
             clients = torch.randperm(count, generator=self.client_gen)[: self.federation.clients_per_round or count]
         rows = {mb.name: self.problem.draw_minibatches(clients, local_steps, self.sizes[mb.name], self.batch_gen)
-                for mb in self.minibatches if mb.same_as is None}
+                for mb in self.drawn}
         return clients.to(self.problem.device), rows
 
     def step_batches(self, rows: dict[str, Tensor], step: int) -> Batches:

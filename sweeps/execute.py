@@ -28,7 +28,7 @@ import torch
 from fedbench.algorithms import ALGORITHMS
 from fedbench.hparams import resolve
 from fedbench.problems import PROBLEMS
-from fedbench.runs import one_program, per_run_hparams, run_batch, why_not_batchable
+from fedbench.runs import one_program, run_batch, why_not_batchable
 from fedbench.simulate import Simulation
 from sweeps.recipe import Recipe, Trial, stable_hash
 
@@ -59,8 +59,8 @@ def build_simulation(trial: Trial, device: str | None = None, problem=None) -> S
 
 def batch_key(trial: Trial) -> str:
     """The configurations whose seeds may share one program: the same but for the algorithm's per-run
-    hyperparameters (`fedbench.runs.per_run_hparams`)."""
-    per_run = per_run_hparams(ALGORITHMS[trial.algorithm])
+    hyperparameters (`Algorithm.run_hparams`)."""
+    per_run = ALGORITHMS[trial.algorithm].run_hparams
     config = trial.config()
     config["algorithm"] = {k: v for k, v in config["algorithm"].items() if k not in per_run or not isinstance(v, float)}
     return stable_hash(config)
