@@ -1,43 +1,37 @@
-"""Many runs as one program: a run axis `[R, S, ...]` above the clients' axis.
+"""The engine: one round loop over R ≥ 1 runs, each with its own random streams, as one batched tensor program.
 
 R simulations of one algorithm with one configuration on one problem instance (the same data), differing in their
-seeds (initial point, client sampling, minibatches, the algorithm's coins) and in per-run hyperparameters, advance
-round by round as one batched tensor program:
+seeds (initial point, client sampling, minibatches, the algorithm's coins) and in their float hyperparameters,
+advance as one program; a run alone is R = 1 through the same code:
 
-    sims = [Simulation(problem, FedMiD(problem, client_lr=1e-3), federation, seed) for seed in range(30)]
-    for run, row in RunBatch(sims):   # each run's rows, exactly as `for row in sims[run]` would yield them
+    sims = [Simulation(problem, FedMiD(problem, client_lr=lr), federation, seed) for seed, lr in ...]
+    for run, row in run_batch(sims):  # each run's rows, exactly as `for row in sims[run]` would yield them
         ...
     sims[run].status                  # 'finished' or 'diverged', per run
 
-* Draws. Every run keeps its own `Simulation`, whose generators draw on the host exactly what the run draws
-  alone (round length, clients, minibatch rows), in the same order; only the arithmetic is batched.
-* Layout. The server state gains a leading run axis (`[R, d]`), per-client state too (`[R, N, d]`), the local
-  state of a round is `[R, S, d]`. Algorithms that declare `runs_axis` are written for it (reductions over the
-  client axis −2, `broadcast`/`aggregate` between server and clients); the oracles they call fold the run axis
-  into the client axis (`RunOracle`), so problems need nothing new.
-* Hyperparameters. The runs may differ in the continuous hyperparameters the algorithm declares `run_hparams`
-  (e.g. FedAvg's and FedMiD's step sizes): the batch's algorithm holds them as `[R]` tensors of the runs it
-  advances, which the algorithm broadcasts over its tensors' run axis (`per_run`). Everything else is shared.
-* Rounds. Of fixed length, the runs advance round by round together (`RunBatch`). Of random length (coin-flip
-  communication, seed 003's block methods, every device in every round), the runs advance iteration by
-  iteration, each through its own rounds (`IterationBatch`): round-synchronous runs would each wait for the
-  longest of R geometric lengths, about ln R times the mean.
+* Draws. Every run keeps its own `Simulation` (its record: streams, counters, status), whose generators draw on the
+  host exactly what the run draws alone (round length, clients, minibatch rows), in the same order; only the
+  arithmetic is batched. An algorithm's own draws go through `Round.draw`, bound to each run's stream.
+* Layout (`fedbench.algorithms.base`). Server state `[R, 1, ...]`, per-client state `[R, N, ...]`, a round's local
+  state `[R, S, ...]`, float hyperparameters and derived values `[R, 1, 1]` (`batch_hparams`). The problem's oracles
+  see the run axis folded into the client axis (`RunOracle`, for any oracle method), so problems need nothing new.
+* Schedules. Rounds of fixed length (or of a drawn length, for one run) advance round by round (`RunBatch`). Rounds
+  of random length where every client takes part (coin-flip communication, seed 003's block methods) advance
+  iteration by iteration, each run through its own rounds (`IterationBatch`): round-synchronous runs would each
+  wait for the longest of R geometric lengths, about ln R times the mean. `plan` says which runs share a program.
 * Divergence. A run that diverges stops, as alone: its partial curve is kept, its final state is stored on its
-  Simulation, and it leaves the batched arithmetic (the live runs are selected every round). A round in which an
-  SVD fails (an iterate that overflowed between two evaluations) is replayed run by run on the same draws: the
-  runs whose SVD fails end diverged there, as alone, and the others go on.
-* Evaluation. On the same schedule as alone, the runs due together in one `Problem.evaluate_runs` call on views
-  of the batch (`evaluate_rows`, which evaluates a run alone too, as a batch of one).
+  Simulation, and it leaves the batched arithmetic. A round in which an SVD fails (an iterate that overflowed
+  between two evaluations) is replayed run by run on the same draws: the runs whose SVD fails end diverged there.
+* Evaluation. On the same schedule as alone, the runs due together in one `Problem.evaluate_runs` call.
 
 Why explicit and not `torch.func.vmap` over runs (tried first): on this CPU vmap costs ~2x per elementwise op and
 ~30x per gather (index_select with a batched index: 380 µs against 12 µs), where the runs of seed 003's
 problems are streams of ~10 µs ops; the explicit layout's ops on `[R, S, d]` cost about what `[S, d]` costs.
-Identity with runs alone: bit for bit where the batched kernels reduce in the same order as the unbatched ones,
-else within 1e-12 relative (the server average is a batched matrix product); `tests/test_runs.py` per algorithm.
+Identity of a run in a batch with the run alone: bit for bit where the batched kernels reduce in the same order,
+else within 1e-12 relative; `tests/test_runs.py` per algorithm.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import time
 from typing import Any, Iterable, Iterator
@@ -46,18 +40,19 @@ import torch
 from torch import Tensor
 
 from fedbench.algorithms import ALGORITHMS
-from fedbench.algorithms.base import Algorithm, Round, RunStreams
+from fedbench.algorithms.base import Algorithm, HParams, Round
 from fedbench.oracle import Batches
 from fedbench.simulate import Simulation, evaluate_rows
 
 
 GATHER_BUDGET = 4 * 2**20  # bytes of minibatch rows one batched local step gathers (see RunBatch.chunk)
-# Bytes of minibatch rows a run gathers per local step beyond which its runs go one after another (`run_batch`): the
+# Bytes of minibatch rows a run gathers per local step beyond which its runs go one after another (`plan`): the
 # step is then bound by memory traffic, which a batch does not reduce, and the batch's bookkeeping costs ~5%.
 # Measured here (FedMiD, Lasso with S·b = 100 rows, R = 16): 50 KB a run 1.7x, 200 KB 1.15x, 800 KB (spec 002's
 # p = 1024) 0.91-1.05x whatever the chunk size.
 MEMORY_BOUND_RUN_BYTES = 512 * 2**10
 STREAM_BYTES = 2**20  # rows of the iterations an iteration-wise batch draws ahead for all its runs at a time
+HP_RANK = 3  # float hyperparameters are [R, 1, 1]: they broadcast against [R, 1, d] and [R, S, d]
 
 
 def step_bytes(sim: Simulation) -> int:
@@ -77,47 +72,29 @@ def _random_rounds(algorithm_type: type[Algorithm]) -> bool:
     return algorithm_type.round_length is not Algorithm.round_length
 
 
+def _is_float(value: Any) -> bool:
+    return isinstance(value, float)
+
+
 def why_not_batchable(sims: list[Simulation]) -> str | None:
-    """Why these simulations cannot form one batch (None: they can)."""
+    """Why these simulations cannot form one program (None: they can). One simulation always can."""
     first = sims[0]
-    if not type(first.algorithm).batchable_runs(first.algorithm.hp):
-        return f"{first.algorithm.name} is not written for the run axis with these settings (Algorithm.runs_axis)"
-    if _random_rounds(type(first.algorithm)) and (why := _not_iteration_wise(first)):
+    if len(sims) > 1 and _random_rounds(type(first.algorithm)) and (why := _not_iteration_wise(first)):
         return why
     for sim in sims[1:]:
         if sim.problem is not first.problem:
             return "the runs must share one problem instance (the same data)"
         if type(sim.algorithm) is not type(first.algorithm):
             return "the runs must run one algorithm"
-        differ = sorted(k for k in first.algorithm.hp if sim.algorithm.hp[k] != first.algorithm.hp[k])
-        per_run = type(first.algorithm).run_hparams
-        if any(k not in per_run or not isinstance(sim.algorithm.hp[k], float) for k in differ):
-            return (f"the runs may differ only in {', '.join(per_run)} (per-run values), not in "
-                    f"{', '.join(k for k in differ if k not in per_run)}" if per_run else
-                    f"{first.algorithm.name} takes no per-run hyperparameters (none declared): the runs must share "
-                    "them")
+        differ = sorted(k for k in first.algorithm.declared if sim.algorithm.declared[k] != first.algorithm.declared[k])
+        static = [k for k in differ if not (_is_float(sim.algorithm.declared[k])
+                                            and _is_float(first.algorithm.declared[k]))]
+        if static:
+            return f"the runs may differ only in float hyperparameters (per-run values), not in {', '.join(static)}"
         if (sim.federation, sim.eval_every, sim.sampler.sizes, sim.divergence_factor) != (
                 first.federation, first.eval_every, first.sampler.sizes, first.divergence_factor):
             return "the runs must share the federation, batch sizes, evaluation schedule and divergence rule"
     return None
-
-
-def _run_values(values: list, dtype: torch.dtype, device) -> Tensor | Any:
-    """The runs' values of one attribute as a `[R]` tensor; of a dataclass of floats, the dataclass of the `[R]`
-    tensors of its fields."""
-    if dataclasses.is_dataclass(values[0]):
-        fields = {f.name: _run_values([getattr(v, f.name) for v in values], dtype, device)
-                  for f in dataclasses.fields(values[0])}
-        return dataclasses.replace(values[0], **fields)
-    return torch.tensor([float(v) for v in values], dtype=dtype, device=device)
-
-
-def _runs_of(values: Tensor | Any, runs: Tensor) -> Tensor | Any:
-    """The rows `runs` of `_run_values`."""
-    if dataclasses.is_dataclass(values):
-        return dataclasses.replace(values, **{f.name: getattr(values, f.name).index_select(0, runs)
-                                              for f in dataclasses.fields(values)})
-    return values.index_select(0, runs)
 
 
 def _not_iteration_wise(sim: Simulation) -> str | None:
@@ -125,11 +102,41 @@ def _not_iteration_wise(sim: Simulation) -> str | None:
     name, problem = sim.algorithm.name, sim.problem.name
     if sim.algorithm.participation != "all":
         return f"{name} has rounds of random length with sampled clients"
+    if type(sim.algorithm).draws_in_steps(sim.algorithm.declared):
+        return f"{name} draws inside its rounds' steps with these hyperparameters"
     if sim.problem.noisy_minibatches:  # the steps wasted on runs between rounds would draw their noise
         return f"{name} has rounds of random length, and {problem}'s minibatches carry noise"
     if not sim.problem.draws_by_step or len(sim.sampler.drawn) != 1:
         return f"{name} has rounds of random length, and {problem} does not draw one minibatch a step, step by step"
     return None
+
+
+def _per_run(values: list, dtype: torch.dtype, device) -> Any:
+    """The runs' values of one hyperparameter or derived value: floats as a `[R, 1, 1]` tensor, a dataclass of
+    floats as the dataclass of such tensors, anything else the first run's (the runs share it, `why_not_batchable`)."""
+    first = values[0]
+    if dataclasses.is_dataclass(first):
+        return dataclasses.replace(first, **{f.name: _per_run([getattr(v, f.name) for v in values], dtype, device)
+                                             for f in dataclasses.fields(first)})
+    if _is_float(first):
+        return torch.tensor(values, dtype=dtype, device=device).view(-1, *[1] * (HP_RANK - 1))
+    return first
+
+
+def batch_hparams(sims: list[Simulation], dtype: torch.dtype, device) -> HParams:
+    """The hyperparameters and derived values of these runs, as a round's functions receive them."""
+    return HParams({key: _per_run([sim.algorithm.hp[key] for sim in sims], dtype, device)
+                    for key in sims[0].algorithm.hp})
+
+
+def _rows_of(value: Any, runs: Tensor) -> Any:
+    """The rows `runs` of a per-run value (`_per_run`)."""
+    if isinstance(value, Tensor):
+        return value.index_select(0, runs)
+    if dataclasses.is_dataclass(value):
+        return dataclasses.replace(value, **{f.name: _rows_of(getattr(value, f.name), runs)
+                                             for f in dataclasses.fields(value)})
+    return value
 
 
 def _rows_replaced(held: Tensor, runs: Tensor, values: Tensor) -> Tensor:
@@ -142,66 +149,49 @@ def _rows_replaced(held: Tensor, runs: Tensor, values: Tensor) -> Tensor:
     return held.index_copy(0, runs, values)
 
 
+def _stacked(tensors: list[Tensor]) -> Tensor:
+    """The runs' tensors on a new leading run axis (a view for one run)."""
+    return tensors[0].unsqueeze(0) if len(tensors) == 1 else torch.stack(tensors)
+
+
 class RunOracle:
-    """An oracle of R runs' minibatches: points `[R, S, d]` are folded to the `[R·S, d]` the problem's oracle of
-    the flattened batch answers, and its answers unfolded. A point shared by a run's clients (`[R, d]`, e.g. a
-    block method's w) is expanded to every client first."""
+    """A problem's oracle of R runs' minibatches, lifted over the run axis for every method it has: tensor
+    arguments `[R, S, ...]` are folded to the `[R·S, ...]` the problem's oracle of the flattened batch answers (a
+    point shared by a run's clients, `[R, 1, ...]`, expanded to each client first), tensor answers unfolded, and a
+    function argument (a surrogate loss) sees unfolded tensors and gives folded ones."""
 
-    def __init__(self, inner, runs: int, rows: Tensor):
-        self.inner, self.runs, self.rows = inner, runs, rows  # rows `[R, S, b]`
+    def __init__(self, inner, rows: Tensor):
+        self.inner, self.rows = inner, rows  # rows `[R, S, b]`
+        self.runs, self.clients = rows.shape[0], rows.shape[1]
 
-    def _fold(self, x: Tensor) -> Tensor:
-        return x.flatten(0, 1)
+    def _fold(self, x: Any) -> Any:
+        if isinstance(x, Tensor) and x.dim() >= 2 and x.shape[0] == self.runs:
+            if x.shape[1] == 1 and self.clients > 1:
+                x = x.expand(self.runs, self.clients, *x.shape[2:])
+            return x.flatten(0, 1)
+        if callable(x):
+            return lambda *args: self._fold(x(*(self._unfold(a) for a in args)))
+        return x
 
-    def _unfold(self, x: Tensor | None) -> Tensor | None:
-        return None if x is None else x.view(self.runs, -1, *x.shape[1:])
+    def _unfold(self, x: Any) -> Any:
+        if isinstance(x, Tensor):
+            return x.view(self.runs, -1, *x.shape[1:])
+        if isinstance(x, tuple):
+            return tuple(self._unfold(item) for item in x)
+        return x
 
-    def loss(self, w):
-        return self._unfold(self.inner.loss(self._fold(w)))
-
-    def grad(self, w):
-        return self._unfold(self.inner.grad(self._fold(w)))
-
-    def hvp(self, w, v):
-        return self._unfold(self.inner.hvp(self._fold(w), self._fold(v)))
-
-    def _per_client(self, w: Tensor, like: Tensor) -> Tensor:
-        return w.unsqueeze(-2).expand(*like.shape[:-1], w.shape[-1]) if w.dim() < like.dim() else w
-
-    def block_grads(self, w, beta, need_w: bool = True):
-        g_w, g_beta = self.inner.block_grads(self._fold(self._per_client(w, beta)), self._fold(beta), need_w)
-        return self._unfold(g_w), self._unfold(g_beta)
-
-    def block_loss(self, w, beta):
-        return self._unfold(self.inner.block_loss(self._fold(self._per_client(w, beta)), self._fold(beta)))
-
-    def residuals(self, w):
-        return self._unfold(self.inner.residuals(self._fold(w)))
-
-    # pair oracles (X-risk problems): the step's positives/negatives per client, and the surrogate's gradient
-    @property
-    def positives(self) -> int:
-        return self.inner.positives
-
-    @property
-    def negatives(self) -> int:
-        return self.inner.negatives
-
-    @property
-    def positive_index(self) -> Tensor:
-        return self._unfold(self.inner.positive_index)
-
-    def surrogate_grad(self, w, surrogate):
-        """The inner oracle's, on the flattened batch; `surrogate` sees the scores `[R, S, b]` and gives `[R, S]`."""
-        grad, scores = self.inner.surrogate_grad(
-            self._fold(w), lambda a, b: surrogate(self._unfold(a), self._unfold(b)).flatten())
-        return self._unfold(grad), self._unfold(scores)
-
-    def grad_of_residuals(self, residuals):
-        return self._unfold(self.inner.grad_of_residuals(self._fold(residuals)))
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.inner, name)
+        if callable(value):
+            return lambda *args, **kwargs: self._unfold(value(*(self._fold(a) for a in args),
+                                                              **{k: self._fold(v) for k, v in kwargs.items()}))
+        return self._unfold(value)
 
 
 class RunBatch:
+    """The round-wise schedule: every live run through one round at a time, rounds of the federation's length (or,
+    for one run, of its drawn length)."""
+
     def __init__(self, sims: list[Simulation]):
         if not sims:
             raise NotBatchable("no simulations")
@@ -211,43 +201,31 @@ class RunBatch:
         first = sims[0]
         self.sims = sims
         self.problem, self.federation, self.algorithm = first.problem, first.federation, first.algorithm
-        dtype = first.server[self.algorithm.downloads[0]].dtype
-        self.per_run = {k: torch.tensor([float(s.algorithm.hp[k]) for s in sims], dtype=dtype, device=self.problem.device)
-                        for k in type(self.algorithm).run_hparams
-                        if any(s.algorithm.hp[k] != first.algorithm.hp[k] for s in sims)}
-        if self.per_run:  # a copy whose hyperparameters that differ are the live runs' values (`_hparams_of`)
-            self.per_run.update({name: _run_values([getattr(s.algorithm, name) for s in sims], dtype,
-                                                   self.problem.device) for name in self.algorithm.run_derived})
-            self.algorithm = copy.copy(self.algorithm)
+        self.device = self.problem.device
+        self.dtype = first.server[self.algorithm.downloads[0]].dtype
+        self.hp = batch_hparams(sims, self.dtype, self.device)
         self.everyone = self.algorithm.participation == "all"
-        self.server = {k: torch.stack([s.server[k] for s in sims]) for k in first.server}
-        self.clients = {k: torch.stack([s.clients[k] for s in sims]) for k in first.clients}
+        self.server = {k: _stacked([s.server[k] for s in sims]).unsqueeze(1) for k in first.server}
+        self.clients = {k: _stacked([s.clients[k] for s in sims]) for k in first.clients}
         self.live = list(range(len(sims)))
-        self.rounds_done = 0
+        self.rounds_done = first.rounds_done
         self.train_seconds = 0.0  # the whole batch's
         self._uploaded = 0  # floats each run uploaded in the last round
         # Runs per batched kernel: a local step gathers S·b rows per run; beyond GATHER_BUDGET bytes the gathered
         # batch leaves the cache and the batch runs slower than its runs one after another (spec 002's Lasso,
-        # 800 KB a run: 1.2x at R = 4, 0.4x at R = 64, before `run_batch` sent such runs one after another), so
+        # 800 KB a run: 1.2x at R = 4, 0.4x at R = 64, before `plan` sent such runs one after another), so
         # larger batches go through the round in chunks.
         self.chunk = max(1, GATHER_BUDGET // step_bytes(first))
 
     def __len__(self) -> int:
         return len(self.sims)
 
-    # -- one round of every live run ----------------------------------------------------------------------
-    def _draw(self):
-        """Every live run's draws of this round on its own streams, in the order of `Simulation.run_round`."""
-        lengths, clients, rows = [], [], []
-        for i in self.live:
-            sim = self.sims[i]
-            steps = sim.algorithm.round_length(self.federation.local_steps, sim.algorithm_gen)
-            c, r = sim.sampler.draw(steps, everyone=self.everyone)
-            lengths.append(steps)
-            clients.append(c)
-            rows.append(r)
-        rows = {k: torch.stack([r[k] for r in rows], 1) for k in rows[0]}  # [steps, R, S, b]
-        return torch.stack(clients), rows, lengths[0], lengths  # every run's round has the federation's length
+    # -- what every schedule shares -----------------------------------------------------------------------
+    def _hp_of(self, runs: Tensor | None) -> HParams:
+        """The per-run values of the runs `runs` (None: every run of the batch)."""
+        if runs is None:
+            return self.hp
+        return HParams({k: _rows_of(v, runs) for k, v in self.hp.items()})
 
     def _step_batches(self, step_rows: dict[str, Tensor], ids: list[int]) -> Batches:
         """The oracles of one local step of the runs `ids` on their rows `[R, S, b]` of each drawn minibatch, with
@@ -261,22 +239,42 @@ class RunBatch:
             if self.problem.noisy_minibatches:
                 noise = torch.cat([self.problem.minibatch_noise(run_rows, self.sims[i].sampler.noise_gen)
                                    for run_rows, i in zip(rows, ids)])
-            oracles[mb.name] = RunOracle(self.problem.step_oracle(rows.flatten(0, 1), noise), len(ids), rows)
+            oracles[mb.name] = RunOracle(self.problem.step_oracle(rows.flatten(0, 1), noise), rows)
         return Batches(oracles)
 
-    def _weights(self, clients: Tensor, dtype) -> Tensor:
-        if self.federation.aggregation == "uniform":
-            return torch.full(clients.shape, 1.0 / clients.shape[-1], dtype=dtype, device=clients.device)
-        sizes = self.problem.client_sizes[clients].to(dtype)
-        return sizes / sizes.sum(-1, keepdim=True)
+    def _weights(self, clients: Tensor) -> Tensor:
+        """The server's weights `[R, S]` over each run's sampled clients `clients` `[R, S]`."""
+        return aggregation_weights(self.problem, self.federation, clients, self.dtype)
+
+    def _streams(self, ids: list[int]) -> tuple[torch.Generator, ...]:
+        return tuple(self.sims[i].algorithm_gen for i in ids)
+
+    def _downloaded(self, clients: int) -> int:
+        """Floats the `clients` participants of one run download: the server state before the round."""
+        return clients * sum(self.server[k][0].numel() for k in self.algorithm.downloads)
+
+    # -- one round of every live run ----------------------------------------------------------------------
+    def _draw(self):
+        """Every live run's draws of this round on its own streams, in the order a run alone draws them."""
+        lengths, clients, rows = [], [], []
+        for i in self.live:
+            sim = self.sims[i]
+            steps = sim.algorithm.round_length(self.federation.local_steps, sim.algorithm_gen)
+            c, r = sim.sampler.draw(steps, everyone=self.everyone)
+            lengths.append(steps)
+            clients.append(c)
+            rows.append(r)
+        if len(set(lengths)) > 1:
+            raise NotBatchable("runs of one round-wise program drew rounds of different lengths")
+        rows = {k: torch.stack([r[k] for r in rows], 1) for k in rows[0]}  # [steps, R, S, b]
+        return torch.stack(clients), rows, lengths[0]
 
     def run_round(self) -> list[int]:
         """One round of every live run; the runs whose round failed (an SVD of an overflowed iterate raised
         LinAlgError) are returned: the batch then replays the round run by run on the same draws, so that
         only the failing runs fail."""
         draws = self._draw()
-        # what each sampled client downloads: the server state before the round (FeDXL's pools change size in it)
-        down = draws[0].shape[-1] * sum(self.server[k][0].numel() for k in self.algorithm.downloads)
+        down = self._downloaded(draws[0].shape[-1])
         start = (self.server, self.clients)  # every chunk starts from the state before the round
         failed = []
         for first in range(0, len(self.live), self.chunk):
@@ -289,43 +287,41 @@ class RunBatch:
                         self._advance(draws, [position], start)
                     except torch.linalg.LinAlgError:
                         failed.append(self.live[position])
-        for i, n in zip(self.live, draws[-1]):
-            self.sims[i].count_round(self._uploaded, down, n)
+        for i in self.live:
+            self.sims[i].count_round(self._uploaded, down, draws[2])
         self.rounds_done += 1
         return failed
 
     def _advance(self, draws, positions: list[int], start: tuple[dict, dict]) -> None:
         """The round of the live runs at `positions` (indices into `self.live`) on their draws, from their state in
         `start` (server, clients) at the round's beginning."""
-        clients, rows, steps, _ = draws
+        clients, rows, steps = draws
         algorithm, runs = self.algorithm, len(positions)
         if runs < len(self.live):
-            chosen = torch.tensor(positions, device=self.problem.device)
+            chosen = torch.tensor(positions, device=self.device)
             clients = clients[chosen]
             rows = {k: v[:, chosen] for k, v in rows.items()}
         ids = [self.live[p] for p in positions]
         whole = runs == len(self.sims)
-        live = torch.tensor(ids, device=self.problem.device)
-        pick = (lambda t: t) if whole else (lambda t: t.index_select(0, live))
-        server = {k: pick(v) for k, v in start[0].items()}
-        state = {k: pick(v) for k, v in start[1].items()}
-        run_index = torch.arange(runs, device=self.problem.device)[:, None]
+        live = None if whole else torch.tensor(ids, device=self.device)
+        server = start[0] if whole else {k: v.index_select(0, live) for k, v in start[0].items()}
+        state = start[1] if whole else {k: v.index_select(0, live) for k, v in start[1].items()}
+        run_index = torch.arange(runs, device=self.device)[:, None]
         gathered = state if self.everyone else {k: v[run_index, clients] for k, v in state.items()}
-        self._hparams_of(live, whole)
-        rnd = Round(self.rounds_done, clients, steps, self.sims[ids[0]].iterations,
-                    RunStreams(self.sims[i].algorithm_gen for i in ids))
-        local = algorithm.client_init(server, gathered, rnd)
+        hp = self._hp_of(live)
+        sim = self.sims[ids[0]]
+        rnd = Round(clients, sim.rounds_done, steps, sim.iterations, streams=self._streams(ids))
+        local = algorithm.client_init(server, gathered, rnd, hp)
         for step in range(steps):
             local = algorithm.client_step(local, self._step_batches({k: v[step] for k, v in rows.items()}, ids),
-                                          rnd, step)
-        message, updated = algorithm.client_final(local, rnd)
-        weights = self._weights(clients, server[algorithm.downloads[0]].dtype)
-        server = algorithm.server_update(server, message, weights, rnd)
+                                          rnd.at(step), hp)
+        message, updated = algorithm.client_final(local, rnd, hp)
+        server = algorithm.server_update(server, message, self._weights(clients), rnd, hp)
+        # The scatter comes last, after everything that may raise: a replayed chunk finds its rows as they were.
         for key, value in updated.items():
             if self.everyone:
                 state[key] = value
             else:
-                state[key] = state[key].clone()
                 state[key][run_index, clients] = value
         if whole:
             self.server, self.clients = server, state
@@ -334,17 +330,11 @@ class RunBatch:
             self.clients = {k: _rows_replaced(self.clients[k], live, v) for k, v in state.items()}
         self._uploaded = sum(m.numel() for m in message.values()) // runs
 
-    def _hparams_of(self, live: Tensor, whole: bool) -> None:
-        """The batch's algorithm takes the per-run hyperparameter (and derived) values of the runs it advances
-        (`live`)."""
-        for key, values in self.per_run.items():
-            setattr(self.algorithm, key, values if whole else _runs_of(values, live))
-
     # -- evaluation and the loop --------------------------------------------------------------------------
     def _sync(self, i: int) -> None:
-        """Run i's state onto its Simulation (views of the batch's tensors)."""
+        """Run i's state onto its Simulation (views of the batch's tensors, without the run axis)."""
         sim = self.sims[i]
-        sim.server = {k: v[i] for k, v in self.server.items()}
+        sim.server = {k: v[i, 0] for k, v in self.server.items()}
         sim.clients = {k: v[i] for k, v in self.clients.items()}
 
     def evaluate(self, runs: list[int] | None = None) -> dict[int, dict[str, float]]:
@@ -358,57 +348,71 @@ class RunBatch:
         """Run i ends: its state stays on its Simulation (copied out of the batch), and it leaves the batch."""
         sim = self.sims[i]
         self._sync(i)
-        sim.server = {k: v.clone() for k, v in sim.server.items()}
-        sim.clients = {k: v.clone() for k, v in sim.clients.items()}
+        if len(self.sims) > 1:
+            sim.server = {k: v.clone() for k, v in sim.server.items()}
+            sim.clients = {k: v.clone() for k, v in sim.clients.items()}
         sim.status = status
         self.live.remove(i)
+
+    def step(self) -> list[tuple[int, dict[str, float]]]:
+        """One round of every live run, and the rows it makes: those due on the evaluation schedule, and those of
+        runs that diverged (which then stop)."""
+        start = time.perf_counter()
+        failed = self.run_round()
+        elapsed = time.perf_counter() - start
+        self.train_seconds += elapsed
+        for i in self.live:  # each run is charged its share of the batch's time
+            self.sims[i].train_seconds += elapsed / len(self.live)
+        rows = []
+        for i in failed:
+            self._sync(i)
+            rows.append((i, self.sims[i].evaluate(failed=True)))
+            self._stop(i, "diverged")
+        if self.rounds_done % self.sims[0].eval_every == 0 or self.rounds_done == self.federation.rounds:
+            for i, row in self.evaluate().items():
+                if self.sims[i].exploded(row):
+                    self._stop(i, "diverged")
+                rows.append((i, row))
+        return rows
 
     def __iter__(self) -> Iterator[tuple[int, dict[str, float]]]:
         for i, row in self.evaluate().items():
             self.sims[i].start_objective = row.get("objective")
             yield i, row
-        eval_every = self.sims[0].eval_every
         while self.live and self.rounds_done < self.federation.rounds:
-            start = time.perf_counter()
-            failed = self.run_round()
-            elapsed = time.perf_counter() - start
-            self.train_seconds += elapsed
-            for i in self.live:  # each run is charged its share of the batch's time
-                self.sims[i].train_seconds += elapsed / len(self.live)
-            for i in failed:
-                self._sync(i)
-                yield i, self.sims[i].evaluate(failed=True)
-                self._stop(i, "diverged")
-            if self.rounds_done % eval_every == 0 or self.rounds_done == self.federation.rounds:
-                for i, row in self.evaluate().items():
-                    if self.sims[i].exploded(row):
-                        self._stop(i, "diverged")
-                    yield i, row
+            yield from self.step()
         for i in list(self.live):
             self._stop(i, "finished")
 
 
+def aggregation_weights(problem, federation, clients: Tensor, dtype: torch.dtype) -> Tensor:
+    """π̂ over each run's sampled clients `clients` `[R, S]`: uniform 1/S, or by samples n_k over the sampled set."""
+    if federation.aggregation == "uniform":
+        return torch.full(clients.shape, 1.0 / clients.shape[-1], dtype=dtype, device=clients.device)
+    sizes = problem.client_sizes[clients].to(dtype)
+    return sizes / sizes.sum(-1, keepdim=True)
+
+
 class IterationBatch(RunBatch):
-    """The run axis for rounds of random length (coin-flip communication, every device every round): the runs
-    advance iteration by iteration, each through its own rounds, instead of round by round. A round-synchronous
-    batch would run every round as long as the longest of R geometric lengths (about ln R times the mean); here
-    no iteration is wasted.
+    """The iteration-wise schedule, for rounds of random length where every client takes part (coin-flip
+    communication): the runs advance iteration by iteration, each through its own rounds, instead of round by
+    round. A round-synchronous batch would run every round as long as the longest of R geometric lengths (about
+    ln R times the mean); here no iteration is wasted.
 
     Every live run takes a local step at every iteration, so a run's k-th iteration is the batch's. Its rows are
     drawn ahead, for many iterations at a time (`_draw_ahead`): a round's rows are the next iterations' of the
     run's own stream, which the problem draws step after step (`Problem.draws_by_step`), so that the run draws
     exactly what it draws alone round by round, and a local step's rows are one slice of the batch's buffer.
 
-    At each iteration, first the runs at their round's last step end their rounds: together (last step,
-    client_final, server_update on the batch's rows of these runs) where the algorithm draws nothing there, else
-    one by one exactly as alone (the run's own algorithm and generator, its own round index and iteration count,
-    on views of the batch); then every row of the batch takes a local step at once (wasted on the rows of runs
-    that just ended a round or stopped, cheaper than selecting the others); the runs that go on then draw their
-    next round's length and take their local states together (client_init). A round ends for about
-    R/(mean length) runs per iteration, so the batched step carries the cost. In that step an algorithm reads
-    `step` only to tell the round's last step (`step == rnd.local_steps - 1`, never true there), draws nothing and
-    reads neither `rnd.index` nor `rnd.iteration` (they differ between runs): `Algorithm.batchable_runs` says so.
-    Per-run hyperparameters (`run_hparams`, `run_derived`) are those of the rows each call advances."""
+    At each iteration, first the runs at their round's last step end their rounds (last step, client_final,
+    server_update on the batch's rows of these runs: together, or one run at a time where the algorithm branches on
+    its draws there, `draws_at_round_end`); then every row of the batch takes a local step at once (wasted on the
+    rows of runs that just ended a round or stopped, cheaper than selecting the others); the runs that go on then
+    draw their next round's length and take their local states together (client_init). The runs are at different
+    rounds, so the inner steps' round defines neither `index`, `iteration`, `local_steps` nor `step`
+    (`is_last_step` is False there) and allows no draw; a round's end and start define what all its runs share."""
+
+    INSIDE = "in an iteration-wise batch's inner steps (its runs are at different rounds)"
 
     def __init__(self, sims: list[Simulation]):
         super().__init__(sims)
@@ -425,14 +429,9 @@ class IterationBatch(RunBatch):
         self.ahead_steps = max(1, STREAM_BYTES // (8 * self.rows_per_step * len(sims)))  # A
         self.drawn = 0
         self.ids = list(range(len(sims)))
-        self.every = torch.arange(len(sims), device=self.problem.device)
         self.local: dict[str, Tensor] = {}
-        self.clients_all = torch.arange(self.problem.num_clients, device=self.problem.device)
-        self.inside = Round(-1, self.clients_all.expand(len(sims), -1), 2, -1, None)  # step 0 is not the last
-
-    def _round_of(self, i: int) -> Round:
-        sim = self.sims[i]
-        return Round(sim.rounds_done, self.clients_all, self.length[i], sim.iterations, sim.algorithm_gen)
+        self.clients_all = torch.arange(self.problem.num_clients, device=self.device)
+        self.inside = Round(self.clients_all.expand(len(sims), -1), where=self.INSIDE)
 
     def _draw_ahead(self) -> None:
         """The rows of every live run for the next iterations, on its own stream (`sampler.draw` of that many
@@ -451,20 +450,27 @@ class IterationBatch(RunBatch):
             self._draw_ahead()
         return {name: rows[:, self.iteration - self.drawn] for name, rows in self.ahead.items()}
 
+    def _round(self, runs: list[int], ending: bool = False) -> Round:
+        """The round of the runs `runs` at its start, or at its last step (`ending`): what they share defined."""
+        sims = [self.sims[i] for i in runs]
+        shared = lambda values: values[0] if len(set(values)) == 1 else None  # noqa: E731
+        length = shared([self.length[i] for i in runs])
+        return Round(self.clients_all.expand(len(runs), -1), shared([s.rounds_done for s in sims]), length,
+                     shared([s.iterations for s in sims]), length - 1 if ending and length else None,
+                     self._streams(runs), "for runs of an iteration-wise batch at different rounds", last=ending)
+
     def _open_rounds(self, opening: list[int]) -> None:
         """The next round of each run in `opening`: its length on its own stream (as alone); then their local
-        states together (client_init on the batch's rows of these runs: it reads neither `rnd.index` nor
-        `rnd.iteration`, as the batched steps). Their first step is the next iteration."""
+        states together (client_init). Their first step is the next iteration."""
         for i in opening:
             sim = self.sims[i]
             steps = sim.algorithm.round_length(self.federation.local_steps, sim.algorithm_gen)
             self.length[i] = steps
             self.ends.setdefault(self.iteration + steps - 1, []).append(i)
-        runs = torch.tensor(opening, device=self.problem.device)
-        rnd = Round(-1, self.clients_all.expand(len(opening), -1), 2, -1, None)
-        self._hparams_of(runs, whole=False)
+        runs = torch.tensor(opening, device=self.device)
         local = self.algorithm.client_init({k: v.index_select(0, runs) for k, v in self.server.items()},
-                                           {k: v.index_select(0, runs) for k, v in self.clients.items()}, rnd)
+                                           {k: v.index_select(0, runs) for k, v in self.clients.items()},
+                                           self._round(opening), self._hp_of(runs))
         for key, value in local.items():
             if key not in self.local:
                 self.local[key] = value.new_zeros(len(self.sims), *value.shape[1:])
@@ -476,48 +482,27 @@ class IterationBatch(RunBatch):
         self.settled[i] = self.share
 
     def _end_rounds(self, ending: list[int], rows: dict[str, Tensor]) -> None:
-        """The last local step, client_final and server_update of the runs in `ending`, together (a round's last
-        step of 1: step 0), for algorithms that draw nothing there; one by one (`_end_round`) for the others."""
-        if self.algorithm.draws_at_round_end:
-            for i in ending:
-                self._end_round(i, {name: value[i].unsqueeze(0) for name, value in rows.items()})
-            return
-        runs = torch.tensor(ending, device=self.problem.device)
-        self._hparams_of(runs, whole=False)
-        local = {k: v.index_select(0, runs) for k, v in self.local.items()}
-        server = {k: v.index_select(0, runs) for k, v in self.server.items()}
-        clients = self.clients_all.expand(len(ending), -1)
-        rnd = Round(-1, clients, 1, -1, None)
-        oracles = self._step_batches({name: value.index_select(0, runs) for name, value in rows.items()}, ending)
-        local = self.algorithm.client_step(local, oracles, rnd, 0)
-        message, updated = self.algorithm.client_final(local, rnd)
-        weights = self._weights(clients, server[self.algorithm.downloads[0]].dtype)
-        server = self.algorithm.server_update(server, message, weights, rnd)
-        for key, value in server.items():
-            self.server[key].index_copy_(0, runs, value)
-        for key, value in updated.items():
-            self.clients[key].index_copy_(0, runs, value)
-        up = sum(m.numel() for m in message.values()) // len(ending)
-        down = len(self.clients_all) * sum(server[k][0].numel() for k in self.algorithm.downloads)
-        for i in ending:
-            self.sims[i].count_round(up, down, self.length[i])
-
-    def _end_round(self, i: int, step_rows: dict[str, Tensor]) -> None:
-        """Run i's last local step on its rows `[1, S, b]`, client_final and server_update, as
-        `Simulation.run_round` does them (with the run's own algorithm, its hyperparameters floats)."""
-        sim, algorithm = self.sims[i], self.sims[i].algorithm
-        self._sync(i)
-        local = {k: v[i] for k, v in self.local.items()}
-        rnd = self._round_of(i)
-        local = algorithm.client_step(local, sim.sampler.step_batches(step_rows, 0), rnd, self.length[i] - 1)
-        message, updated = algorithm.client_final(local, rnd)
-        server = algorithm.server_update(sim.server, message, sim.aggregation_weights(self.clients_all), rnd)
-        for key, value in server.items():
-            self.server[key][i] = value
-        for key, value in updated.items():
-            self.clients[key][i] = value
-        down = len(self.clients_all) * sum(server[k].numel() for k in self.algorithm.downloads)
-        sim.count_round(sum(m.numel() for m in message.values()), down, self.length[i])
+        """The last local step, client_final and server_update of the runs in `ending`: together, or one run at a
+        time for algorithms that branch on their draws there."""
+        groups = [[i] for i in ending] if self.algorithm.draws_at_round_end else [ending]
+        for group in groups:
+            runs = torch.tensor(group, device=self.device)
+            hp = self._hp_of(runs)
+            local = {k: v.index_select(0, runs) for k, v in self.local.items()}
+            server = {k: v.index_select(0, runs) for k, v in self.server.items()}
+            rnd = self._round(group, ending=True)
+            oracles = self._step_batches({name: value.index_select(0, runs) for name, value in rows.items()}, group)
+            local = self.algorithm.client_step(local, oracles, rnd, hp)
+            message, updated = self.algorithm.client_final(local, rnd, hp)
+            server = self.algorithm.server_update(server, message, self._weights(rnd.clients), rnd, hp)
+            for key, value in server.items():
+                self.server[key].index_copy_(0, runs, value)
+            for key, value in updated.items():
+                self.clients[key].index_copy_(0, runs, value)
+            up = sum(m.numel() for m in message.values()) // len(group)
+            down = self._downloaded(len(self.clients_all))
+            for i in group:
+                self.sims[i].count_round(up, down, self.length[i])
 
     def _stop(self, i: int, status: str) -> None:
         """As `RunBatch._stop`; the run's rows then take a live run's values, so that the batch, which steps every
@@ -553,8 +538,8 @@ class IterationBatch(RunBatch):
             if ending:
                 self._end_rounds(ending, rows)
             if len(ending) < len(self.live):
-                self._hparams_of(self.every, whole=True)
-                self.local = self.algorithm.client_step(self.local, self._step_batches(rows, self.ids), self.inside, 0)
+                self.local = self.algorithm.client_step(self.local, self._step_batches(rows, self.ids), self.inside,
+                                                        self.hp)
             self.iteration += 1
             elapsed = time.perf_counter() - start
             self.train_seconds += elapsed
@@ -582,30 +567,34 @@ class IterationBatch(RunBatch):
 
 
 def one_program(sims: list[Simulation]) -> bool:
-    """Whether `run_batch` runs these (batchable) simulations as one program, rather than one after another: more
-    than one, and not memory-bound (`MEMORY_BOUND_RUN_BYTES`)."""
+    """Whether these (batchable) simulations run as one program rather than one after another: more than one,
+    and not memory-bound (`MEMORY_BOUND_RUN_BYTES`)."""
     return len(sims) > 1 and step_bytes(sims[0]) <= MEMORY_BOUND_RUN_BYTES
 
 
+def program(sims: list[Simulation]) -> RunBatch:
+    """The program of these simulations: iteration by iteration where rounds have random lengths and every client
+    takes part (`IterationBatch`), else round by round (`RunBatch`; a run alone too)."""
+    if len(sims) > 1 and _random_rounds(type(sims[0].algorithm)):
+        return IterationBatch(sims)
+    return RunBatch(sims)
+
+
 def run_batch(sims: list[Simulation]) -> Iterable[tuple[int, dict[str, float]]]:
-    """The batch for these simulations: iteration by iteration where rounds have random lengths and every client
-    takes part (`IterationBatch`), else round by round (`RunBatch`). One simulation runs alone (the same rows,
-    without the batch's selections), and so do, one after another, runs whose local steps are memory-bound
-    (`MEMORY_BOUND_RUN_BYTES`)."""
-    if not one_program(sims):
+    """(run index, row) of these simulations: as one program where they can share one and are not memory-bound
+    (`one_program`), else one after another, each a program of one."""
+    if why_not_batchable(sims) or not one_program(sims):
         return ((i, row) for i, sim in enumerate(sims) for row in sim)
-    return (IterationBatch if _random_rounds(type(sims[0].algorithm)) else RunBatch)(sims)
+    return program(sims)
 
 
 def run_seeds(problem, algorithm_name: str, federation, seeds, eval_every: int = 10,
               **hyperparameters) -> list[list[dict[str, float]]]:
-    """The rows of one algorithm run with each of `seeds` on `problem`, as one program (runs alone where the
-    algorithm is not written for the run axis): `run_seeds(...)[k]` is seed k's curve."""
+    """The rows of one algorithm run with each of `seeds` on `problem`, as one program where they can share one:
+    `run_seeds(...)[k]` is seed k's curve."""
     seeds = list(seeds)
     sims = [Simulation(problem, ALGORITHMS[algorithm_name](problem, **hyperparameters), federation, seed, eval_every)
             for seed in seeds]
-    if why_not_batchable(sims):
-        return [list(sim) for sim in sims]
     rows: list[list[dict[str, float]]] = [[] for _ in seeds]
     for i, row in run_batch(sims):
         rows[i].append(row)

@@ -1,4 +1,5 @@
-"""The round loop: sample clients, run one batched round, evaluate on a schedule, emit rows.
+"""A run: its federation, its random draws (`RoundSampler`) and its record (`Simulation`); the round loop that
+advances runs is `fedbench.runs`.
 
     sim = Simulation(problem, FedMiD(problem, client_lr=1e-3), Federation(2000, 10, 10, 10), seed=0)
     for row in sim:            # {'round': r, metric: value, ...} every `eval_every` rounds
@@ -20,7 +21,7 @@ from typing import Iterator
 import torch
 from torch import Tensor
 
-from fedbench.algorithms.base import Algorithm, Round
+from fedbench.algorithms.base import Algorithm
 from fedbench.hparams import Param
 from fedbench.oracle import Batches, Minibatch
 from fedbench.problems.base import Problem
@@ -103,13 +104,15 @@ class RoundSampler:
 
 
 class Simulation:
-    """Runs until `federation.rounds` or divergence: a non-finite metric, or an objective above
-    `divergence_factor` times its value at the start (the partial curve is kept either way)."""
+    """One run's record: its problem, algorithm configuration, federation and streams, its state (without the run
+    axis: server entries as `init_server` makes them, per-client `[N, ...]`), counters and status. Iterating runs
+    it to `federation.rounds` or divergence (a non-finite metric, or an objective above `divergence_factor` times
+    its value at the start; the partial curve is kept either way) as a program of one run (`fedbench.runs`)."""
 
     def __init__(self, problem: Problem, algorithm: Algorithm, federation: Federation, seed: int,
                  eval_every: int = 10, divergence_factor: float = DIVERGENCE_FACTOR):
         minibatches = algorithm.minibatches()
-        sizes = {mb.name: getattr(algorithm, mb.size) if mb.size else federation.batch_size for mb in minibatches}
+        sizes = {mb.name: algorithm.hp[mb.size] if mb.size else federation.batch_size for mb in minibatches}
         federation.check(problem, {mb.size or "batch_size": sizes[mb.name] for mb in minibatches})
         self.problem, self.algorithm, self.federation = problem, algorithm, federation
         self.eval_every = max(1, int(eval_every))
@@ -130,26 +133,16 @@ class Simulation:
         self.metric_names: list[str] = []
 
     def __iter__(self) -> Iterator[dict[str, float]]:
-        row = self.evaluate()
-        self.start_objective = row.get("objective")
-        yield row
-        while self.rounds_done < self.federation.rounds and self.status == "running":
-            start = time.perf_counter()
-            try:
-                self.run_round()
-            except torch.linalg.LinAlgError:  # an SVD of an iterate that overflowed within the round
-                self.rounds_done += 1
-                self.status = "diverged"
-                yield self.evaluate(failed=True)
-                return
-            self.train_seconds += time.perf_counter() - start
-            if self.rounds_done % self.eval_every == 0 or self.rounds_done == self.federation.rounds:
-                row = self.evaluate()
-                if self.exploded(row):
-                    self.status = "diverged"
-                yield row
-        if self.status == "running":
-            self.status = "finished"
+        from fedbench.runs import RunBatch
+        for _, row in RunBatch([self]):
+            yield row
+
+    def run_round(self) -> None:
+        """One round of this run (its state then on `server` and `clients`)."""
+        from fedbench.runs import RunBatch
+        program = RunBatch([self])
+        program.run_round()
+        program._sync(0)
 
     def exploded(self, row: dict[str, float]) -> bool:
         if not all(math.isfinite(v) for v in row.values()):
@@ -157,36 +150,18 @@ class Simulation:
         start = self.start_objective
         return start is not None and row["objective"] > self.divergence_factor * max(abs(start), 1e-12)
 
-    def run_round(self) -> None:
-        algorithm = self.algorithm
-        steps = algorithm.round_length(self.federation.local_steps, self.algorithm_gen)
-        clients, rows = self.sampler.draw(steps, everyone=algorithm.participation == "all")
-        rnd = Round(self.rounds_done, clients, steps, self.iterations, self.algorithm_gen)
-        local = algorithm.client_init(self.server, {k: v[clients] for k, v in self.clients.items()}, rnd)
-        for step in range(steps):
-            local = algorithm.client_step(local, self.sampler.step_batches(rows, step), rnd, step)
-        message, updated_rows = algorithm.client_final(local, rnd)
-        self.comm_down += len(clients) * sum(self.server[k].numel() for k in algorithm.downloads)
-        self.comm_up += sum(m.numel() for m in message.values())
-        self.server = algorithm.server_update(self.server, message, self.aggregation_weights(clients), rnd)
-        for key, value in updated_rows.items():
-            self.clients[key][clients] = value
-        self.rounds_done += 1
-        self.iterations += steps
-
     def count_round(self, uploaded: int, downloaded: int, steps: int) -> None:
-        """A round that a batch (`fedbench.runs`) ended for this run: its floats up and down, its local steps."""
+        """A round that the engine ended for this run: its floats up and down, its local steps."""
         self.comm_up += uploaded
         self.comm_down += downloaded
         self.rounds_done += 1
         self.iterations += steps
 
     def aggregation_weights(self, clients: Tensor) -> Tensor:
+        """The server's weights `[S]` over this run's sampled clients `clients` `[S]`."""
+        from fedbench.runs import aggregation_weights
         dtype = self.server[self.algorithm.downloads[0]].dtype
-        if self.federation.aggregation == "uniform":
-            return torch.full((len(clients),), 1.0 / len(clients), dtype=dtype, device=clients.device)
-        sizes = self.problem.client_sizes[clients].to(dtype)
-        return sizes / sizes.sum()
+        return aggregation_weights(self.problem, self.federation, clients[None], dtype)[0]
 
     def evaluate(self, failed: bool = False) -> dict[str, float]:
         """The metrics row; all metrics NaN when the iterate is beyond evaluation (overflowed)."""
@@ -210,11 +185,10 @@ def evaluate_rows(sims: list[Simulation], failed: bool = False) -> list[dict[str
     start = time.perf_counter()
     metrics: list[dict[str, float] | None] = [None] * len(sims)
     if not failed:
-        algorithm = sims[0].algorithm
         try:
             rows = sims[0].problem.evaluate_runs(
-                torch.stack([algorithm.global_params(sim.server) for sim in sims]),
-                _stack([algorithm.personal_params(sim.server, sim.clients) for sim in sims]))
+                torch.stack([sim.algorithm.global_params(sim.server) for sim in sims]),
+                _stack([sim.algorithm.personal_params(sim.server, sim.clients) for sim in sims]))
             for sim, row in zip(sims, rows):
                 row.update(sim.algorithm.evaluate(sim.server, sim.clients))
             metrics = rows

@@ -1,31 +1,45 @@
-"""The shape every federated algorithm takes: small functions on batched client state.
+"""The shape every federated algorithm takes: small functions on batched state, hyperparameters as inputs.
 
-The engine (`fedbench.simulate`) owns client sampling, minibatch draws, gathering and scattering of
-per-client state, evaluation and communication accounting. An algorithm says what one round does,
-for the S participating clients at once (every local tensor has a leading `[S, ...]` axis):
+The engine (`fedbench.runs`) owns client sampling, minibatch draws, gathering and scattering of per-client state,
+each run's random streams, evaluation, communication accounting and divergence. An algorithm says what one round
+does, for R ≥ 1 runs (seeds × grid points; a run alone is R = 1) and the S participating clients of each at once:
 
-    local            = client_init(server, rows, rnd)            # rows: per-client state of the sampled
-    local            = client_step(local, batches, rnd, step)     # run rnd.local_steps times
-    message, rows    = client_final(local, rnd)                   # message: what clients upload
-    server           = server_update(server, message, weights, rnd)
+    local            = client_init(server, rows, rnd, hp)          # rows: per-client state of the sampled clients
+    local            = client_step(local, batches, rnd, hp)        # rnd.local_steps times; rnd.step, rnd.is_last_step
+    message, rows    = client_final(local, rnd, hp)                # message: what clients upload
+    server           = server_update(server, message, weights, rnd, hp)
 
-`batches` holds one oracle per declared minibatch (`minibatches()`, default one batch `D` of the
-federation's batch size): `batches.D.grad(u)` is ∇f̃(u; D) for every client, `.loss` and `.hvp` too
-(`fedbench.oracle`). State that lives across rounds for every client (personal models, control variates,
-dual variables) is declared by `init_clients` as `[N, ...]` tensors; the engine gathers the sampled rows
-before `client_init` and scatters the rows returned by `client_final`.
+One rank convention, so that the maths needs no helper: the server state is `[R, 1, ...]` (one row per run, a
+singleton client axis), the round's local state `[R, S, ...]`, per-client state (`init_clients`) `[R, N, ...]`,
+the aggregation weights `[R, S]`, and every float hyperparameter `hp.x` a `[R, 1, 1]` tensor (one value per run)
+that broadcasts against all of them. Choice, integer, boolean and list hyperparameters are plain Python values,
+the same for every run of a program. Values derived from the hyperparameters and the problem (step-size rules,
+couplings) come from one declared pure function, `derive(hp)`, which the engine evaluates per run and hands in
+with them (`hp.rules.eta`). Reductions over the clients are over axis 1 (`aggregate`, `.mean(1, keepdim=True)`).
+
+`batches` holds one oracle per declared minibatch (`minibatches()`, default one batch `D` of the federation's batch
+size): `batches.D.grad(u)` is ∇f̃(u; D) for every run and client, `.loss`, `.hvp` and the problem's other oracle
+methods too (`fedbench.oracle`); a point with a singleton client axis (`[R, 1, d]`) is every client's.
+
+Randomness inside a round goes through the round: `rnd.draw(lambda gen: torch.rand(3, generator=gen))` draws on
+each run's own stream of the algorithm (`random_stream`) and stacks the runs' draws on axis 0. What a schedule does
+not define raises (`ScheduleError`): an iteration-wise batch's runs are at different rounds, so its inner steps
+have no `rnd.index`, `rnd.iteration` or `rnd.step` (only `rnd.is_last_step`, False there), and draw nothing.
+
+Per run and outside the round loop, the algorithm object is one run's configuration: `self.hp` holds its
+resolved hyperparameters and derived values as Python values, which `init_server`, `init_clients`,
+`round_length` and the evaluation hooks (`global_params`, `personal_params`, `evaluate`, on one run's state
+without the run axis: server `[...]`, clients `[N, ...]`) read.
 
 Beyond that shape an algorithm may declare: `requires` (capabilities the problem must provide,
 `fedbench.contract`), `participation = "all"` (every client every round instead of S sampled ones),
-`round_length` (how many local iterations a round has, e.g. a geometric number for a p-coin), and it
-draws its own randomness from `rnd.gen`, a generator of (trial seed, `random_stream`) that nothing
-else draws from. Hyperparameters are plain values used arithmetically, so that they could become
-per-run tensors.
+`round_length` (how many local iterations a round has, e.g. a geometric number for a p-coin), and
+`draws_at_round_end` (its round's last step branches in Python on `rnd.draw`, so the engine ends such rounds one
+run at a time).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Iterator, Mapping
 
 import torch
 from torch import Tensor
@@ -43,13 +57,95 @@ H_MODE = Param("h_mode", "choice", "subgradient", "treatment of h in local steps
                "direction, or a prox after the step on the smooth part", choices=("subgradient", "prox"))
 
 
-@dataclass(frozen=True)
+class ScheduleError(RuntimeError):
+    """An algorithm asked its round for what the engine's schedule does not define there."""
+
+
+class HParams(Mapping):
+    """Hyperparameters and derived values by name, read as attributes (`hp.client_lr`) or items. In a round's
+    functions, floats are per-run `[R, 1, 1]` tensors; in `self.hp`, one run's Python values."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Mapping[str, Any]):
+        object.__setattr__(self, "_values", dict(values))
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(f"no hyperparameter or derived value {name!r} (known: "
+                                 f"{', '.join(self._values)})") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("hyperparameters are read-only")
+
+    def __getitem__(self, name: str) -> Any:
+        return self._values[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"HParams({self._values!r})"
+
+
 class Round:
-    index: int  # r, from 0: communication rounds before this one
-    clients: Tensor  # [S] participating client ids, on the compute device
-    local_steps: int  # E, or this round's drawn length
-    iteration: int  # local iterations each client did before this round (r·E for fixed-length rounds)
-    gen: torch.Generator | RunStreams | None = None  # the algorithm's own random stream (coins, draws from pools)
+    """What the runs of a program know of their current round. `clients` `[R, S]` and `is_last_step` are always
+    defined; `index` (r, from 0), `iteration` (local iterations before this round), `local_steps` (E, or this
+    round's drawn length) and `step` (the local step, from 0) where the schedule defines them; `draw` where the
+    runs' streams are bound."""
+
+    __slots__ = ("clients", "_index", "_iteration", "_local_steps", "_step", "_streams", "_where", "_last")
+
+    def __init__(self, clients: Tensor, index: int | None = None, local_steps: int | None = None,
+                 iteration: int | None = None, step: int | None = None,
+                 streams: tuple[torch.Generator, ...] | None = None, where: str = "", last: bool | None = None):
+        self.clients, self._index, self._local_steps, self._iteration = clients, index, local_steps, iteration
+        self._step, self._streams, self._where = step, streams, where
+        # whether `step` ends the round: from the length where it is defined, else given (an iteration-wise end)
+        self._last = last if last is not None else (step is not None and local_steps is not None
+                                                    and step == local_steps - 1)
+
+    def _defined(self, name: str, value):
+        if value is None:
+            raise ScheduleError(f"rnd.{name} is not defined {self._where or 'here'}")
+        return value
+
+    @property
+    def index(self) -> int:
+        return self._defined("index", self._index)
+
+    @property
+    def iteration(self) -> int:
+        return self._defined("iteration", self._iteration)
+
+    @property
+    def local_steps(self) -> int:
+        return self._defined("local_steps", self._local_steps)
+
+    @property
+    def step(self) -> int:
+        return self._defined("step", self._step)
+
+    @property
+    def is_last_step(self) -> bool:
+        """Whether this local step ends the round (False in an iteration-wise batch's inner steps)."""
+        return self._last
+
+    def at(self, step: int) -> Round:
+        """This round at local step `step`."""
+        return Round(self.clients, self._index, self._local_steps, self._iteration, step, self._streams, self._where)
+
+    def draw(self, sample: Callable[[torch.Generator], Tensor]) -> Tensor:
+        """`sample(gen)` on each run's own stream of the algorithm, stacked on a leading run axis `[R, ...]`, so
+        that every run draws exactly what it draws alone."""
+        if self._streams is None:
+            raise ScheduleError(f"rnd.draw is not allowed {self._where or 'here'}")
+        return torch.stack([sample(gen) for gen in self._streams])
 
 
 class Algorithm:
@@ -59,48 +155,42 @@ class Algorithm:
     personalized: ClassVar[bool] = False  # personal_params gives per-client models: requires personal_evaluation
     requires: ClassVar[frozenset[str]] = frozenset()
     participation: ClassVar[str] = "sampled"  # or "all": every client takes part in every round
-    random_stream: ClassVar[str] = "algorithm"  # name of the stream rnd.gen is seeded from, with the trial seed
-    # True: written for the run axis of `fedbench.runs` (state `[R, S, ...]` / server `[R, ...]`: reductions over
-    # the client axis -2, `broadcast`/`aggregate` for server <-> clients, oracles as they come) and draws inside its
-    # rounds only through `draw` (or at a coin-flip round's last step); checked by tests/test_runs.py against runs
-    # alone
-    runs_axis: ClassVar[bool] = False
-    # True: a coin-flip round's last step draws from rnd.gen (and branches on the draws), so that the runs of an
-    # iteration-wise batch end their rounds one by one; False: they end them together (`fedbench.runs`)
+    random_stream: ClassVar[str] = "algorithm"  # name of the stream `rnd.draw` and `round_length` draw from
+    # True: a round's last step branches in Python on `rnd.draw` (ASVRCD-PFL's coins), so that the engine ends such
+    # rounds one run at a time
     draws_at_round_end: ClassVar[bool] = False
-    # continuous hyperparameters used only as factors of tensors, through `per_run`: the runs of a batch may differ
-    # in them, each run's value a row of a `[R]` tensor (`fedbench.runs`)
-    run_hparams: ClassVar[tuple[str, ...]] = ()
-    # attributes the algorithm derives from `run_hparams` when built (floats, or dataclasses of floats such as seed
-    # 003's Thm 8/9 parameters) and uses only through `per_run`: a batch whose runs differ in those hyperparameters
-    # holds each run's derived values too
-    run_derived: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, problem, **hyperparameters: Any):
         self.problem = problem
         self.reg = problem.regularizer
-        self.hp = resolve(self.hparams, hyperparameters, self.name)
-        contract.check(self.name, self.requirements(self.hp), problem.name, problem.capabilities(problem.config))
-        for key, value in self.hp.items():
-            setattr(self, key, value)
+        declared = resolve(self.hparams, hyperparameters, self.name)
+        contract.check(self.name, self.requirements(declared), problem.name, problem.capabilities(problem.config))
+        self.declared = declared  # the resolved hyperparameters alone (what a batch compares)
+        self.hp = HParams({**declared, **self.derive(HParams(declared))})
 
     @classmethod
-    def requirements(cls, hp: dict[str, Any]) -> set[str]:
+    def requirements(cls, hp: Mapping[str, Any]) -> set[str]:
         """The capabilities this algorithm needs with resolved hyperparameters `hp`."""
         return set(cls.requires) | {"personal_evaluation" if cls.personalized else "global_evaluation"}
 
     @classmethod
-    def batchable_runs(cls, hp: dict[str, Any]) -> bool:
-        """Whether runs with these resolved hyperparameters can share a batch (`fedbench.runs`): `runs_axis`."""
-        return cls.runs_axis
+    def draws_in_steps(cls, hp: Mapping[str, Any]) -> bool:
+        """Whether its local steps other than a round's last draw (`rnd.draw`) with these hyperparameters, which an
+        iteration-wise batch does not allow (its runs' steps then run one after another)."""
+        return False
 
     @classmethod
-    def declared_metrics(cls, hp: dict[str, Any]) -> tuple[Metric, ...]:
+    def declared_metrics(cls, hp: Mapping[str, Any]) -> tuple[Metric, ...]:
         """Metrics the algorithm itself adds to each row (e.g. the objective it minimizes), by `evaluate`."""
         return ()
 
+    def derive(self, hp: HParams) -> dict[str, Any]:
+        """Values derived from one run's hyperparameters `hp` and the problem (floats, or dataclasses of floats,
+        are per-run values in a batch; anything else must follow from the non-float hyperparameters)."""
+        return {}
+
     def evaluate(self, server: State, clients: State) -> dict[str, float]:
-        """The values of `declared_metrics` at the current state."""
+        """The values of `declared_metrics` at one run's state."""
         return {}
 
     def minibatches(self) -> tuple[Minibatch, ...]:
@@ -108,26 +198,28 @@ class Algorithm:
         return (Minibatch("D"),)
 
     def round_length(self, local_steps: int, gen: torch.Generator) -> int:
-        """Local iterations of the next round, given the federation's `local_steps` and the algorithm's
-        generator (drawn before the round's clients and minibatches)."""
+        """Local iterations of one run's next round, given the federation's `local_steps` and the run's generator
+        (drawn before the round's clients and minibatches)."""
         return local_steps
 
     def init_server(self, w0: Tensor) -> State:
+        """One run's server state from its initial point `w0` `[d]` (the engine adds the run and client axes)."""
         return {"w": w0.clone()}
 
     def init_clients(self, w0: Tensor, num_clients: int) -> State:
+        """One run's per-client state `[N, ...]` (the engine adds the run axis)."""
         return {}
 
-    def client_init(self, server: State, rows: State, rnd: Round) -> State:
+    def client_init(self, server: State, rows: State, rnd: Round, hp: HParams) -> State:
         raise NotImplementedError
 
-    def client_step(self, local: State, batches: Batches, rnd: Round, step: int) -> State:
+    def client_step(self, local: State, batches: Batches, rnd: Round, hp: HParams) -> State:
         raise NotImplementedError
 
-    def client_final(self, local: State, rnd: Round) -> tuple[State, State]:
+    def client_final(self, local: State, rnd: Round, hp: HParams) -> tuple[State, State]:
         raise NotImplementedError
 
-    def server_update(self, server: State, message: State, weights: Tensor, rnd: Round) -> State:
+    def server_update(self, server: State, message: State, weights: Tensor, rnd: Round, hp: HParams) -> State:
         raise NotImplementedError
 
     def global_params(self, server: State) -> Tensor:
@@ -139,53 +231,23 @@ class Algorithm:
 
 
 def broadcast(w: Tensor, rnd: Round) -> Tensor:
-    """The server vector as a fresh `[S, d]` local copy for the sampled clients (`[R, S, d]` from `[R, d]` when
-    runs are batched, `fedbench.runs`)."""
-    return w.unsqueeze(-2).expand(*w.shape[:-1], rnd.clients.shape[-1], w.shape[-1]).clone()
+    """The server entry `[R, 1, ...]` as a fresh local copy `[R, S, ...]` for the round's clients."""
+    return w.expand(-1, rnd.clients.shape[-1], *w.shape[2:]).clone()
 
 
 def aggregate(values: Tensor, weights: Tensor) -> Tensor:
-    """Σ_k π̂_k values_k over the sampled clients (weights `[S]` sum to 1; `[R, S]` with values `[R, S, d]`
-    when runs are batched)."""
-    if weights.dim() == 1:
-        return weights @ values
-    return torch.matmul(weights.unsqueeze(-2), values).squeeze(-2)
+    """Σ_k π̂_k values_k over the clients: values `[R, S, ...]`, weights `[R, S]` (summing to 1) -> `[R, 1, ...]`."""
+    return torch.matmul(weights.unsqueeze(1), values.flatten(2)).view(values.shape[0], 1, *values.shape[2:])
 
 
 def composite_step(reg, h_mode: str, x: Tensor, direction: Tensor, lr) -> Tensor:
     """x − lr·(direction + g), g ∈ ∂h(x) (`subgradient`), or prox_{lr·h}(x − lr·direction) (`prox`): how the
-    smooth-FL baselines of spec 000 §2.3 treat the nonsmooth h. `lr` may be a batch's per-run values (`per_run`)."""
-    lr = per_run(lr, x)
+    smooth-FL baselines of spec 000 §2.3 treat the nonsmooth h."""
     if h_mode == "prox":
         return reg.prox(x - lr * direction, lr)
     if not reg.lam:  # h = 0: no zero subgradient to build and add in the inner loops
         return x - lr * direction
     return x - lr * (direction + reg.subgradient(x))
-
-
-def add_scaled(x: Tensor, scale: float | Tensor, g: Tensor) -> Tensor:
-    """x + scale·g, one kernel: `scale` a float (alone), or a batch's per-run values `[R]` (`per_run`)."""
-    if isinstance(scale, Tensor):
-        return torch.addcmul(x, per_run(scale, g), g)
-    return torch.add(x, g, alpha=scale)
-
-
-def per_run(value: float | Tensor, like: Tensor) -> float | Tensor:
-    """A hyperparameter as a factor of `like`: a float as it is; the per-run values `[R]` of a batch (`run_hparams`)
-    shaped to broadcast over `like`'s leading run axis `[R, ...]`."""
-    return value.view(-1, *[1] * (like.dim() - 1)) if isinstance(value, Tensor) else value
-
-
-class RunStreams(tuple):
-    """`Round.gen` of a batch of runs (`fedbench.runs`): each run's own algorithm stream, in the batch's order."""
-
-
-def draw(gen: torch.Generator | RunStreams, sample: Callable[[torch.Generator], Tensor]) -> Tensor:
-    """A draw inside a round on the algorithm's stream: `sample(gen)` for a run alone; in a batch, each run's
-    `sample` on its own stream, stacked on the run axis, so that every run draws exactly what it draws alone."""
-    if isinstance(gen, RunStreams):
-        return torch.stack([sample(one) for one in gen])
-    return sample(gen)
 
 
 def coin_flips_to_success(p: float, gen: torch.Generator) -> int:
@@ -197,3 +259,16 @@ def coin_flips_to_success(p: float, gen: torch.Generator) -> int:
 def per_client_copies(w0: Tensor, num_clients: int) -> Tensor:
     """`[N, d]` rows all equal to w0, e.g. personal models that start at the initial point."""
     return w0.expand(num_clients, *w0.shape).clone()
+
+
+# TEMPORARY shims while the algorithm files move to the new interface (removed before commit)
+def per_run(value, like):
+    return value
+
+
+def add_scaled(x, scale, g):
+    return x + scale * g
+
+
+def draw(gen, sample):
+    return gen.draw(sample)

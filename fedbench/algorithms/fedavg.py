@@ -8,33 +8,31 @@ With all clients, one local step and full batches this is gradient descent with 
 """
 from __future__ import annotations
 
-from fedbench.algorithms.base import CLIENT_LR, SERVER_LR, Algorithm, aggregate, broadcast, per_run
+from fedbench.algorithms.base import CLIENT_LR, SERVER_LR, Algorithm, aggregate, broadcast
 from fedbench.hparams import Param
 
 
 class FedAvg(Algorithm):
     name = "fedavg"
-    runs_axis = True
-    run_hparams = ("client_lr", "server_lr")
     hparams = (
         CLIENT_LR,
         SERVER_LR,
         Param("subgradient", "bool", True, "add a subgradient of h to each local step (FedAvg(∂))"),
     )
 
-    def client_init(self, server, rows, rnd):
+    def client_init(self, server, rows, rnd, hp):
         return {"u": broadcast(server["w"], rnd)}
 
-    def client_step(self, local, batches, rnd, step):
+    def client_step(self, local, batches, rnd, hp):
         u = local["u"]
         direction = batches.D.grad(u)
-        if self.subgradient:
+        if hp.subgradient:
             direction = direction + self.reg.subgradient(u)
-        return {"u": u - per_run(self.client_lr, u) * direction}
+        return {"u": u - hp.client_lr * direction}
 
-    def client_final(self, local, rnd):
+    def client_final(self, local, rnd, hp):
         return {"u": local["u"]}, {}
 
-    def server_update(self, server, message, weights, rnd):
+    def server_update(self, server, message, weights, rnd, hp):
         w = server["w"]
-        return {"w": w + per_run(self.server_lr, w) * (aggregate(message["u"], weights) - w)}
+        return {"w": w + hp.server_lr * (aggregate(message["u"], weights) - w)}

@@ -11,14 +11,12 @@ Server threshold τ_s (spec 002 §7 item 9):
 """
 from __future__ import annotations
 
-from fedbench.algorithms.base import CLIENT_LR, SERVER_LR, Algorithm, aggregate, broadcast, per_run
+from fedbench.algorithms.base import CLIENT_LR, SERVER_LR, Algorithm, aggregate, broadcast
 from fedbench.hparams import Param
 
 
 class FedMiD(Algorithm):
     name = "fedmid"
-    runs_axis = True
-    run_hparams = ("client_lr", "server_lr")
     hparams = (
         CLIENT_LR,
         SERVER_LR,
@@ -26,23 +24,22 @@ class FedMiD(Algorithm):
               choices=("bao", "yuan", "none")),
     )
 
-    def client_init(self, server, rows, rnd):
+    def client_init(self, server, rows, rnd, hp):
         return {"u": broadcast(server["w"], rnd)}
 
-    def client_step(self, local, batches, rnd, step):
+    def client_step(self, local, batches, rnd, hp):
         u = local["u"]
-        lr = per_run(self.client_lr, u)
-        return {"u": self.reg.prox(u - lr * batches.D.grad(u), lr)}
+        return {"u": self.reg.prox(u - hp.client_lr * batches.D.grad(u), hp.client_lr)}
 
-    def client_final(self, local, rnd):
+    def client_final(self, local, rnd, hp):
         return {"u": local["u"]}, {}
 
-    def server_update(self, server, message, weights, rnd):
+    def server_update(self, server, message, weights, rnd, hp):
         w = server["w"]
-        w = w + per_run(self.server_lr, w) * (aggregate(message["u"], weights) - w)
-        if self.server_threshold == "none":
+        w = w + hp.server_lr * (aggregate(message["u"], weights) - w)
+        if hp.server_threshold == "none":
             return {"w": w}
-        step = self.server_lr * self.client_lr
-        if self.server_threshold == "yuan":
+        step = hp.server_lr * hp.client_lr
+        if hp.server_threshold == "yuan":
             step = step * rnd.local_steps
-        return {"w": self.reg.prox(w, per_run(step, w))}
+        return {"w": self.reg.prox(w, step)}
