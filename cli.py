@@ -91,7 +91,7 @@ def run(
     """Run one configuration in-process (no Ray): one algorithm, one value per hyperparameter, one or more
     seeds."""
     use_data_dir(data_dir)
-    from sweeps.execute import batchable, build_batch, build_simulation, drive, drive_batch
+    from sweeps.execute import build_batch, build_simulation, drive, drive_batch, plan_batches
     from sweeps.recipe import RecipeError
 
     recipe = load_recipe(recipe_path, sets, algorithm)
@@ -100,7 +100,7 @@ def run(
     chosen = list(recipe.seeds) if all_seeds else list(dict.fromkeys(seeds or [None]))
     try:
         trials = [recipe.single_trial(algorithm, seed) for seed in chosen]
-        together = len(trials) > 1 and batchable(trials[0])
+        together = bool(plan_batches(list(enumerate(trials)), cap=len(trials))[0])
         sims = build_batch(trials, device) if together else [build_simulation(trial, device) for trial in trials]
     except RecipeError as err:
         fail(str(err))

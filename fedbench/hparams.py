@@ -1,13 +1,14 @@
 """One declaration per tunable parameter: type, default, valid range, tuning scale, help.
 
 Algorithms and problems declare their parameters here once; the recipe schema, `fedbench list`,
-validation messages and the Optuna search space all read the same declaration.
+validation messages and the Optuna search space all read the same declaration. `HParams` holds resolved values
+(an algorithm's round functions receive them, `fedbench.algorithms.base`).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 KINDS = ("float", "int", "bool", "choice", "floats", "ints", "str")
 LIST_KINDS = ("floats", "ints")  # one value is a list (a grid over them is a list of lists)
@@ -93,3 +94,35 @@ def resolve(declared: Sequence[Param], given: dict[str, Any], owner: str) -> dic
         except ValueError as err:
             raise ValueError(f"{owner}.{p.name}: {err}") from None
     return values
+
+
+class HParams(Mapping):
+    """Hyperparameters and derived values by name, read as attributes (`hp.client_lr`) or items. In a round's
+    functions, floats are per-run `[R, 1, 1]` tensors; in `self.hp`, one run's Python values."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Mapping[str, Any]):
+        object.__setattr__(self, "_values", dict(values))
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(f"no hyperparameter or derived value {name!r} (known: "
+                                 f"{', '.join(self._values)})") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("hyperparameters are read-only")
+
+    def __getitem__(self, name: str) -> Any:
+        return self._values[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"HParams({self._values!r})"

@@ -18,14 +18,34 @@ import torch
 from torch import Tensor
 
 
-def project_l2_ball(u: Tensor, radius: float) -> Tensor:
-    """Euclidean (Frobenius, for flattened matrices) projection of each row of `u` onto ‖·‖₂ ≤ radius."""
+def _over(numerator, denominator: Tensor) -> Tensor:
+    """numerator / denominator as torch computes it for a float numerator: the reciprocal of the denominator times
+    the numerator (rounded twice), for a tensor numerator (per-run values `[R, 1, 1]`) too, so that a run's value
+    in a tensor gives the float's result bit for bit."""
+    return denominator.reciprocal() * numerator
+
+
+def _float_if_one(value):
+    """A float64 tensor of one value on the CPU (a per-run step, threshold or radius of a run alone, `[1, 1, 1]`)
+    as a Python float, read without a device synchronisation, so that a run alone takes the float path: one clamp
+    kernel for the ℓ1 prox instead of the three of a tensor threshold (7 µs a call on a 10×1024 batch). Float64
+    arithmetic on it then rounds as the tensor's would, so that the results are the same bits; other tensors are
+    kept (float32: Python's double arithmetic would round differently)."""
+    if isinstance(value, Tensor) and value.is_cpu and value.dtype is torch.float64 and value.numel() == 1:
+        return value.item()
+    return value
+
+
+def project_l2_ball(u: Tensor, radius) -> Tensor:
+    """Euclidean (Frobenius, for flattened matrices) projection of each row of `u` onto ‖·‖₂ ≤ radius (a float or
+    a tensor broadcastable to `[..., 1]`)."""
     norms = torch.linalg.vector_norm(u, dim=-1, keepdim=True)
-    return u * torch.clamp(radius / norms.clamp_min(torch.finfo(u.dtype).tiny), max=1.0)
+    return u * torch.clamp(_over(radius, norms.clamp_min(torch.finfo(u.dtype).tiny)), max=1.0)
 
 
-def project_l1_ball(u: Tensor, radius: float) -> Tensor:
-    """Projection of each row onto ‖·‖₁ ≤ radius (Duchi et al. 2008; spec 002 §1.5, `ProjectOntoL1Ball.m`)."""
+def project_l1_ball(u: Tensor, radius) -> Tensor:
+    """Projection of each row onto ‖·‖₁ ≤ radius (Duchi et al. 2008; spec 002 §1.5, `ProjectOntoL1Ball.m`); the
+    radius is a float or a tensor broadcastable to `[..., 1]`."""
     magnitude = u.abs()
     inside = magnitude.sum(-1, keepdim=True) <= radius
     sorted_desc = magnitude.sort(dim=-1, descending=True).values
@@ -78,16 +98,18 @@ def _use_gram(a: Tensor) -> bool:
     return a.device.type == "cpu" and a.dtype == torch.float64 and a.shape[:-2].numel() >= _GRAM_MIN_BATCH
 
 
-def _svt_by_svd(a: Tensor, threshold) -> Tensor:
+def _svt_by_svd(a: Tensor, threshold, rows: Tensor | None = None) -> Tensor:
     u, s, vh = torch.linalg.svd(a, full_matrices=False)
-    tau = threshold(s) if callable(threshold) else threshold
+    tau = threshold(s, rows) if callable(threshold) else threshold
     return (u * (s - tau).clamp_min(0.0).unsqueeze(-2)) @ vh
 
 
 def _singular_value_threshold(a: Tensor, threshold) -> Tensor:
     """U diag(max(σ − τ, 0)) Vᵀ for each matrix of `a` `[..., p1, p2]`. `threshold` τ is a float, a tensor
-    broadcastable to `[..., 1]`, or a function of the singular values `[..., k]` (in any order) returning
-    τ `[..., 1]`. See the comment above for the method and its accuracy."""
+    broadcastable to `[..., 1]`, or a function `threshold(s, rows)` of the singular values `[..., k]` (in any
+    order) returning τ `[..., 1]`: `rows` None for every matrix of `a`, else the flat indices (into `a`'s batch)
+    of the matrices whose singular values `s` `[n, k]` are (those redone by the SVD). See the comment above for
+    the method and its accuracy."""
     if not _use_gram(a):
         return _svt_by_svd(a, threshold)
     if a.shape[-2] < a.shape[-1]:  # the smaller Gram matrix; the map commutes with transposition
@@ -97,8 +119,8 @@ def _singular_value_threshold(a: Tensor, threshold) -> Tensor:
     except torch.linalg.LinAlgError:  # a non-finite matrix: whatever the SVD does with it
         return _svt_by_svd(a, threshold)
     s = lam.clamp_min(torch.finfo(a.dtype).tiny).sqrt()
-    tau = threshold(s) if callable(threshold) else threshold
-    f = 1 - (tau / s).clamp(max=1.0)  # max(σ − τ, 0)/σ
+    tau = threshold(s, None) if callable(threshold) else threshold
+    f = 1 - _over(tau, s).clamp(max=1.0)  # max(σ − τ, 0)/σ
     out = ((a @ v) * f.unsqueeze(-2)) @ v.mT
     # the error estimate; inf, NaN or overflowed Gram matrices fail it
     error = (torch.finfo(a.dtype).eps * lam[..., -1:] + _GRAM_FLOOR) / (
@@ -110,16 +132,22 @@ def _singular_value_threshold(a: Tensor, threshold) -> Tensor:
         if not callable(threshold):
             threshold = torch.as_tensor(threshold, dtype=a.dtype).expand(*batch, 1).reshape(-1, 1)[redo]
         flat = out.view(-1, *out.shape[-2:])
-        flat[redo] = _svt_by_svd(a.expand(*batch, *a.shape[-2:]).reshape(-1, *a.shape[-2:])[redo], threshold)
+        flat[redo] = _svt_by_svd(a.expand(*batch, *a.shape[-2:]).reshape(-1, *a.shape[-2:])[redo], threshold, redo)
     return out
 
 
-def project_nuclear_ball(a: Tensor, radius: float) -> Tensor:
-    """Projection of each matrix `[..., p1, p2]` onto ‖·‖_nuc ≤ radius: its singular values onto the
-    capped simplex {σ ≥ 0, Σσ ≤ radius} (spec 002 §1.5, `nuc_prox_cs.m` + `ProjectOntoSimplex.m`), i.e.
-    singular value thresholding at that simplex projection's threshold (0 inside the ball)."""
-    def simplex_threshold(s):  # σ − proj(σ) is θ on the kept σ's and σ ≤ θ on the others
-        return (s - project_l1_ball(s, radius)).amax(-1, keepdim=True)
+def project_nuclear_ball(a: Tensor, radius) -> Tensor:
+    """Projection of each matrix `[..., p1, p2]` onto ‖·‖_nuc ≤ radius (a float or a tensor broadcastable to
+    `[..., 1]`, one radius per matrix): its singular values onto the capped simplex {σ ≥ 0, Σσ ≤ radius}
+    (spec 002 §1.5, `nuc_prox_cs.m` + `ProjectOntoSimplex.m`), i.e. singular value thresholding at that simplex
+    projection's threshold (0 inside the ball)."""
+    batch = a.shape[:-2]
+
+    def simplex_threshold(s, rows):  # σ − proj(σ) is θ on the kept σ's and σ ≤ θ on the others
+        r = radius
+        if rows is not None and isinstance(radius, Tensor):  # the radii of the matrices redone by the SVD
+            r = radius.expand(*batch, 1).reshape(-1, 1)[rows]
+        return (s - project_l1_ball(s, r)).amax(-1, keepdim=True)
     return _singular_value_threshold(a, simplex_threshold)
 
 
@@ -159,7 +187,7 @@ class Regularizer:
     def prox(self, v: Tensor, step) -> Tensor:
         """argmin_w ½‖w − v‖² + step·h(w) (over the ball if `radius`). `step` is a float or a tensor
         broadcastable to `[..., 1]`."""
-        threshold = step * self.lam
+        threshold = _float_if_one(step) * self.lam
         if self.size == v.shape[-1]:
             out = self._prox(v, threshold)
         else:
@@ -179,31 +207,35 @@ class Regularizer:
         other.lam = float(lam)
         return other
 
-    def project_norm_ball(self, u: Tensor, radius: float) -> Tensor:
-        """Projection of the penalized block onto ℛ(·) ≤ radius (trailing coordinates unchanged)."""
+    def project_norm_ball(self, u: Tensor, radius) -> Tensor:
+        """Projection of the penalized block onto ℛ(·) ≤ radius (trailing coordinates unchanged); the radius is a
+        float or a tensor broadcastable to `[..., 1]`."""
         out = u.clone()
         out[..., : self.size] = self._project_norm_ball(u[..., : self.size], radius)
         return out
 
-    def _project_norm_ball(self, x: Tensor, radius: float) -> Tensor:
+    def _project_norm_ball(self, x: Tensor, radius) -> Tensor:
         raise NotImplementedError(f"no {self.name} ball projection")
 
-    def prox_in_ball(self, v: Tensor, step, anchor: Tensor, radius: float | None, exact: bool = False) -> Tensor:
+    def prox_in_ball(self, v: Tensor, step, anchor: Tensor, radius, exact: bool = False) -> Tensor:
         """argmin_w ½‖w − v‖² + step·h(w) s.t. ℛ(w − anchor) ≤ radius: the constrained prox of C-/MC-FedDA
         (spec 002 §1.5). Default: the released code's sequential approximation (`l1_soft_cs`,
         `nuc_prox_cs`): prox, then, if outside the ball, project onto it around the anchor. Exact
-        (ℓ1 only): `L1.exact_prox_in_ball`. Without a radius, the plain prox."""
+        (ℓ1 only): `L1.exact_prox_in_ball`. Without a radius (None), the plain prox. `step` and `radius` are
+        floats or tensors broadcastable to `[..., 1]` (per-run values `[R, 1, 1]`)."""
+        step = _float_if_one(step)
         if radius is None:
             return self.prox(v, step)
+        radius = _float_if_one(radius)
         if exact:
             return self.exact_prox_in_ball(v, step, anchor, radius)
         u = self.prox(v, step)
-        outside = (self.norm(u - anchor) > radius).unsqueeze(-1)
+        outside = self.norm(u - anchor).unsqueeze(-1) > radius
         if not outside.any():  # the usual case: the radii of the experiments rarely bind (spec 002 §1.5)
             return u
         return torch.where(outside, anchor + self.project_norm_ball(u - anchor, radius), u)
 
-    def exact_prox_in_ball(self, v: Tensor, step, anchor: Tensor, radius: float) -> Tensor:
+    def exact_prox_in_ball(self, v: Tensor, step, anchor: Tensor, radius) -> Tensor:
         raise NotImplementedError(f"no exact constrained prox for {self.name}; use the sequential one")
 
 
@@ -240,8 +272,9 @@ class L1(Regularizer):
         """Exact ℓ1 constrained prox (spec 002 §1.5, "optional exact variant"). With a multiplier β ≥ 0
         the problem separates into 1-D convex pieces ½(w − v)² + τ|w| + β|w − a|, each minimized over the
         kinks {0, a} and the stationary points v − τs₁ − βs₂ that lie where sign(w) = s₁ and
-        sign(w − a) = s₂. ‖w(β) − a‖₁ is non-increasing in β: bisect on β until it equals the radius."""
-        tau = step * self.lam
+        sign(w − a) = s₂. ‖w(β) − a‖₁ is non-increasing in β: bisect on β until it equals the radius. `step` and
+        `radius` are floats or tensors broadcastable to `[..., 1]`."""
+        tau, radius = _float_if_one(step) * self.lam, _float_if_one(radius)
         block, a = v[..., : self.size], anchor[..., : self.size]
 
         def solve(beta):
@@ -352,7 +385,8 @@ class GroupL2(Regularizer):
         """argmin_w ½‖w − v‖² + step·h(w). `step` is a float or a tensor broadcastable to `[..., 1]`."""
         norms = self.group_norms(v)
         # A zero group has τ/tiny = inf: its factor is 0, and 0 · v_g = 0 (its exact prox).
-        shrink = (1 - step * self.lam / norms.clamp_min(torch.finfo(v.dtype).tiny)).clamp_min(0.0)
+        threshold = _float_if_one(step) * self.lam
+        shrink = (1 - _over(threshold, norms.clamp_min(torch.finfo(v.dtype).tiny))).clamp_min(0.0)
         return self._scaled(v, shrink, 1.0)
 
     def subgradient(self, w):

@@ -26,7 +26,6 @@ from typing import Any, Callable, Iterator
 import torch
 
 from fedbench.algorithms import ALGORITHMS
-from fedbench.hparams import resolve
 from fedbench.problems import PROBLEMS
 from fedbench.runs import one_program, run_batch, why_not_batchable
 from fedbench.simulate import Simulation
@@ -58,19 +57,17 @@ def build_simulation(trial: Trial, device: str | None = None, problem=None) -> S
 
 
 def batch_key(trial: Trial) -> str:
-    """The configurations whose seeds may share one program: the same but for the algorithm's per-run
-    hyperparameters (`Algorithm.run_hparams`)."""
-    per_run = ALGORITHMS[trial.algorithm].run_hparams
+    """The configurations whose seeds may share one program: the same but for the algorithm's float
+    hyperparameters (per-run values, `fedbench.runs.batch_hparams`)."""
     config = trial.config()
-    config["algorithm"] = {k: v for k, v in config["algorithm"].items() if k not in per_run or not isinstance(v, float)}
+    config["algorithm"] = {k: v for k, v in config["algorithm"].items() if not isinstance(v, float)}
     return stable_hash(config)
 
 
 def batchable(trial: Trial) -> bool:
-    """Whether this trial's seeds can run as one program (`fedbench.runs`)."""
-    algorithm = ALGORITHMS[trial.algorithm]
-    return (algorithm.batchable_runs(resolve(algorithm.hparams, trial.hyperparameters, algorithm.name))
-            and PROBLEMS[trial.problem].shared_by_seeds(trial.problem_config))
+    """Whether this trial's seeds can share a problem instance, and so a program (`fedbench.runs`; the engine
+    refuses what it cannot batch once the runs are built, `why_not_batchable`, and they then run alone)."""
+    return PROBLEMS[trial.problem].shared_by_seeds(trial.problem_config)
 
 
 @dataclass
@@ -194,10 +191,11 @@ def slots(resources, nodes: list[dict], max_concurrent: int | None) -> int:
     return min(total, max_concurrent or total)
 
 
-def plan_batches(runs: list[tuple[int, Trial]], cap: int, slot_count: int) -> tuple[list[Unit], list[tuple[int, Trial]]]:
-    """(batches, singles): the seeds of each batchable configuration, with the values of its per-run
-    hyperparameters (`batch_key`), in batches of at most `cap` runs, split
-    further so that there are at least as many batches as slots where the runs allow; the other runs alone."""
+def plan_batches(runs: list[tuple[int, Trial]], cap: int, slot_count: int = 1) -> tuple[list[Unit], list[tuple[int, Trial]]]:
+    """Which runs share a program (the one planner of `fedbench run --all-seeds`, `sweep` and `tune`): (batches,
+    singles): the seeds of each batchable configuration with the values of its float hyperparameters
+    (`batch_key`), in batches of at most `cap` runs, split further so that there are at least as many batches as
+    slots where the runs allow; the other runs alone (a tune trial is one run: alone)."""
     groups: dict[tuple[str, str], Unit] = {}
     singles = []
     for key, trial in runs:

@@ -129,9 +129,9 @@ class ThreeBatches(FedAvg):
     def minibatches(self):
         return (Minibatch("D"), Minibatch("D2", size="second_batch"), Minibatch("D3", same_as="D"))
 
-    def client_step(self, local, batches, rnd, step):
+    def client_step(self, local, batches, rnd, hp):
         self.seen.append((batches.D, batches.D2, batches.D3))
-        return super().client_step(local, batches, rnd, step)
+        return super().client_step(local, batches, rnd, hp)
 
 
 def test_declared_minibatches_are_drawn_once_each_and_reuse_is_not_a_draw():
@@ -142,12 +142,13 @@ def test_declared_minibatches_are_drawn_once_each_and_reuse_is_not_a_draw():
     sim.run_round()
     d, d2, d3 = algorithm.seen[0]
     assert d3 is d
-    assert d.batch[0].shape == (3, 5, problem.dim) and d2.batch[0].shape == (3, 6, problem.dim)
+    # one run's batch, lifted over the run axis (R = 1)
+    assert d.batch[0].shape == (1, 3, 5, problem.dim) and d2.batch[0].shape == (1, 3, 6, problem.dim)
     # the first declared batch is drawn exactly as a one-batch algorithm's (same stream, same draws)
     plain = Simulation(problem, fedbench.make_algorithm("fedavg", problem, client_lr=0.01), Federation(2, 3, 2, 5),
                        seed=0)
     _, rows = plain.sampler.draw(2)
-    torch.testing.assert_close(problem.gather(rows["D"][0])[0], d.batch[0])
+    torch.testing.assert_close(problem.gather(rows["D"][0])[0], d.batch[0][0])
     with pytest.raises(AttributeError, match="no minibatch 'E'"):
         _ = sim.sampler.step_batches(sim.sampler.draw(1)[1], 0).E
     with pytest.raises(ValueError, match="second_batch=30"):  # larger than a client's 20 samples
@@ -162,7 +163,7 @@ class CoinRounds(FedAvg):
     hparams = (*FedAvg.hparams, Param("p", "float", 0.3, "communication probability", low=0, low_open=True, high=1))
 
     def round_length(self, local_steps, gen):
-        return coin_flips_to_success(self.p, gen)
+        return coin_flips_to_success(self.hp.p, gen)
 
 
 def coin_run(seed, eval_every, rounds=30):

@@ -105,6 +105,13 @@ def test_dual_averaging_prox_nuclear_is_the_argmin_of_its_definition(seed):
     assert np.linalg.matrix_rank(got, tol=1e-8) < 3  # some singular values were cut
 
 
+def cprox(algorithm, g, wt, w0, round_index, local_steps):
+    """The algorithm's CProx_r(g − μE w̃/2) of round r, at one run's values (its Python hyperparameters)."""
+    server = {"wt": torch.tensor(wt), "anchor": torch.tensor(w0)}
+    terms = algorithm.round_prox(server, round_index, local_steps, algorithm.hp)
+    return algorithm.cprox(torch.tensor(g), terms, round_index, local_steps, algorithm.hp).numpy()
+
+
 def test_c_fedda_prox_is_cprox_of_the_paper():
     """CProx_r(z) = argmin ⟨w, z − γEw₀⟩ + (μA_r/2 + γ)E‖w‖²/2 + A_r E λ‖w‖₁: C-FedDA's prox of z/E (paper γ)."""
     rng = np.random.default_rng(3)
@@ -112,15 +119,15 @@ def test_c_fedda_prox_is_cprox_of_the_paper():
     mu, gamma, lam, local_steps, r = 0.2, 0.7, 0.3, 3, 2
     problem = small_lasso(dim=5, support=2, lam=lam)
     algorithm = fedbench.make_algorithm("c_fedda", problem, mu=mu, gamma=gamma, gamma_convention="paper")
-    got = algorithm._cprox(torch.tensor(g), torch.tensor(wt), torch.tensor(w0), r, local_steps).numpy()
+    got = cprox(algorithm, g, wt, w0, r, local_steps)
     total = r + 1.0  # A_r with α ≡ 1
     z = g - mu * local_steps * wt / 2
     want = numeric_l1_min(z - gamma * local_steps * w0, (mu * total / 2 + gamma) * local_steps,
                           total * local_steps * lam)
     np.testing.assert_allclose(got, want, atol=1e-6)
     code = fedbench.make_algorithm("c_fedda", problem, mu=mu, gamma=gamma * local_steps, gamma_convention="code")
-    np.testing.assert_allclose(code._cprox(torch.tensor(g), torch.tensor(wt), torch.tensor(w0), r, local_steps).numpy(),
-                               got, rtol=1e-12, atol=1e-12)  # γ_code = γ_paper · E (spec 002 §2.2)
+    np.testing.assert_allclose(cprox(code, g, wt, w0, r, local_steps), got, rtol=1e-12,
+                               atol=1e-12)  # γ_code = γ_paper · E (spec 002 §2.2)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -285,8 +292,9 @@ def test_mc_fedda_restarts_each_stage_at_the_last_iterate():
     torch.testing.assert_close(server["anchor"], server["w"])
     torch.testing.assert_close(server["wt"], server["w"])
     assert not server["g"].any()
-    assert algorithm.stage_round(3) == 0 and algorithm.stage_regularizer(3).lam == 0.05
-    assert algorithm.stage_radius(3) == 20.0 and algorithm.stage_radius(2) == 50.0
+    hp = algorithm.hp
+    assert algorithm.stage_round(3, hp) == 0 and algorithm.stage_regularizer(3, hp).lam == 0.05
+    assert algorithm.stage_radius(3, hp) == 20.0 and algorithm.stage_radius(2, hp) == 50.0
     sim.run_round()
     assert float(problem.regularizer.norm(sim.server["w"] - server["anchor"])) <= 20.0 + 1e-9
 

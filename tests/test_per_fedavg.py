@@ -83,11 +83,11 @@ def test_hf_tends_to_the_exact_direction_with_second_order_error():
                           generator=torch.Generator().manual_seed(3))
     exact = per_fedavg(variant="exact", alpha=0.5)
     batches, _ = logistic_batches(exact)
-    reference = exact.direction(w, batches)
+    reference = exact.direction(w, batches, exact.hp)
     errors = []
     for delta in (1e-1, 5e-2, 2.5e-2):
         hf = per_fedavg(variant="hf", alpha=0.5, delta=delta)
-        errors.append(float((hf.direction(w, batches) - reference).norm() / reference.norm()))
+        errors.append(float((hf.direction(w, batches, hf.hp) - reference).norm() / reference.norm()))
     assert errors[0] < 1e-2
     for coarse, fine in zip(errors, errors[1:]):
         assert 3.5 < coarse / fine < 4.5  # halving δ quarters the error: O(δ²)

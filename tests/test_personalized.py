@@ -131,7 +131,7 @@ def test_pfedme_inner_loop_converges_to_the_moreau_prox_of_a_quadratic():
     anchor = torch.randn(problem.num_clients, problem.dim, dtype=torch.float64, generator=generator(0, "w"))
     theta = anchor.clone()
     for _ in range(3000):
-        theta = algorithm.inner_step(theta, anchor, problem.client_grad(theta, everyone))
+        theta = algorithm.inner_step(theta, anchor, problem.client_grad(theta, everyone), algorithm.hp)
     n = problem.config["samples_per_client"]
     x = problem.features.view(problem.num_clients, n, -1)
     y = problem.labels.view(problem.num_clients, n)
@@ -177,8 +177,8 @@ def test_pfedme_resolved_personal_models_start_from_the_current_global_model():
     everyone = torch.arange(problem.num_clients)
     theta = per_client_copies(sim.server["w"], problem.num_clients)
     anchor = theta.clone()
-    for _ in range(algorithm.inner_steps):
-        theta = algorithm.inner_step(theta, anchor, problem.client_grad(theta, everyone))
+    for _ in range(algorithm.hp.inner_steps):
+        theta = algorithm.inner_step(theta, anchor, problem.client_grad(theta, everyone), algorithm.hp)
     torch.testing.assert_close(algorithm.personal_params(sim.server, sim.clients), theta)
 
 

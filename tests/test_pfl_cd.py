@@ -272,7 +272,7 @@ def test_thm9_parameters_follow_the_constants_of_the_data_and_the_specs_tables(p
     for key in ("p_w", "smoothness", "eta", "rho", "theta1", "gamma", "nu"):
         assert getattr(theirs, key) == pytest.approx(getattr(ours, key), rel=1e-12), key
     assert theirs.theta2 == 0.5
-    assert ALGORITHMS["ascd_pfl"](problem).coupling == pytest.approx(ours.theta, rel=1e-12)
+    assert ALGORITHMS["ascd_pfl"](problem).hp.coupling == pytest.approx(ours.theta, rel=1e-12)
     for key, value in table.items():  # the spec's printed values (3 digits or so)
         assert getattr(ours, key) == pytest.approx(value, abs=0.6 * 10 ** -(len(str(value).split(".")[1]))), key
 
@@ -382,7 +382,7 @@ def test_one_round_per_w_update_and_iterations_are_the_drawn_lengths(name, monke
     seed, rounds = 7, 12
     problem = make("s2", sigma_h=5.0)
     algorithm = ALGORITHMS[name](problem)
-    p_w = algorithm.p_w if name == "acd_pfl" else algorithm.rules.p_w
+    p_w = algorithm.p_w if name == "acd_pfl" else algorithm.hp.rules.p_w
     lengths = [len(p) for p in replay(seed, rounds, geometric(p_w))]
     calls = {"w": 0, "beta": 0}
     block_grads = problem.block_grads
@@ -409,7 +409,7 @@ def test_mean_round_length_is_one_over_p_w():
     for name, preset, draws in (("ascd_pfl", "s1", 3000), ("acd_pfl", "s1", 3000), ("scd_pfl", "s2", 3000)):
         problem = make(preset)
         algorithm = ALGORITHMS[name](problem)
-        p_w = algorithm.p_w if name == "acd_pfl" else algorithm.rules.p_w
+        p_w = algorithm.p_w if name == "acd_pfl" else algorithm.hp.rules.p_w
         lengths = np.array([algorithm.round_length(1, gen) for _ in range(draws)])
         assert lengths.min() >= 1
         standard_error = math.sqrt(1 - p_w) / p_w / math.sqrt(draws)

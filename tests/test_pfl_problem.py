@@ -294,7 +294,7 @@ def test_s1_constants_and_rules_give_the_specs_table(sigma_h):
     assert 1 - r.nu == pytest.approx(one_minus_nu if one_minus_nu else r.gamma * c.mu, rel=2e-2)
     assert 1 - r.nu < 1e-4  # ν ≈ 1
     assert min(0.8, 1 / r.eta) == pytest.approx(theta, rel=2e-3)
-    assert ALGORITHMS["ascd_pfl"](problem).coupling == pytest.approx(theta, rel=2e-3)
+    assert ALGORITHMS["ascd_pfl"](problem).hp.coupling == pytest.approx(theta, rel=2e-3)
 
 
 @pytest.mark.parametrize("sigma_h, theta1, gamma", [(5.0, 0.195, 5.43), (10.0, 0.166, 6.39), (15.0, 0.143, 7.41)])

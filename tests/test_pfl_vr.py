@@ -28,7 +28,8 @@ from fedbench.oracle import Batches
 from fedbench.problems import make_problem
 from fedbench.reference import solve
 from fedbench.rng import generator
-from fedbench.simulate import Federation, simulate
+from fedbench.runs import RunOracle, batch_hparams
+from fedbench.simulate import Federation, Simulation, simulate
 
 RTOL = 1e-10
 
@@ -209,7 +210,7 @@ def test_asvrcd_matches_algorithm_4(problem, preset, rho, count_refresh, rounds,
     # the Thm 8/9 rules with ρ overridden: θ1, γ, ν follow ρ
     want = spec_rules(problem, rho)
     for key in ("p_w", "eta", "rho", "theta1", "theta2", "gamma", "nu"):
-        assert getattr(algorithm.rules, key) == pytest.approx(want[key], rel=1e-13), key
+        assert getattr(algorithm.hp.rules, key) == pytest.approx(want[key], rel=1e-13), key
     assert want["theta1"] < 0.5  # a large ρ makes θ1 = √(ημ·max(1/2, θ2/ρ)), not the cap
     result = simulate(problem, algorithm, Federation(rounds, clients_per_round=0, local_steps=1, batch_size=1),
                       seed=seed, eval_every=1)
@@ -313,23 +314,25 @@ def test_asvrcd_estimator_is_unbiased(problem, preset):
     assert np.abs(gv_w - grad_w).max() > 1e-3 * np.abs(grad_w).max()  # v ≠ x: the control variate matters
 
     # the implementation's step, fed every j_m at once (the estimator is linear in the per-sample gradients, so a
-    # batch of all n rows gives E_j g), ζ forced, no refresh: g = (x − y')/η
+    # batch of all n rows gives E_j g), ζ forced, no refresh: g = (x − y')/η; one run (the engine's layout: the
+    # server's blocks [1, 1, d_w], the devices' [1, M, d_β])
     algorithm = ALGORITHMS["asvrcd_pfl"](problem, rho=0.05)
-    theta2 = algorithm.rules.theta2
+    theta2 = algorithm.hp.rules.theta2
     # pick y, z with θ1 z + θ2 v + (1 − θ1 − θ2) y = x: z = y = (x − θ2 v)/(1 − θ2)
     w_y = (w_x - theta2 * w_v) / (1 - theta2)
     b_y = (b_x - theta2 * b_v) / (1 - theta2)
     local = {"w": w_y, "w_z": w_y, "w_v": w_v, "w_gv": gv_w, "beta": b_y, "beta_z": b_y, "beta_v": b_v,
              "beta_gv": gv_b}
-    local = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in local.items()}
+    local = {k: torch.from_numpy(np.ascontiguousarray(v)).view(1, -1, v.shape[-1]) for k, v in local.items()}
     rows = problem.client_offsets_cpu[:-1, None] + torch.arange(n)
-    batches = Batches({"D": problem.step_oracle(rows)})
-    rnd = Round(0, everyone, 1, 0, torch.Generator().manual_seed(0))
+    batches = Batches({"D": RunOracle(problem.step_oracle(rows), rows[None])})
+    rnd = Round(everyone[None], 0, 1, 0, 0, streams=(torch.Generator().manual_seed(0),))
+    hp = batch_hparams([Simulation(problem, algorithm, Federation(1, 0, 1, 1), 0)], torch.float64, "cpu")
     steps = {}
     for update_w in (True, False):
-        algorithm.coins = lambda rnd, step, update_w=update_w: (False, update_w)
-        out = algorithm.client_step(dict(local), batches, rnd, 0)
-        steps[update_w] = ((w_x - out["w"].numpy()) / r["eta"], (b_x - out["beta"].numpy()) / r["eta"])
+        algorithm.coins = lambda rnd, hp, update_w=update_w: (False, update_w)
+        out = algorithm.client_step(dict(local), batches, rnd, hp)
+        steps[update_w] = ((w_x - out["w"][0, 0].numpy()) / r["eta"], (b_x - out["beta"][0].numpy()) / r["eta"])
     assert np.abs(w_y - w_x).max() > 0.1  # y ≠ x: the step had to form x by the coupling
     assert_close(steps[True][0], e_w_given_w, rtol=1e-9)
     assert_close(steps[False][1], e_b_given_b, rtol=1e-9)
@@ -345,16 +348,17 @@ def test_asvrcd_rounds_are_the_specs_communications(s2, count_refresh):
     refresh (count_refresh) or at the first ζ = w (refreshes then fall inside rounds)."""
     p_w, rho = 0.3, 0.2
     algorithm = ALGORITHMS["asvrcd_pfl"](s2, p_w=p_w, rho=rho, count_refresh=count_refresh)
+    hp = batch_hparams([Simulation(s2, algorithm, Federation(1, 0, 1, 1), 0)], torch.float64, "cpu")  # one run's
     gen = torch.Generator().manual_seed(11)
-    everyone = torch.arange(s2.num_clients)
+    everyone = torch.arange(s2.num_clients)[None]
     w_steps = refreshes = both = iterations = inside = 0
     rounds = 6000 if count_refresh else 4000
     for index in range(rounds):
         steps = algorithm.round_length(1, gen)
-        rnd = Round(index, everyone, steps, iterations, gen)
+        rnd = Round(everyone, index, steps, iterations, streams=(gen,))
         events = []
         for step in range(steps):
-            refresh, update_w = algorithm.coins(rnd, step)
+            refresh, update_w = algorithm.coins(rnd.at(step), hp)
             w_steps += update_w
             refreshes += refresh
             both += refresh and update_w
@@ -476,7 +480,7 @@ def test_pfedme_matches_algorithm_1(s1):
     rounds, local_steps, batch, inner, seed = 3, 3, 4, 5, 2
     np_p = Blocks(s1, "s1")
     algorithm = ALGORITHMS["pfedme"](s1, lam=None, personal_lr=1.0, client_lr=0.005, inner_steps=inner)
-    assert algorithm.lam == pytest.approx(0.01, rel=1e-15)
+    assert algorithm.hp.moreau_lam == pytest.approx(0.01, rel=1e-15)
     result = simulate(s1, algorithm, Federation(rounds, clients_per_round=0, local_steps=local_steps,
                                                 batch_size=batch), seed=seed, eval_every=1)
     history, duplicates = replay_pfedme(s1, rounds, local_steps, batch, inner, 1.0, 0.005, seed)

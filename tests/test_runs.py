@@ -270,13 +270,13 @@ def test_what_cannot_share_a_batch_is_refused_with_the_reason():
     assert why_not_batchable([sim(client_lr=0.1), sim(client_lr=0.2)]) is None  # a per-run hyperparameter
     assert "not in subgradient" in why_not_batchable([sim(subgradient=True), sim(subgradient=False)])
     assert why_not_batchable([sim("pfedme", client_lr=0.1), sim("pfedme", client_lr=0.2)]) is None
-    assert "no per-run hyperparameters" in why_not_batchable([sim("fedda", client_lr=0.1),
-                                                              sim("fedda", client_lr=0.2)])
+    assert why_not_batchable([sim("fedda", client_lr=0.1), sim("fedda", client_lr=0.2)]) is None  # every float
     assert "problem instance" in why_not_batchable([sim(), sim(problem=small_lasso())])
-    blocks = pfl()  # ASVRCD-PFL with a refresh coin at every iteration is not written for the run axis
-    assert "run axis" in why_not_batchable([sim("asvrcd_pfl", blocks, count_refresh=False)] * 2)
-    with pytest.raises(NotBatchable, match="run axis"):
-        RunBatch([sim("asvrcd_pfl", blocks, count_refresh=False)])
+    blocks = pfl()  # ASVRCD-PFL with a refresh coin at every iteration draws inside an iteration-wise batch's steps
+    assert "draws inside its rounds' steps" in why_not_batchable([sim("asvrcd_pfl", blocks, count_refresh=False)] * 2)
+    with pytest.raises(NotBatchable, match="draws inside its rounds' steps"):
+        RunBatch([sim("asvrcd_pfl", blocks, count_refresh=False)] * 2)
+    assert why_not_batchable([sim("asvrcd_pfl", blocks, count_refresh=False)]) is None  # a run alone is a program
 
 
 def test_simulations_that_cannot_share_a_program_run_one_after_another():

@@ -24,6 +24,7 @@ from fedbench.algorithms.mc_fedda import MCFedDA
 from fedbench.algorithms.pfedfbe import PFedFBE
 from fedbench.algorithms.per_fedavg import PerFedAvg
 from fedbench.algorithms.pfedme import PFedMe
+from fedbench.algorithms.scaffold import SCAFFOLD
 from fedbench.algorithms.scd_pfl import SCDPFL
 from fedbench.algorithms.svrcd_pfl import SVRCDPFL
 
@@ -31,6 +32,6 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls for cls in (FedAvg, FedMiD, FedDA, Ditto, FastFedDA, CFedDA, MCFedDA, FeDXL1, FeDXL2,
                                               LocalPair, LocalSGDCE, Centralized, CODASCA, PFedFBE, PFedMe, FedProx,
                                               LSGDPFL, ACDPFL, ASCDPFL, ASVRCDPFL, SCDPFL, SVRCDPFL, L2SGDPlus,
-                                              PerFedAvg)}
+                                              PerFedAvg, SCAFFOLD)}
 
 __all__ = ["ALGORITHMS", "Algorithm", "Round"]

@@ -14,7 +14,8 @@ Typos of the printed Alg. 2 corrected: the w-update happens with probability p_w
 the β-step uses ∇_{β_m}F = (1/M)∇_β f_m for F's constant L^β. The problem's 𝓛^w, 𝓛^β (finite-sum component
 constants, ≥ L^w, L^β) stand in for L^w, L^β. The un-sampled block moves without communication, so every
 device runs the w-recursion; participation = "all" and the round's aggregation of G_w is the mean over the client
-axis (an all-reduce), after which the w-block goes up as the round's message.
+axis (an all-reduce), after which the w-block goes up as the round's message. Its parameters are the problem's
+constants alone (no float hyperparameter): the runs of a batch share them.
 """
 from __future__ import annotations
 
@@ -29,14 +30,13 @@ from fedbench.hparams import Param
 
 class ACDPFL(BlockMethod):
     name = "acd_pfl"
-    runs_axis = True
     requires = frozenset({"block_objective", "full_data"})
     hparams = (Param("unsampled_y", "choice", "x", "y of the block not updated: its x (textbook ACD) or kept",
                      choices=("x", "keep")),)
 
     def __init__(self, problem, **hyperparameters):
         super().__init__(problem, **hyperparameters)
-        c = problem.constants
+        c = problem.constants  # Thm 7's parameters: constants of the problem, the same for every run
         root_w, root_beta = math.sqrt(c.smooth_w), math.sqrt(c.smooth_beta)
         self.nu = c.mu / (root_w + root_beta) ** 2
         self.theta = (math.sqrt(self.nu**2 + 4 * self.nu) - self.nu) / 2
@@ -55,7 +55,7 @@ class ACDPFL(BlockMethod):
     def init_clients(self, w0, num_clients):
         return {"beta": zeros_beta(self.problem, num_clients), "beta_z": zeros_beta(self.problem, num_clients)}
 
-    def client_init(self, server, rows, rnd):
+    def client_init(self, server, rows, rnd, hp):
         return {**server, **rows}
 
     def sampled(self, x, z, gradient, step, mirror):
@@ -63,28 +63,27 @@ class ACDPFL(BlockMethod):
         eta_nu = self.eta * self.nu
         return x - step * gradient, (z + eta_nu * x - mirror * gradient) / (1 + eta_nu)
 
-    def unsampled(self, x, y, z):
+    def unsampled(self, x, y, z, hp):
         eta_nu = self.eta * self.nu
-        return (x if self.unsampled_y == "x" else y), (z + eta_nu * x) / (1 + eta_nu)
+        return (x if hp.unsampled_y == "x" else y), (z + eta_nu * x) / (1 + eta_nu)
 
-    def client_step(self, local, batches, rnd, step):
+    def client_step(self, local, batches, rnd, hp):
         problem = self.problem
-        w_x = local["w"] + self.theta * (local["w_z"] - local["w"])
-        beta_x = local["beta"] + self.theta * (local["beta_z"] - local["beta"])
-        everyone = torch.arange(beta_x.shape[-2], device=beta_x.device)
-        if step == rnd.local_steps - 1:  # the w-update: G_w all-reduced over the devices
-            g_w, _ = problem.client_block_grads(w_x, beta_x, everyone)
-            w, w_z = self.sampled(w_x, local["w_z"], g_w.mean(-2), self.step_w, self.mirror_w)
-            beta, beta_z = self.unsampled(beta_x, local["beta"], local["beta_z"])
+        w_x = local["w"] + self.theta * (local["w_z"] - local["w"])  # [R, 1, d_w]
+        beta_x = local["beta"] + self.theta * (local["beta_z"] - local["beta"])  # [R, M, d_β]
+        everyone = torch.arange(beta_x.shape[1], device=beta_x.device)
+        g_w, g_beta = problem.client_block_grads(w_x, beta_x, everyone)
+        if rnd.is_last_step:  # the w-update: G_w all-reduced over the devices
+            w, w_z = self.sampled(w_x, local["w_z"], g_w.mean(1, keepdim=True), self.step_w, self.mirror_w)
+            beta, beta_z = self.unsampled(beta_x, local["beta"], local["beta_z"], hp)
         else:
-            _, g_beta = problem.client_block_grads(w_x, beta_x, everyone)
             beta, beta_z = self.sampled(beta_x, local["beta_z"], problem.beta_scale * g_beta, self.step_beta,
                                         self.mirror_beta)
-            w, w_z = self.unsampled(w_x, local["w"], local["w_z"])
+            w, w_z = self.unsampled(w_x, local["w"], local["w_z"], hp)
         return {"w": w, "w_z": w_z, "beta": beta, "beta_z": beta_z}
 
-    def client_final(self, local, rnd):
+    def client_final(self, local, rnd, hp):
         return {"w": local["w"], "w_z": local["w_z"]}, {"beta": local["beta"], "beta_z": local["beta_z"]}
 
-    def server_update(self, server, message, weights, rnd):
+    def server_update(self, server, message, weights, rnd, hp):
         return dict(message)  # the w-block every device holds after the round's all-reduce

@@ -15,13 +15,16 @@ the w-recursion itself. A communication is an iteration that aggregates over dev
 `count_refresh`, the synthetic code) a refresh, whose ∇_w F(v) is a full aggregation; the CV code counts only
 ζ = w, and its refreshes then happen inside rounds. participation = "all": the round's aggregation is the mean
 over the client axis (an all-reduce), after which every device holds the same w-block, which goes up as the
-round's message.
+round's message. Thm 8/9's parameters are each run's own (`derive`: `hp.rules`), so the runs of a batch may
+differ in p_w, η and ρ; the coins are each run's own draws (`rnd.draw`) and decide in Python which blocks move, so
+the engine ends rounds one run at a time (`draws_at_round_end`), and with the CV code's counting, whose ρ-coin is
+flipped at every iteration, runs one run a program (`draws_in_steps`).
 """
 from __future__ import annotations
 
 import torch
 
-from fedbench.algorithms.base import add_scaled, coin_flips_to_success, per_run
+from fedbench.algorithms.base import coin_flips_to_success
 from fedbench.algorithms.pfl_rules import ETA, P_W, RHO, BlockMethod, rules, zeros_beta, zeros_w
 from fedbench.hparams import Param
 
@@ -34,36 +37,41 @@ class ASVRCDPFL(BlockMethod):
     requires = frozenset({"block_objective", "full_data"})
     hparams = (P_W, ETA, RHO, Param("count_refresh", "bool", True, "a refresh of v ends a communication round (the "
                                     "synthetic code, §3.0) or happens inside one (the CV code)"))
-
-    runs_axis = True
-    draws_at_round_end = True  # the refresh and ζ coins (`coins`)
-    run_hparams = ("p_w", "eta", "rho")
-    run_derived = ("rules",)  # the coins (`any_event`) are drawn by each run's own algorithm, at its round's end
+    draws_at_round_end = True  # the refresh and ζ coins (`coins`), branched on in Python
 
     @classmethod
-    def batchable_runs(cls, hp):
-        return hp["count_refresh"]  # else a ρ-coin at every iteration, drawn inside the batched steps
+    def draws_in_steps(cls, hp):
+        return not hp["count_refresh"]  # a ρ-coin at every iteration
 
-    def __init__(self, problem, **hyperparameters):
-        super().__init__(problem, **hyperparameters)
-        self.rules = rules(problem, self.p_w, self.eta, self.rho)
-        r = self.rules
-        self.any_event = 1 - (1 - r.rho) * (1 - r.p_w) if self.count_refresh else r.p_w
+    def derive(self, hp):
+        r = rules(self.problem, hp.p_w, hp.eta, hp.rho)
+        # a round ends at ζ = w, or at a refresh too when refreshes count as communications
+        any_event = 1 - (1 - r.rho) * (1 - r.p_w) if hp.count_refresh else r.p_w
+        return {"rules": r, "any_event": any_event, "refresh_given_event": r.rho / any_event,
+                "theta_y": 1 - r.theta1 - r.theta2,  # x's weight on y
+                "beta_gain": self.problem.beta_scale / r.p_beta}  # (1/p_β)·∇_{β_m}F's scale
 
     # -- coins ---------------------------------------------------------------------------------------
     def round_length(self, local_steps, gen):
-        return coin_flips_to_success(self.any_event, gen)
+        return coin_flips_to_success(self.hp.any_event, gen)
 
-    def coins(self, rnd, step) -> tuple[bool, bool]:
+    @staticmethod
+    def coin(rnd, probability) -> bool:
+        """A `probability`-coin on the run's own stream (the draw in float32, as `torch.rand` gives it). The
+        engine draws these one run at a time (`draws_at_round_end`, `draws_in_steps`): `probability` is `[1, 1, 1]`."""
+        u = rnd.draw(lambda gen: torch.rand((), generator=gen))
+        return bool(u < probability.view(-1).to(u.dtype))
+
+    def coins(self, rnd, hp) -> tuple[bool, bool]:
         """(refresh, ζ = w) of this iteration. Counting refreshes, only the round's last iteration has an event,
         drawn given that one happened; else refreshes are ρ-coins at every iteration and ζ = w ends the round."""
-        r, last = self.rules, step == rnd.local_steps - 1
-        if not self.count_refresh:
-            return bool(torch.rand((), generator=rnd.gen) < r.rho), last
+        last = rnd.is_last_step
+        if not hp.count_refresh:
+            return self.coin(rnd, hp.rules.rho), last
         if not last:
             return False, False
-        refresh = bool(torch.rand((), generator=rnd.gen) < r.rho / self.any_event)
-        return refresh, (not refresh) or bool(torch.rand((), generator=rnd.gen) < r.p_w)
+        refresh = self.coin(rnd, hp.refresh_given_event)
+        return refresh, (not refresh) or self.coin(rnd, hp.rules.p_w)
 
     # -- state -----------------------------------------------------------------------------------------
     def init_server(self, w0):
@@ -78,44 +86,47 @@ class ASVRCDPFL(BlockMethod):
         _, g_beta = problem.client_block_grads(zeros_w(problem), beta, everyone)
         return {"beta": beta, "beta_z": beta.clone(), "beta_v": beta.clone(), "beta_gv": problem.beta_scale * g_beta}
 
-    def client_init(self, server, rows, rnd):
+    def client_init(self, server, rows, rnd, hp):
         return {**server, **rows}
 
-    def couple(self, y, z, v):
-        theta1, theta2 = per_run(self.rules.theta1, y), per_run(self.rules.theta2, y)
-        return theta1 * z + theta2 * v + (1 - theta1 - theta2) * y
+    def couple(self, y, z, v, hp):
+        """x = θ1 z + θ2 v + (1 − θ1 − θ2) y."""
+        return hp.rules.theta1 * z + hp.rules.theta2 * v + hp.theta_y * y
 
-    def accelerated_step(self, x, z, g):
+    def accelerated_step(self, x, z, g, rules):
         """y' = x − ηg, z' = νz + (1 − ν)x + (γ/η)(y' − x) = lerp(x, z, ν) − γg."""
-        r = self.rules
-        return add_scaled(x, -r.eta, g), add_scaled(torch.lerp(x, z, per_run(r.nu, x)), -r.gamma, g)
+        return (torch.addcmul(x, rules.eta, g, value=-1),
+                torch.addcmul(torch.lerp(x, z, rules.nu), rules.gamma, g, value=-1))
 
     # -- one iteration ---------------------------------------------------------------------------------------
-    def client_step(self, local, batches, rnd, step):
-        refresh, update_w = self.coins(rnd, step)
+    def client_step(self, local, batches, rnd, hp):
+        refresh, update_w = self.coins(rnd, hp)
         s = dict(local)
-        w_x = self.couple(s["w"], s["w_z"], s["w_v"])
-        beta_x = self.couple(s["beta"], s["beta_z"], s["beta_v"])
+        w_x = self.couple(s["w"], s["w_z"], s["w_v"], hp)
+        beta_x = self.couple(s["beta"], s["beta_z"], s["beta_v"], hp)
         if refresh:
             s.update(self.refresh(s["w"], s["beta"]))
-        r, oracle, scale = self.rules, batches.D, self.problem.beta_scale
+        r, oracle = hp.rules, batches.D
         gx_w, gx_beta = oracle.block_grads(w_x, beta_x, need_w=update_w)
         gv_w, gv_beta = oracle.block_grads(s["w_v"], s["beta_v"], need_w=update_w)
         if update_w:  # the all-reduce of the devices' control-variate differences
-            g_w, g_beta = (gx_w - gv_w).mean(0) / r.p_w + s["w_gv"], s["beta_gv"]
+            g_w, g_beta = (gx_w - gv_w).mean(1, keepdim=True) / r.p_w + s["w_gv"], s["beta_gv"]
         else:
-            g_w, g_beta = s["w_gv"], (scale / per_run(r.p_beta, gx_beta)) * (gx_beta - gv_beta) + s["beta_gv"]
-        s["w"], s["w_z"] = self.accelerated_step(w_x, s["w_z"], g_w)
-        s["beta"], s["beta_z"] = self.accelerated_step(beta_x, s["beta_z"], g_beta)
+            g_w, g_beta = s["w_gv"], hp.beta_gain * (gx_beta - gv_beta) + s["beta_gv"]
+        s["w"], s["w_z"] = self.accelerated_step(w_x, s["w_z"], g_w, r)
+        s["beta"], s["beta_z"] = self.accelerated_step(beta_x, s["beta_z"], g_beta, r)
         return s
 
     def refresh(self, w, beta) -> dict:
-        """v ← y and ∇F(v) on every device's full data; ∇_w F(v) is the all-reduced mean."""
-        g_w, g_beta = self.problem.client_block_grads(w, beta, torch.arange(len(beta), device=beta.device))
-        return {"w_v": w, "w_gv": g_w.mean(0), "beta_v": beta, "beta_gv": self.problem.beta_scale * g_beta}
+        """v ← y and ∇F(v) on every device's full data (w `[R, 1, d_w]`, β `[R, M, d_β]`); ∇_w F(v) is the
+        all-reduced mean."""
+        everyone = torch.arange(beta.shape[1], device=beta.device)
+        g_w, g_beta = self.problem.client_block_grads(w, beta, everyone)
+        return {"w_v": w, "w_gv": g_w.mean(1, keepdim=True),
+                "beta_v": beta, "beta_gv": self.problem.beta_scale * g_beta}
 
-    def client_final(self, local, rnd):
+    def client_final(self, local, rnd, hp):
         return {k: local[k] for k in W_BLOCK}, {k: local[k] for k in BETA_BLOCK}
 
-    def server_update(self, server, message, weights, rnd):
+    def server_update(self, server, message, weights, rnd, hp):
         return dict(message)  # the w-block every device holds after the round's all-reduce

@@ -39,13 +39,13 @@ run at a time).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Iterator, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 import torch
 from torch import Tensor
 
 from fedbench import contract
-from fedbench.hparams import Param, resolve
+from fedbench.hparams import HParams, Param, resolve
 from fedbench.metrics import Metric
 from fedbench.oracle import Batches, Minibatch
 
@@ -59,38 +59,6 @@ H_MODE = Param("h_mode", "choice", "subgradient", "treatment of h in local steps
 
 class ScheduleError(RuntimeError):
     """An algorithm asked its round for what the engine's schedule does not define there."""
-
-
-class HParams(Mapping):
-    """Hyperparameters and derived values by name, read as attributes (`hp.client_lr`) or items. In a round's
-    functions, floats are per-run `[R, 1, 1]` tensors; in `self.hp`, one run's Python values."""
-
-    __slots__ = ("_values",)
-
-    def __init__(self, values: Mapping[str, Any]):
-        object.__setattr__(self, "_values", dict(values))
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self._values[name]
-        except KeyError:
-            raise AttributeError(f"no hyperparameter or derived value {name!r} (known: "
-                                 f"{', '.join(self._values)})") from None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError("hyperparameters are read-only")
-
-    def __getitem__(self, name: str) -> Any:
-        return self._values[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._values)
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-    def __repr__(self) -> str:
-        return f"HParams({self._values!r})"
 
 
 class Round:
@@ -145,6 +113,8 @@ class Round:
         that every run draws exactly what it draws alone."""
         if self._streams is None:
             raise ScheduleError(f"rnd.draw is not allowed {self._where or 'here'}")
+        if len(self._streams) == 1:
+            return sample(self._streams[0]).unsqueeze(0)
         return torch.stack([sample(gen) for gen in self._streams])
 
 
@@ -237,6 +207,8 @@ def broadcast(w: Tensor, rnd: Round) -> Tensor:
 
 def aggregate(values: Tensor, weights: Tensor) -> Tensor:
     """Σ_k π̂_k values_k over the clients: values `[R, S, ...]`, weights `[R, S]` (summing to 1) -> `[R, 1, ...]`."""
+    if values.shape[0] == 1:  # a run alone: one vector-matrix product (~10 µs less than a batched one of one)
+        return (weights[0] @ values[0].flatten(1)).view(1, 1, *values.shape[2:])
     return torch.matmul(weights.unsqueeze(1), values.flatten(2)).view(values.shape[0], 1, *values.shape[2:])
 
 
@@ -260,15 +232,3 @@ def per_client_copies(w0: Tensor, num_clients: int) -> Tensor:
     """`[N, d]` rows all equal to w0, e.g. personal models that start at the initial point."""
     return w0.expand(num_clients, *w0.shape).clone()
 
-
-# TEMPORARY shims while the algorithm files move to the new interface (removed before commit)
-def per_run(value, like):
-    return value
-
-
-def add_scaled(x, scale, g):
-    return x + scale * g
-
-
-def draw(gen, sample):
-    return gen.draw(sample)

@@ -16,13 +16,15 @@ Conventions (spec 002 §2.2, §2.7, §7 items 4–5):
 * `alpha`: const α ≡ 1 [default, code] or quadratic (r + a)² per round.
 * `local_order`: `grad_then_prox` [default] or `prox_then_grad` (NuclearRun.m: each step first
   computes u ← CProx_r(g_k − μE w̃_r/2) from the g_k it holds, then takes the gradient there).
+CProx_r is the same map all round (w̃_r, w₀, A_r are the server's): what it fixes is computed once per round
+(`round_prox`), clients' steps only divide, shift and threshold.
 The round counter r, the anchor and the weights restart with each MC-FedDA stage (`mc_fedda.py`).
 """
 from __future__ import annotations
 
 from fedbench.algorithms.base import aggregate, broadcast
-from fedbench.algorithms.dual_averaging import (ALPHA, ALPHA_OFFSET, LOCAL_ORDER, MU, DualAveraging,
-                                                cumulative_alpha, dual_averaging_prox)
+from fedbench.algorithms.dual_averaging import (ALPHA, ALPHA_OFFSET, LOCAL_ORDER, MU, DualAveraging, alpha,
+                                                cumulative_alpha, divide)
 from fedbench.hparams import Param
 
 GAMMA_CONVENTION = Param("gamma_convention", "choice", "code", "γ per local step (code: paper γ = γ/E) or per round",
@@ -34,7 +36,6 @@ CONSTRAINED_PROX = Param("constrained_prox", "choice", "sequential",
 
 class CFedDA(DualAveraging):
     name = "c_fedda"
-    runs_axis = True
     hparams = (
         MU,
         Param("gamma", "float", 600.0, "anchor weight γ (see gamma_convention)", low=0, low_open=True, log=True),
@@ -42,7 +43,8 @@ class CFedDA(DualAveraging):
         ALPHA,
         ALPHA_OFFSET,
         LOCAL_ORDER,
-        Param("radius", "float", None, "radius ε₀ of the ℛ-ball around the anchor (None: no ball; a radius requires norm_ball)", low=0,
+        Param("radius", "float", None,
+              "radius ε₀ of the ℛ-ball around the anchor (None: no ball; a radius requires norm_ball)", low=0,
               low_open=True, nullable=True),
         CONSTRAINED_PROX,
     )
@@ -53,43 +55,58 @@ class CFedDA(DualAveraging):
         return super().requirements(hp) | ({"norm_ball"} if hp.get("radius") is not None else set())
 
     # -- what a stage fixes: MC-FedDA overrides these three ------------------------------------
-    def stage_round(self, round_index: int) -> int:
+    def stage_round(self, round_index: int, hp) -> int:
         return round_index
 
-    def stage_regularizer(self, round_index: int):
+    def stage_regularizer(self, round_index: int, hp):
         return self.reg
 
-    def stage_radius(self, round_index: int) -> float | None:
-        return self.radius
+    def stage_radius(self, round_index: int, hp):
+        return hp.radius
 
-    def _cprox(self, g, wt, anchor, round_index: int, local_steps: int):
-        """CProx_r(g − μE w̃_r/2) as the dual-averaging prox of (g − μE w̃_r/2)/E with weight A_r."""
-        r = self.stage_round(round_index)
-        gamma = self.gamma / local_steps if self.gamma_convention == "code" else self.gamma
-        return dual_averaging_prox(self.stage_regularizer(round_index), g / local_steps - self.mu * wt / 2, anchor,
-                                   cumulative_alpha(r, self.alpha, self.a), self.mu, gamma,
-                                   self.stage_radius(round_index), self.constrained_prox == "exact")
+    # -- CProx_r ----------------------------------------------------------------------------------
+    def round_prox(self, server, round_index: int, local_steps: int, hp) -> dict:
+        """What CProx_r fixes in round r, from the server's w̃_r and anchor w₀ `[R, 1, d]`: with γ' = γ/E (code) or
+        γ (paper) and c = μA_r/2 + γ', the shift γ'w₀ (`pull`), the history term μw̃_r/2, c and the prox step
+        A_r/c (`dual_averaging.dual_averaging_prox` of z/E, its terms in its order)."""
+        gamma = hp.gamma / local_steps if hp.gamma_convention == "code" else hp.gamma
+        total = cumulative_alpha(self.stage_round(round_index, hp), hp.alpha, hp.a)
+        c = hp.half_mu * total + gamma
+        return {"pull": gamma * server["anchor"], "history": hp.half_mu * server["wt"], "c": c,
+                "step": divide(total, c), "anchor": server["anchor"]}
 
-    def client_init(self, server, rows, rnd):
-        return {"g": broadcast(server["g"], rnd), "u": broadcast(server["w"], rnd), "wt": server["wt"].unsqueeze(-2),
-                "anchor": server["anchor"].unsqueeze(-2)}
+    def cprox(self, g, terms: dict, round_index: int, local_steps: int, hp):
+        """CProx_r(g − μE w̃_r/2): the dual-averaging prox of z = g/E − μw̃_r/2 with weight A_r, in the ball."""
+        z = g / local_steps - terms["history"]
+        return self.stage_regularizer(round_index, hp).prox_in_ball(
+            (terms["pull"] - z) / terms["c"], terms["step"], terms["anchor"], self.stage_radius(round_index, hp),
+            hp.constrained_prox == "exact")
 
-    def client_step(self, local, batches, rnd, step):
-        weight = self._alpha(self.stage_round(rnd.index))
-        if self.local_order == "prox_then_grad":
-            u = self._cprox(local["g"], local["wt"], local["anchor"], rnd.index, rnd.local_steps)
-            return {**local, "g": local["g"] + weight * batches.D.grad(u), "u": u}
-        g = local["g"] + weight * batches.D.grad(local["u"])
+    def _weighted(self, round_index: int, x, hp):
+        """α_r·x of the stage's round r (x itself for α ≡ 1: the same float)."""
+        return x if hp.alpha == "const" else alpha(self.stage_round(round_index, hp), hp.alpha, hp.a) * x
+
+    # -- the round --------------------------------------------------------------------------------
+    def client_init(self, server, rows, rnd, hp):
+        return {"g": broadcast(server["g"], rnd), "u": broadcast(server["w"], rnd),
+                **self.round_prox(server, rnd.index, rnd.local_steps, hp)}
+
+    def client_step(self, local, batches, rnd, hp):
+        if hp.local_order == "prox_then_grad":
+            u = self.cprox(local["g"], local, rnd.index, rnd.local_steps, hp)
+            return {**local, "g": local["g"] + self._weighted(rnd.index, batches.D.grad(u), hp), "u": u}
+        g = local["g"] + self._weighted(rnd.index, batches.D.grad(local["u"]), hp)
         u = local["u"]
-        if step < rnd.local_steps - 1:
-            u = self._cprox(g, local["wt"], local["anchor"], rnd.index, rnd.local_steps)
+        if not rnd.is_last_step:
+            u = self.cprox(g, local, rnd.index, rnd.local_steps, hp)
         return {**local, "g": g, "u": u}
 
-    def client_final(self, local, rnd):
+    def client_final(self, local, rnd, hp):
         return {"g": local["g"]}, {}
 
-    def server_update(self, server, message, weights, rnd):
+    def server_update(self, server, message, weights, rnd, hp):
         g = aggregate(message["g"], weights)
-        w = self._cprox(g, server["wt"], server["anchor"], rnd.index, rnd.local_steps)
-        wt = server["wt"] + self._alpha(self.stage_round(rnd.index) + 1) * w
+        w = self.cprox(g, self.round_prox(server, rnd.index, rnd.local_steps, hp), rnd.index, rnd.local_steps, hp)
+        r = self.stage_round(rnd.index, hp)
+        wt = server["wt"] + (w if hp.alpha == "const" else alpha(r + 1, hp.alpha, hp.a) * w)
         return {"g": g, "wt": wt, "w": w, "anchor": server["anchor"]}

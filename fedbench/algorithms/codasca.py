@@ -37,7 +37,6 @@ ALPHA_MAX = 999.0  # LibAUC's clip of the dual variable
 
 class CODASCA(Algorithm):
     name = "codasca"
-    runs_axis = True
     requires = frozenset({"pair_scores"})
     hparams = (
         CLIENT_LR,
@@ -53,6 +52,7 @@ class CODASCA(Algorithm):
 
     def __init__(self, problem, **hyperparameters):
         super().__init__(problem, **hyperparameters)
+        # the share of positives in the training data: a constant of the data, not of the hyperparameters
         positives = float(problem.positive_counts.sum())
         self.p = positives / (positives + float(problem.negative_counts.sum()))
         self.scale = self.p * (1 - self.p)
@@ -65,18 +65,17 @@ class CODASCA(Algorithm):
     def init_clients(self, w0, num_clients):
         return {"c_i": w0.new_zeros(num_clients, len(w0) + 3)}
 
-    def client_init(self, server, rows, rnd):
+    def client_init(self, server, rows, rnd, hp):
         return {"v": broadcast(server["v"], rnd), "alpha": broadcast(server["alpha"], rnd),
-                "correction": server["c"].unsqueeze(-2) - rows["c_i"], "c_i": rows["c_i"],
-                "ref": server["ref"].unsqueeze(-2),
+                "correction": server["c"] - rows["c_i"], "c_i": rows["c_i"], "ref": server["ref"],
                 "grad_sum": torch.zeros_like(rows["c_i"])}
 
-    def client_step(self, local, batches, rnd, step):
+    def client_step(self, local, batches, rnd, hp):
         oracle = batches.D
         v, alpha = local["v"], local["alpha"]
         a, b = v[..., -2:-1], v[..., -1:]
 
-        def square_loss(pos, neg):  # L without its α² term, [S]; a, b, α are constants here
+        def square_loss(pos, neg):  # L without its α² term, [R, S]; a, b, α are constants here
             return self.scale * (((pos - a) ** 2).mean(-1) + ((neg - b) ** 2).mean(-1)
                                  + 2 * alpha[..., 0] * (neg.mean(-1) - pos.mean(-1)))
 
@@ -84,25 +83,25 @@ class CODASCA(Algorithm):
         pos, neg = scores[..., : oracle.positives], scores[..., oracle.positives:]
         grad_a = -2 * self.scale * (pos - a).mean(-1, keepdim=True)
         grad_b = -2 * self.scale * (neg - b).mean(-1, keepdim=True)
-        grad_alpha = 2 * (self.margin + b - a) - 2 * alpha
-        grad = torch.cat([grad_w.clamp(-self.clip, self.clip), grad_a, grad_b, grad_alpha], dim=-1)
+        grad_alpha = 2 * (hp.margin + b - a) - 2 * alpha
+        grad = torch.cat([grad_w.clamp(-hp.clip, hp.clip), grad_a, grad_b, grad_alpha], dim=-1)
         corrected = grad + local["correction"]
-        lr = step_size(self.client_lr, self.decay, self.decay_every, rnd, step)
-        v_new = v - lr * (corrected[..., :-1] + (v - local["ref"]) / self.gamma) - lr * self.weight_decay * v
+        lr = step_size(hp.client_lr, hp.decay, hp.decay_every, rnd)
+        v_new = v - lr * (corrected[..., :-1] + (v - local["ref"]) / hp.gamma) - lr * hp.weight_decay * v
         alpha_new = (alpha + lr * corrected[..., -1:]).clamp(0.0, ALPHA_MAX)
         return {**local, "v": v_new, "alpha": alpha_new, "grad_sum": local["grad_sum"] + grad}
 
-    def client_final(self, local, rnd):
+    def client_final(self, local, rnd, hp):
         c_i = local["grad_sum"] / rnd.local_steps
         return {"v": local["v"], "alpha": local["alpha"], "dc": c_i - local["c_i"]}, {"c_i": c_i}
 
-    def server_update(self, server, message, weights, rnd):
+    def server_update(self, server, message, weights, rnd, hp):
         v = aggregate(message["v"], weights)
         stage_rounds = server["stage_rounds"] + 1
         stage_mean = server["stage_mean"] + (v - server["stage_mean"]) / stage_rounds[..., None]
-        stage_ends = stage(self.decay_every, rnd.iteration + rnd.local_steps) > stage(self.decay_every, rnd.iteration)
+        stage_ends = stage(hp.decay_every, rnd.iteration + rnd.local_steps) > stage(hp.decay_every, rnd.iteration)
         return {"v": v, "alpha": aggregate(message["alpha"], weights),
-                "c": server["c"] + message["dc"].sum(-2) / self.problem.num_clients,
+                "c": server["c"] + message["dc"].sum(1, keepdim=True) / self.problem.num_clients,
                 "ref": stage_mean if stage_ends else server["ref"], "stage_mean": stage_mean,
                 "stage_rounds": torch.zeros_like(stage_rounds) if stage_ends else stage_rounds}
 

@@ -9,19 +9,17 @@ persistent personal model v_k per client, pulled towards the global model.
 g is a subgradient of h (spec 000's default treatment of the nonsmooth part) or, with
 `h_mode: prox`, the step is followed by prox_{η h} instead. v_k starts at w₀ and lives across rounds
 (`[N, d]` client state); metrics evaluate the personal models. Defaults λ_d = 0.1, η_p = η_c
-(spec 000's proposal).
+(spec 000's proposal; `derive` gives η_p as `hp.personal_step`).
 """
 from __future__ import annotations
 
 from fedbench.algorithms.base import (CLIENT_LR, H_MODE, SERVER_LR, Algorithm, aggregate, broadcast, composite_step,
-                                      per_client_copies, per_run)
+                                      per_client_copies)
 from fedbench.hparams import Param
 
 
 class Ditto(Algorithm):
     name = "ditto"
-    runs_axis = True
-    run_hparams = ("client_lr", "server_lr", "personal_lr", "ditto_lambda")
     personalized = True
     hparams = (
         CLIENT_LR,
@@ -33,28 +31,30 @@ class Ditto(Algorithm):
         H_MODE,
     )
 
+    def derive(self, hp):
+        return {"personal_step": hp.client_lr if hp.personal_lr is None else hp.personal_lr}  # η_p
+
     def init_clients(self, w0, num_clients):
         return {"v": per_client_copies(w0, num_clients)}
 
-    def client_init(self, server, rows, rnd):
-        return {"u": broadcast(server["w"], rnd), "v": rows["v"], "w": server["w"].unsqueeze(-2)}
+    def client_init(self, server, rows, rnd, hp):
+        return {"u": broadcast(server["w"], rnd), "v": rows["v"], "w": server["w"]}  # w `[R, 1, d]`: every client's
 
-    def client_step(self, local, batches, rnd, step):
+    def client_step(self, local, batches, rnd, hp):
         u, v, w = local["u"], local["v"], local["w"]
-        personal_lr = self.client_lr if self.personal_lr is None else self.personal_lr
-        pulled = batches.D.grad(v) + per_run(self.ditto_lambda, v) * (v - w)
+        pulled = batches.D.grad(v) + hp.ditto_lambda * (v - w)
         return {
-            "u": composite_step(self.reg, self.h_mode, u, batches.D.grad(u), self.client_lr),
-            "v": composite_step(self.reg, self.h_mode, v, pulled, personal_lr),
+            "u": composite_step(self.reg, hp.h_mode, u, batches.D.grad(u), hp.client_lr),
+            "v": composite_step(self.reg, hp.h_mode, v, pulled, hp.personal_step),
             "w": w,
         }
 
-    def client_final(self, local, rnd):
+    def client_final(self, local, rnd, hp):
         return {"u": local["u"]}, {"v": local["v"]}
 
-    def server_update(self, server, message, weights, rnd):
+    def server_update(self, server, message, weights, rnd, hp):
         w = server["w"]
-        return {"w": w + per_run(self.server_lr, w) * (aggregate(message["u"], weights) - w)}
+        return {"w": w + hp.server_lr * (aggregate(message["u"], weights) - w)}
 
     def personal_params(self, server, clients):
         return clients["v"]

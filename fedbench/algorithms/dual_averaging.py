@@ -7,9 +7,14 @@ theory's choice (Thm 2.1), with A_t = Σ_{i=0}^{t} α_i.
 Prox (spec 002 §2.1, eq. (13) of the paper):
     argmin_w ⟨w, z − γ w₀⟩ + (μA/2 + γ)‖w‖²/2 + A·h(w)  =  prox_{(A/c)·h}((γ w₀ − z)/c),  c = μA/2 + γ,
 optionally restricted to the ℛ-ball ℛ(w − w₀) ≤ ε around the anchor w₀ (C-/MC-FedDA, spec 002 §2.2).
+
+In a round, μ, γ, a and ε are per-run `[R, 1, 1]` tensors (`fedbench.algorithms.base`); these functions take
+them or Python floats alike. The algorithms use the derived μ/2 (`derive`): (μ/2)·x and (μ·x)/2 are the same
+float (halving is exact), one operation fewer per local step.
 """
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from fedbench.algorithms.base import Algorithm
@@ -25,11 +30,12 @@ LOCAL_ORDER = Param("local_order", "choice", "grad_then_prox",
 MU = Param("mu", "float", 0.1, "strong-convexity weight μ of the iterate-history quadratics", low=0, log=True)
 
 
-def alpha(index: int, schedule: str, a: float) -> float:
+def alpha(index: int, schedule: str, a):
+    """α_index: 1 (const) or (index + a)² (quadratic; a float or a per-run tensor)."""
     return 1.0 if schedule == "const" else (index + a) ** 2
 
 
-def cumulative_alpha(index: int, schedule: str, a: float) -> float:
+def cumulative_alpha(index: int, schedule: str, a):
     """A_index = Σ_{i=0}^{index} α_i, in closed form."""
     n = index + 1
     if schedule == "const":
@@ -37,19 +43,28 @@ def cumulative_alpha(index: int, schedule: str, a: float) -> float:
     return n * a * a + a * n * (n - 1) + (n - 1) * n * (2 * n - 1) / 6
 
 
-def dual_averaging_prox(reg: Regularizer, z: Tensor, anchor: Tensor, total_weight: float, mu: float, gamma: float,
-                        radius: float | None = None, exact: bool = False) -> Tensor:
+def divide(numerator, denominator):
+    """numerator / denominator, rounded once also for a float over a tensor (torch computes `float / tensor` as
+    the float times the tensor's reciprocal, which rounds twice)."""
+    if isinstance(denominator, Tensor) and not isinstance(numerator, Tensor):
+        numerator = torch.tensor(numerator, dtype=denominator.dtype, device=denominator.device)
+    return numerator / denominator
+
+
+def dual_averaging_prox(reg: Regularizer, z: Tensor, anchor: Tensor, total_weight, mu, gamma, radius=None,
+                        exact: bool = False) -> Tensor:
     """argmin_w ⟨w, z − γ·anchor⟩ + (μA/2 + γ)‖w‖²/2 + A·h(w) [s.t. ℛ(w − anchor) ≤ radius], A = total_weight."""
     c = mu * total_weight / 2 + gamma
-    return reg.prox_in_ball((gamma * anchor - z) / c, total_weight / c, anchor, radius, exact)
+    return reg.prox_in_ball((gamma * anchor - z) / c, divide(total_weight, c), anchor, radius, exact)
 
 
 class DualAveraging(Algorithm):
     """The state Fast-FedDA and C-FedDA share: cumulative gradient g, cumulative iterate w̃ = α₀w₀,
     the primal w and the anchor w₀; and the weights α of the chosen schedule."""
 
-    def init_server(self, w0):
-        return {"g": w0.new_zeros(w0.shape), "wt": self._alpha(0) * w0, "w": w0.clone(), "anchor": w0.clone()}
+    def derive(self, hp):
+        return {"half_mu": hp.mu / 2}
 
-    def _alpha(self, index: int) -> float:
-        return alpha(index, self.alpha, self.a)
+    def init_server(self, w0):
+        return {"g": w0.new_zeros(w0.shape), "wt": alpha(0, self.hp.alpha, self.hp.a) * w0, "w": w0.clone(),
+                "anchor": w0.clone()}

@@ -17,18 +17,18 @@ Conventions (spec 002 §2.1, §7 items 3 and 10):
 * `reference_compat` (grad_then_prox only): the released scripts also prox and add to w̃_k at the
   last local step, so w̃ gains one extra iterate per round [default true, as the code].
 γ here is the paper's γ (Appendix F's "L = 550" is this γ, spec 002 §2.7).
+The anchor term γw₀ of the prox is the same all round: clients compute it once (`pull`).
 """
 from __future__ import annotations
 
 from fedbench.algorithms.base import aggregate, broadcast
-from fedbench.algorithms.dual_averaging import (ALPHA, ALPHA_OFFSET, LOCAL_ORDER, MU, DualAveraging,
-                                                cumulative_alpha, dual_averaging_prox)
+from fedbench.algorithms.dual_averaging import (ALPHA, ALPHA_OFFSET, LOCAL_ORDER, MU, DualAveraging, alpha,
+                                                cumulative_alpha, divide)
 from fedbench.hparams import Param
 
 
 class FastFedDA(DualAveraging):
     name = "fast_fedda"
-    runs_axis = True
     hparams = (
         MU,
         Param("gamma", "float", 550.0, "anchor weight γ (paper convention)", low=0, low_open=True, log=True),
@@ -39,30 +39,39 @@ class FastFedDA(DualAveraging):
     )
     downloads = ("g", "wt")  # w is recomputable from them; uploads are g_k and w̃_k
 
-    def _prox(self, z, t: int, anchor):
-        return dual_averaging_prox(self.reg, z, anchor, cumulative_alpha(t, self.alpha, self.a), self.mu, self.gamma)
+    def _prox(self, g, wt, t: int, pull, hp):
+        """Prox_t(g − μw̃/2) = prox_{(A_t/c)·h}((γw₀ − g + μw̃/2)/c), c = μA_t/2 + γ; `pull` = γw₀."""
+        total = cumulative_alpha(t, hp.alpha, hp.a)
+        c = hp.half_mu * total + hp.gamma
+        return self.reg.prox((pull - (g - hp.half_mu * wt)) / c, divide(total, c))
 
-    def client_init(self, server, rows, rnd):
-        return {"g": broadcast(server["g"], rnd), "wt": broadcast(server["wt"], rnd),
-                "u": broadcast(server["w"], rnd), "anchor": server["anchor"].unsqueeze(-2)}
+    @staticmethod
+    def _weighted(t: int, x, hp):
+        """α_t·x (x itself for α ≡ 1: the same float)."""
+        return x if hp.alpha == "const" else alpha(t, hp.alpha, hp.a) * x
 
-    def client_step(self, local, batches, rnd, step):
-        t = rnd.iteration + step
-        g, wt, u, anchor = local["g"], local["wt"], local["u"], local["anchor"]
-        if self.local_order == "prox_then_grad":
-            u = self._prox(g - self.mu * wt / 2, t, anchor)
-            return {"g": g + self._alpha(t) * batches.D.grad(u), "wt": wt + self._alpha(t) * u, "u": u, "anchor": anchor}
-        g = g + self._alpha(t) * batches.D.grad(u)
-        if step < rnd.local_steps - 1 or self.reference_compat:
-            u = self._prox(g - self.mu * wt / 2, t, anchor)
-            wt = wt + self._alpha(t + 1) * u
-        return {"g": g, "wt": wt, "u": u, "anchor": anchor}
+    def client_init(self, server, rows, rnd, hp):
+        return {"g": broadcast(server["g"], rnd), "wt": broadcast(server["wt"], rnd), "u": broadcast(server["w"], rnd),
+                "pull": hp.gamma * server["anchor"]}
 
-    def client_final(self, local, rnd):
+    def client_step(self, local, batches, rnd, hp):
+        t = rnd.iteration + rnd.step
+        g, wt, u, pull = local["g"], local["wt"], local["u"], local["pull"]
+        if hp.local_order == "prox_then_grad":
+            u = self._prox(g, wt, t, pull, hp)
+            return {"g": g + self._weighted(t, batches.D.grad(u), hp), "wt": wt + self._weighted(t, u, hp), "u": u,
+                    "pull": pull}
+        g = g + self._weighted(t, batches.D.grad(u), hp)
+        if not rnd.is_last_step or hp.reference_compat:
+            u = self._prox(g, wt, t, pull, hp)
+            wt = wt + self._weighted(t + 1, u, hp)
+        return {"g": g, "wt": wt, "u": u, "pull": pull}
+
+    def client_final(self, local, rnd, hp):
         return {"g": local["g"], "wt": local["wt"]}, {}
 
-    def server_update(self, server, message, weights, rnd):
+    def server_update(self, server, message, weights, rnd, hp):
         end = rnd.iteration + rnd.local_steps
         g, wt = aggregate(message["g"], weights), aggregate(message["wt"], weights)
-        w = self._prox(g - self.mu * wt / 2, end - 1, server["anchor"])
-        return {"g": g, "wt": wt + self._alpha(end) * w, "w": w, "anchor": server["anchor"]}
+        w = self._prox(g, wt, end - 1, hp.gamma * server["anchor"], hp)
+        return {"g": g, "wt": wt + self._weighted(end, w, hp), "w": w, "anchor": server["anchor"]}

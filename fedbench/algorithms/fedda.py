@@ -9,17 +9,37 @@ whose strength is the learning rate elapsed so far.
 
 Offset o (spec 002 §2.5 and §7 item 9): `bao` o = 1, the released code of Bao et al. (1-indexed
 rounds; one extra round of shrinkage) [default]; `yuan` o = 0, Yuan et al.'s paper and code.
-The elapsed learning rate is a function of the round index, so clients need only z (p floats).
+The elapsed learning rate is a function of the round index, so clients need only z (p floats); clients compute
+those of the round's E steps at its start (`elapsed`, `[E, R, 1, 1]`: step j's per run), in the order above.
 """
 from __future__ import annotations
+
+import functools
+
+import torch
 
 from fedbench.algorithms.base import CLIENT_LR, SERVER_LR, Algorithm, aggregate, broadcast
 from fedbench.hparams import Param
 
 
+def offset(hp) -> int:
+    """o: 1 for Bao's code, 0 for Yuan's."""
+    return 1 if hp.offset == "bao" else 0
+
+
+def round_elapsed(hp, round_index: int, local_steps: int):
+    """η_s η_c (r + o) E: the learning rate elapsed before round r (per run)."""
+    return hp.server_lr * hp.client_lr * (round_index + offset(hp)) * local_steps
+
+
+@functools.lru_cache(maxsize=16)
+def step_offsets(local_steps: int, o: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """j + o for the round's steps j = 0..E−1, `[E, 1, 1, 1]` (against per-run values `[R, 1, 1]`)."""
+    return torch.arange(o, local_steps + o, dtype=dtype, device=device).view(-1, 1, 1, 1)
+
+
 class FedDA(Algorithm):
     name = "fedda"
-    runs_axis = True
     hparams = (
         CLIENT_LR,
         SERVER_LR,
@@ -31,25 +51,20 @@ class FedDA(Algorithm):
     def init_server(self, w0):
         return {"z": w0.clone(), "w": w0.clone()}
 
-    @property
-    def _o(self) -> int:
-        return 1 if self.offset == "bao" else 0
+    def client_init(self, server, rows, rnd, hp):
+        z = server["z"]
+        steps = step_offsets(rnd.local_steps, offset(hp), z.dtype, z.device)
+        return {"z": broadcast(z, rnd), "elapsed": round_elapsed(hp, rnd.index, rnd.local_steps) + hp.client_lr * steps}
 
-    def _round_elapsed(self, round_index: int, local_steps: int) -> float:
-        return self.server_lr * self.client_lr * (round_index + self._o) * local_steps
-
-    def client_init(self, server, rows, rnd):
-        return {"z": broadcast(server["z"], rnd)}
-
-    def client_step(self, local, batches, rnd, step):
-        elapsed = self._round_elapsed(rnd.index, rnd.local_steps) + self.client_lr * (step + self._o)
+    def client_step(self, local, batches, rnd, hp):
         z = local["z"]
-        return {"z": z - self.client_lr * batches.D.grad(self.reg.prox(z, elapsed))}
+        u = self.reg.prox(z, local["elapsed"][rnd.step])
+        return {"z": z - hp.client_lr * batches.D.grad(u), "elapsed": local["elapsed"]}
 
-    def client_final(self, local, rnd):
+    def client_final(self, local, rnd, hp):
         return {"z": local["z"]}, {}
 
-    def server_update(self, server, message, weights, rnd):
+    def server_update(self, server, message, weights, rnd, hp):
         z = server["z"]
-        z = z + self.server_lr * (aggregate(message["z"], weights) - z)
-        return {"z": z, "w": self.reg.prox(z, self._round_elapsed(rnd.index + 1, rnd.local_steps))}
+        z = z + hp.server_lr * (aggregate(message["z"], weights) - z)
+        return {"z": z, "w": self.reg.prox(z, round_elapsed(hp, rnd.index + 1, rnd.local_steps))}

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import torch
 
-from fedbench.algorithms.base import CLIENT_LR, H_MODE, Algorithm, aggregate, broadcast, composite_step, per_run
+from fedbench.algorithms.base import CLIENT_LR, H_MODE, Algorithm, aggregate, broadcast, composite_step
 from fedbench.hparams import Param
 
 
 class FedProx(Algorithm):
     name = "fedprox"
-    runs_axis = True
-    run_hparams = ("client_lr", "prox_mu")
     personalized = True
     hparams = (
         CLIENT_LR,
@@ -31,20 +29,21 @@ class FedProx(Algorithm):
     def init_clients(self, w0, num_clients):
         return {"last": w0.new_zeros(num_clients, *w0.shape), "sampled": w0.new_zeros(num_clients, 1)}
 
-    def client_init(self, server, rows, rnd):
-        return {"w": broadcast(server["w"], rnd), "anchor": server["w"].unsqueeze(-2)}  # [1, d]: every client's
+    def client_init(self, server, rows, rnd, hp):
+        return {"w": broadcast(server["w"], rnd), "anchor": server["w"]}  # anchor `[R, 1, d]`: every client's
 
-    def client_step(self, local, batches, rnd, step):
+    def client_step(self, local, batches, rnd, hp):
         w = local["w"]
-        direction = batches.D.grad(w) + per_run(self.prox_mu, w) * (w - local["anchor"])
-        return {**local, "w": composite_step(self.reg, self.h_mode, w, direction, self.client_lr)}
+        direction = batches.D.grad(w) + hp.prox_mu * (w - local["anchor"])
+        return {**local, "w": composite_step(self.reg, hp.h_mode, w, direction, hp.client_lr)}
 
-    def client_final(self, local, rnd):
+    def client_final(self, local, rnd, hp):
         w = local["w"]
         return {"w": w}, {"last": w, "sampled": w.new_ones(*w.shape[:-1], 1)}
 
-    def server_update(self, server, message, weights, rnd):
+    def server_update(self, server, message, weights, rnd, hp):
         return {"w": aggregate(message["w"], weights)}
 
     def personal_params(self, server, clients):
+        """Each client's last local iterate, the global w `[d]` (one run's) for a client never sampled yet."""
         return torch.where(clients["sampled"] > 0, clients["last"], server["w"].unsqueeze(-2))

@@ -19,7 +19,6 @@ from fedbench.algorithms.xrisk import DECAY, DECAY_EVERY, HISTORY_ROUNDS, StaleS
 
 class FeDXL1(StaleScores):
     name = "fedxl1"
-    runs_axis = True
     requires = frozenset({"pair_scores", "linear_outer"})  # a nonlinear f needs FeDXL2's u estimates
     hparams = (CLIENT_LR, HISTORY_ROUNDS, DECAY_EVERY, DECAY)
     downloads = ("w", "pool_pos", "pool_neg")
@@ -27,21 +26,21 @@ class FeDXL1(StaleScores):
     def init_server(self, w0):
         return {"w": w0.clone(), **self.init_pools(w0)}
 
-    def client_init(self, server, rows, rnd):
+    def client_init(self, server, rows, rnd, hp):
         return {"w": broadcast(server["w"], rnd), **self.open_round(server, rnd)}
 
-    def client_step(self, local, batches, rnd, step):
+    def client_step(self, local, batches, rnd, hp):
         oracle = batches.D
         positives = oracle.positives
         ha, _, hb = self.draw_passive(local["pools"], oracle, rnd)
         one = ha.new_ones(())  # a linear f: ∇f ≡ 1
         direction, scores = oracle.surrogate_grad(
             local["w"], lambda a, b: fedxl2_surrogate(self.problem, a, b, ha, hb, one, one))
-        lr = step_size(self.client_lr, self.decay, self.decay_every, rnd, step)
+        lr = step_size(hp.client_lr, hp.decay, hp.decay_every, rnd)
         return {**local, "w": local["w"] - lr * direction, **self.record(local, scores, positives)}
 
-    def client_final(self, local, rnd):
+    def client_final(self, local, rnd, hp):
         return {k: local[k] for k in ("w", "h_pos", "h_neg")}, {}
 
-    def server_update(self, server, message, weights, rnd):
-        return {"w": aggregate(message["w"], weights), **self.merge_pools(server, message)}
+    def server_update(self, server, message, weights, rnd, hp):
+        return {"w": aggregate(message["w"], weights), **self.merge_pools(server, message, hp)}

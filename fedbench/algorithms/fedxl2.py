@@ -23,13 +23,13 @@ import torch
 
 from fedbench.algorithms.base import CLIENT_LR, aggregate, broadcast
 from fedbench.algorithms.xrisk import (BETA, DECAY, DECAY_EVERY, GAMMA, HISTORY_ROUNDS, U_INIT, StaleScores,
-                                       client_tables, fedxl2_surrogate, pair_means, step_size, updated_u)
+                                       client_tables, fedxl2_surrogate, moving_average_rates, pair_means, step_size,
+                                       updated_u)
 from fedbench.hparams import Param
 
 
 class FeDXL2(StaleScores):
     name = "fedxl2"
-    runs_axis = True
     with_u = True
     hparams = (
         CLIENT_LR,
@@ -43,44 +43,47 @@ class FeDXL2(StaleScores):
     )
     downloads = ("w", "G", "pool_pos", "pool_u", "pool_neg")
 
+    def derive(self, hp):
+        return moving_average_rates(hp)
+
     def init_server(self, w0):
         return {"w": w0.clone(), "G": torch.zeros_like(w0), **self.init_pools(w0)}
 
     def init_clients(self, w0, num_clients):
-        return client_tables(self.problem, self.u_init, self.average_momentum, w0)
+        return client_tables(self.problem, self.hp.u_init, self.hp.average_momentum, w0)
 
-    def client_init(self, server, rows, rnd):
+    def client_init(self, server, rows, rnd, hp):
         momentum = rows["G"] if "G" in rows else broadcast(server["G"], rnd)
         return {"w": broadcast(server["w"], rnd), "G": momentum, "u": rows["u"], **self.open_round(server, rnd)}
 
-    def client_step(self, local, batches, rnd, step):
+    def client_step(self, local, batches, rnd, hp):
         oracle = batches.D
         positives = oracle.positives
         ha, uo, hb = self.draw_passive(local["pools"], oracle, rnd)
         fresh = {}
 
         def surrogate(a, b):
-            fresh["u"] = updated_u(local["u"], oracle.positive_index, pair_means(self.problem, a, hb), self.gamma)
+            fresh["u"] = updated_u(local["u"], oracle.positive_index, pair_means(self.problem, a, hb), hp)
             return fedxl2_surrogate(self.problem, a, b, ha, hb, self.problem.outer_grad(fresh["u"]),
                                     self.problem.outer_grad(uo))
 
         direction, scores = oracle.surrogate_grad(local["w"], surrogate)
-        momentum = (1 - self.beta) * local["G"] + self.beta * direction
-        lr = step_size(self.client_lr, self.decay, self.decay_every, rnd, step)
+        momentum = hp.one_minus_beta * local["G"] + hp.beta * direction
+        lr = step_size(hp.client_lr, hp.decay, hp.decay_every, rnd)
         return {**local, "w": local["w"] - lr * momentum, "G": momentum,
                 "u": local["u"].scatter(-1, oracle.positive_index, fresh["u"]),
                 **self.record(local, scores, positives, fresh["u"])}
 
-    def client_final(self, local, rnd):
+    def client_final(self, local, rnd, hp):
         message = {k: local[k] for k in ("w", "h_pos", "u_pos", "h_neg")}
         rows = {"u": local["u"]}
-        if self.average_momentum:
+        if hp.average_momentum:
             message["G"] = local["G"]
         else:
             rows["G"] = local["G"]
         return message, rows
 
-    def server_update(self, server, message, weights, rnd):
+    def server_update(self, server, message, weights, rnd, hp):
         return {"w": aggregate(message["w"], weights),
-                "G": aggregate(message["G"], weights) if self.average_momentum else server["G"],
-                **self.merge_pools(server, message)}
+                "G": aggregate(message["G"], weights) if hp.average_momentum else server["G"],
+                **self.merge_pools(server, message, hp)}

@@ -15,13 +15,14 @@ residuals, n·k numbers a device instead of n·d (15x fewer on S1, 785x on the i
 γ − J_m[j] = (r − r_j)·x_j with the sample's own features. α and p default to ASVRCD's η and p_w on the
 problem (§4.1), λ is the problem's. A round is the local steps up to and including the next averaging step; its
 x̄ is the mean over the client axis (participation = "all", an all-reduce). The row's global model is the
-devices' mean, so that the objective evaluated is (9) at X.
+devices' mean, so that the objective evaluated is (9) at X. α, p and the factors of g_m that follow from them are
+each run's own (`derive`).
 """
 from __future__ import annotations
 
 import torch
 
-from fedbench.algorithms.base import Algorithm, coin_flips_to_success, per_run
+from fedbench.algorithms.base import Algorithm, coin_flips_to_success
 from fedbench.algorithms.pfl_rules import rules
 from fedbench.hparams import Param
 from fedbench.oracle import Minibatch
@@ -29,12 +30,9 @@ from fedbench.oracle import Minibatch
 
 class L2SGDPlus(Algorithm):
     name = "l2sgd_plus"
-    runs_axis = True
     personalized = True
     requires = frozenset({"mixture", "linear_model"})
     participation = "all"
-    run_hparams = ("eta", "p")
-    run_derived = ("alpha", "prob")
     hparams = (
         Param("eta", "float", None, "step size α (None: ASVRCD's η on the problem)", low=0, low_open=True,
               log=True, nullable=True),
@@ -44,20 +42,20 @@ class L2SGDPlus(Algorithm):
               choices=("paper", "code")),
     )
 
-    def __init__(self, problem, **hyperparameters):
-        super().__init__(problem, **hyperparameters)
-        theory = rules(problem)
-        self.alpha = theory.eta if self.eta is None else self.eta
-        self.prob = theory.p_w if self.p is None else self.p
-        self.lam = problem.mixture_penalty
-
-    samples_per_step = 1  # the size of minibatch D: one index j per device, the SAGA table's entry
+    def derive(self, hp):
+        theory, devices, lam = rules(self.problem), self.problem.num_clients, self.problem.mixture_penalty
+        prob = theory.p_w if hp.p is None else hp.p
+        return {"alpha": theory.eta if hp.eta is None else hp.eta, "prob": prob,
+                "local_divisor": devices * (1 - prob),  # M(1 − p)
+                "pull_gain": lam / (devices * prob),  # λ/(Mp)
+                "psi_gain": (1 / prob - 1) / devices,  # (1/p − 1)/M
+                "samples_per_step": 1}  # the size of minibatch D: one index j per device, the SAGA table's entry
 
     def minibatches(self):
         return (Minibatch("D", size="samples_per_step"),)
 
     def round_length(self, local_steps, gen):
-        return coin_flips_to_success(self.prob, gen)
+        return coin_flips_to_success(self.hp.prob, gen)
 
     def init_clients(self, w0, num_clients):
         models = w0.expand(num_clients, -1).clone()
@@ -65,31 +63,30 @@ class L2SGDPlus(Algorithm):
         return {"x": models, "table": residuals,
                 "table_mean": torch.zeros_like(models), "psi": torch.zeros_like(models)}
 
-    def client_init(self, server, rows, rnd):
+    def client_init(self, server, rows, rnd, hp):
         return dict(rows)
 
-    def client_step(self, local, batches, rnd, step):
-        x, table, table_mean, psi = local["x"], local["table"], local["table_mean"], local["psi"]
-        devices = x.shape[-2]  # x is [M, d] ([R, M, d] with a run axis, fedbench.runs)
-        prob, alpha = per_run(self.prob, x), per_run(self.alpha, x)
-        if step == rnd.local_steps - 1:  # the averaging step
-            x_bar = x.mean(-2, keepdim=True)
-            g = (self.lam / (devices * prob)) * (x - x_bar) - ((1 / prob - 1) / devices) * psi + table_mean / devices
-            x_new = x - alpha * g
-            return {**local, "x": x_new, "psi": self.lam * ((x if self.psi == "paper" else x_new) - x_bar)}
+    def client_step(self, local, batches, rnd, hp):
+        x, table, table_mean, psi = local["x"], local["table"], local["table_mean"], local["psi"]  # x `[R, M, d]`
+        devices, lam = x.shape[1], self.problem.mixture_penalty
+        if rnd.is_last_step:  # the averaging step
+            x_bar = x.mean(1, keepdim=True)
+            g = hp.pull_gain * (x - x_bar) - hp.psi_gain * psi + table_mean / devices
+            x_new = x - hp.alpha * g
+            return {**local, "x": x_new, "psi": lam * ((x if hp.psi == "paper" else x_new) - x_bar)}
         oracle = batches.D
-        sample = oracle.rows[..., 0] - self.problem.client_offsets[rnd.clients]  # j_m of each device
+        sample = oracle.rows[..., 0] - self.problem.client_offsets[rnd.clients]  # j_m of each device `[R, M]`
         entry = sample[..., None, None].expand(*sample.shape, 1, table.shape[-1])  # its row of the device's table
-        residual = oracle.residuals(x)  # [M, 1, k]: γ = ∇f'_{m,j}(x_m) is residual ⊗ x_j
+        residual = oracle.residuals(x)  # [R, M, 1, k]: γ = ∇f'_{m,j}(x_m) is residual ⊗ x_j
         delta = oracle.grad_of_residuals(residual - table.gather(-2, entry))  # γ − J_m[j]
-        g = delta / (devices * (1 - prob)) + (table_mean + psi) / devices
-        table.scatter_(-2, entry, residual)  # in place: the gathered rows are this round's copy
-        return {**local, "x": x - alpha * g, "table_mean": table_mean + delta / table.shape[-2]}
+        g = delta / hp.local_divisor + (table_mean + psi) / devices
+        table.scatter_(-2, entry, residual)  # in place: the round's table, which client_final hands back
+        return {**local, "x": x - hp.alpha * g, "table_mean": table_mean + delta / table.shape[-2]}
 
-    def client_final(self, local, rnd):
-        return {"w": local["x"].mean(-2)}, local
+    def client_final(self, local, rnd, hp):
+        return {"w": local["x"].mean(1, keepdim=True)}, local
 
-    def server_update(self, server, message, weights, rnd):
+    def server_update(self, server, message, weights, rnd, hp):
         return dict(message)
 
     def personal_params(self, server, clients):

@@ -14,13 +14,12 @@ import torch
 
 from fedbench.algorithms.base import CLIENT_LR, Algorithm, aggregate, broadcast
 from fedbench.algorithms.xrisk import (BETA, DECAY, DECAY_EVERY, GAMMA, U_INIT, client_tables, local_pair_surrogate,
-                                       pair_means, step_size, updated_u)
+                                       moving_average_rates, pair_means, step_size, updated_u)
 from fedbench.hparams import Param
 
 
 class LocalPair(Algorithm):
     name = "local_pair"
-    runs_axis = True
     requires = frozenset({"pair_scores"})
     hparams = (
         CLIENT_LR,
@@ -33,35 +32,38 @@ class LocalPair(Algorithm):
     )
     downloads = ("w",)
 
+    def derive(self, hp):
+        return moving_average_rates(hp)
+
     def init_server(self, w0):
         return {"w": w0.clone(), "G": torch.zeros_like(w0)}
 
     def init_clients(self, w0, num_clients):
-        return client_tables(self.problem, self.u_init, self.average_momentum, w0)
+        return client_tables(self.problem, self.hp.u_init, self.hp.average_momentum, w0)
 
-    def client_init(self, server, rows, rnd):
+    def client_init(self, server, rows, rnd, hp):
         momentum = rows["G"] if "G" in rows else broadcast(server["G"], rnd)
         return {"w": broadcast(server["w"], rnd), "G": momentum, "u": rows["u"]}
 
-    def client_step(self, local, batches, rnd, step):
+    def client_step(self, local, batches, rnd, hp):
         oracle = batches.D
         fresh = {}
 
         def surrogate(a, b):
-            fresh["u"] = updated_u(local["u"], oracle.positive_index, pair_means(self.problem, a, b), self.gamma)
+            fresh["u"] = updated_u(local["u"], oracle.positive_index, pair_means(self.problem, a, b), hp)
             return local_pair_surrogate(self.problem, a, b, self.problem.outer_grad(fresh["u"]))
 
         direction, _ = oracle.surrogate_grad(local["w"], surrogate)
-        momentum = (1 - self.beta) * local["G"] + self.beta * direction
-        lr = step_size(self.client_lr, self.decay, self.decay_every, rnd, step)
+        momentum = hp.one_minus_beta * local["G"] + hp.beta * direction
+        lr = step_size(hp.client_lr, hp.decay, hp.decay_every, rnd)
         return {"w": local["w"] - lr * momentum, "G": momentum,
                 "u": local["u"].scatter(-1, oracle.positive_index, fresh["u"])}
 
-    def client_final(self, local, rnd):
-        if self.average_momentum:
+    def client_final(self, local, rnd, hp):
+        if hp.average_momentum:
             return {"w": local["w"], "G": local["G"]}, {"u": local["u"]}
         return {"w": local["w"]}, {"u": local["u"], "G": local["G"]}
 
-    def server_update(self, server, message, weights, rnd):
-        momentum = aggregate(message["G"], weights) if self.average_momentum else server["G"]
+    def server_update(self, server, message, weights, rnd, hp):
+        momentum = aggregate(message["G"], weights) if hp.average_momentum else server["G"]
         return {"w": aggregate(message["w"], weights), "G": momentum}

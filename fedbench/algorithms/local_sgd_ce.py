@@ -14,11 +14,10 @@ from fedbench.algorithms.xrisk import DECAY, DECAY_EVERY, step_size
 class LocalSGDCE(FedAvg):
     name = "local_sgd_ce"
     hparams = (CLIENT_LR, DECAY_EVERY, DECAY)
-    run_hparams = ()  # its step size is a scheduled Python float (`step_size`)
 
-    def client_step(self, local, batches, rnd, step):
-        lr = step_size(self.client_lr, self.decay, self.decay_every, rnd, step)
+    def client_step(self, local, batches, rnd, hp):
+        lr = step_size(hp.client_lr, hp.decay, hp.decay_every, rnd)
         return {"u": local["u"] - lr * batches.D.grad(local["u"])}
 
-    def server_update(self, server, message, weights, rnd):
+    def server_update(self, server, message, weights, rnd, hp):
         return {"w": aggregate(message["u"], weights)}

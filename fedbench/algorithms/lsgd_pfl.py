@@ -7,20 +7,18 @@
 τ is the federation's `local_steps`, B its `batch_size`. The gradient scales follow the two codes (§3.1): the
 problem's `beta_scale` for β (1/M, i.e. ∇_{β_m}F, or 1 in the EWS code) and `w_gradient` for w: `device`
 (∇_w f_m, what the synthetic code's ∇_w F(w_m, β) averages to) or `objective` ((1/M)∇_w f_m, the real-data
-code). The real-data code passes ASVRCD's η instead of the printed 0.01: `client_lr: null`.
+code). The real-data code passes ASVRCD's η instead of the printed 0.01: `client_lr: null`. The steps of the two
+blocks, η·s_w and η·s_β, are each run's own (`derive`).
 """
 from __future__ import annotations
 
-from fedbench.algorithms.base import aggregate, broadcast, per_run
+from fedbench.algorithms.base import aggregate, broadcast
 from fedbench.algorithms.pfl_rules import BlockMethod, rules, zeros_beta, zeros_w
 from fedbench.hparams import Param
 
 
 class LSGDPFL(BlockMethod):
     name = "lsgd_pfl"
-    runs_axis = True
-    run_hparams = ("client_lr",)
-    run_derived = ("step",)
     hparams = (
         Param("client_lr", "float", 0.01, "step size η (None: ASVRCD's 1/(4𝓛), as the real-data code)", low=0,
               low_open=True, log=True, nullable=True),
@@ -28,10 +26,10 @@ class LSGDPFL(BlockMethod):
               choices=("device", "objective")),
     )
 
-    def __init__(self, problem, **hyperparameters):
-        super().__init__(problem, **hyperparameters)
-        self.step = rules(problem).eta if self.client_lr is None else self.client_lr
-        self.w_scale = 1.0 if self.w_gradient == "device" else 1.0 / problem.num_clients
+    def derive(self, hp):
+        step = rules(self.problem).eta if hp.client_lr is None else hp.client_lr
+        w_scale = 1.0 if hp.w_gradient == "device" else 1.0 / self.problem.num_clients
+        return {"w_step": step * w_scale, "beta_step": step * self.problem.beta_scale}  # η·s_w, η·s_β
 
     def init_server(self, w0):
         return {"w": zeros_w(self.problem)}
@@ -39,17 +37,15 @@ class LSGDPFL(BlockMethod):
     def init_clients(self, w0, num_clients):
         return {"beta": zeros_beta(self.problem, num_clients)}
 
-    def client_init(self, server, rows, rnd):
+    def client_init(self, server, rows, rnd, hp):
         return {"w": broadcast(server["w"], rnd), "beta": rows["beta"]}
 
-    def client_step(self, local, batches, rnd, step):
+    def client_step(self, local, batches, rnd, hp):
         g_w, g_beta = batches.D.block_grads(local["w"], local["beta"])
-        step = per_run(self.step, g_w)
-        return {"w": local["w"] - (step * self.w_scale) * g_w,
-                "beta": local["beta"] - (step * self.problem.beta_scale) * g_beta}
+        return {"w": local["w"] - hp.w_step * g_w, "beta": local["beta"] - hp.beta_step * g_beta}
 
-    def client_final(self, local, rnd):
+    def client_final(self, local, rnd, hp):
         return {"w": local["w"]}, {"beta": local["beta"]}
 
-    def server_update(self, server, message, weights, rnd):
+    def server_update(self, server, message, weights, rnd, hp):
         return {"w": aggregate(message["w"], weights)}

@@ -9,7 +9,8 @@ last server iterate ŵ_m (not a weighted average), g ← 0, and the round counte
 restarts. The ball step is applied in every client and server prox. Stages are given explicitly
 (`stage_rounds`, `stage_lams`, `stage_radii`), as the experiments do, rather than by the theory's
 λ_m = 2^{−m}λ₀ and ×4 stage growth; the last stage runs on if the federation has more rounds. The
-problem's λ is not used (λ_m replaces it).
+problem's λ is not used (λ_m replaces it). The stage lists are the same for every run of a program; the stages'
+first rounds and regularizers h_m = λ_m·ℛ are derived from them (`derive`).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import bisect
 import itertools
 
 from fedbench.algorithms.c_fedda import CFedDA
+from fedbench.algorithms.dual_averaging import alpha
 from fedbench.hparams import Param
 
 
@@ -30,32 +32,33 @@ class MCFedDA(CFedDA):
               low=0, low_open=True, infinite=True),
     )
 
-    def __init__(self, problem, **hyperparameters):
-        super().__init__(problem, **hyperparameters)
-        if not len(self.stage_rounds) == len(self.stage_lams) == len(self.stage_radii):
+    def derive(self, hp):
+        if not len(hp.stage_rounds) == len(hp.stage_lams) == len(hp.stage_radii):
             raise ValueError(f"mc_fedda: stage_rounds, stage_lams and stage_radii must have one entry per stage, "
-                             f"found {len(self.stage_rounds)}, {len(self.stage_lams)}, {len(self.stage_radii)}")
-        if any(not float(r).is_integer() for r in self.stage_rounds):
-            raise ValueError(f"mc_fedda.stage_rounds: expected whole numbers of rounds, found {self.stage_rounds}")
-        self.stage_starts = list(itertools.accumulate([0] + [int(r) for r in self.stage_rounds[:-1]]))
-        self.stage_regs = [self.reg.with_lam(lam) for lam in self.stage_lams]
+                             f"found {len(hp.stage_rounds)}, {len(hp.stage_lams)}, {len(hp.stage_radii)}")
+        if any(not float(r).is_integer() for r in hp.stage_rounds):
+            raise ValueError(f"mc_fedda.stage_rounds: expected whole numbers of rounds, found {hp.stage_rounds}")
+        return {**super().derive(hp),
+                "stage_starts": list(itertools.accumulate([0] + [int(r) for r in hp.stage_rounds[:-1]])),
+                "stage_regularizers": [self.reg.with_lam(lam) for lam in hp.stage_lams]}
 
-    def _stage(self, round_index: int) -> int:
-        return bisect.bisect_right(self.stage_starts, round_index) - 1
+    @staticmethod
+    def _stage(round_index: int, hp) -> int:
+        return bisect.bisect_right(hp.stage_starts, round_index) - 1
 
-    def stage_round(self, round_index):
-        return round_index - self.stage_starts[self._stage(round_index)]
+    def stage_round(self, round_index, hp):
+        return round_index - hp.stage_starts[self._stage(round_index, hp)]
 
-    def stage_regularizer(self, round_index):
-        return self.stage_regs[self._stage(round_index)]
+    def stage_regularizer(self, round_index, hp):
+        return hp.stage_regularizers[self._stage(round_index, hp)]
 
-    def stage_radius(self, round_index):
-        radius = self.stage_radii[self._stage(round_index)]
+    def stage_radius(self, round_index, hp):
+        radius = hp.stage_radii[self._stage(round_index, hp)]
         return None if radius == float("inf") else radius
 
-    def server_update(self, server, message, weights, rnd):
-        server = super().server_update(server, message, weights, rnd)
-        if self._stage(rnd.index + 1) != self._stage(rnd.index):  # restart at the last iterate
+    def server_update(self, server, message, weights, rnd, hp):
+        server = super().server_update(server, message, weights, rnd, hp)
+        if self._stage(rnd.index + 1, hp) != self._stage(rnd.index, hp):  # restart at the last iterate
             w = server["w"]
-            server = {"g": w.new_zeros(w.shape), "wt": self._alpha(0) * w, "w": w, "anchor": w.clone()}
+            server = {"g": w.new_zeros(w.shape), "wt": alpha(0, hp.alpha, hp.a) * w, "w": w, "anchor": w.clone()}
         return server

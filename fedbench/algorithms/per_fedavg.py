@@ -11,19 +11,18 @@ clients run local steps on the meta-function F_i(w) = f_i(w − α∇f_i(w)) (eq
     local step:  w ← w − β direction,  τ times;   server:  w ← the plain average of the participants' w
 
 The same batch D″ serves both HF evaluations (its noise cancels). D″ = D′ with `hessian_batch_as_outer`
-(one draw). With α = 0 every variant is FedAvg on D′.
+(one draw). With α = 0 every variant is FedAvg on D′. α, β, δ are per-run values (`hp`); the HF coefficient
+α/(2δ) is derived once per run (`derive`).
 """
 from __future__ import annotations
 
-from fedbench.algorithms.base import Algorithm, aggregate, broadcast, per_run
+from fedbench.algorithms.base import Algorithm, HParams, aggregate, broadcast
 from fedbench.hparams import Param
 from fedbench.oracle import Batches, Minibatch
 
 
 class PerFedAvg(Algorithm):
     name = "per_fedavg"
-    runs_axis = True
-    run_hparams = ("alpha", "client_lr", "delta")
     hparams = (
         Param("variant", "choice", "hf", "meta-gradient estimate: exact HVP, first order, or Hessian-free",
               choices=("exact", "fo", "hf")),
@@ -41,33 +40,37 @@ class PerFedAvg(Algorithm):
     def requirements(cls, hp):
         return super().requirements(hp) | ({"hvp"} if hp["variant"] == "exact" else set())
 
+    def derive(self, hp):
+        return {"hf_scale": hp.alpha / (2 * hp.delta)}  # α/(2δ), the central difference's coefficient
+
     def minibatches(self):
         batches = (Minibatch("D", size="inner_batch"), Minibatch("D1", size="outer_batch"))
-        if self.variant == "fo":
+        if self.hp.variant == "fo":
             return batches
-        third = Minibatch("D2", same_as="D1") if self.hessian_batch_as_outer else Minibatch("D2", size="hessian_batch")
+        third = (Minibatch("D2", same_as="D1") if self.hp.hessian_batch_as_outer
+                 else Minibatch("D2", size="hessian_batch"))
         return (*batches, third)
 
-    def direction(self, w, batches: Batches):
-        """The stochastic meta-gradient of eq. (8) (or its FO / HF estimate) at w `[S, d]`."""
-        alpha, delta = per_run(self.alpha, w), per_run(self.delta, w)
-        v = batches.D1.grad(w - alpha * batches.D.grad(w))
-        if self.variant == "fo":
+    def direction(self, w, batches: Batches, hp: HParams):
+        """The stochastic meta-gradient of eq. (8) (or its FO / HF estimate) at w `[R, S, d]`, with the runs'
+        values `hp` (or at one run's `[S, d]` with its own, `self.hp`)."""
+        v = batches.D1.grad(w - hp.alpha * batches.D.grad(w))
+        if hp.variant == "fo":
             return v
-        if self.variant == "exact":
-            return v - alpha * batches.D2.hvp(w, v)
-        difference = batches.D2.grad(w + delta * v) - batches.D2.grad(w - delta * v)
-        return v - (alpha / (2 * delta)) * difference
+        if hp.variant == "exact":
+            return v - hp.alpha * batches.D2.hvp(w, v)
+        difference = batches.D2.grad(w + hp.delta * v) - batches.D2.grad(w - hp.delta * v)
+        return v - hp.hf_scale * difference
 
-    def client_init(self, server, rows, rnd):
+    def client_init(self, server, rows, rnd, hp):
         return {"u": broadcast(server["w"], rnd)}
 
-    def client_step(self, local, batches, rnd, step):
+    def client_step(self, local, batches, rnd, hp):
         u = local["u"]
-        return {"u": u - per_run(self.client_lr, u) * self.direction(u, batches)}
+        return {"u": u - hp.client_lr * self.direction(u, batches, hp)}
 
-    def client_final(self, local, rnd):
+    def client_final(self, local, rnd, hp):
         return {"u": local["u"]}, {}
 
-    def server_update(self, server, message, weights, rnd):
+    def server_update(self, server, message, weights, rnd, hp):
         return {"w": aggregate(message["u"], weights)}

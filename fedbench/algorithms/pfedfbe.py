@@ -12,8 +12,8 @@ whose gradient (λI − ∇²f_i(w))(w − T_i(w)), T_i(w) = prox_{h/λ}(w − �
 
 The personal model of client i is θ_i(w) = prox_{h/λ}(w − ∇f_i(w)/λ) on its full training data (eq. (8)
 without its typo: the 1/λ on ∇f_i, spec §7), computed for every client at evaluation, at the global w
-(`personal_point: global`) or at the client's last local iterate (`last_local`). Rows also carry the FBE
-objective F(w) = mean_i F_i(w) (eq. 5) at the global w.
+(`personal_point: global`) or at the client's last local iterate (`last_local`), per run with its own λ. Rows also
+carry the FBE objective F(w) = mean_i F_i(w) (eq. 5) at the global w.
 
 Hessian-vector products (`hvp`): `finite_diff` (∇f̃(w + τu; D̂) − ∇f̃(w; D̂))/τ with τ = ε/max(‖u‖, 1e-12),
 ε = 1e-3 in float32 and 1e-6 in float64 (spec §2.1); `autograd` (torch.func's HVP); `exact` (the problem's
@@ -39,7 +39,6 @@ FINITE_DIFF_EPS = {torch.float32: 1e-3, torch.float64: 1e-6}
 
 class PFedFBE(Algorithm):
     name = "pfedfbe"
-    runs_axis = True
     personalized = True
     hparams = (
         CLIENT_LR,
@@ -68,55 +67,59 @@ class PFedFBE(Algorithm):
         super().__init__(problem, **hyperparameters)
         self._at_global = None  # (the server's w, forward_backward there)
 
+    def derive(self, hp):
+        return {"prox_step": 1 / hp.lam}  # 1/λ, the step of prox_{h/λ}
+
     def minibatches(self):
-        if self.hvp == "none":
+        if self.hp.hvp == "none":
             return (Minibatch("D"),)
-        return (Minibatch("D"), Minibatch("D_hat", same_as="D" if self.hvp_batch == "same" else None))
+        return (Minibatch("D"), Minibatch("D_hat", same_as="D" if self.hp.hvp_batch == "same" else None))
 
     def init_server(self, w0):
-        if not self.allow_small_lambda:
-            smoothness = self.estimate_smoothness(w0, self.power_iterations)
-            if self.lam <= smoothness:
-                raise ValueError(f"pfedfbe: λ = {self.lam:g} must exceed the clients' smoothness L ≈ {smoothness:.4g} "
+        if not self.hp.allow_small_lambda:
+            smoothness = self.estimate_smoothness(w0, self.hp.power_iterations)
+            lam = self.hp.lam
+            if lam <= smoothness:
+                raise ValueError(f"pfedfbe: λ = {lam:g} must exceed the clients' smoothness L ≈ {smoothness:.4g} "
                                  "(power iteration on the full-data Hessians at w₀), or the FBE is not smooth and "
                                  "the method diverges (spec 000 §1.4); raise lam, or set allow_small_lambda: true")
         return {"w": w0.clone()}
 
     def init_clients(self, w0, num_clients):
-        return {"w_last": per_client_copies(w0, num_clients)} if self.personal_point == "last_local" else {}
+        return {"w_last": per_client_copies(w0, num_clients)} if self.hp.personal_point == "last_local" else {}
 
-    def client_init(self, server, rows, rnd):
+    def client_init(self, server, rows, rnd, hp):
         return {"w": broadcast(server["w"], rnd)}
 
-    def client_step(self, local, batches, rnd, step):
+    def client_step(self, local, batches, rnd, hp):
         w = local["w"]
         g = batches.D.grad(w)
-        u = w - self.reg.prox(w - g / self.lam, 1 / self.lam)
-        return {"w": w - self.client_lr * (self.lam * u - self.hessian_times(batches, w, u, g))}
+        u = w - self.reg.prox(w - g / hp.lam, hp.prox_step)
+        return {"w": w - hp.client_lr * (hp.lam * u - self.hessian_times(batches, w, u, g, hp))}
 
-    def hessian_times(self, batches, w, u, g):
+    def hessian_times(self, batches, w, u, g, hp):
         """∇²f̃(w; D̂) u as `hvp` says (0 for the first-order estimate)."""
-        if self.hvp == "none":
+        if hp.hvp == "none":
             return 0.0
         oracle = batches.D_hat
-        if self.hvp == "exact":
+        if hp.hvp == "exact":
             return oracle.hvp(w, u)
-        if self.hvp == "autograd":
+        if hp.hvp == "autograd":
             return oracle.autograd_hvp(w, u)
-        base = g if self.hvp_batch == "same" else oracle.grad(w)
+        base = g if hp.hvp_batch == "same" else oracle.grad(w)
         tau = FINITE_DIFF_EPS[w.dtype] / torch.linalg.vector_norm(u, dim=-1, keepdim=True).clamp_min(1e-12)
         return (oracle.grad(w + tau * u) - base) / tau
 
-    def client_final(self, local, rnd):
-        return {"w": local["w"]}, ({"w_last": local["w"]} if self.personal_point == "last_local" else {})
+    def client_final(self, local, rnd, hp):
+        return {"w": local["w"]}, ({"w_last": local["w"]} if hp.personal_point == "last_local" else {})
 
-    def server_update(self, server, message, weights, rnd):
+    def server_update(self, server, message, weights, rnd, hp):
         return {"w": aggregate(message["w"], weights)}
 
     # -- the personal models and the FBE --------------------------------------------------------------
     def personal_params(self, server, clients):
         """θ_i = prox_{h/λ}(p_i − ∇f_i(p_i)/λ) on client i's full data, p_i the global w or its last iterate."""
-        if self.personal_point == "last_local":
+        if self.hp.personal_point == "last_local":
             return self.forward_backward(clients["w_last"])[0]
         return self.at_global(server)[0]
 
@@ -124,7 +127,7 @@ class PFedFBE(Algorithm):
         """(T_i(p_i), f_i(p_i), ∇f_i(p_i)) for every client, `points` `[N, d]`."""
         everyone = torch.arange(self.problem.num_clients, device=points.device)
         losses, grads = self.problem.client_loss_and_grad(points, everyone)
-        return self.reg.prox(points - grads / self.lam, 1 / self.lam), losses, grads
+        return self.reg.prox(points - grads / self.hp.lam, self.hp.prox_step), losses, grads
 
     def at_global(self, server):
         """`forward_backward` at the server's w for every client, computed once per server state (the personal
@@ -137,9 +140,10 @@ class PFedFBE(Algorithm):
     def evaluate(self, server, clients):
         """F(w) = mean_i [f_i(w) − ‖∇f_i(w)‖²/(2λ) + h(T_i) + (λ/2)‖T_i − (w − ∇f_i(w)/λ)‖²] (eq. 5)."""
         targets, losses, grads = self.at_global(server)
-        shifted = server["w"] - grads / self.lam
-        envelope = self.reg.value(targets) + self.lam / 2 * (targets - shifted).square().sum(-1)
-        fbe = losses - grads.square().sum(-1) / (2 * self.lam) + envelope
+        lam = self.hp.lam
+        shifted = server["w"] - grads / lam
+        envelope = self.reg.value(targets) + lam / 2 * (targets - shifted).square().sum(-1)
+        fbe = losses - grads.square().sum(-1) / (2 * lam) + envelope
         return {"fbe_objective": float(fbe.mean())}
 
     def estimate_smoothness(self, w0, iterations: int) -> float:

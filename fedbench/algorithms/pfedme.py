@@ -18,13 +18,15 @@
 * personal models of unsampled clients at evaluation: `personal_eval: stale` keeps each client's last θ
   (w₀ before it is first sampled); `resolve` runs the K_in-step inner solver for every client from the
   current w on its full local data (spec 000 §2.3(d): the pFedMe code trains every client every round).
+
+λ is `hp.moreau_lam` (`derive`: the declared λ, or the problem's mixture λ), and the pull η λ of the local copy is
+derived once per run (`hp.pull`).
 """
 from __future__ import annotations
 
 import torch
 
-from fedbench.algorithms.base import (H_MODE, Algorithm, aggregate, broadcast, composite_step, per_client_copies,
-                                      per_run)
+from fedbench.algorithms.base import H_MODE, Algorithm, HParams, aggregate, broadcast, composite_step, per_client_copies
 from fedbench.hparams import Param
 
 HIDDEN_DECAY = 1e-3  # pFedMeOptimizer's default weight decay inside the inner step
@@ -32,8 +34,6 @@ HIDDEN_DECAY = 1e-3  # pFedMeOptimizer's default weight decay inside the inner s
 
 class PFedMe(Algorithm):
     name = "pfedme"
-    runs_axis = True
-    run_hparams = ("client_lr", "personal_lr", "lam", "beta")
     personalized = True
     hparams = (
         Param("client_lr", "float", 0.005, "step η of the local copy toward θ", low=0, low_open=True, log=True),
@@ -53,47 +53,45 @@ class PFedMe(Algorithm):
         return (super().requirements(hp) | ({"full_data"} if hp["personal_eval"] == "resolve" else set())
                 | ({"mixture"} if hp["lam"] is None else set()))
 
-    def __init__(self, problem, **hyperparameters):
-        super().__init__(problem, **hyperparameters)
-        if self.lam is None:
-            self.lam = problem.mixture_penalty
+    def derive(self, hp):
+        lam = float(self.problem.mixture_penalty) if hp.lam is None else hp.lam
+        return {"moreau_lam": lam, "pull": hp.client_lr * lam}  # λ, and η λ of the local copy's step
 
     def init_clients(self, w0, num_clients):
         return {"theta": per_client_copies(w0, num_clients)}
 
-    def client_init(self, server, rows, rnd):
+    def client_init(self, server, rows, rnd, hp):
         start = broadcast(server["w"], rnd)
         return {"w_loc": start, "theta": start.clone()}
 
-    def inner_step(self, theta, anchor, grad):
-        """One step on f(θ) + h(θ) + (λ/2)‖θ − anchor‖², `grad` ∇f(θ)."""
-        direction = grad + per_run(self.lam, theta) * (theta - anchor)
-        if self.hidden_decay:
+    def inner_step(self, theta, anchor, grad, hp: HParams):
+        """One step on f(θ) + h(θ) + (λ/2)‖θ − anchor‖², `grad` ∇f(θ), with the runs' values `hp` (one run's
+        own, `self.hp`, on its `[N, d]` without the run axis)."""
+        direction = grad + hp.moreau_lam * (theta - anchor)
+        if hp.hidden_decay:
             direction = direction + HIDDEN_DECAY * theta
-        return composite_step(self.reg, self.h_mode, theta, direction, self.personal_lr)
+        return composite_step(self.reg, hp.h_mode, theta, direction, hp.personal_lr)
 
-    def client_step(self, local, batches, rnd, step):
+    def client_step(self, local, batches, rnd, hp):
         theta, w_loc = local["theta"], local["w_loc"]
-        for _ in range(self.inner_steps):
-            theta = self.inner_step(theta, w_loc, batches.D.grad(theta))
-        pull = per_run(self.client_lr, w_loc) * per_run(self.lam, w_loc)
-        return {"w_loc": w_loc - pull * (w_loc - theta), "theta": theta}
+        for _ in range(hp.inner_steps):
+            theta = self.inner_step(theta, w_loc, batches.D.grad(theta), hp)
+        return {"w_loc": w_loc - hp.pull * (w_loc - theta), "theta": theta}
 
-    def client_final(self, local, rnd):
+    def client_final(self, local, rnd, hp):
         return {"w_loc": local["w_loc"]}, {"theta": local["theta"]}
 
-    def server_update(self, server, message, weights, rnd):
+    def server_update(self, server, message, weights, rnd, hp):
         w = server["w"]
-        beta = per_run(self.beta, w)
-        return {"w": (1 - beta) * w + beta * aggregate(message["w_loc"], weights)}
+        return {"w": (1 - hp.beta) * w + hp.beta * aggregate(message["w_loc"], weights)}
 
     def personal_params(self, server, clients):
-        if self.personal_eval == "stale":
+        if self.hp.personal_eval == "stale":
             return clients["theta"]
         problem = self.problem
         everyone = torch.arange(problem.num_clients, device=server["w"].device)
         anchor = per_client_copies(server["w"], problem.num_clients)
         theta = anchor.clone()
-        for _ in range(self.inner_steps):
-            theta = self.inner_step(theta, anchor, problem.client_grad(theta, everyone))
+        for _ in range(self.hp.inner_steps):
+            theta = self.inner_step(theta, anchor, problem.client_grad(theta, everyone), self.hp)
         return theta

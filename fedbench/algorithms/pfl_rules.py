@@ -4,7 +4,8 @@
     p_w = 𝓛^w/(𝓛^w + 𝓛^β)            𝓛 = 2·max(𝓛^w/p_w, 𝓛^β/p_β)        η = 1/(4𝓛)         ρ = p_w/n
     θ2 = 1/2    θ1 = min{1/2, √(ημ·max{1/2, θ2/ρ})}    γ = 1/max{2μ, 4θ1/η}    ν = 1 − γμ
 
-and the hyperparameters every block method declares with them.
+and the hyperparameters every block method declares with them. A method's `derive` returns them as `rules`: in
+its round functions each field is then a per-run `[R, 1, 1]` tensor (`hp.rules.eta`), in `self.hp` one run's float.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ RHO = Param("rho", "float", None, "probability of refreshing the reference point
 
 @dataclass(frozen=True)
 class Rules:
+    """Thm 8/9's parameters of one run (floats; per-run `[R, 1, 1]` tensors in a round's `hp`)."""
     p_w: float
     smoothness: float  # 𝓛 of Lemma 15 (expected smoothness of the block estimator)
     eta: float
@@ -65,7 +67,8 @@ def zeros_beta(problem, devices: int) -> Tensor:
 
 class BlockMethod(Algorithm):
     """What the block methods of seed 003 share: every device every round, the server's w (stored; the model is
-    w_scale·w) as the global model and the devices' β as the personal ones."""
+    w_scale·w) as the global model and the devices' β as the personal ones. The server's blocks are `[R, 1, d_w]`
+    in a round, the devices' `[R, M, d_β]`; the block oracles take the server's w as every device's."""
     personalized = True
     requires = frozenset({"block_objective"})
     participation = "all"

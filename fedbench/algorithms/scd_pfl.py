@@ -8,21 +8,22 @@ It is ASCD-PFL with θ = 0 (x = y) and no z-sequence; η and p_w follow the same
 """
 from __future__ import annotations
 
+import torch
+
 from fedbench.algorithms.ascd_pfl import ASCDPFL
-from fedbench.algorithms.base import Algorithm, add_scaled
 from fedbench.algorithms.pfl_rules import ETA, P_W, rules
 
 
 class SCDPFL(ASCDPFL):
     name = "scd_pfl"
     hparams = (P_W, ETA)
-    run_hparams = ("p_w", "eta")
-    run_derived = ("rules",)
 
-    def __init__(self, problem, **hyperparameters):
-        Algorithm.__init__(self, problem, **hyperparameters)
-        self.rules = rules(problem, self.p_w, self.eta)
-        self.coupling = 0.0
+    def derive(self, hp):
+        r = rules(self.problem, hp.p_w, hp.eta)
+        return {"rules": r, "beta_gain": self.problem.beta_scale / r.p_beta}
 
-    def accelerated_step(self, x, z, g):
-        return add_scaled(x, -self.rules.eta, g), z  # plain SGD; z stays at 0, unused
+    def couple(self, y, z, hp):
+        return y  # θ = 0: x = y
+
+    def accelerated_step(self, x, z, g, rules):
+        return torch.addcmul(x, rules.eta, g, value=-1), z  # plain SGD; z stays at 0, unused

@@ -10,15 +10,16 @@
 """
 from __future__ import annotations
 
+import torch
+
 from fedbench.algorithms.asvrcd_pfl import ASVRCDPFL
-from fedbench.algorithms.base import add_scaled
 
 
 class SVRCDPFL(ASVRCDPFL):
     name = "svrcd_pfl"
 
-    def couple(self, y, z, v):
+    def couple(self, y, z, v, hp):
         return y
 
-    def accelerated_step(self, x, z, g):
-        return add_scaled(x, -self.rules.eta, g), z  # z stays at 0, unused
+    def accelerated_step(self, x, z, g, rules):
+        return torch.addcmul(x, rules.eta, g, value=-1), z  # z stays at 0, unused

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fedbench.algorithms.base import Algorithm, Round, State, draw
+from fedbench.algorithms.base import Algorithm, HParams, Round, State
 from fedbench.hparams import Param
 
 BETA = Param("beta", "float", 0.1, "weight β of the new gradient in the momentum average", low=0, low_open=True, high=1)
@@ -30,23 +30,29 @@ DECAY = Param("decay", "float", 0.1, "step-size decay factor", low=0, low_open=T
 
 
 def pair_means(problem, a: Tensor, b: Tensor) -> Tensor:
-    """mean_q ℓ(a_p, b_q) for a [S, P] and b [S, Q]: [S, P]."""
+    """mean_q ℓ(a_p, b_q) for a [..., S, P] and b [..., S, Q]: [..., S, P]."""
     return problem.pair_loss(a.unsqueeze(-1), b.unsqueeze(-2)).mean(-1)
 
 
 def fedxl2_surrogate(problem, a, b, ha, hb, c1, c2) -> Tensor:
-    """[S] per client; its gradient is FeDXL2's G1 + G2 (the passive ha, hb, c1, c2 carry no gradient)."""
+    """[R, S] per run and client; its gradient is FeDXL2's G1 + G2 (the passive ha, hb, c1, c2 carry none)."""
     return (c1 * pair_means(problem, a, hb)).mean(-1) + (c2 * pair_means(problem, ha, b)).mean(-1)
 
 
 def local_pair_surrogate(problem, a, b, c) -> Tensor:
-    """[S] per client; its gradient is SOX's on the client's own pairs, through both scores."""
+    """[R, S] per run and client; its gradient is SOX's on the client's own pairs, through both scores."""
     return (c * pair_means(problem, a, b)).mean(-1)
 
 
-def updated_u(u_table: Tensor, index: Tensor, inner: Tensor, gamma: float) -> Tensor:
-    """(1 − γ) u[idx] + γ ĝ for the sampled positives (spec 001 eq. (11)); the table is not modified."""
-    return (1 - gamma) * u_table.gather(-1, index) + gamma * inner.detach()
+def updated_u(u_table: Tensor, index: Tensor, inner: Tensor, hp: HParams) -> Tensor:
+    """(1 − γ) u[idx] + γ ĝ for the sampled positives (spec 001 eq. (11)); the table is not modified. γ and
+    1 − γ are the runs' `[R, 1, 1]` values (`moving_average_rates`)."""
+    return hp.one_minus_gamma * u_table.gather(-1, index) + hp.gamma * inner.detach()
+
+
+def moving_average_rates(hp: HParams) -> dict[str, float]:
+    """1 − β and 1 − γ of the momentum and u averages, derived once per run (`Algorithm.derive`)."""
+    return {"one_minus_beta": 1 - hp.beta, "one_minus_gamma": 1 - hp.gamma}
 
 
 def stage(decay_every: int, iteration: int) -> int:
@@ -54,10 +60,11 @@ def stage(decay_every: int, iteration: int) -> int:
     return iteration // decay_every if decay_every else 0
 
 
-def step_size(client_lr: float, decay: float, decay_every: int, rnd: Round, step: int) -> float:
-    """η·decay^stage at local step `step` of round `rnd`: the paper's schedule in iterations (spec 001 §2.5),
-    so that it does not change with K."""
-    return client_lr * decay ** stage(decay_every, rnd.iteration + step)
+def step_size(client_lr: Tensor, decay: Tensor, decay_every: int, rnd: Round) -> Tensor:
+    """η·decay^stage (the runs' `[R, 1, 1]` values) at the local step `rnd.step` of round `rnd`: the paper's
+    schedule in iterations (spec 001 §2.5), so that it does not change with K."""
+    k = stage(decay_every, rnd.iteration + rnd.step)
+    return client_lr * decay ** k if k else client_lr
 
 
 def client_tables(problem, u_init: float, average_momentum: bool, w0: Tensor) -> State:
@@ -83,31 +90,32 @@ class StaleScores(Algorithm):
 
     with_u = False
     requires = frozenset({"pair_scores"})
-    random_stream = "passive-scores"  # rnd.gen: the passive draws, the stream's name kept from before issue 12
+    random_stream = "passive-scores"  # rnd.draw: the passive draws, the stream's name kept from before issue 12
 
     def init_pools(self, w0: Tensor) -> State:
+        """One run's pools `[P]` (the engine makes them server entries `[R, 1, P]`)."""
         positives, negatives = self.problem.scores_by_class(w0)
         pools = {"pool_pos": positives, "pool_neg": negatives}
         if self.with_u:
-            pools["pool_u"] = torch.full_like(positives, self.u_init)
+            pools["pool_u"] = torch.full_like(positives, self.hp.u_init)
         return pools
 
     def open_round(self, server: State, rnd) -> State:
-        """Empty score records, and the pools the clients received."""
+        """Empty score records `[R, S, 0]`, and the pools `[R, 1, P]` the clients received."""
         empty = server["w"].new_zeros(*rnd.clients.shape, 0)
         records = {"h_pos": empty, "h_neg": empty, **({"u_pos": empty} if self.with_u else {})}
         return {**records, "pools": {k: v for k, v in server.items() if k.startswith("pool_")}}
 
     def draw_passive(self, pools: State, oracle, rnd: Round) -> tuple:
-        """(ha [S,b₁], its u or None, hb [S,b₂]): passive positive scores with their u, and negative scores,
-        as many as the step's active positives and negatives, from the algorithm's stream (each run's own in a
-        batch, where the pools are `[R, P]`)."""
+        """(ha [R,S,b₁], its u or None, hb [R,S,b₂]): passive positive scores with their u, and negative scores,
+        as many as the step's active positives and negatives, each run's from its own algorithm stream and its
+        own pools `[R, 1, P]`."""
         def index(pool, count):
             shape = (rnd.clients.shape[-1], count)
-            return draw(rnd.gen, lambda gen: torch.randint(pool.shape[-1], shape, generator=gen)).to(pool.device)
+            return rnd.draw(lambda gen: torch.randint(pool.shape[-1], shape, generator=gen)).to(pool.device)
 
-        def take(pool, picks):
-            return pool.gather(-1, picks.flatten(-2)).view(picks.shape)
+        def take(pool, picks):  # pool [R, 1, P], picks [R, S, count]
+            return pool.gather(-1, picks.view(len(picks), 1, -1)).view(picks.shape)
 
         pair = index(pools["pool_pos"], oracle.positives)
         paired_u = take(pools["pool_u"], pair) if self.with_u else None
@@ -122,11 +130,13 @@ class StaleScores(Algorithm):
             records["u_pos"] = torch.cat([local["u_pos"], u], -1)
         return records
 
-    def merge_pools(self, server: State, message: State) -> State:
-        """The round's records of all sampled clients, newest first, then up to τ − 1 earlier rounds."""
+    def merge_pools(self, server: State, message: State, hp: HParams) -> State:
+        """The round's records of all sampled clients `[R, S, b]`, newest first, then up to τ − 1 earlier
+        rounds: pools `[R, 1, kept]`."""
         pools = {}
         for key in [k for k in ("pos", "neg", "u") if f"pool_{k}" in server]:
-            fresh = message[f"h_{key}" if key != "u" else "u_pos"].flatten(-2)
-            kept = self.history_rounds * fresh.shape[-1]
+            fresh = message[f"h_{key}" if key != "u" else "u_pos"]
+            fresh = fresh.reshape(len(fresh), 1, -1)
+            kept = hp.history_rounds * fresh.shape[-1]
             pools[f"pool_{key}"] = torch.cat([fresh, server[f"pool_{key}"]], -1)[..., :kept]
         return pools

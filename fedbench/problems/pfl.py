@@ -226,12 +226,12 @@ class BlockProblem(Problem):
 
     def client_block_grads(self, w: Tensor, beta: Tensor, clients: Tensor) -> tuple[Tensor, Tensor]:
         """(∇_w f_m, ∇_β f_m) on each device's full data at the stored w `[d_w]` (shared) and β `[C, d_β]`; with
-        a leading run axis (w `[R, d_w]`, β `[R, C, d_β]`, `fedbench.runs`) the runs' devices are one batch of
-        R·C, each with its run's w (a device's gradients reduce over its own rows only: the numbers of each run
-        alone)."""
+        a leading run axis (w `[R, d_w]`, or `[R, 1, d_w]` as a block method's server holds it, β `[R, C, d_β]`)
+        the runs' devices are one batch of R·C, each with its run's w (a device's gradients reduce over its own
+        rows only: the numbers of each run alone)."""
         if beta.dim() == 3:
             runs, count = beta.shape[:2]
-            w_each = w.unsqueeze(-2).expand(runs, count, w.shape[-1]).flatten(0, 1)
+            w_each = (w if w.dim() == 3 else w.unsqueeze(-2)).expand(runs, count, w.shape[-1]).flatten(0, 1)
             parts = self._by_chunk(clients.repeat(runs), lambda oracle, w_part, b: oracle.block_grads(w_part, b),
                                    w_each, beta.flatten(0, 1))
             return (torch.cat([g for g, _ in parts]).view(runs, count, -1),
