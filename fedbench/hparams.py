@@ -98,31 +98,27 @@ def resolve(declared: Sequence[Param], given: dict[str, Any], owner: str) -> dic
 
 class HParams(Mapping):
     """Hyperparameters and derived values by name, read as attributes (`hp.client_lr`) or items. In a round's
-    functions, floats are per-run `[R, 1, 1]` tensors; in `self.hp`, one run's Python values."""
-
-    __slots__ = ("_values",)
+    functions, floats are per-run `[R, 1, 1]` tensors; in `self.hp`, one run's Python values. The values live in
+    the instance's own attribute dictionary, so that reading one costs a plain attribute lookup (a round reads
+    several per local step)."""
 
     def __init__(self, values: Mapping[str, Any]):
-        object.__setattr__(self, "_values", dict(values))
+        self.__dict__.update(values)
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self._values[name]
-        except KeyError:
-            raise AttributeError(f"no hyperparameter or derived value {name!r} (known: "
-                                 f"{', '.join(self._values)})") from None
+    def __getattr__(self, name: str) -> Any:  # only for names it does not hold
+        raise AttributeError(f"no hyperparameter or derived value {name!r} (known: {', '.join(self.__dict__)})")
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("hyperparameters are read-only")
 
     def __getitem__(self, name: str) -> Any:
-        return self._values[name]
+        return self.__dict__[name]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._values)
+        return iter(self.__dict__)
 
     def __len__(self) -> int:
-        return len(self._values)
+        return len(self.__dict__)
 
     def __repr__(self) -> str:
-        return f"HParams({self._values!r})"
+        return f"HParams({self.__dict__!r})"

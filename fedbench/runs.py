@@ -147,6 +147,10 @@ def _rows_of(value: Any, runs: Tensor) -> Any:
                                          for f in dataclasses.fields(value)})
 
 
+def _no_noise(rows: Tensor) -> None:
+    return None
+
+
 def _rows_replaced(held: Tensor, runs: Tensor, values: Tensor) -> Tensor:
     """`held` `[R, ...]` with the rows of `runs` replaced by `values`; where the round changed the entry's shape
     (FeDXL's score pools go from every sample's score to the last rounds' records), the other rows are zeros
@@ -230,6 +234,7 @@ class RunBatch:
         self.hp = batch_hparams(sims, self.dtype, self.device)
         self.differing = [key for key, value in self.hp.items() if _differs(value)]  # selected per sub-batch
         self.everyone = self.algorithm.participation == "all"
+        self.minibatches = first.sampler.minibatches
         self.resume_from_runs()
         self.live = list(range(len(sims)))
         self.train_seconds = 0.0  # the whole batch's
@@ -259,20 +264,22 @@ class RunBatch:
     def _step_batches(self, step_rows: dict[str, Tensor], ids: list[int]) -> Batches:
         """The oracles of one local step of the runs `ids` on their rows `[R, S, b]` of each drawn minibatch, lifted
         over the run axis, with each run's minibatch noise drawn on its own stream (for problems that have noise)."""
-        def noise(rows: Tensor) -> Tensor | None:
-            if not self.problem.noisy_minibatches:
-                return None
-            if len(ids) == 1:
-                return self.problem.minibatch_noise(rows, self.sims[ids[0]].sampler.noise_gen)
-            return torch.cat([self.problem.minibatch_noise(run_rows, self.sims[i].sampler.noise_gen)
-                              for run_rows, i in zip(rows.view(len(ids), -1, rows.shape[-1]), ids)])
-
-        minibatches = self.sims[0].sampler.minibatches
-        oracles = step_oracles(self.problem, minibatches, {k: v.flatten(0, 1) for k, v in step_rows.items()}, noise)
+        oracles = step_oracles(self.problem, self.minibatches, {k: v.flatten(0, 1) for k, v in step_rows.items()},
+                               self._noise(ids))
         lifted: dict[str, RunOracle] = {}
-        for mb in minibatches:  # a batch `same_as` another shares its lifted oracle too
+        for mb in self.minibatches:  # a batch `same_as` another shares its lifted oracle too
             lifted[mb.name] = lifted[mb.same_as] if mb.same_as else RunOracle(oracles[mb.name], step_rows[mb.name])
         return Batches(lifted)
+
+    def _noise(self, ids: list[int]):
+        """The minibatch noise of the runs `ids`' flattened rows `[R·S, b]`, each run's on its own stream."""
+        if not self.problem.noisy_minibatches:
+            return _no_noise
+        gens = [self.sims[i].sampler.noise_gen for i in ids]
+        if len(gens) == 1:
+            return lambda rows: self.problem.minibatch_noise(rows, gens[0])
+        return lambda rows: torch.cat([self.problem.minibatch_noise(run_rows, gen)
+                                       for run_rows, gen in zip(rows.view(len(gens), -1, rows.shape[-1]), gens)])
 
     def _weights(self, clients: Tensor) -> Tensor:
         """The server's weights `[R, S]` over each run's sampled clients `clients` `[R, S]`."""
