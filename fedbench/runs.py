@@ -147,6 +147,27 @@ def _rows_of(value: Any, runs: Tensor) -> Any:
                                          for f in dataclasses.fields(value)})
 
 
+def _rows(state: dict[str, Tensor], group: list[int], runs: Tensor) -> dict[str, Tensor]:
+    """The rows of the runs `group` (`runs` as a tensor) of each entry: a view for one run, else a copy. Writing
+    through such a view (L2SGD+ updates its SAGA table in place) touches only the rows of a round that is ending,
+    which the engine writes back or opens anew."""
+    if len(group) == 1:
+        return {k: v[group[0]: group[0] + 1] for k, v in state.items()}
+    return {k: v.index_select(0, runs) for k, v in state.items()}
+
+
+def _write_rows(state: dict[str, Tensor], values: dict[str, Tensor], group: list[int], runs: Tensor) -> None:
+    """The rows of the runs `group` of each entry of `state` set to `values` (a value that is the row itself, a view
+    `_rows` gave and the round left unchanged, stays)."""
+    for key, value in values.items():
+        if len(group) == 1:
+            row = state[key][group[0]: group[0] + 1]
+            if row.data_ptr() != value.data_ptr():
+                row.copy_(value)
+        else:
+            state[key].index_copy_(0, runs, value)
+
+
 def _no_noise(rows: Tensor) -> None:
     return None
 
@@ -179,27 +200,33 @@ class RunOracle:
         self.runs, self.clients = rows.shape[0], rows.shape[1]
 
     def _fold(self, x: Any) -> Any:
-        if isinstance(x, Tensor) and x.dim() >= 2 and x.shape[0] == self.runs:
-            if x.shape[1] == 1 and self.clients > 1:
-                x = x.expand(self.runs, self.clients, *x.shape[2:])
-            return x.flatten(0, 1)
+        if isinstance(x, Tensor):
+            if x.dim() >= 2 and x.shape[0] == self.runs:
+                if x.shape[1] == 1 and self.clients > 1:
+                    x = x.expand(self.runs, self.clients, *x.shape[2:])
+                return x.flatten(0, 1)
+            return x
         if callable(x):
-            return lambda *args: self._fold(x(*(self._unfold(a) for a in args)))
+            return lambda *args: self._fold(x(*[self._unfold(a) for a in args]))
         return x
 
     def _unfold(self, x: Any) -> Any:
         if isinstance(x, Tensor):
             return x.view(self.runs, -1, *x.shape[1:])
         if isinstance(x, tuple):
-            return tuple(self._unfold(item) for item in x)
+            return tuple([self._unfold(item) for item in x])
         return x
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self.inner, name)
-        if callable(value):
-            return lambda *args, **kwargs: self._unfold(value(*(self._fold(a) for a in args),
-                                                              **{k: self._fold(v) for k, v in kwargs.items()}))
-        return self._unfold(value)
+        if not callable(value):
+            return self._unfold(value)
+
+        def lifted(*args, **kwargs):
+            if kwargs:
+                kwargs = {k: self._fold(v) for k, v in kwargs.items()}
+            return self._unfold(value(*[self._fold(a) for a in args], **kwargs))
+        return lifted
 
     def _point(self, w: Tensor) -> Tensor:
         if w.shape[1] != self.clients:
@@ -507,8 +534,7 @@ class IterationBatch(RunBatch):
             self.length[i] = steps
             self.ends.setdefault(self.iteration + steps - 1, []).append(i)
         runs = torch.tensor(opening, device=self.device)
-        local = self.algorithm.client_init({k: v.index_select(0, runs) for k, v in self.server.items()},
-                                           {k: v.index_select(0, runs) for k, v in self.clients.items()},
+        local = self.algorithm.client_init(_rows(self.server, opening, runs), _rows(self.clients, opening, runs),
                                            self._round(opening), self._hp_of(runs))
         for key, value in local.items():
             if key not in self.local:
@@ -527,17 +553,14 @@ class IterationBatch(RunBatch):
         for group in groups:
             runs = torch.tensor(group, device=self.device)
             hp = self._hp_of(runs)
-            local = {k: v.index_select(0, runs) for k, v in self.local.items()}
-            server = {k: v.index_select(0, runs) for k, v in self.server.items()}
+            local, server = _rows(self.local, group, runs), _rows(self.server, group, runs)
             rnd = self._round(group, ending=True)
-            oracles = self._step_batches({name: value.index_select(0, runs) for name, value in rows.items()}, group)
+            oracles = self._step_batches(_rows(rows, group, runs), group)
             local = self.algorithm.client_step(local, oracles, rnd, hp)
             message, updated = self.algorithm.client_final(local, rnd, hp)
             server = self.algorithm.server_update(server, message, self._weights(rnd.clients), rnd, hp)
-            for key, value in server.items():
-                self.server[key].index_copy_(0, runs, value)
-            for key, value in updated.items():
-                self.clients[key].index_copy_(0, runs, value)
+            _write_rows(self.server, server, group, runs)
+            _write_rows(self.clients, updated, group, runs)
             up = sum(m.numel() for m in message.values()) // len(group)
             down = self._downloaded(len(self.clients_all))
             for i in group:
