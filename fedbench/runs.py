@@ -195,9 +195,8 @@ class RunOracle:
     which every oracle has and every local step calls, take a shorter path to the same result (the generic one
     costs ~8 µs a call, ~10% of a Lasso step at p = 1024)."""
 
-    def __init__(self, inner, rows: Tensor):
-        self.inner, self.rows = inner, rows  # rows `[R, S, b]`
-        self.runs, self.clients = rows.shape[0], rows.shape[1]
+    def __init__(self, inner, runs: int, clients: int):
+        self.inner, self.runs, self.clients = inner, runs, clients
 
     def _fold(self, x: Any) -> Any:
         if isinstance(x, Tensor):
@@ -237,7 +236,8 @@ class RunOracle:
         return self.inner.loss(self._point(w)).view(self.runs, self.clients)
 
     def grad(self, w: Tensor) -> Tensor:
-        return self.inner.grad(self._point(w)).view(w.shape[0], self.clients, *w.shape[2:])
+        point = w.flatten(0, 1) if w.shape[1] == self.clients else self._point(w)
+        return self.inner.grad(point).view(w.shape[0], self.clients, *w.shape[2:])
 
     def hvp(self, w: Tensor, v: Tensor) -> Tensor:
         return self.inner.hvp(self._point(w), self._point(v)).view(w.shape[0], self.clients, *w.shape[2:])
@@ -291,11 +291,15 @@ class RunBatch:
     def _step_batches(self, step_rows: dict[str, Tensor], ids: list[int]) -> Batches:
         """The oracles of one local step of the runs `ids` on their rows `[R, S, b]` of each drawn minibatch, lifted
         over the run axis, with each run's minibatch noise drawn on its own stream (for problems that have noise)."""
-        oracles = step_oracles(self.problem, self.minibatches, {k: v.flatten(0, 1) for k, v in step_rows.items()},
-                               self._noise(ids))
+        runs, clients = next(iter(step_rows.values())).shape[:2]
+        return self._lifted({k: v.flatten(0, 1) for k, v in step_rows.items()}, runs, clients, self._noise(ids))
+
+    def _lifted(self, flat_rows: dict[str, Tensor], runs: int, clients: int, noise) -> Batches:
+        """`_step_batches` on rows already flattened to `[R·S, b]`."""
+        oracles = step_oracles(self.problem, self.minibatches, flat_rows, noise)
         lifted: dict[str, RunOracle] = {}
         for mb in self.minibatches:  # a batch `same_as` another shares its lifted oracle too
-            lifted[mb.name] = lifted[mb.same_as] if mb.same_as else RunOracle(oracles[mb.name], step_rows[mb.name])
+            lifted[mb.name] = lifted[mb.same_as] if mb.same_as else RunOracle(oracles[mb.name], runs, clients)
         return Batches(lifted)
 
     def _noise(self, ids: list[int]):
@@ -378,9 +382,11 @@ class RunBatch:
         sim = self.sims[ids[0]]
         rnd = Round(clients, sim.rounds_done, steps, sim.iterations, streams=self._streams(ids))
         local = algorithm.client_init(server, gathered, rnd, hp)
+        flat = {k: v.flatten(1, 2) for k, v in rows.items()}  # [steps, R·S, b]: what each step's oracles read
+        noise, sampled = self._noise(ids), clients.shape[1]
         for step in range(steps):
-            local = algorithm.client_step(local, self._step_batches({k: v[step] for k, v in rows.items()}, ids),
-                                          rnd.at(step), hp)
+            batches = self._lifted({k: v[step] for k, v in flat.items()}, runs, sampled, noise)
+            local = algorithm.client_step(local, batches, rnd.at(step), hp)
         message, updated = algorithm.client_final(local, rnd, hp)
         server = algorithm.server_update(server, message, self._weights(clients), rnd, hp)
         # The scatter comes last, after everything that may raise: a replayed chunk finds its rows as they were.

@@ -325,7 +325,7 @@ def test_asvrcd_estimator_is_unbiased(problem, preset):
              "beta_gv": gv_b}
     local = {k: torch.from_numpy(np.ascontiguousarray(v)).view(1, -1, v.shape[-1]) for k, v in local.items()}
     rows = problem.client_offsets_cpu[:-1, None] + torch.arange(n)
-    batches = Batches({"D": RunOracle(problem.step_oracle(rows), rows[None])})
+    batches = Batches({"D": RunOracle(problem.step_oracle(rows), 1, len(rows))})
     rnd = Round(everyone[None], 0, 1, 0, 0, streams=(torch.Generator().manual_seed(0),))
     hp = batch_hparams([Simulation(problem, algorithm, Federation(1, 0, 1, 1), 0)], torch.float64, "cpu")
     steps = {}
