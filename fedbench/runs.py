@@ -220,11 +220,18 @@ class RunOracle:
         value = getattr(self.inner, name)
         if not callable(value):
             return self._unfold(value)
+        runs, clients, fold, unfold = self.runs, self.clients, self._fold, self._unfold
 
         def lifted(*args, **kwargs):
+            # the usual argument, a `[R, S, ...]` tensor, and the usual answer, a tuple of tensors, inline
+            args = [a.flatten(0, 1) if isinstance(a, Tensor) and a.dim() >= 2 and a.shape[0] == runs
+                    and a.shape[1] == clients else fold(a) for a in args]
             if kwargs:
-                kwargs = {k: self._fold(v) for k, v in kwargs.items()}
-            return self._unfold(value(*[self._fold(a) for a in args], **kwargs))
+                kwargs = {k: fold(v) for k, v in kwargs.items()}
+            out = value(*args, **kwargs)
+            if isinstance(out, tuple):
+                return tuple([a.view(runs, -1, *a.shape[1:]) if isinstance(a, Tensor) else unfold(a) for a in out])
+            return unfold(out)
         return lifted
 
     def _point(self, w: Tensor) -> Tensor:
@@ -501,6 +508,7 @@ class IterationBatch(RunBatch):
         self.ahead_steps = max(1, STREAM_BYTES // (8 * self.rows_per_step * len(sims)))  # A
         self.drawn = 0
         self.ids = list(range(len(sims)))
+        self.noise = self._noise(self.ids)  # every row's, for the steps of the whole batch
         self.local: dict[str, Tensor] = {}
         self.clients_all = torch.arange(self.problem.num_clients, device=self.device)
         self.inside = Round(self.clients_all.expand(len(sims), -1), where=self.INSIDE)
@@ -606,8 +614,9 @@ class IterationBatch(RunBatch):
             if ending:
                 self._end_rounds(ending, rows)
             if len(ending) < len(self.live):
-                self.local = self.algorithm.client_step(self.local, self._step_batches(rows, self.ids), self.inside,
-                                                        self.hp)
+                batches = self._lifted({k: v.flatten(0, 1) for k, v in rows.items()}, len(self.sims),
+                                       len(self.clients_all), self.noise)
+                self.local = self.algorithm.client_step(self.local, batches, self.inside, self.hp)
             self.iteration += 1
             elapsed = time.perf_counter() - start
             self.train_seconds += elapsed
