@@ -1,0 +1,138 @@
+"""What a report reads from the MLflow store: the runs of a sweep, a tuning session or an experiment (`find_source`),
+and their metric histories (`Histories`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+from mlflow.exceptions import MlflowException
+
+from sweeps.recipe import Recipe, parse, yaml_value
+from sweeps.tracking import PARENT_TAG, Store
+
+COMM = ("comm_up", "comm_down")  # the x-axis of --x comm, not curves of their own
+AXES = (*COMM, "iterations")  # x-axis columns
+RUN_ROLES = ("trial", "tune_trial", "run")
+
+
+class ReportError(ValueError):
+    """Nothing to report: no such experiment or run, or no runs with curves."""
+
+
+@dataclass
+class Source:
+    """The runs of one sweep, tuning session or experiment, and the recipe that says how to draw them."""
+    name: str
+    runs: list
+    recipe: Optional[Recipe]
+    parent_id: Optional[str] = None  # where the report's artifacts go
+    description: str = ""
+
+
+def one_per_seed(runs: list) -> list:
+    """One run per (config hash, seed): a run that ran to its end over one that did not, then the latest."""
+    chosen = {}
+    for run in sorted(runs, key=lambda r: (r.info.status == "FINISHED", r.info.start_time)):
+        chosen[key(run)] = run
+    return list(chosen.values())
+
+
+def key(run) -> tuple[str, str]:
+    return run.data.tags.get("config_hash", ""), run.data.tags.get("seed", "")
+
+
+def stored_recipe(store: Store, parent) -> Recipe:
+    run_id = parent.info.run_id
+    try:
+        text = store.artifact_text(run_id, "recipe.resolved.yaml")
+    except (MlflowException, OSError) as err:
+        raise ReportError(f"run {run_id} has no readable recipe.resolved.yaml ({err})") from None
+    return parse(yaml_value(text), f"recipe.resolved.yaml of run {run_id}")
+
+
+def recipe_runs(store: Store, experiment_id: str, recipe: Recipe) -> list:
+    """The sweep runs of the recipe's (config, seed) pairs, whichever attempt or parent ran them: a sweep
+    skips what an earlier sweep of the same configurations already finished."""
+    wanted = {(trial.config_hash, str(trial.seed)) for trial in recipe.trials()}
+    runs = store.search(experiment_id, "tags.role = 'trial'")
+    return one_per_seed([run for run in runs if key(run) in wanted])
+
+
+def parent_runs(store: Store, parent, recipe: Recipe) -> list:
+    """A sweep's runs; a tuning session's trials plus the sweeps that re-ran its best configurations."""
+    experiment_id, run_id = parent.info.experiment_id, parent.info.run_id
+    if parent.data.tags.get("role") == "sweep":
+        return recipe_runs(store, experiment_id, recipe)
+    runs = store.search(experiment_id, f"tags.`{PARENT_TAG}` = '{run_id}'")
+    for rerun in store.search(experiment_id, f"tags.role = 'sweep' and tags.tune_parent = '{run_id}'"):
+        runs += parent_runs(store, rerun, stored_recipe(store, rerun))
+    return one_per_seed(runs)
+
+
+def find_source(store: Store, recipe: Optional[Recipe] = None, experiment: Optional[str] = None,
+                run_id: Optional[str] = None) -> Source:
+    """The runs of a recipe's sweep, of a parent run (sweep or tuning session), or of a whole experiment."""
+    if run_id is not None:
+        try:
+            parent = store.client.get_run(run_id)
+        except MlflowException:
+            raise ReportError(f"no run {run_id!r} in {store.uri}") from None
+        role = parent.data.tags.get("role")
+        if role not in ("sweep", "tune"):
+            raise ReportError(f"run {run_id} is a {role or 'untagged'} run, not a sweep or tuning session; "
+                              f"pass its parent with --run, or the experiment with --experiment")
+        stored = stored_recipe(store, parent)
+        return Source(stored.name, parent_runs(store, parent, stored), stored, run_id, f"{role} run {run_id}")
+    name = recipe.name if recipe is not None else experiment
+    found = store.client.get_experiment_by_name(name)
+    if found is None:
+        hint = f"; run `fedbench sweep {recipe.source}` first" if recipe is not None else ""
+        raise ReportError(f"no experiment {name!r} in {store.uri}{hint}")
+    experiment_id = found.experiment_id
+    if recipe is not None:
+        # Artifacts only on the sweep of exactly this recipe: another recipe may share some configurations.
+        sweeps = store.search(experiment_id, f"tags.role = 'sweep' and tags.recipe_hash = '{recipe.recipe_hash}'")
+        return Source(name, recipe_runs(store, experiment_id, recipe), recipe,
+                      sweeps[0].info.run_id if sweeps else None, f"the runs of {recipe.source}")
+    every = store.search(experiment_id, "")  # newest first
+    parents = [run for run in every if run.data.tags.get("role") in ("sweep", "tune")]
+    return Source(name, one_per_seed([run for run in every if run.data.tags.get("role") in RUN_ROLES]),
+                  stored_recipe(store, parents[0]) if parents else None, None, f"every run of experiment {name!r}")
+
+
+class Histories:
+    """Metric histories (finite points only, by round), read from the store on first use, for every run of the
+    report at once (`Store.metric_histories`). A run of a non-personalized method has no `personal_X`: its
+    personal model is its global model (spec 000 §2.3), so its `X` stands in, and methods compare on one panel."""
+
+    def __init__(self, store: Store, runs: list = ()):
+        self.store = store
+        self.run_ids = [run.info.run_id for run in runs]  # read together with whichever run is asked for
+        self.cache: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
+
+    def __call__(self, run, metric: str) -> tuple[np.ndarray, np.ndarray]:
+        if metric.startswith("personal_") and metric not in run.data.metrics:
+            metric = metric.removeprefix("personal_")
+        if (run.info.run_id, metric) not in self.cache:
+            run_ids = list(dict.fromkeys([*self.run_ids, run.info.run_id]))
+            for run_id, points in self.store.metric_histories(run_ids, metric).items():
+                points.sort(key=lambda point: point[0])
+                steps = np.array([step for step, _ in points], dtype=float)
+                values = np.array([value for _, value in points], dtype=float)
+                finite = np.isfinite(values)
+                self.cache[run_id, metric] = steps[finite], values[finite]
+        return self.cache[run.info.run_id, metric]
+
+    def x(self, run, steps: np.ndarray, axis: str) -> np.ndarray:
+        """The x of a run's points: their rounds, the local iterations, the training seconds or the floats
+        communicated by then."""
+        if axis == "rounds":
+            return steps
+        if axis in ("iterations", "seconds"):
+            return np.interp(steps, *self(run, "iterations" if axis == "iterations" else "train_seconds"))
+        total = 0.0
+        for name in COMM:
+            comm_steps, comm = self(run, name)
+            total = total + np.interp(steps, comm_steps, comm)
+        return total

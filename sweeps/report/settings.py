@@ -1,0 +1,61 @@
+"""The recipe's `report:` block resolved against the metrics the runs have."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from fedbench.metrics import Metric
+from fedbench.problems import metric_catalog
+from sweeps.recipe import Recipe, ReportSpec, SelectSpec, check_metrics
+from sweeps.report.query import ReportError
+
+
+def declarations(recipe: Optional[Recipe]) -> dict[str, Metric]:
+    """Each metric's label and direction as the problems declare them: the recipe's own where there is one,
+    else every shipped problem's (`fedbench.problems.metric_catalog`)."""
+    return {**metric_catalog(), **(recipe.metrics() if recipe is not None else {})}
+
+
+
+@dataclass
+class Settings:
+    """The report block resolved against the metrics the runs have."""
+    metrics: list[str]  # the figure's panels
+    select: SelectSpec
+    targets: dict[str, float]
+    x: str  # the main figure's x-axis
+    log: dict[str, bool]
+    labels: dict[str, str]
+    curves: int
+    declared: dict[str, Metric]
+    interval: str = "sd"
+    also_x: list[str] = field(default_factory=list)  # the figure again over these x-axes
+
+    @property
+    def table_metrics(self) -> list[str]:
+        return list(dict.fromkeys([self.select.metric, *self.metrics]))
+
+    def label(self, name: str) -> str:
+        declared = self.declared.get(name)
+        return self.labels.get(name) or (declared.label if declared else name)
+
+
+def resolve_settings(recipe: Optional[Recipe], available: list[str], x: Optional[str]) -> Settings:
+    spec = recipe.report if recipe is not None else ReportSpec()
+    if recipe is not None:
+        check_metrics(recipe, available)
+    declared = declarations(recipe)
+    ranked = [m for m in available if m in declared and declared[m].direction]  # metrics with a better way
+    select = spec.select
+    if select is None and recipe is not None and recipe.tune is not None:
+        select = SelectSpec(metric=recipe.tune.metric, mode=recipe.tune.mode)
+    if select is None:
+        first = [m for m in ("objective_gap", "objective") if m in ranked] + ranked
+        if not first:
+            raise ReportError(f"no metric of {', '.join(available)} is declared with a direction (lower or higher "
+                              "is better); set report.select: {metric: NAME, mode: min|max} in the recipe")
+        select = SelectSpec(metric=first[0], mode=declared[first[0]].direction)
+    panels = spec.metrics or list(dict.fromkeys([select.metric, *ranked]))[:4]
+    axes = [x] if x else list(spec.x)
+    return Settings(panels, select, dict(spec.target), axes[0], dict(spec.log), dict(spec.labels), spec.curves,
+                    declared, spec.interval, axes[1:])
