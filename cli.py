@@ -52,9 +52,22 @@ def say(message: str) -> None:
     console.print(message, highlight=False, soft_wrap=True)
 
 
-def fail(message: str) -> None:
+def fail(message: str, detail: str = "") -> None:
+    """Refuse: one line (kept short, ~160 characters), then with `fedbench -v` the detail that explains it."""
     errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    if detail and os.environ.get("FEDBENCH_VERBOSE") == "1":
+        errors.print(f"       {detail}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
+
+
+def open_store(uri: Optional[str]):
+    """The MLflow store; one that cannot be used as it is (e.g. half-migrated) is refused in one line."""
+    from sweeps.tracking import Store, StoreError
+
+    try:
+        return Store(uri)
+    except StoreError as err:
+        fail(str(err))
 
 
 def use_data_dir(data_dir: Optional[Path]) -> None:
@@ -69,7 +82,20 @@ def load_recipe(path: Path, sets: Optional[List[str]], algorithm: Optional[str] 
     try:
         return load(path, sets or [], algorithm)
     except RecipeError as err:
-        fail(str(err))
+        fail(str(err), err.detail)
+
+
+def check_builds(recipe, trials=None, **options) -> None:
+    """Refuse, before anything runs, what building the recipe's runs (or `trials`) would refuse, and command-line
+    options (`--max-concurrent`, ...) that break the rules of the recipe fields they stand for."""
+    from sweeps.recipe import RecipeError, check_option
+
+    try:
+        for option, value in options.items():
+            check_option(recipe, option, value)
+        recipe.check_builds(trials)
+    except RecipeError as err:
+        fail(str(err), err.detail)
 
 
 @app.command()
@@ -100,11 +126,13 @@ def run(
     chosen = list(recipe.seeds) if all_seeds else list(dict.fromkeys(seeds or [None]))
     try:
         trials = [recipe.single_trial(algorithm, seed) for seed in chosen]
+    except RecipeError as err:
+        fail(str(err), err.detail)
+    check_builds(recipe, trials, **{"--device": device})
+    try:
         together = bool(plan_batches(list(enumerate(trials)), cap=len(trials))[0])
         sims = build_batch(trials, device) if together else [build_simulation(trial, device) for trial in trials]
-    except RecipeError as err:
-        fail(str(err))
-    except ValueError as err:
+    except ValueError as err:  # what needs the built data (pfedfbe's λ above the clients' smoothness), or no CUDA
         fail(f"{recipe_path}: {err}")
 
     trial = trials[0]
@@ -141,9 +169,7 @@ def run(
     if track:
         from dataclasses import asdict
 
-        from sweeps.tracking import Store
-
-        store = Store(tracking_uri)
+        store = open_store(tracking_uri)
         experiment = store.experiment(recipe.name)
         for t, outcome in zip(trials, outcomes):
             start_time = outcome.end_time - outcome.wall_seconds
@@ -187,8 +213,8 @@ def sweep(
     sets: Optional[List[str]] = SetOption,
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (default: start a local Ray)"),
     tracking_uri: Optional[str] = TrackingOption,
-    max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent", min=1,
-                                                 help="At most this many Ray trials at once"),
+    max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent",
+                                                 help="At most this many Ray trials at once (>= 1)"),
     data_dir: Optional[Path] = DataOption,
     write_report: bool = typer.Option(True, "--report/--no-report", help="At the end, write the report "
                                       "(reports/<recipe name>/ beside the MLflow store) and log it on the parent run"),
@@ -199,6 +225,8 @@ def sweep(
     from sweeps.execute import ClusterError, one_cluster
 
     recipes = [load_recipe(path, sets) for path in recipe_paths]
+    for recipe in recipes:
+        check_builds(recipe, **{"--max-concurrent": max_concurrent})
     if len(recipes) == 1:
         ok = sweep_one(recipes[0], recipe_paths[0], sets, address, tracking_uri, max_concurrent, write_report)
     else:
@@ -218,6 +246,7 @@ def sweep_one(recipe, recipe_path: Path, sets: Optional[List[str]], address: Opt
     from sweeps.execute import ClusterError
     from sweeps.execute import sweep as run_sweep
     from sweeps.recipe import RecipeError
+    from sweeps.tracking import StoreError
 
     columns = (TextColumn("runs"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[detail]}"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
@@ -235,7 +264,7 @@ def sweep_one(recipe, recipe_path: Path, sets: Optional[List[str]], address: Opt
 
         try:
             summary = run_sweep(recipe, sets or [], tracking_uri, address, max_concurrent, progress)
-        except (ClusterError, RecipeError) as err:
+        except (ClusterError, RecipeError, StoreError) as err:
             bar.stop()
             fail(str(err))
     table = Table(title=f"sweep {recipe.name}", show_header=True)
@@ -271,16 +300,19 @@ def tune(
     sets: Optional[List[str]] = SetOption,
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (default: start a local Ray)"),
     tracking_uri: Optional[str] = TrackingOption,
-    max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent", min=1),
+    max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent", help="At most this many Ray trials at "
+                                                 "once (>= 1)"),
     fresh: bool = typer.Option(False, "--fresh", help="Delete the studies of an earlier call and start over"),
-    rerun_best: Optional[int] = typer.Option(None, "--rerun-best", min=0,
-                                             help="Re-run each best configuration on N fresh seeds (default: tune.rerun_best)"),
+    rerun_best: Optional[int] = typer.Option(None, "--rerun-best",
+                                             help="Re-run each best configuration on N >= 0 fresh seeds (default: "
+                                             "tune.rerun_best)"),
     data_dir: Optional[Path] = DataOption,
 ) -> None:
     """Optuna search of the recipe's tune: space, the same budget for every algorithm, on Ray Tune."""
     use_data_dir(data_dir)
     from sweeps.execute import ClusterError
     from sweeps.recipe import RecipeError
+    from sweeps.tracking import StoreError
     from sweeps.tuning import describe, tune_recipe
 
     recipe = load_recipe(recipe_path, sets)
@@ -290,6 +322,7 @@ def tune(
     for name in chosen:
         if name not in recipe.algorithms:
             fail(f"{recipe_path}: --algorithm: found {name!r}, expected one of {', '.join(recipe.algorithms)}")
+    check_builds(recipe, **{"--max-concurrent": max_concurrent, "--rerun-best": rerun_best})
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[detail]}"),
                TimeElapsedColumn())
     with Progress(*columns, console=console) as bar:
@@ -307,7 +340,7 @@ def tune(
         try:
             summary = tune_recipe(recipe, chosen, sets or [], tracking_uri, address, max_concurrent, fresh,
                                   rerun_best, progress)
-        except (ClusterError, RecipeError) as err:
+        except (ClusterError, RecipeError, StoreError) as err:
             bar.stop()
             fail(str(err))
     spec = recipe.tune
@@ -336,9 +369,8 @@ class XAxis(str, Enum):
 
 def make_report(tracking_uri: Optional[str], **source):
     from sweeps.report import report
-    from sweeps.tracking import Store
 
-    return report(Store(tracking_uri), **source)
+    return report(open_store(tracking_uri), **source)
 
 
 def show_report(result) -> None:
@@ -398,8 +430,10 @@ def validate(
     recipe_path: Path = typer.Argument(..., metavar="RECIPE"),
     sets: Optional[List[str]] = SetOption,
 ) -> None:
-    """Check a recipe without running anything."""
+    """Check a recipe without running anything: as building its runs would (the index of real data read, not
+    the data)."""
     recipe = load_recipe(recipe_path, sets)
+    check_builds(recipe)
     configurations = len(recipe.trials()) // len(recipe.seeds)
     console.print(f"{recipe_path}: ok — problem {recipe.problem}, algorithms {', '.join(recipe.algorithms)}, "
                   f"{configurations} configurations × {len(recipe.seeds)} seeds", highlight=False)
@@ -450,6 +484,10 @@ def contract_lines(kind: str, cls) -> list[str]:
     return lines
 
 
+UI_PORT = 5000  # MLflow's own default
+PORTS_TRIED = 100  # without --port: the default and the ports after it, until one is free
+
+
 @app.command()
 def ui(
     recipe_path: Optional[Path] = typer.Argument(None, metavar="[RECIPE]", help="Land on this recipe's experiment"),
@@ -457,11 +495,12 @@ def ui(
     open_browser: bool = typer.Option(False, "--open", help="Open the page in the default browser once it is served"),
     tracking_uri: Optional[str] = TrackingOption,
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind (0.0.0.0 exposes it to the network)"),
-    port: int = typer.Option(5000, "--port"),
+    port: Optional[int] = typer.Option(None, "--port", min=1, max=65535,
+                                       help=f"Port (default {UI_PORT}, or the first free one after it)"),
 ) -> None:
     """Start the MLflow UI on the tracking store (telemetry off) and print the page of the experiment's runs:
     MLflow's model-training view, every run but the sweep parents listed, their per-round curves charted."""
-    from sweeps.tracking import Store, runs_url, sqlite_path, tracking_uri as resolve_uri
+    from sweeps.tracking import runs_url, sqlite_path, tracking_uri as resolve_uri
 
     if recipe_path is not None and experiment is not None:
         fail("give RECIPE or --experiment, not both")
@@ -470,12 +509,14 @@ def ui(
     if path is not None and not path.exists():
         fail(f"no MLflow store at {path}; run `fedbench sweep` or `fedbench run` here first, or pass --tracking-uri")
     name = load_recipe(recipe_path, None).name if recipe_path is not None else experiment
-    store = Store(uri)
+    store = open_store(uri)
     if name is None:  # the store's one fedbench experiment, if there is just one
         found = [e.name for e in store.client.search_experiments() if e.name != "Default"]
         name = found[0] if len(found) == 1 else None
     elif store.client.get_experiment_by_name(name) is None:
         fail(f"no experiment {name!r} in {uri}; run `fedbench sweep` on its recipe first")
+    if path is not None:
+        port = listen_port(host, port)
     base = uri.rstrip("/") if path is None else f"http://{host}:{port}"
     experiment_id = store.experiment(name) if name else None  # also marks an older experiment's kind
     table = runs_url(base, experiment_id)
@@ -511,18 +552,62 @@ def ui(
             server.wait()
 
 
-def serving(server: subprocess.Popen, host: str, port: int, timeout: float = 60.0) -> bool:
-    """Wait until the UI server accepts connections (False if it exited or the time ran out)."""
+def listen_port(host: str, port: Optional[int]) -> int:
+    """The port `ui` serves on: the one given, refused (exit 2) when it is in use, for the page would be the
+    other program's; without --port the default, or the first free port after it, said so."""
+    import errno
+
+    chosen = port
+    if port is None:
+        chosen = next((p for p in range(UI_PORT, UI_PORT + PORTS_TRIED) if listen_error(host, p) is None), UI_PORT)
+        if chosen != UI_PORT:
+            say(f"port {UI_PORT} is in use; serving on port {chosen} instead")
+    error = listen_error(host, chosen)
+    if error is not None and error.errno == errno.EADDRINUSE:
+        fail(f"port {chosen} of {host} is in use by another program; choose another with --port")
+    if error is not None:
+        fail(f"cannot serve on {host}:{chosen} ({error.strerror or error}); choose another --host or --port")
+    return chosen
+
+
+def listen_error(host: str, port: int) -> Optional[OSError]:
+    """Why a server could not listen on host:port now (None: it could). Bound and let go at once, with
+    SO_REUSEADDR as MLflow's uvicorn binds, so that a port an earlier `fedbench ui` just closed is free."""
     import socket
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as err:
+        return err
+    return None
+
+
+def serving(server: subprocess.Popen, host: str, port: int, timeout: float = 60.0) -> bool:
+    """Wait until the UI server we started answers as MLflow (False if it exited or the time ran out). A
+    connection alone proves nothing: another program could hold the port, our server failing to bind it; so
+    MLflow's /version must answer with this MLflow's version, and our server must still run."""
+    import http.client
     import time
 
+    from mlflow.version import VERSION
+
+    address = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)  # the wildcard, reached on loopback
     deadline = time.monotonic() + timeout
     while server.poll() is None and time.monotonic() < deadline:
+        connection = http.client.HTTPConnection(address, port, timeout=2)  # not urllib: no proxy in between
         try:
-            socket.create_connection((host if host != "0.0.0.0" else "127.0.0.1", port), timeout=1).close()
-            return True
-        except OSError:
-            time.sleep(0.2)
+            connection.request("GET", "/version")
+            response = connection.getresponse()
+            if response.status == 200 and response.read().decode(errors="replace").strip() == VERSION:
+                return server.poll() is None
+        except (OSError, http.client.HTTPException):  # not listening yet, or not speaking HTTP
+            pass
+        finally:
+            connection.close()
+        time.sleep(0.2)
     return False
 
 

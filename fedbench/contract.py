@@ -27,7 +27,12 @@ CAPABILITIES = {
 
 
 class IncompatibleError(ValueError):
-    """An algorithm was paired with a problem that lacks a capability it requires."""
+    """An algorithm was paired with a problem that lacks a capability it requires: the message names both and
+    the capability; `detail` says what the capability is and what the problem provides instead."""
+
+    def __init__(self, message: str, detail: str = ""):  # the default: unpickled (from a Ray worker) it has args only
+        super().__init__(message)
+        self.detail = detail
 
 
 def check(algorithm: str, required: set[str], problem: str, provided: set[str]) -> None:
@@ -38,5 +43,5 @@ def check(algorithm: str, required: set[str], problem: str, provided: set[str]) 
     missing = sorted(required - provided)
     if missing:
         has = ", ".join(sorted(provided)) or "none beyond minibatch gradients"
-        raise IncompatibleError(f"{algorithm} requires {missing[0]} ({CAPABILITIES[missing[0]]}), which problem "
-                                f"{problem} does not provide here (it provides: {has})")
+        raise IncompatibleError(f"{algorithm} requires {missing[0]}, which problem {problem} does not provide here",
+                                f"{missing[0]}: {CAPABILITIES[missing[0]]}; {problem} provides here: {has}")

@@ -22,8 +22,9 @@ class Param:
     default: Any
     help: str
     low: float | None = None  # inclusive unless low_open
-    high: float | None = None
+    high: float | None = None  # inclusive unless high_open
     low_open: bool = False
+    high_open: bool = False
     log: bool = False  # tune on a log scale
     choices: tuple[Any, ...] = ()
     nullable: bool = False  # None is a valid value (e.g. "derive from the trial seed")
@@ -40,7 +41,7 @@ class Param:
             return "any"
         lo = "-inf" if self.low is None else f"{self.low:g}"
         hi = "inf" if self.high is None else f"{self.high:g}"
-        return f"{'(' if self.low_open else '['}{lo}, {hi}{']' if self.high is not None else ')'}"
+        return f"{'(' if self.low_open else '['}{lo}, {hi}{']' if self.high is not None and not self.high_open else ')'}"
 
     def check(self, value: Any) -> Any:
         """Return the value coerced to this parameter's type, or raise ValueError saying what was expected."""
@@ -75,10 +76,19 @@ class Param:
         if cast is float and not math.isfinite(number) and not (self.infinite and number == math.inf):
             raise ValueError(f"expected a finite {expected}, found {value!r}")
         too_low = self.low is not None and (number <= self.low if self.low_open else number < self.low)
-        too_high = self.high is not None and number > self.high
+        too_high = self.high is not None and (number >= self.high if self.high_open else number > self.high)
         if too_low or too_high:
             raise ValueError(f"expected {expected}, found {value!r}")
         return number
+
+
+class ParamError(ValueError):
+    """A value that building a run refuses, raised with the name of the parameter that holds it (of `owner`: a
+    problem, an algorithm or the federation), so that a recipe's validator can name the field it came from."""
+
+    def __init__(self, name: str, message: str, owner: str = ""):
+        self.name, self.message = name, message
+        super().__init__(f"{owner}.{name}: {message}" if owner else f"{name}: {message}")
 
 
 def resolve(declared: Sequence[Param], given: dict[str, Any], owner: str) -> dict[str, Any]:

@@ -22,10 +22,11 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class Minibatch:
-    """One minibatch an algorithm draws per local step. `size`: the hyperparameter holding its size (None:
-    the federation's `batch_size`); `same_as`: another declared batch whose draw it reuses (no second draw)."""
+    """One minibatch an algorithm draws per local step. `size`: the hyperparameter holding its size, or a fixed
+    size (None: the federation's `batch_size`); `same_as`: another declared batch whose draw it reuses (no second
+    draw)."""
     name: str
-    size: str | None = None
+    size: str | int | None = None
     same_as: str | None = None
 
 

@@ -16,15 +16,15 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from torch import Tensor
 
 from fedbench.algorithms.base import Algorithm
-from fedbench.hparams import Param
+from fedbench.hparams import Param, ParamError
 from fedbench.oracle import Batches, Minibatch
-from fedbench.problems.base import Problem
+from fedbench.problems.base import Layout, Problem
 from fedbench.rng import generator
 
 DIVERGENCE_FACTOR = 1e4
@@ -49,19 +49,42 @@ class Federation:
               choices=("uniform", "samples")),
     )
 
-    def check(self, problem: Problem, batch_sizes: dict[str, int] | None = None) -> None:
-        if not 0 <= self.clients_per_round <= problem.num_clients:
-            raise ValueError(f"clients_per_round={self.clients_per_round} must be in [0, {problem.num_clients}] "
-                             "(0: every client)")
-        largest = math.inf if problem.caps_batches else int(problem.client_sizes.min())
-        for name, size in (batch_sizes or {"batch_size": self.batch_size}).items():
-            if not 1 <= size <= largest:
-                raise ValueError(f"{name}={size} must be in [1, {largest}] (the smallest client, for problems "
-                                 "that do not cap batches at n_k)")
-        if self.rounds < 0 or self.local_steps < 1:
-            raise ValueError("rounds must be >= 0 and local_steps >= 1")
-        if self.aggregation not in ("uniform", "samples"):
-            raise ValueError(f"aggregation must be uniform or samples, found {self.aggregation!r}")
+    def check(self, layout: Layout, batch_sizes: Mapping[str, int] | None = None) -> None:
+        """Refuse (ParamError, naming the field) a federation that cannot run on clients laid out as `layout` with
+        minibatches of `batch_sizes` (by the field that sets each, `minibatch_sizes`; default: `batch_size`
+        alone): the rule of the engine on a built problem and of a recipe's validator on a problem's declared layout
+        (where a part unknown is not checked)."""
+        for param in self.params:
+            try:
+                param.check(getattr(self, param.name))
+            except ValueError as err:
+                raise ParamError(param.name, str(err), "federation") from None
+        if layout.clients is not None and self.clients_per_round > layout.clients:
+            raise ParamError("clients_per_round", f"found {self.clients_per_round}, expected at most the problem's "
+                             f"{layout.clients} clients (or 0: all)", "federation")
+        for name, size in ({"batch_size": self.batch_size} if batch_sizes is None else batch_sizes).items():
+            if layout.smallest is not None and size > layout.smallest:  # the problem does not cap it at n_k
+                bound = (f"problem.{layout.smallest_field} = {layout.smallest}" if layout.smallest_field else
+                         f"{layout.smallest}, the training samples of the smallest client")
+                raise ParamError(name, f"found {size}, expected at most {bound}",
+                                 "federation" if name == "batch_size" else "")  # else the algorithm's
+
+
+def minibatch_sizes(minibatches: tuple[Minibatch, ...], hp: Mapping[str, Any],
+                    batch_size: int) -> tuple[dict[str, int], dict[str, int]]:
+    """The sizes of the minibatches with draws of their own: by minibatch name (what `RoundSampler` draws), and by
+    the field that sets each (the federation's `batch_size` or a hyperparameter of the algorithm; an algorithm's
+    fixed size is no field), what `Federation.check` checks."""
+    sizes, fields = {}, {}
+    for mb in minibatches:
+        if mb.same_as is not None:
+            continue
+        if isinstance(mb.size, int):
+            sizes[mb.name] = mb.size
+        else:
+            field = mb.size or "batch_size"
+            sizes[mb.name] = fields[field] = hp[mb.size] if mb.size else batch_size
+    return sizes, fields
 
 
 PERMUTATION_LIMIT = 4096  # clients up to which a round's clients are a prefix of a random permutation
@@ -136,9 +159,9 @@ class Simulation:
 
     def __init__(self, problem: Problem, algorithm: Algorithm, federation: Federation, seed: int,
                  eval_every: int = 10, divergence_factor: float = DIVERGENCE_FACTOR):
-        minibatches = algorithm.minibatches()
-        sizes = {mb.name: algorithm.hp[mb.size] if mb.size else federation.batch_size for mb in minibatches}
-        federation.check(problem, {mb.size or "batch_size": sizes[mb.name] for mb in minibatches})
+        minibatches = algorithm.minibatches(algorithm.hp)
+        sizes, fields = minibatch_sizes(minibatches, algorithm.hp, federation.batch_size)
+        federation.check(problem.layout(), fields)
         self.problem, self.algorithm, self.federation = problem, algorithm, federation
         self.eval_every = max(1, int(eval_every))
         self.divergence_factor = divergence_factor

@@ -184,10 +184,16 @@ def slots(resources, nodes: list[dict], max_concurrent: int | None) -> int:
     per_node = [min(math.floor(node.get("CPU", 0) / cpus + 1e-9),
                     math.floor(node.get("GPU", 0) / gpus + 1e-9) if gpus else math.inf) for node in nodes]
     total = int(sum(per_node))
-    if total == 0:
-        have = ", ".join(f"{node.get('CPU', 0):g} CPU / {node.get('GPU', 0):g} GPU" for node in nodes)
-        raise ClusterError(f"resources ask {cpus:g} CPU and {gpus:g} GPU per trial, but no node of the Ray cluster "
-                           f"has that much (nodes: {have})")
+    if total == 0:  # the field to change: the one that no node can hold, else the two together
+        most_cpus, most_gpus = (max((node.get(kind, 0) for node in nodes), default=0) for kind in ("CPU", "GPU"))
+        if gpus > most_gpus:
+            raise ClusterError(f"resources.gpus_per_trial: found {gpus:g} GPU per trial, expected at most "
+                               f"{most_gpus:g} (no node of the Ray cluster has more)")
+        if cpus > most_cpus:
+            raise ClusterError(f"resources.cpus_per_trial: found {cpus:g} CPU per trial, expected at most "
+                               f"{most_cpus:g} (no node of the Ray cluster has more)")
+        raise ClusterError(f"resources: found {cpus:g} CPU and {gpus:g} GPU per trial, but no node of the Ray "
+                           "cluster has both; expected fewer CPUs or GPUs")
     return min(total, max_concurrent or total)
 
 
@@ -257,17 +263,18 @@ def open_cluster(recipe: Recipe, address: str | None, max_concurrent: int | None
 
     resources = recipe.resources
     if recipe.device.startswith("cuda") and not resources.gpus_per_trial:
-        raise ClusterError(f"{recipe.source}: device {recipe.device} needs resources.gpus_per_trial > 0")
+        raise ClusterError(f"{recipe.source}: resources.gpus_per_trial: found 0 with device {recipe.device}; "
+                           "expected a GPU share > 0")
     started = connect(address)
     for name in ("ray", "ray.tune", "mlflow"):  # the progress display says what matters
         logging.getLogger(name).setLevel(logging.INFO if verbose() else logging.ERROR)
     try:
         nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
         return started, slots(resources, nodes, max_concurrent or resources.max_concurrent)
-    except ClusterError:
+    except ClusterError as err:
         if started:
             ray.shutdown()
-        raise
+        raise ClusterError(f"{recipe.source}: {err}") from None
 
 
 @contextlib.contextmanager
@@ -292,14 +299,17 @@ def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | No
           progress: Callable[[str, dict[str, int]], None] | None = None,
           parent_tags: dict[str, str] | None = None) -> SweepSummary:
     """Run every (config, seed) of the recipe not yet finished in the store, on Ray Tune. A metric the
-    recipe names that the problem does not evaluate is refused (RecipeError) before anything runs."""
+    recipe names that the problem does not evaluate, and a run that building would refuse (`Recipe.check_builds`),
+    are refused (RecipeError) before anything runs."""
     import ray
     from ray import tune
 
+    from sweeps.relay import Relay
     from sweeps.tracking import INTERRUPTED, Store, SweepLog
 
     resources = recipe.resources
     trials = recipe.trials()
+    recipe.check_builds(trials)  # what building a run would refuse: refused before Ray starts or the store is made
     store = Store(tracking)
     experiment_id = store.experiment(recipe.name)
     done = store.completed(experiment_id)
@@ -321,34 +331,32 @@ def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | No
         by_key = dict(pending)
         summary.ray_trials = len(packs)
 
-        class Relay(tune.Callback):
-            def __reduce__(self):  # Tune pickles its callbacks for restoring, which we never use
-                return tune.Callback, ()
+        def on_result(trial, result: dict[str, Any]) -> None:
+            key = result["key"]
+            if result["event"] == "start":
+                state["running"].add(key)
+                log.started(key, by_key[key], result["time"], {**result["tags"], "recipe_hash": recipe.recipe_hash})
+            else:
+                state["running"].discard(key)
+                state["ended"].add(key)
+                outcome = result["outcome"]
+                summary.counts[outcome["status"]] += 1
+                summary.compute_seconds += outcome["wall_seconds"]
+                log.ended(key, outcome)
+            if progress is not None:
+                progress("update", {**summary.counts, "running": len(state["running"])})
 
-            def on_trial_result(self, iteration, trials, trial, result, **info):
-                key = result["key"]
-                if result["event"] == "start":
-                    state["running"].add(key)
-                    log.started(key, by_key[key], result["time"], {**result["tags"], "recipe_hash": recipe.recipe_hash})
-                else:
+        def on_end(trial, failed: bool) -> None:
+            """A pack whose actor died: its running run failed; its unstarted runs wait for a re-run."""
+            if not failed:  # every run of a completed pack has reported its end
+                return
+            for key, _ in [run for unit in packs[trial.config["pack"]] for run in unit]:
+                if key in state["running"]:
                     state["running"].discard(key)
+                    log.abandoned(key, f"the Ray trial running it died: {trial.error_file or 'no error file'}")
+                if key not in state["ended"]:
                     state["ended"].add(key)
-                    outcome = result["outcome"]
-                    summary.counts[outcome["status"]] += 1
-                    summary.compute_seconds += outcome["wall_seconds"]
-                    log.ended(key, outcome)
-                if progress is not None:
-                    progress("update", {**summary.counts, "running": len(state["running"])})
-
-            def on_trial_error(self, iteration, trials, trial, **info):
-                """The pack's actor died: its running run failed; its unstarted runs wait for a re-run."""
-                for key, _ in [run for unit in packs[trial.config["pack"]] for run in unit]:
-                    if key in state["running"]:
-                        state["running"].discard(key)
-                        log.abandoned(key, f"the Ray trial running it died: {trial.error_file or 'no error file'}")
-                    if key not in state["ended"]:
-                        state["ended"].add(key)
-                        summary.counts["failed"] += 1
+                    summary.counts["failed"] += 1
 
         if progress is not None:
             progress("start", {"total": len(pending), "skipped": summary.skipped})
@@ -361,7 +369,8 @@ def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | No
             tune_config=tune.TuneConfig(reuse_actors=True,
                                         max_concurrent_trials=max_concurrent or resources.max_concurrent),
             run_config=tune.RunConfig(name=f"{recipe.name}-{recipe.recipe_hash}", storage_path=storage, verbose=0,
-                                      callbacks=[Relay()], failure_config=tune.FailureConfig(max_failures=0)),
+                                      callbacks=[Relay(on_result, on_end)],
+                                      failure_config=tune.FailureConfig(max_failures=0)),
         )
         try:
             tuner.fit()

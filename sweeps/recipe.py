@@ -6,11 +6,13 @@ and the closest valid name for a misspelt problem, algorithm or parameter.
 """
 from __future__ import annotations
 
+import copy
 import difflib
 import hashlib
 import itertools
 import json
 import re
+from collections.abc import Hashable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -20,15 +22,59 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fedbench import contract
 from fedbench.algorithms import ALGORITHMS
-from fedbench.hparams import LIST_KINDS, Param, resolve
+from fedbench.hparams import LIST_KINDS, Param, ParamError, resolve
 from fedbench.metrics import ENGINE_COLUMNS, Metric
 from fedbench.problems import PROBLEMS
-from fedbench.simulate import DIVERGENCE_FACTOR, Federation
+from fedbench.simulate import DIVERGENCE_FACTOR, Federation, minibatch_sizes
+
+
+class DuplicateKey(yaml.YAMLError):
+    """A mapping that gives a key more than once: PyYAML would keep the last one without a word."""
+
+    def __init__(self, path: str, lines: list[int]):
+        self.path, self.lines = path, lines
+        super().__init__(f"{path}: given {len(lines)} times")
 
 
 class RecipeLoader(yaml.SafeLoader):
     """SafeLoader (no tags that build Python objects) that also reads `1e-3` as a float, as YAML 1.2
-    does; YAML 1.1 wants `1.0e-3` and would hand the researcher a string."""
+    does (YAML 1.1 wants `1.0e-3` and would hand the researcher a string), and refuses a key given twice
+    in one mapping (DuplicateKey)."""
+
+    def construct_document(self, node):
+        self.paths = field_paths(node)
+        return super().construct_document(node)
+
+    def construct_mapping(self, node, deep=False):
+        lines: dict[Any, list[int]] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` then a key overrides base's, as meant
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, Hashable):  # an unhashable key is refused by SafeLoader itself
+                lines.setdefault(key, []).append(key_node.start_mark.line + 1)
+        for key, found in lines.items():
+            if len(found) > 1:
+                path = self.paths.get(id(node), "")
+                raise DuplicateKey(f"{path}.{key}" if path else str(key), found)
+        return super().construct_mapping(node, deep)
+
+
+def field_paths(root: yaml.Node) -> dict[int, str]:
+    """The field path (`algorithms.fedavg`, `report.metrics[0]`) of each node of a document, by node id."""
+    paths: dict[int, str] = {}
+    pending = [(root, "")]
+    while pending:
+        node, path = pending.pop()
+        if id(node) in paths:  # an alias: the node is where its anchor is (and a recursive one ends here)
+            continue
+        paths[id(node)] = path
+        if isinstance(node, yaml.MappingNode):
+            pending += [(value, f"{path}.{key.value}" if path else key.value)
+                        for key, value in node.value if isinstance(key, yaml.ScalarNode)]
+        elif isinstance(node, yaml.SequenceNode):
+            pending += [(item, f"{path}[{i}]") for i, item in enumerate(node.value)]
+    return paths
 
 
 RecipeLoader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
@@ -44,8 +90,11 @@ def yaml_value(text: str) -> Any:
 
 
 class RecipeError(ValueError):
-    def __init__(self, source: str, path: str, message: str):
-        self.source, self.path = source, path
+    """One line (file, field path, what was found, what was expected), short enough to read at a glance;
+    `detail`, what explains it further, is shown on a second line by `fedbench -v`."""
+
+    def __init__(self, source: str, path: str, message: str, detail: str = ""):
+        self.source, self.path, self.message, self.detail = source, path, message, detail
         super().__init__(f"{source}: {path}: {message}" if path else f"{source}: {message}")
 
 
@@ -62,6 +111,11 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         raise RecipeError(source, "", f"cannot read the file ({err.strerror})") from None
     try:
         raw = yaml_value(text)
+    except DuplicateKey as err:
+        lines = sorted(set(err.lines))  # one line when a flow mapping ({a: 1, a: 2}) repeats it
+        where = f"line {lines[0]}" if len(lines) == 1 else f"lines {', '.join(map(str, lines[:-1]))} and {lines[-1]}"
+        count = "twice" if len(err.lines) == 2 else f"{len(err.lines)} times"
+        raise RecipeError(source, err.path, f"given {count} ({where}); expected once") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -69,9 +123,25 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         if "python/" in problem:
             problem = "a !!python tag is refused (recipes are read with safe_load and never build objects)"
         raise RecipeError(source, "", f"malformed YAML: {where}{problem}") from None
+    expected = "expected a mapping at the top level (problem:, algorithms:, federation:, seeds: ...)"
+    if raw is None:  # nothing, only comments, a bare `---` (or a lone `null`)
+        raise RecipeError(source, "", f"the file is empty; {expected}")
     if not isinstance(raw, dict):
-        raise RecipeError(source, "", f"expected a mapping at the top level, found {type(raw).__name__}")
+        raise RecipeError(source, "", f"found {in_words(raw)}; {expected}")
     return raw
+
+
+def in_words(value: Any) -> str:
+    """What a YAML value is, for a `found ...` (not Python's type names: a researcher wrote YAML)."""
+    if isinstance(value, bool):
+        return f"{str(value).lower()} (a boolean)"
+    if isinstance(value, (int, float)):
+        return f"the number {value}"
+    if isinstance(value, str):
+        return f"the string {value if len(value) <= 40 else value[:40] + '…'!r}"
+    if isinstance(value, list):
+        return "a list"
+    return f"the {type(value).__name__} {value}"  # a date or a timestamp
 
 
 def apply_overrides(raw: dict[str, Any], assignments: list[str], source: str, algorithm: str | None = None) -> dict:
@@ -334,12 +404,9 @@ class RecipeModel(StrictModel):
     @field_validator("seeds")
     @classmethod
     def _seeds(cls, value: Any) -> list[int]:
-        def seed_like(s):
-            return isinstance(s, int) and not isinstance(s, bool) and s >= 0
-
-        if seed_like(value) and value >= 1:
+        if is_seed(value) and value >= 1:
             return list(range(value))
-        if isinstance(value, list) and value and all(map(seed_like, value)):
+        if isinstance(value, list) and value and all(map(is_seed, value)):
             if len(set(value)) != len(value):
                 raise ValueError(f"found repeated seeds {value}")
             return value
@@ -351,6 +418,11 @@ class RecipeModel(StrictModel):
         if value.split(":")[0] not in ("auto", "cpu", "cuda"):
             raise ValueError(f"found {value!r}, expected auto, cpu or cuda[:N]")
         return value
+
+
+def is_seed(value: Any) -> bool:
+    """A trial seed: an integer >= 0 (the rule of each of `seeds`, and of `fedbench run --seed`)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 SECTIONS = {(): RecipeModel, ("resources",): Resources, ("tune",): TuneSpec, ("tune", "pruner"): PrunerSpec,
@@ -426,6 +498,8 @@ class Recipe:
         if algorithm not in self.algorithms:
             raise RecipeError(self.source, "--algorithm", f"found {algorithm!r}, expected one of "
                               f"{', '.join(self.algorithms)}{closest(algorithm, self.algorithms)}")
+        if seed is not None and not is_seed(seed):
+            raise RecipeError(self.source, "--seed", f"found {seed!r}, expected an integer >= 0 (as each of seeds)")
         fixed = fixed or {}
         problem_grid, federation_grid = self.grids(algorithm)
         sections = {"problem": problem_grid, "federation": federation_grid,
@@ -461,26 +535,57 @@ class Recipe:
                 raise RecipeError(self.source, "federation.iterations", f"found {iterations} with local_steps "
                                   f"{steps}; expected a multiple of local_steps")
             federation_values["rounds"] = iterations // steps
-        federation = Federation(**federation_values)
-        problem_config = PROBLEMS[self.problem].resolve_config(problem_values)
-        clients = PROBLEMS[self.problem].declared_clients(problem_config)
-        if clients is not None and federation.clients_per_round > clients:
-            raise RecipeError(self.source, "federation.clients_per_round",
-                              f"found {federation.clients_per_round}, expected at most the problem's {clients} "
-                              "clients")
-        samples = problem_config.get("samples_per_client")
-        if samples is not None and federation.batch_size > samples:
-            raise RecipeError(self.source, "federation.batch_size",
-                              f"found {federation.batch_size}, expected at most problem.samples_per_client = {samples}")
-        cls = ALGORITHMS[algorithm]
-        hyperparameters = resolve(cls.hparams, hyperparameters, algorithm)
+        trial = Trial(self.name, self.problem, PROBLEMS[self.problem].resolve_config(problem_values), algorithm,
+                      resolve(ALGORITHMS[algorithm].hparams, hyperparameters, algorithm),
+                      Federation(**federation_values), seed, self.eval_every, self.device, self.divergence_factor)
+        self.check(trial)
+        return trial
+
+    def check(self, trial: Trial, read_data: bool = False) -> None:
+        """Refuse (RecipeError, naming the recipe field) a trial whose run building would refuse, by the rules the
+        engine applies then: the problem's and the algorithm's own (`Problem.check`, `Algorithm.check`), the
+        contract between them, and the federation and the algorithm's minibatches against the problem's clients
+        (`Federation.check`) as the config declares them, and with `read_data` as the index of the data does."""
+        problem, algorithm, hp = PROBLEMS[trial.problem], ALGORITHMS[trial.algorithm], trial.hyperparameters
         try:
-            contract.check(algorithm, cls.requirements(hyperparameters), self.problem,
-                           PROBLEMS[self.problem].capabilities(problem_config))
+            problem.check(trial.problem_config)
+        except ParamError as err:
+            raise RecipeError(self.source, self.field(trial.algorithm, "problem", err.name), err.message) from None
+        try:
+            algorithm.check(hp)
+        except ParamError as err:
+            raise RecipeError(self.source, f"algorithms.{trial.algorithm}.{err.name}", err.message) from None
+        try:
+            contract.check(trial.algorithm, algorithm.requirements(hp), trial.problem,
+                           problem.capabilities(trial.problem_config))
         except contract.IncompatibleError as err:
-            raise RecipeError(self.source, f"algorithms.{algorithm}", str(err)) from None
-        return Trial(self.name, self.problem, problem_config, algorithm, hyperparameters, federation, seed,
-                     self.eval_every, self.device, self.divergence_factor)
+            raise RecipeError(self.source, f"algorithms.{trial.algorithm}", str(err), err.detail) from None
+        try:
+            layout = problem.declared_layout(trial.problem_config, read_data)
+        except ParamError as err:
+            raise RecipeError(self.source, self.field(trial.algorithm, "problem", err.name), err.message) from None
+        _, batch_sizes = minibatch_sizes(algorithm.minibatches(hp), hp, trial.federation.batch_size)
+        try:
+            trial.federation.check(layout, batch_sizes)
+        except ParamError as err:  # a federation field, or a minibatch size among the hyperparameters
+            path = (self.field(trial.algorithm, "federation", err.name) if err.name in FEDERATION_NAMES
+                    else f"algorithms.{trial.algorithm}.{err.name}")
+            raise RecipeError(self.source, path, err.message) from None
+
+    def check_builds(self, trials: list[Trial] | None = None) -> None:
+        """`check` every distinct configuration of `trials` (default: the recipe's) with the index of its data
+        read: what `validate`, `run`, `sweep` and `tune` do before anything runs (before Ray starts, or the
+        tracking store is touched), so that what building a run would refuse is refused first, with its field."""
+        checked = set()
+        for trial in self.trials() if trials is None else trials:
+            if trial.config_hash not in checked:
+                checked.add(trial.config_hash)
+                self.check(trial, read_data=True)
+
+    def field(self, algorithm: str, section: str, name: str) -> str:
+        """The path of a problem or federation parameter in the runs of `algorithm`: its own entry, if it has one."""
+        own = name in self.overrides.get(algorithm, {}).get(section, {})
+        return f"algorithms.{algorithm}.{section}.{name}" if own else f"{section}.{name}"
 
     def metrics(self) -> dict[str, Metric]:
         """Every metric the recipe's runs evaluate, by name (the union over its algorithms and grid points)."""
@@ -499,6 +604,7 @@ def metrics_of(trials: list[Trial]) -> dict[str, Metric]:
 # so that a grid over local_steps compares methods at equal work (the FeDXL paper's K ablation).
 FEDERATION_PARAMS = (*Federation.params, Param("iterations", "int", None, "instead of rounds: local iterations per "
                                                "client, rounds = iterations / local_steps", low=1))
+FEDERATION_NAMES = {p.name for p in FEDERATION_PARAMS}
 
 
 def parse(raw: dict[str, Any], source: str) -> Recipe:
@@ -635,6 +741,28 @@ def check_metrics(recipe: Recipe, available: list[str]) -> None:
                               f"metric: {', '.join(known)}{closest(name, known)}")
         raise RecipeError(recipe.source, path, f"found {name!r}, expected one of the metrics of {recipe.problem}: "
                           f"{', '.join(available)}{closest(name, available)}")
+
+
+# Command-line options that stand for a recipe field (for one call), checked by that field's rule (`check_option`).
+OPTION_FIELDS = {"--device": "device", "--max-concurrent": "resources.max_concurrent",
+                 "--rerun-best": "tune.rerun_best"}
+
+
+def check_option(recipe: Recipe, option: str, value: Any) -> None:
+    """Refuse (RecipeError naming the option) a value of a command-line option that the recipe field it stands
+    for (OPTION_FIELDS) would refuse; None, an option not given, stands for the recipe's own value."""
+    if value is None:
+        return
+    document = copy.deepcopy(recipe.document)
+    *sections, name = OPTION_FIELDS[option].split(".")
+    node = document
+    for section in sections:
+        node = node.setdefault(section, {})
+    node[name] = value
+    try:
+        RecipeModel.model_validate(document)
+    except ValidationError as err:
+        raise RecipeError(recipe.source, option, _schema_error(recipe.source, err).message) from None
 
 
 def load(path: str | Path, overrides: list[str] | None = None, algorithm: str | None = None) -> Recipe:

@@ -7,26 +7,28 @@ params, tags `role=trial, problem, algorithm, seed, config_hash, configuration, 
 metrics with `step=round`.
 
 Speed and safety. On SQLite one `log_metric` costs ~10-30 ms; the curve goes out with `log_batch` in
-chunks of 1000 (~0.5 ms per value). During a sweep all writes are made by one background thread on the
-driver (`SweepLog`), so parallel trials never contend for the database ("database is locked").
+chunks of 1000 (~0.5 ms per value), or faster straight into MLflow's SQL store (`sweeps.mlflow_fast`). During a
+sweep all writes are made by one background thread on the driver (`SweepLog`), so parallel trials never contend
+for the database ("database is locked"). Several fedbench processes may open one new SQLite store at once: its
+creation is serialized by a lock file beside it (`open_sqlite`).
 """
 from __future__ import annotations
 
-import inspect
+import fcntl
 import json
-import math
 import os
 import platform
 import queue
+import sqlite3
 import subprocess
 import tempfile
 import threading
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any, Callable, Iterable
 from urllib.parse import urlencode
 
-import sqlalchemy
 import sqlalchemy.exc
 import yaml
 
@@ -42,10 +44,9 @@ telemetry_off()  # before MLflow is imported: its telemetry client reads the swi
 
 from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
-from mlflow.store.tracking.dbmodels.models import SqlMetric  # noqa: E402
-from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
+from sweeps import mlflow_fast
 from sweeps.recipe import Recipe, Trial
 
 DEFAULT_URI = "sqlite:///mlflow.db"
@@ -74,6 +75,53 @@ def tracking_uri(given: str | None = None) -> str:
 
 def sqlite_path(uri: str) -> Path | None:
     return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+
+
+class StoreError(ValueError):
+    """A tracking store that cannot be used as it is; the message is one line: the file, what is wrong, what to do."""
+
+
+_READY: set[Path] = set()  # SQLite stores this process has seen created and migrated: opened again without the lock
+
+
+def open_sqlite(path: Path, uri: str) -> MlflowClient:
+    """A client of a SQLite store, made the first time in this process holding the lock file `<store>.lock`. MLflow
+    creates and migrates a new store's schema the first time it opens it, unguarded: processes opening one new
+    store at once (a sweep and a `fedbench run`, or several runs) each run the migrations, and all but one fail
+    (`table experiments already exists`, `duplicate column name`), possibly leaving the store half-migrated, as
+    SQLite commits each DDL statement of a migration on its own. Under the lock the first process creates the
+    store and the others, once it is done, find it complete."""
+    key = path.resolve()
+    if key in _READY:
+        return MlflowClient(uri)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies holding it
+        refuse_half_migrated(path)
+        client = MlflowClient(uri)
+        # MLflow builds the store, creating or migrating it, when the client is made (MLflow 3) or first used
+        client.search_experiments(max_results=1)
+    _READY.add(key)
+    return client
+
+
+def refuse_half_migrated(path: Path) -> None:
+    """A store whose creation or migration stopped part way (the process was killed, or raced without the lock)
+    fails every later command with errors that do not say so (`table _alembic_tmp_experiments already exists`):
+    refused here, in one line. Its marks: a table Alembic's batch migrations copy through left behind, or MLflow's
+    tables without the version Alembic records once a migration is complete."""
+    if not path.is_file() or path.stat().st_size == 0:  # new: MLflow creates it
+        return
+    with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
+        tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        versioned = "alembic_version" in tables and db.execute("SELECT count(*) FROM alembic_version").fetchone()[0]
+    left = sorted(name for name in tables if name.startswith("_alembic_tmp_"))
+    if left:
+        found = f"table {left[0]} left over"
+    elif "experiments" in tables and not versioned:
+        found = "no schema version"
+    else:
+        return
+    raise StoreError(f"{path}: MLflow store half-migrated ({found}); move it aside (or restore a backup) and run again")
 
 
 def tool_commit() -> str:
@@ -113,7 +161,8 @@ class Store:
         path = sqlite_path(self.uri)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-        self.client = MlflowClient(self.uri)
+        self.client = MlflowClient(self.uri) if path is None else open_sqlite(path, self.uri)
+        self.fast = mlflow_fast.probe(self.client)  # None: MLflow's public API only, for the life of this Store
 
     def folder(self) -> Path:
         """Where files that belong with the store go (Optuna studies, reports): beside a SQLite store, in the
@@ -133,7 +182,13 @@ class Store:
         path = sqlite_path(self.uri)
         # Artifacts next to the database rather than in whatever directory the command ran from.
         location = (path.resolve().parent / "mlartifacts" / name.replace("/", "_")).as_uri() if path else None
-        return self.client.create_experiment(name, artifact_location=location, tags=tags)
+        try:
+            return self.client.create_experiment(name, artifact_location=location, tags=tags)
+        except MlflowException as err:
+            found = self.client.get_experiment_by_name(name)  # made meanwhile by another process, with the tags
+            if err.error_code != "RESOURCE_ALREADY_EXISTS" or found is None:
+                raise
+            return found.experiment_id
 
     def search(self, experiment_id: str, filter_string: str) -> list:
         runs, token = [], None
@@ -256,72 +311,32 @@ class Store:
 
 
     def log_metrics(self, run_id: str, metrics: list[Metric]) -> None:
-        """A run's metrics, as `log_batch` would store them. MLflow's SQL store makes one ORM object per value in
-        `log_batch` (~70 µs each: 0.5 s for a curve of 1000 rounds × 7 keys, 75 CPU-s of the driver in a sweep of
-        150 such runs); into a SQL store (SQLite by default) the same rows go in one executemany, sanitised as
-        MLflow does (NaN stored as 0 with is_nan, ±inf as ±the largest float), and MLflow's own routine then
-        updates the run's latest values, ~6× faster. Elsewhere (a tracking server), or if the database refuses the
-        statement (a schema of another MLflow: the transaction is rolled back whole), `log_batch` in chunks of
-        `BATCH`. `tests/test_tracking.py` holds the two paths to the same stored history."""
+        """A run's metrics, as `log_batch` would store them: into a SQL store (SQLite by default) in one statement
+        (`mlflow_fast`, ~6× faster); elsewhere (a tracking server), with an MLflow whose internals the fast path
+        does not know, or if the database refuses the statement, `log_batch` in chunks of `BATCH`.
+        `tests/test_tracking.py` holds the paths to the same stored history."""
         def public() -> None:
             for part in chunks(metrics, BATCH):
                 self.client.log_batch(run_id, metrics=part)
 
-        self._sql_or(lambda store: self._insert_metrics(store, run_id, metrics), public)
-
-    @staticmethod
-    def _insert_metrics(store: SqlAlchemyStore, run_id: str, metrics: list[Metric]) -> None:
-        """`log_metrics` into a SQL store: one executemany and MLflow's update of the latest values, in one
-        transaction."""
-        rows, latest = {}, {}
-        for metric in metrics:
-            is_nan, value = store.sanitize_metric_value(float(metric.value))
-            row = {"run_uuid": run_id, "key": metric.key, "value": value, "timestamp": int(metric.timestamp),
-                   "step": int(metric.step), "is_nan": is_nan}
-            rows[(metric.key, row["timestamp"], row["step"], value, is_nan)] = row  # a repeated value once
-            order = (row["step"], row["timestamp"], value)  # MLflow's order of recency
-            if metric.key not in latest or order > latest[metric.key][0]:
-                latest[metric.key] = (order, row)
-        if not rows:
-            return
-        writing = {"read_only": False} if "read_only" in inspect.signature(store.ManagedSessionMaker).parameters else {}
-        with store.ManagedSessionMaker(**writing) as session:  # MLflow ≥ 3.1x: sessions read-only unless told
-            store._check_run_is_active(store._get_run(run_uuid=run_id, session=session))
-            session.execute(sqlalchemy.insert(SqlMetric.__table__), list(rows.values()))
-            store._update_latest_metrics_if_necessary([SqlMetric(**row) for _, row in latest.values()], session)
+        self._fast_or(lambda fast: fast.insert_metrics(run_id, metrics), public)
 
     def metric_histories(self, run_ids: list[str], key: str) -> dict[str, list[tuple[int, float]]]:
         """Each run's (step, value) of every stored value of a metric, in MLflow's order (timestamp, step, value),
-        as `get_metric_history` gives them. From a SQL store in one query per 500 runs: MLflow's store reads a
-        run's metric by its key alone (the table's index starts with the key), so a query per run scans every
-        run's values of that key, and `get_metric_history` makes an entity per value besides (together 13 s of
-        the report of 150 runs × 3 curves of 1001 points); from a server, or if the database refuses the query,
-        `get_metric_history` per run."""
-        return self._sql_or(lambda store: self._select_histories(store, run_ids, key),
-                            lambda: {run_id: [(m.step, m.value) for m in self.client.get_metric_history(run_id, key)]
-                                     for run_id in run_ids})
+        as `get_metric_history` gives them: from a SQL store in one query per 500 runs (`mlflow_fast`; a query per
+        run takes 13 s of the report of 150 runs × 3 curves of 1001 points), otherwise `get_metric_history` per
+        run."""
+        return self._fast_or(lambda fast: fast.select_histories(list(run_ids), key),
+                             lambda: {run_id: [(m.step, m.value) for m in self.client.get_metric_history(run_id, key)]
+                                      for run_id in run_ids})
 
-    @staticmethod
-    def _select_histories(store: SqlAlchemyStore, run_ids: list[str], key: str) -> dict[str, list[tuple[int, float]]]:
-        """`metric_histories` from a SQL store."""
-        table, found = SqlMetric.__table__, {run_id: [] for run_id in run_ids}
-        with store.ManagedSessionMaker() as session:
-            for part in chunks(list(run_ids), 500):  # SQLite's limit of parameters in one statement
-                query = (sqlalchemy.select(table.c.run_uuid, table.c.step, table.c.value, table.c.is_nan)
-                         .where(table.c.key == key, table.c.run_uuid.in_(part))
-                         .order_by(table.c.run_uuid, table.c.timestamp, table.c.step, table.c.value))
-                for run_id, step, value, is_nan in session.execute(query):
-                    found[run_id].append((step, math.nan if is_nan else value))
-        return found
-
-    def _sql_or(self, direct: Callable[[SqlAlchemyStore], Any], public: Callable[[], Any]) -> Any:
-        """`direct(store)` on MLflow's store behind the client where it is a SQL database (SQLite by default) that
-        takes the statements; else `public()`, through MLflow's API. A refused statement (MLflow's session wraps
-        the database's errors) is rolled back whole by that session."""
-        store = getattr(getattr(self.client, "_tracking_client", None), "store", None)
-        if isinstance(store, SqlAlchemyStore):
+    def _fast_or(self, direct: Callable[[mlflow_fast.FastPath], Any], public: Callable[[], Any]) -> Any:
+        """`direct(fast path)` where the store has one; else, or where the database refuses the statement (a schema
+        of another MLflow: MLflow's session wraps the database's error and rolls the transaction back whole),
+        `public()`, through MLflow's API."""
+        if self.fast is not None:
             try:
-                return direct(store)
+                return direct(self.fast)
             except MlflowException as error:
                 if not isinstance(error.__cause__, sqlalchemy.exc.SQLAlchemyError):
                     raise

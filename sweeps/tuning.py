@@ -197,9 +197,12 @@ def tune_recipe(recipe: Recipe, algorithms: list[str], overrides: list[str] | No
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
+    from sweeps.relay import Relay
+
     spec = recipe.tune
     seed = recipe.seeds[0] if spec.seed is None else spec.seed
     rerun_best = spec.rerun_best if rerun_best is None else rerun_best
+    recipe.check_builds()  # what building a run would refuse: refused before Ray starts or the store is made
     store = Store(tracking)
     experiment_id = store.experiment(recipe.name)
     storage = study_storage(recipe, store)
@@ -233,43 +236,34 @@ def tune_recipe(recipe: Recipe, algorithms: list[str], overrides: list[str] | No
             results.append(tally)
             runs: dict[str, dict[str, Any]] = {}
 
-            class Relay(tune.Callback):
-                def __reduce__(self):  # Tune pickles its callbacks for restoring, which we never use
-                    return tune.Callback, ()
+            def on_result(trial, result: dict[str, Any]) -> None:
+                run = runs.setdefault(trial.trial_id, {"rows": [], "end": None})
+                if not run["rows"] and "row" in result:
+                    run["device"] = result["device"]
+                    log.started(trial.trial_id, trial.config["trial"], result["time"],
+                                {"study": name, "optuna_trial": str(trial.config["number"]),
+                                 "recipe_hash": recipe.recipe_hash}, role="tune_trial")
+                if "row" in result:
+                    run["rows"].append(result["row"])
+                if result.get("end"):
+                    run["end"] = result
 
-                def on_trial_result(self, iteration, trials, trial, result, **info):
-                    run = runs.setdefault(trial.trial_id, {"rows": [], "end": None})
-                    if not run["rows"] and "row" in result:
-                        run["device"] = result["device"]
-                        log.started(trial.trial_id, trial.config["trial"], result["time"],
-                                    {"study": name, "optuna_trial": str(trial.config["number"]),
-                                     "recipe_hash": recipe.recipe_hash}, role="tune_trial")
-                    if "row" in result:
-                        run["rows"].append(result["row"])
-                    if result.get("end"):
-                        run["end"] = result
-
-                def on_trial_complete(self, iteration, trials, trial, **info):
-                    self.close(trial, None)
-
-                def on_trial_error(self, iteration, trials, trial, **info):
-                    self.close(trial, f"the Ray trial failed: {trial.error_file or 'no error file'}")
-
-                def close(self, trial, error):
-                    run = runs.get(trial.trial_id)
-                    if run is None or not run["rows"]:  # failed before its first evaluation
-                        tally.counts["failed"] += 1
-                        return
-                    end = run["end"] or {}
-                    status = "failed" if error else end.get("status", "pruned")
-                    tally.counts[status] += 1
-                    log.ended(trial.trial_id, {
-                        "rows": run["rows"], "status": status, "device": run.get("device", "cpu"), "error": error,
-                        "train_seconds": end.get("train_seconds", math.nan),
-                        "eval_seconds": end.get("eval_seconds", math.nan),
-                        "wall_seconds": end.get("wall_seconds", math.nan), "end_time": time.time()})
-                    if progress is not None:
-                        progress("update", {"algorithm": algorithm, **tally.counts})
+            def on_end(trial, failed: bool) -> None:
+                run = runs.get(trial.trial_id)
+                if run is None or not run["rows"]:  # failed before its first evaluation
+                    tally.counts["failed"] += 1
+                    return
+                error = f"the Ray trial failed: {trial.error_file or 'no error file'}" if failed else None
+                end = run["end"] or {}
+                status = "failed" if error else end.get("status", "pruned")
+                tally.counts[status] += 1
+                log.ended(trial.trial_id, {
+                    "rows": run["rows"], "status": status, "device": run.get("device", "cpu"), "error": error,
+                    "train_seconds": end.get("train_seconds", math.nan),
+                    "eval_seconds": end.get("eval_seconds", math.nan),
+                    "wall_seconds": end.get("wall_seconds", math.nan), "end_time": time.time()})
+                if progress is not None:
+                    progress("update", {"algorithm": algorithm, **tally.counts})
 
             if progress is not None:
                 progress("algorithm", {"algorithm": algorithm, "trials": spec.trials})
@@ -285,7 +279,7 @@ def tune_recipe(recipe: Recipe, algorithms: list[str], overrides: list[str] | No
                 tune_config=tune.TuneConfig(search_alg=make_searcher(study, recipe, algorithm, seed),
                                             scheduler=scheduler, num_samples=spec.trials, reuse_actors=True,
                                             max_concurrent_trials=slot_count, time_budget_s=spec.timeout_s),
-                run_config=tune.RunConfig(name=f"tune-{algorithm}", verbose=0, callbacks=[Relay()],
+                run_config=tune.RunConfig(name=f"tune-{algorithm}", verbose=0, callbacks=[Relay(on_result, on_end)],
                                           storage_path=scratch, failure_config=tune.FailureConfig(max_failures=0)),
             )
             tuner.fit()

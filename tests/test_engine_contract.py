@@ -126,7 +126,8 @@ class ThreeBatches(FedAvg):
     hparams = (*FedAvg.hparams, Param("second_batch", "int", 4, "size of D2", low=1))
     seen: list
 
-    def minibatches(self):
+    @classmethod
+    def minibatches(cls, hp):
         return (Minibatch("D"), Minibatch("D2", size="second_batch"), Minibatch("D3", same_as="D"))
 
     def client_step(self, local, batches, rnd, hp):
@@ -151,7 +152,7 @@ def test_declared_minibatches_are_drawn_once_each_and_reuse_is_not_a_draw():
     torch.testing.assert_close(problem.gather(rows["D"][0])[0], d.batch[0][0])
     with pytest.raises(AttributeError, match="no minibatch 'E'"):
         _ = sim.sampler.step_batches(sim.sampler.draw(1)[1], 0).E
-    with pytest.raises(ValueError, match="second_batch=30"):  # larger than a client's 20 samples
+    with pytest.raises(ValueError, match="second_batch: found 30"):  # larger than a client's 20 samples
         Simulation(problem, ThreeBatches(problem, second_batch=30), Federation(2, 3, 2, 5), seed=0)
 
 

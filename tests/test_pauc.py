@@ -228,9 +228,9 @@ def test_femnist_errors_name_the_parameter(tmp_path):
         tiny(tmp_path, positive_classes=[0, 1, 2])  # nothing negative
     with pytest.raises(ValueError, match=r"pauc.positive_classes: .* test samples hold no positive"):
         tiny(tmp_path, positive_classes=[2])  # w2's 2s are the only positives; its test sample is a 1
-    with pytest.raises(ValueError, match=r"pauc.clients: 6 clients but the data hold 5 writers"):
+    with pytest.raises(ValueError, match=r"pauc.clients: found 6, expected at most the data's 5 writers"):
         tiny(tmp_path, clients=6)
-    with pytest.raises(ValueError, match=r"pauc.clients: 0 \(one client per writer\) needs data: femnist"):
+    with pytest.raises(ValueError, match=r"pauc.clients: found 0 \(one client per writer\), which needs data: femnist"):
         small(clients=0)
 
 

@@ -66,7 +66,7 @@ def test_zero_alpha_makes_every_variant_fedavg():
 def logistic_batches(algorithm, seed=0):
     """Minibatches of the binary logistic loss f' of seed 003's S1 data (20 clients, d = 15): a loss with a non-zero
     third derivative. The direction reads only the oracles, so the algorithm may be built on another problem."""
-    sampler = RoundSampler(LOGISTIC, Federation(1, 0, 1, 1), seed, algorithm.minibatches(), {"D": 7, "D1": 9, "D2": 11})
+    sampler = RoundSampler(LOGISTIC, Federation(1, 0, 1, 1), seed, algorithm.minibatches(algorithm.hp), {"D": 7, "D1": 9, "D2": 11})
     clients, rows = sampler.draw(1, everyone=True)
     return sampler.step_batches(rows, 0), rows
 

@@ -337,15 +337,15 @@ def test_federation_check_rejects_invalid_settings(federation):
     """(clients_per_round 0 is valid: every client, see below.)"""
     problem = small_lasso()
     with pytest.raises(ValueError):
-        federation.check(problem)
+        federation.check(problem.layout())
     with pytest.raises(ValueError):
         Simulation(problem, fedbench.make_algorithm("fedmid", problem), federation, seed=0)
 
 
 def test_federation_check_accepts_the_boundaries():
     problem = small_lasso()
-    Federation(0, 8, 1, 20).check(problem)
-    Federation(1, 1, 1, 1, aggregation="samples").check(problem)
+    Federation(0, 8, 1, 20).check(problem.layout())
+    Federation(1, 1, 1, 1, aggregation="samples").check(problem.layout())
 
 
 def test_minibatches_are_drawn_without_replacement_within_each_client():

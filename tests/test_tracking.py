@@ -69,16 +69,35 @@ def test_a_statement_the_database_refuses_falls_back_to_log_batch(tmp_path, monk
     """Where the SQL store refuses the insert and the query (here: the table of another MLflow's schema), the
     transaction is rolled back and `log_batch` stores the curve, which `get_metric_history` reads back. (A refusal
     that is not the database's, an inactive run, still raises: the test above.)"""
-    import sweeps.tracking
     from mlflow.store.tracking.dbmodels.models import SqlMetric
 
     store = Store(f"sqlite:///{tmp_path}/mlflow.db")
     run_id = store.client.create_run(store.experiment("curves")).info.run_id
     elsewhere = sqlalchemy.Table("metrics_of_another_schema", sqlalchemy.MetaData(),
                                  *[sqlalchemy.Column(c.name, c.type) for c in SqlMetric.__table__.columns])
-    monkeypatch.setattr(sweeps.tracking, "SqlMetric", type("SqlMetric", (), {"__table__": elsewhere}))
+    monkeypatch.setattr(store.fast, "metric_model", type("SqlMetric", (), {"__table__": elsewhere}))
     store.log_metrics(run_id, [Metric("objective", 1.0, 5, 0), Metric("objective", 0.5, 6, 1)])
     assert store.metric_histories([run_id], "objective")[run_id] == [(0, 1.0), (1, 0.5)]  # read back the same way
     assert store.client.get_run(run_id).data.metrics == {"objective": 0.5}
     monkeypatch.undo()
     assert store.metric_histories([run_id], "objective")[run_id] == [(0, 1.0), (1, 0.5)]
+
+
+def test_an_mlflow_without_an_internal_of_the_fast_path_gets_the_public_api(tracking_uri, monkeypatch):
+    """An MLflow that renamed an internal the fast path uses (here its metric model) is found out when a store
+    opens, and that store goes through `log_batch` and `get_metric_history`, to the same stored values."""
+    import mlflow.store.tracking.dbmodels.models
+
+    metrics = [Metric("objective", 1.0 / (1 + step), 1000 + step, step) for step in range(1500)]
+    metrics += [Metric("gap", math.nan, 5, 0), Metric("gap", math.inf, 6, 1), Metric("gap", 0.5, 7, 1)]
+    fast_store = Store(tracking_uri)
+    experiment = fast_store.experiment("curves")
+    monkeypatch.delattr(mlflow.store.tracking.dbmodels.models, "SqlMetric")
+    store = Store(tracking_uri)
+    assert fast_store.fast is not None and store.fast is None
+    public, fast = (store.client.create_run(experiment).info.run_id for _ in range(2))
+    store.log_metrics(public, metrics)
+    read = store.metric_histories([public], "objective")[public]
+    fast_store.log_metrics(fast, metrics)
+    assert stored(store, public) == stored(fast_store, fast)
+    assert read == fast_store.metric_histories([fast], "objective")[fast] == [(m.step, m.value) for m in metrics[:1500]]

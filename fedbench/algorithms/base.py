@@ -17,7 +17,7 @@ the same for every run of a program. Values derived from the hyperparameters and
 couplings) come from one declared pure function, `derive(hp)`, which the engine evaluates per run and hands in
 with them (`hp.rules.eta`). Reductions over the clients are over axis 1 (`aggregate`, `.mean(1, keepdim=True)`).
 
-`batches` holds one oracle per declared minibatch (`minibatches()`, default one batch `D` of the federation's batch
+`batches` holds one oracle per declared minibatch (`minibatches(hp)`, default one batch `D` of the federation's batch
 size): `batches.D.grad(u)` is ∇f̃(u; D) for every run and client, `.loss`, `.hvp` and the problem's other oracle
 methods too (`fedbench.oracle`); a point with a singleton client axis (`[R, 1, d]`) is every client's.
 
@@ -134,9 +134,16 @@ class Algorithm:
         self.problem = problem
         self.reg = problem.regularizer
         declared = resolve(self.hparams, hyperparameters, self.name)
+        self.check(declared)
         contract.check(self.name, self.requirements(declared), problem.name, problem.capabilities(problem.config))
         self.declared = declared  # the resolved hyperparameters alone (what a batch compares)
         self.hp = HParams({**declared, **self.derive(HParams(declared))})
+
+    @classmethod
+    def check(cls, hp: Mapping[str, Any]) -> None:
+        """Refuse (ParamError) resolved hyperparameters `hp` that no run can have, by rules beyond each parameter's
+        own range (e.g. lists that must agree in length); every instance is checked so, and a recipe's validator
+        checks its configurations so before anything runs."""
 
     @classmethod
     def requirements(cls, hp: Mapping[str, Any]) -> set[str]:
@@ -163,8 +170,10 @@ class Algorithm:
         """The values of `declared_metrics` at one run's state."""
         return {}
 
-    def minibatches(self) -> tuple[Minibatch, ...]:
-        """The minibatches each local step draws (names and sizes); `client_step` gets an oracle per name."""
+    @classmethod
+    def minibatches(cls, hp: Mapping[str, Any]) -> tuple[Minibatch, ...]:
+        """The minibatches each local step draws with resolved hyperparameters `hp` (names and sizes); `client_step`
+        gets an oracle per name."""
         return (Minibatch("D"),)
 
     def round_length(self, local_steps: int, gen: torch.Generator) -> int:

@@ -48,11 +48,11 @@ class L2SGDPlus(Algorithm):
         return {"alpha": theory.eta if hp.eta is None else hp.eta, "prob": prob,
                 "local_divisor": devices * (1 - prob),  # M(1 − p)
                 "pull_gain": lam / (devices * prob),  # λ/(Mp)
-                "psi_gain": (1 / prob - 1) / devices,  # (1/p − 1)/M
-                "samples_per_step": 1}  # the size of minibatch D: one index j per device, the SAGA table's entry
+                "psi_gain": (1 / prob - 1) / devices}  # (1/p − 1)/M
 
-    def minibatches(self):
-        return (Minibatch("D", size="samples_per_step"),)
+    @classmethod
+    def minibatches(cls, hp):
+        return (Minibatch("D", size=1),)  # one index j per device, the SAGA table's entry
 
     def round_length(self, local_steps, gen):
         return coin_flips_to_success(self.hp.prob, gen)

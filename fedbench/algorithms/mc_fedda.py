@@ -19,7 +19,7 @@ import itertools
 
 from fedbench.algorithms.c_fedda import CFedDA
 from fedbench.algorithms.dual_averaging import alpha
-from fedbench.hparams import Param
+from fedbench.hparams import Param, ParamError
 
 
 class MCFedDA(CFedDA):
@@ -32,12 +32,17 @@ class MCFedDA(CFedDA):
               low=0, low_open=True, infinite=True),
     )
 
+    @classmethod
+    def check(cls, hp):
+        stages = len(hp["stage_rounds"])
+        for name in ("stage_lams", "stage_radii"):
+            if len(hp[name]) != stages:
+                raise ParamError(name, f"found {len(hp[name])} stages, expected {stages}, one entry per stage as "
+                                 "stage_rounds has", cls.name)
+        if any(not float(r).is_integer() for r in hp["stage_rounds"]):
+            raise ParamError("stage_rounds", f"found {hp['stage_rounds']}, expected whole numbers of rounds", cls.name)
+
     def derive(self, hp):
-        if not len(hp.stage_rounds) == len(hp.stage_lams) == len(hp.stage_radii):
-            raise ValueError(f"mc_fedda: stage_rounds, stage_lams and stage_radii must have one entry per stage, "
-                             f"found {len(hp.stage_rounds)}, {len(hp.stage_lams)}, {len(hp.stage_radii)}")
-        if any(not float(r).is_integer() for r in hp.stage_rounds):
-            raise ValueError(f"mc_fedda.stage_rounds: expected whole numbers of rounds, found {hp.stage_rounds}")
         return {**super().derive(hp),
                 "stage_starts": list(itertools.accumulate([0] + [int(r) for r in hp.stage_rounds[:-1]])),
                 "stage_regularizers": [self.reg.with_lam(lam) for lam in hp.stage_lams]}

@@ -43,11 +43,12 @@ class PerFedAvg(Algorithm):
     def derive(self, hp):
         return {"hf_scale": hp.alpha / (2 * hp.delta)}  # α/(2δ), the central difference's coefficient
 
-    def minibatches(self):
+    @classmethod
+    def minibatches(cls, hp):
         batches = (Minibatch("D", size="inner_batch"), Minibatch("D1", size="outer_batch"))
-        if self.hp.variant == "fo":
+        if hp["variant"] == "fo":
             return batches
-        third = (Minibatch("D2", same_as="D1") if self.hp.hessian_batch_as_outer
+        third = (Minibatch("D2", same_as="D1") if hp["hessian_batch_as_outer"]
                  else Minibatch("D2", size="hessian_batch"))
         return (*batches, third)
 

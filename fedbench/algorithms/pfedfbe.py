@@ -70,10 +70,11 @@ class PFedFBE(Algorithm):
     def derive(self, hp):
         return {"prox_step": 1 / hp.lam}  # 1/λ, the step of prox_{h/λ}
 
-    def minibatches(self):
-        if self.hp.hvp == "none":
+    @classmethod
+    def minibatches(cls, hp):
+        if hp["hvp"] == "none":
             return (Minibatch("D"),)
-        return (Minibatch("D"), Minibatch("D_hat", same_as="D" if self.hp.hvp_batch == "same" else None))
+        return (Minibatch("D"), Minibatch("D_hat", same_as="D" if hp["hvp_batch"] == "same" else None))
 
     def init_server(self, w0):
         if not self.hp.allow_small_lambda:

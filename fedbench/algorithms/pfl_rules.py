@@ -19,7 +19,7 @@ from fedbench.algorithms.base import Algorithm
 from fedbench.hparams import Param
 
 P_W = Param("p_w", "float", None, "probability of a w-update (a communication); None: 𝓛^w/(𝓛^w+𝓛^β) (Thm 8/9)",
-            low=0, high=1, low_open=True, nullable=True)
+            low=0, high=1, low_open=True, high_open=True, nullable=True)  # the β-steps divide by p_β = 1 − p_w
 ETA = Param("eta", "float", None, "step size η; None: 1/(4𝓛), 𝓛 = 2·max(𝓛^w/p_w, 𝓛^β/p_β) (Thm 8/9)", low=0,
             low_open=True, nullable=True, log=True)
 RHO = Param("rho", "float", None, "probability of refreshing the reference point v; None: p_w/n", low=0, high=1,

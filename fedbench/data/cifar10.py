@@ -8,7 +8,8 @@ Two layouts are read, NumPy only:
   `test_batch`, each a pickled dict with b"data" uint8 [n, 3072] in the same plane order and b"labels".
 
 `load` returns an `ImageSplits` whose x rows are the 3,072 bytes as stored, i.e. a flattened (3, 32, 32)
-image (`x.reshape(-1, *SHAPE)`), and y int64. Every training batch present is read, in the order of its
+image (`x.reshape(-1, *SHAPE)`), and y int64; `load_labels` the labels alone (of the binary version, without
+reading the pixels). Every training batch present is read, in the order of its
 number, then the test batch; a missing or malformed batch raises a ValueError naming the path and what was
 expected.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import pickle
 import re
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -40,6 +42,23 @@ EXPECTED = ("the CIFAR-10 batches data_batch_<k>.bin and test_batch.bin (binary 
 
 def load(folder: str | Path | None = None) -> ImageSplits:
     """CIFAR-10 from `folder` (None: `$FEDBENCH_DATA/cifar10`; a relative folder is taken under the data root)."""
+    read, numbered, test = batches(folder)
+    train = [read(path) for path in numbered]
+    x_test, y_test = read(test)
+    return ImageSplits(np.concatenate([x for x, _ in train]), np.concatenate([y for _, y in train]),
+                       np.ascontiguousarray(x_test), y_test)
+
+
+def load_labels(folder: str | Path | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The (training, test) labels of `folder` as `load` reads them: of the binary version the label bytes alone
+    (the pixels are not read); the python version's batches are read whole."""
+    read, numbered, test = batches(folder)
+    label = read_bin_labels if read is read_bin else (lambda path: read_pickle(path)[1])
+    return np.concatenate([label(path) for path in numbered]), label(test)
+
+
+def batches(folder: str | Path | None) -> tuple[Callable[[Path], tuple[np.ndarray, np.ndarray]], list[Path], Path]:
+    """(the reader of the layout found, the training batches in the order of their numbers, the test batch)."""
     folder = resolve(folder)
     if not folder.is_dir():
         raise ValueError(f"{folder}: no such folder; expected one holding {EXPECTED}")
@@ -58,11 +77,7 @@ def load(folder: str | Path | None = None) -> ImageSplits:
             if not test.is_file():
                 raise ValueError(f"{candidate}: training batches but no {test_name}; expected the test batch "
                                  "beside them")
-            read = read_bin if layout == "bin" else read_pickle
-            train = [read(path) for _, path in numbered]
-            x_test, y_test = read(test)
-            return ImageSplits(np.concatenate([x for x, _ in train]), np.concatenate([y for _, y in train]),
-                               np.ascontiguousarray(x_test), y_test)
+            return read_bin if layout == "bin" else read_pickle, [path for _, path in numbered], test
     raise ValueError(f"{folder}: no CIFAR-10 batches found; expected {EXPECTED}")
 
 
@@ -73,12 +88,21 @@ def resolve(folder: str | Path | None) -> Path:
 
 def read_bin(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """Pixels [n, 3072] uint8 and labels [n] int64 of one batch of the binary version."""
-    data = np.fromfile(path, np.uint8)
+    records = bin_records(path, np.fromfile(path, np.uint8))
+    return records[:, 1:], checked_labels(path, records[:, 0])
+
+
+def read_bin_labels(path: Path) -> np.ndarray:
+    """The labels [n] int64 of one batch of the binary version, its pixels mapped but never read."""
+    mapped = np.memmap(path, np.uint8, mode="r") if path.stat().st_size else np.empty(0, np.uint8)  # none to map
+    return checked_labels(path, bin_records(path, mapped)[:, 0])
+
+
+def bin_records(path: Path, data: np.ndarray) -> np.ndarray:
     if data.size == 0 or data.size % RECORD:
         raise ValueError(f"{path}: {data.size} bytes, not a positive multiple of {RECORD}; expected records of "
                          f"1 label byte and {PIXELS} pixel bytes (CIFAR-10 binary version)")
-    records = data.reshape(-1, RECORD)
-    return records[:, 1:], checked_labels(path, records[:, 0])
+    return data.reshape(-1, RECORD)
 
 
 def read_pickle(path: Path) -> tuple[np.ndarray, np.ndarray]:

@@ -11,10 +11,13 @@ Formats (spec 002 §5.5), each read into one `WriterImages`:
 `select_clients` then applies the released `process_femnist.py` (spec 002 §3.3). Intensities are kept
 as stored (background ≈ 1, spec 002 §1.4); float pixels that are exact grey levels k/255 (LEAF, TFF)
 are stored as uint8 k, a quarter of the memory. Any missing or malformed input raises a ValueError
-that names the path and what was expected.
+that names the path and what was expected. `load_index` reads the labels, writers and split alone (no images),
+what checking a problem's partition before building it needs.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import os
 import zipfile
@@ -55,7 +58,7 @@ SOURCE_PARAMS = (
 class WriterImages:
     """What every loader returns: all samples, writer by writer."""
 
-    x: np.ndarray  # [N, 784] uint8 (intensity x/255) or float32 (intensity x)
+    x: np.ndarray | None  # [N, 784] uint8 (intensity x/255) or float32 (intensity x); None: the index alone
     y: np.ndarray  # [N] int64 labels in [0, 62)
     offsets: np.ndarray  # [W+1] int64: writer k's samples are rows offsets[k]:offsets[k+1]
     is_test: np.ndarray  # [N] bool
@@ -76,10 +79,10 @@ class Clients:
     """The kept writers' train and test samples, each split contiguous per writer (spec 002 §3.3)."""
 
     writer_ids: np.ndarray  # [K]
-    x_train: np.ndarray  # [N_train, 784], dtype as WriterImages.x
+    x_train: np.ndarray | None  # [N_train, 784], dtype as WriterImages.x (None, as x_test, from an index alone)
     y_train: np.ndarray  # [N_train] int64
     train_sizes: np.ndarray  # [K] int64, all >= min_train
-    x_test: np.ndarray
+    x_test: np.ndarray | None
     y_test: np.ndarray
     test_sizes: np.ndarray  # [K] int64, all >= min_test
 
@@ -110,18 +113,41 @@ def resolve_path(source: str, path: str | None = None, data_dir: str | None = No
 def load(source: str, path: str | None = None, data_dir: str | None = None, classes: int = LABELS,
          writers_fraction: float = 0.1) -> WriterImages:
     """Read `source` (one of SOURCES) from `path` / the data root; `classes` picks the TFF file pair."""
+    return read(source, resolve_path(source, path, data_dir), classes, writers_fraction)
+
+
+def load_index(source: str, path: str | None = None, data_dir: str | None = None, classes: int = LABELS,
+               writers_fraction: float = 0.1) -> WriterImages:
+    """What `load` reads but the images (`x` None): the npz files' labels, writer offsets and split, their images
+    never decompressed; TFF and LEAF files hold no index apart from the images, and are read whole."""
     location = resolve_path(source, path, data_dir)
+    if source in ("tff", "leaf") or not location.is_file():
+        return read(source, location, classes, writers_fraction, pixels=False)
+    stat = location.stat()
+    return _npz_index(location, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=4)  # the problem configs of a recipe mostly share one file; a changed file is read anew
+def _npz_index(location: Path, mtime_ns: int, size: int) -> WriterImages:
+    return load_npz(location, pixels=False)
+
+
+def read(source: str, location: Path, classes: int, writers_fraction: float, pixels: bool = True) -> WriterImages:
+    """`source`'s file or folder `location` in its format; without `pixels`, the index alone (`x` None)."""
     if source == "tff":
-        return load_tff(location, classes, writers_fraction)
-    if source == "leaf":
-        return load_leaf(location)
-    return load_npz(location)
+        images = load_tff(location, classes, writers_fraction)
+    elif source == "leaf":
+        images = load_leaf(location)
+    else:
+        return load_npz(location, pixels)
+    return images if pixels else dataclasses.replace(images, x=None)
 
 
 # -- the three formats ---------------------------------------------------------------------------------------
 
-def load_npz(path: str | Path) -> WriterImages:
-    """The shipped npz files; `writer_ids` is optional (default: the writer indices)."""
+def load_npz(path: str | Path, pixels: bool = True) -> WriterImages:
+    """The shipped npz files; `writer_ids` is optional (default: the writer indices). Without `pixels`, the index
+    alone (`x` None, not decompressed)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: no such file; expected {NPZ_EXPECTED}")
@@ -130,14 +156,15 @@ def load_npz(path: str | Path) -> WriterImages:
     try:
         with np.load(path) as archive:  # allow_pickle stays False: object arrays are refused
             missing = [key for key in NPZ_KEYS if key not in archive.files]
-            arrays = {key: archive[key] for key in (*NPZ_KEYS, "writer_ids") if key in archive.files}
+            arrays = {key: archive[key] for key in (*NPZ_KEYS, "writer_ids")
+                      if key in archive.files and (pixels or key != "x")}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as err:
         raise ValueError(f"{path}: expected {NPZ_EXPECTED}; cannot read it ({err})") from None
     if missing:
         raise ValueError(f"{path}: expected {NPZ_EXPECTED}; missing {', '.join(missing)}")
     offsets = arrays["writer_offsets"]
     ids = arrays.get("writer_ids", np.arange(max(offsets.size - 1, 0)).astype(str))
-    return _checked(path, NPZ_EXPECTED, arrays["x"], arrays["y"], offsets, arrays["is_test"], ids)
+    return _checked(path, NPZ_EXPECTED, arrays.get("x"), arrays["y"], offsets, arrays["is_test"], ids)
 
 
 def tff_files(path: str | Path, classes: int = LABELS) -> tuple[Path, Path]:
@@ -201,20 +228,22 @@ def select_clients(data: WriterImages, classes: int, min_train: int = 10, min_te
     kept = (n_train >= min_train) & (n_test >= min_test)
     train &= kept[writer]
     test &= kept[writer]
-    return Clients(data.writer_ids[kept], data.x[train], data.y[train], n_train[kept],
-                   data.x[test], data.y[test], n_test[kept])
+    x_train, x_test = (None, None) if data.x is None else (data.x[train], data.x[test])
+    return Clients(data.writer_ids[kept], x_train, data.y[train], n_train[kept], x_test, data.y[test], n_test[kept])
 
 
 # -- helpers -------------------------------------------------------------------------------------------------
 
 def _checked(path: Path, expected: str, x, y, offsets, is_test, writer_ids) -> WriterImages:
-    """WriterImages from arrays whose shapes, dtypes and ranges are checked against each other."""
+    """WriterImages from arrays whose shapes, dtypes and ranges are checked against each other (`x` None: the
+    index alone)."""
     def fail(found: str):
         raise ValueError(f"{path}: expected {expected}; {found}")
 
-    if x.ndim != 2 or x.shape[1] != PIXELS or not (x.dtype == np.uint8 or np.issubdtype(x.dtype, np.floating)):
+    if x is not None and (x.ndim != 2 or x.shape[1] != PIXELS
+                          or not (x.dtype == np.uint8 or np.issubdtype(x.dtype, np.floating))):
         fail(f"x is {x.dtype} {list(x.shape)}, expected uint8 or float [N, {PIXELS}]")
-    n = len(x)
+    n = len(y) if x is None else len(x)
     if y.shape != (n,) or not np.issubdtype(y.dtype, np.integer):
         fail(f"y is {y.dtype} {list(y.shape)}, expected integers [{n}]")
     if n and (y.min() < 0 or y.max() >= LABELS):

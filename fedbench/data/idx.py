@@ -27,10 +27,7 @@ class ImageSplits:
 
 
 def load_folder(folder: str | Path) -> ImageSplits:
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise ValueError(f"{folder}: no such folder; expected one holding the four IDX files "
-                         f"{', '.join(f'{p}-{{images-idx3,labels-idx1}}-ubyte[.gz]' for p in SPLITS.values())}")
+    folder = existing(folder)
     parts = {}
     for split, prefix in SPLITS.items():
         images = read(find(folder, f"{prefix}-images-idx3-ubyte"), IMAGES_MAGIC)
@@ -39,6 +36,19 @@ def load_folder(folder: str | Path) -> ImageSplits:
             raise ValueError(f"{folder}: {prefix} has {len(images)} images but {len(labels)} labels")
         parts[split] = images.reshape(len(images), -1), labels.astype(np.int64)
     return ImageSplits(*parts["train"], *parts["test"])
+
+
+def train_labels(folder: str | Path) -> np.ndarray:
+    """The training split's labels `[n]` int64 alone (its images are not read): what partitions of the pool need."""
+    return read(find(existing(folder), f"{SPLITS['train']}-labels-idx1-ubyte"), LABELS_MAGIC).astype(np.int64)
+
+
+def existing(folder: str | Path) -> Path:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"{folder}: no such folder; expected one holding the four IDX files "
+                         f"{', '.join(f'{p}-{{images-idx3,labels-idx1}}-ubyte[.gz]' for p in SPLITS.values())}")
+    return folder
 
 
 def find(folder: Path, name: str) -> Path:

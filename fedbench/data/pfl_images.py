@@ -58,15 +58,27 @@ def load_pool(source: str, path: str | None = None) -> tuple[np.ndarray, np.ndar
     "fashion-mnist" (default folder fashion-mnist/), "idx" (the folder `path`, required) or "digits" (default
     file femnist/femnist_full.npz). A relative `path` is taken under the data root (FEDBENCH_DATA), as for
     every FEMNIST source."""
-    if source not in SOURCES:
-        raise ValueError(f"unknown image source {source!r}; expected one of {' | '.join(SOURCES)}")
     if source == "digits":
         return _digits(path)
+    splits = idx.load_folder(_idx_folder(source, path))
+    return splits.x_train, splits.y_train
+
+
+def pool_labels(source: str, path: str | None = None) -> np.ndarray:
+    """The labels [N] of `load_pool`'s pool, without reading its images."""
+    if source == "digits":
+        labels = femnist.load_index("full", path).y
+        return labels[labels < CLASSES]
+    return idx.train_labels(_idx_folder(source, path))
+
+
+def _idx_folder(source: str, path: str | None) -> Path:
+    if source not in SOURCES:
+        raise ValueError(f"unknown image source {source!r}; expected one of {' | '.join(SOURCES)}")
     if path is None and source == "idx":
         raise ValueError("source 'idx' needs path: a folder holding the four IDX files of an MNIST-format dataset")
     folder = Path(path or "fashion-mnist").expanduser()
-    splits = idx.load_folder(folder if folder.is_absolute() else femnist.data_root() / folder)
-    return splits.x_train, splits.y_train
+    return folder if folder.is_absolute() else femnist.data_root() / folder
 
 
 def _digits(path: str | None) -> tuple[np.ndarray, np.ndarray]:
@@ -98,6 +110,22 @@ def device_split(x: np.ndarray, y: np.ndarray, devices: int = 20, classes: int =
     `y` [N] (module docstring). Normalisation "code" needs the pool's `dataset_mean`, `dataset_std` (of
     pixel/255; SCALAR_STATS)."""
     _check_arguments(x, y, devices, classes, train, test, selection, normalization, dataset_mean, dataset_std)
+    draws, rows = device_rows(y, devices, classes, train, test, label_draw, selection, seed)
+    features = x[rows].astype(np.float64)
+    if normalization == "code":
+        # ToTensor then Normalize; the std cancels in the row scaling below but is kept to be the code's features.
+        features = (features / 255.0 - dataset_mean) / dataset_std
+        x_train, x_test = features[:, :train], features[:, train:]
+    else:
+        x_train, x_test = _standardized(features[:, :train], features[:, train:])
+    return DeviceImages(_unit_rows(x_train), y[rows[:, :train]], _unit_rows(x_test), y[rows[:, train:]],
+                        [np.unique(drawn) for drawn in draws], rows[:, :train], rows[:, train:])
+
+
+def device_rows(y: np.ndarray, devices: int, classes: int, train: int, test: int, label_draw: str = "code",
+                selection: str = "code", seed: int = 111) -> tuple[np.ndarray, np.ndarray]:
+    """(each device's label draws [M, K], its pool rows [M, train + test]) for a pool of labels `y` (module
+    docstring): all `device_split` needs of the pool but its images."""
     rng = np.random.RandomState(seed)
     draws = draw_labels(rng, devices, classes, label_draw)
     need = train + test
@@ -108,15 +136,7 @@ def device_split(x: np.ndarray, y: np.ndarray, devices: int = 20, classes: int =
             raise ValueError(f"device {m} (classes {sorted(set(drawn.tolist()))}): the pool holds {len(candidates)} "
                              f"images of its classes, fewer than train + test = {need}")
         rows[m] = candidates[:need] if selection == "code" else rng.choice(candidates, size=need, replace=False)
-    features = x[rows].astype(np.float64)
-    if normalization == "code":
-        # ToTensor then Normalize; the std cancels in the row scaling below but is kept to be the code's features.
-        features = (features / 255.0 - dataset_mean) / dataset_std
-        x_train, x_test = features[:, :train], features[:, train:]
-    else:
-        x_train, x_test = _standardized(features[:, :train], features[:, train:])
-    return DeviceImages(_unit_rows(x_train), y[rows[:, :train]], _unit_rows(x_test), y[rows[:, train:]],
-                        [np.unique(drawn) for drawn in draws], rows[:, :train], rows[:, train:])
+    return draws, rows
 
 
 def _check_arguments(x, y, devices, classes, train, test, selection, normalization, dataset_mean, dataset_std):

@@ -28,9 +28,10 @@ import torch
 from torch import Tensor
 
 from fedbench.data import cifar10, pfl_images
-from fedbench.hparams import Param
+from fedbench.hparams import Param, ParamError
 from fedbench.metrics import Metric
 from fedbench.models import MLP
+from fedbench.problems.base import Layout
 from fedbench.problems.classification import ImageClassification
 from fedbench.prox import NoRegularizer
 from fedbench.rng import generator
@@ -43,7 +44,8 @@ def class_counts(users: int, a: int, heterogeneity: str) -> np.ndarray:
     """[users, 10] images per label: type A users a of each first-five label; type-B group j (of five) a/2 of label
     j (none with `diff`) and 2a of label j + 5."""
     if users % (2 * FIRST):
-        raise ValueError(f"users must be a multiple of {2 * FIRST} (two types, five type-B groups), found {users}")
+        raise ParamError("users", f"found {users}, expected a multiple of {2 * FIRST} (two types, five type-B groups)",
+                         "ab_users")
     counts = np.zeros((users, CLASSES), dtype=np.int64)
     half = users // 2
     counts[:half, :FIRST] = a
@@ -54,9 +56,22 @@ def class_counts(users: int, a: int, heterogeneity: str) -> np.ndarray:
     return counts
 
 
+def check_pool(labels: np.ndarray, counts: list[np.ndarray], field: str) -> None:
+    """ParamError of `field` where the pool of `labels` holds fewer images of a label than the count tables
+    `[users, 10]` deal out in all."""
+    have = np.bincount(labels, minlength=CLASSES)
+    need = sum(table.sum(0) for table in counts)
+    short = np.flatnonzero(need > have)
+    if len(short):
+        label = int(short[0])
+        raise ParamError(field, f"label {label}: the pool holds {have[label]} images, the partition needs {need[label]}",
+                         "ab_users")
+
+
 def deal(labels: np.ndarray, counts: list[np.ndarray], rng: np.random.Generator) -> list[list[np.ndarray]]:
     """Rows of `labels` dealt without replacement: for every count table `[users, 10]` in turn, each user's rows
-    (label by label, then shuffled), every label's rows taken in one random order."""
+    (label by label, then shuffled), every label's rows taken in one random order. The pool must hold them all
+    (`check_pool`)."""
     order = {label: rng.permutation(np.flatnonzero(labels == label)) for label in range(CLASSES)}
     taken = dict.fromkeys(order, 0)
     dealt = []
@@ -64,9 +79,6 @@ def deal(labels: np.ndarray, counts: list[np.ndarray], rng: np.random.Generator)
         per_user = [[] for _ in table]
         for label in range(CLASSES):
             need = int(table[:, label].sum())
-            if taken[label] + need > len(order[label]):
-                raise ValueError(f"label {label}: the pool holds {len(order[label])} images, the partition needs "
-                                 f"{taken[label] + need}")
             pieces = np.split(order[label][taken[label]: taken[label] + need], np.cumsum(table[:, label])[:-1])
             taken[label] += need
             for user, piece in enumerate(pieces):
@@ -111,14 +123,31 @@ class ABUsers(ImageClassification):
                 Metric("train_loss", "training cross-entropy (pooled)", "min"))
 
     @classmethod
+    def tables(cls, config) -> tuple[np.ndarray, np.ndarray]:
+        """The users' images per label `[users, 10]` of the training and of the test data."""
+        a, a_test = (config["a"] or PAPER_A[config["dataset"]][0]), (config["a_test"] or PAPER_A[config["dataset"]][1])
+        return (class_counts(config["users"], a, config["heterogeneity"]),
+                class_counts(config["users"], a_test, config["heterogeneity"]))
+
+    @classmethod
+    def declared_layout(cls, config, read_data=False):
+        train, test = cls.tables(config)
+        if read_data and config["dataset"] == "digits":  # one pool, training shards dealt first
+            check_pool(cls.read_index(config, pfl_images.pool_labels, "digits", config["path"]), [train, test], "a")
+        elif read_data:
+            train_labels, test_labels = cls.read_index(config, cifar10.load_labels, config["path"])
+            check_pool(train_labels, [train], "a")
+            check_pool(test_labels, [test], "a_test")
+        return Layout(config["users"], int(train.sum(1).min()))
+
+    @classmethod
     def shared_by_seeds(cls, config):
         return False  # the evaluation's adaptation batches follow the trial seed
 
     def __init__(self, config: dict[str, Any], seed: int, device="cpu"):
         super().__init__(config, seed, device)
-        a, a_test = (config["a"] or PAPER_A[config["dataset"]][0]), (config["a_test"] or PAPER_A[config["dataset"]][1])
-        train_counts = class_counts(config["users"], a, config["heterogeneity"])
-        test_counts = class_counts(config["users"], a_test, config["heterogeneity"])
+        self.declared_layout(config, read_data=True)  # refuses a partition the pools cannot give, by their labels
+        train_counts, test_counts = self.tables(config)
         rng = np.random.default_rng(int(torch.randint(2**63 - 1, (1,), generator=generator(self.data_seed, "data"))))
         if config["dataset"] == "digits":
             x, y = pfl_images.load_pool("digits", config["path"])

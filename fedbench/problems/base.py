@@ -9,7 +9,8 @@ minibatch gradients (`fedbench.contract`). Parameters are flat vectors `[d]`; a 
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -17,12 +18,24 @@ from torch import Tensor
 from torch.func import grad as func_grad
 from torch.func import vmap
 
-from fedbench.hparams import Param, resolve
+from fedbench.hparams import Param, ParamError, resolve
 from fedbench.metrics import Metric
 from fedbench.oracle import Oracle
 from fedbench.prox import Regularizer
 
 FULL_DATA_CHUNK = 2**24  # elements of gathered features per chunk of clients in full-data oracles
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The clients a problem instance has, as far as they are known: how many, and how many training samples the
+    smallest holds where that bounds a minibatch (None: not known, or no bound, for problems that cap a batch at
+    a client's samples), and the config field that sets that number, if one does. What `Federation.check` checks a
+    federation against."""
+    clients: int | None
+    smallest: int | None = None
+    smallest_field: str | None = None  # e.g. samples_per_client
 
 
 class Problem:
@@ -48,6 +61,7 @@ class Problem:
     client_weights: Tensor  # [N] π_k of the global objective Σ π_k L_k + h, summing to 1
 
     def __init__(self, config: dict[str, Any], seed: int, device: str | torch.device = "cpu"):
+        self.check(config)
         self.config = config
         self.seed = seed
         self.data_seed = seed if config.get("data_seed") is None else config["data_seed"]
@@ -67,6 +81,34 @@ class Problem:
         """The number of clients a resolved config makes, where it is known without building the problem
         (synthetic data), so that a recipe is checked before anything runs; None where it is not."""
         return config.get("clients")
+
+    @classmethod
+    def check(cls, config: dict[str, Any]) -> None:
+        """Refuse (ParamError) a resolved config that the problem cannot be built with, by rules that need the
+        config alone; every instance is checked so, and a recipe's validator checks its configs so before anything
+        runs. Rules that need the data go in `declared_layout`."""
+
+    @classmethod
+    def declared_layout(cls, config: dict[str, Any], read_data: bool = False) -> Layout:
+        """The clients a checked config makes, without building the problem: from the config alone, and with
+        `read_data` also from the index of the data (labels, writers' sample counts; never the images), where the
+        problem reads files. Reading them also refuses (ParamError) what building would refuse on those data: a
+        missing file, a partition the data cannot give."""
+        return Layout(cls.declared_clients(config))
+
+    def layout(self) -> Layout:
+        """The clients of this instance."""
+        return Layout(self.num_clients, None if self.caps_batches else int(self.client_sizes_cpu.min()))
+
+    @classmethod
+    def read_index(cls, config: dict[str, Any], read: Callable[..., T], *args: Any) -> T:
+        """`read(*args)`, a loader of the index of the config's data files, its refusal (a missing or malformed
+        file, named in the message) a ParamError of the field that chose the files."""
+        try:
+            return read(*args)
+        except ValueError as err:
+            field = "path" if config.get("path") is not None or "data_dir" not in config else "data_dir"
+            raise ParamError(field, str(err), cls.name) from None
 
     @classmethod
     def capabilities(cls, config: dict[str, Any]) -> set[str]:

@@ -70,9 +70,10 @@ import torch
 from torch import Tensor
 
 from fedbench.data import femnist
-from fedbench.hparams import Param
+from fedbench.hparams import Param, ParamError
 from fedbench.metrics import Metric
 from fedbench.models import MLP
+from fedbench.problems.base import Layout
 from fedbench.problems.classification import EVAL_CHUNK, ImageClassification
 from fedbench.prox import GroupL2
 from fedbench.rng import generator
@@ -104,17 +105,36 @@ def client_labels(clients: int, labels_per_client: int) -> np.ndarray:
     return (np.arange(clients)[:, None] + np.arange(labels_per_client)) % CLASSES
 
 
-def pfedme_counts(available: np.ndarray, clients: int, labels_per_client: int, rng: np.random.Generator) -> np.ndarray:
-    """[N, labels_per_client] images each (client, label) pair gets from pools of `available` images per label,
-    by pFedMe's allocation (see the module docstring)."""
+def first_images(available: np.ndarray, clients: int, labels_per_client: int,
+                 per_label: int | None = None) -> np.ndarray:
+    """[10] images each digit's (client, label) pairs take first; ParamError where a pool of `available` images (of
+    the digit, capped at `per_label`) cannot give them."""
     labels = client_labels(clients, labels_per_client)
     first = FIRST_PER_PAIR * np.bincount(labels.ravel(), minlength=CLASSES)
     short = np.flatnonzero(first > available)
     if len(short):
         digit = int(short[0])
-        raise ValueError(f"digits: digit {digit} has {available[digit]} images, fewer than the {first[digit]} its "
-                         f"{first[digit] // FIRST_PER_PAIR} (client, label) pairs take first; lower clients or "
-                         "labels_per_client, or raise per_label")
+        pairs = (f"the {first[digit]} images digit {digit}'s {first[digit] // FIRST_PER_PAIR} (client, label) pairs "
+                 "take first")
+        if per_label is not None and per_label < first[digit]:
+            raise ParamError("per_label", f"found {per_label}, expected at least {first[digit]}, {pairs}", "digits")
+        raise ParamError("clients", f"found {clients}: digit {digit} has {available[digit]} images, fewer than {pairs}",
+                         "digits")
+    return first
+
+
+def pool_sizes(labels: np.ndarray, per_label: int | None) -> np.ndarray:
+    """[10] images of each digit's pool: the digits among `labels`, capped at `per_label` (None: no cap)."""
+    counts = np.bincount(labels[labels < CLASSES], minlength=CLASSES)
+    return counts if per_label is None else np.minimum(counts, per_label)
+
+
+def pfedme_counts(available: np.ndarray, clients: int, labels_per_client: int, rng: np.random.Generator,
+                  per_label: int | None = None) -> np.ndarray:
+    """[N, labels_per_client] images each (client, label) pair gets from pools of `available` images per label
+    (capped at `per_label`), by pFedMe's allocation (see the module docstring)."""
+    labels = client_labels(clients, labels_per_client)
+    first = first_images(available, clients, labels_per_client, per_label)
     shares = rng.lognormal(0.0, LOGNORMAL_SIGMA, (CLASSES, clients, labels_per_client))
     shares *= (available - clients)[:, None, None] / shares.sum((1, 2), keepdims=True)
     rows = np.arange(clients) // max(1, clients // CLASSES)
@@ -158,7 +178,7 @@ def build_clients(images: femnist.WriterImages, config: dict[str, Any], rng: np.
     level_scale = 255.0 / femnist.white(images.x)
     mean, std = pixel_statistics(images.x[np.concatenate(pools)], level_scale)
     counts = pfedme_counts(np.array([len(pool) for pool in pools]), config["clients"],
-                           config["labels_per_client"], rng)
+                           config["labels_per_client"], rng, config["per_label"])
     labels = client_labels(config["clients"], config["labels_per_client"])
     # Pair (u, j) deals the next counts[u, j] images of its label's pool, pairs in (u, j) order.
     ends = np.zeros_like(counts)
@@ -221,6 +241,15 @@ class Digits(ImageClassification):
         Param("data_seed", "int", None, "seed of the data (None: the trial's seed)", low=0, nullable=True),
     )
     presets = {"pfedfbe2023": {}}
+
+    @classmethod
+    def declared_layout(cls, config, read_data=False):
+        if read_data:
+            index = cls.read_index(config, femnist.load_index, config["source"], config["path"], config["data_dir"],
+                                   CLASSES, config["writers_fraction"])
+            first_images(pool_sizes(index.y, config["per_label"]), config["clients"], config["labels_per_client"],
+                         config["per_label"])
+        return Layout(config["clients"])
 
     @classmethod
     def metrics(cls, config):

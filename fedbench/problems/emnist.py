@@ -33,10 +33,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedbench.data import femnist
-from fedbench.hparams import Param
+from fedbench.hparams import Param, ParamError
 from fedbench.metrics import Metric
 from fedbench.models import MLP, own_data_scores
-from fedbench.problems.base import Problem
+from fedbench.problems.base import Layout, Problem
 from fedbench.prox import L1
 
 EVAL_CHUNK = 8192  # samples per evaluation matmul: ~26 MB of float32 features, whatever the data size
@@ -75,18 +75,31 @@ class EMNIST(Problem):
     def personal_metrics(cls, config):
         return LOSS_AND_ACCURACY
 
+    @classmethod
+    def declared_layout(cls, config, read_data=False):
+        if not read_data:
+            return Layout(None)
+        index = cls.read_index(config, femnist.load_index, config["source"], config["path"], config["data_dir"],
+                               config["classes"], config["writers_fraction"])
+        return Layout(len(cls.select(config, index).writer_ids))
+
+    @staticmethod
+    def select(config: dict[str, Any], images: femnist.WriterImages) -> femnist.Clients:
+        """The writers that are clients (`femnist.select_clients`), of the images or of their index alone."""
+        clients = femnist.select_clients(images, config["classes"], config["min_train"], config["min_test"])
+        if not len(clients.writer_ids):
+            raise ParamError("min_train", f"no writer has {config['min_train']}+ train and {config['min_test']}+ test "
+                             f"samples with labels below {config['classes']}", "emnist")
+        if not clients.test_sizes.sum():
+            raise ParamError("min_test", "the kept writers have no test sample (min_test = 0); the test metrics "
+                             "need one", "emnist")
+        return clients
+
     def __init__(self, config: dict[str, Any], seed: int, device="cpu"):
         super().__init__(config, seed, device)
         self.classes = config["classes"]
-        clients = femnist.select_clients(
-            femnist.load(config["source"], config["path"], config["data_dir"], self.classes,
-                         config["writers_fraction"]),
-            self.classes, config["min_train"], config["min_test"])
-        if not len(clients.writer_ids):
-            raise ValueError(f"emnist: no writer has {config['min_train']}+ train and {config['min_test']}+ test "
-                             f"samples with labels below {self.classes}")
-        if not clients.test_sizes.sum():
-            raise ValueError("emnist: the kept writers have no test sample (min_test = 0); the test metrics need one")
+        clients = self.select(config, femnist.load(config["source"], config["path"], config["data_dir"],
+                                                   self.classes, config["writers_fraction"]))
         self.writer_ids = clients.writer_ids
         self.feature_dim = femnist.PIXELS * self.classes
         self.model = MLP((femnist.PIXELS, self.classes), bias=config["bias"])

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fedbench.hparams import Param
+from fedbench.hparams import Param, ParamError
 from fedbench.metrics import Metric
 from fedbench.problems.least_squares import COMMON_PARAMS, LeastSquares
 from fedbench.prox import L1
@@ -54,9 +54,16 @@ class Lasso(LeastSquares):
                 Metric("density", "fraction of non-zero coordinates"),
                 Metric("support_accuracy", "support accuracy (zero/non-zero coordinates right)", "max"))
 
+    @classmethod
+    def check(cls, config):
+        dim, support, extra = config["dim"], config["support"], config["personal_support"]
+        if support > dim:
+            raise ParamError("support", f"found {support}, expected at most dim = {dim}", cls.name)
+        if support + extra > dim:
+            raise ParamError("personal_support", f"found {extra} with support {support}, expected at most "
+                             f"dim - support = {dim - support}", cls.name)
+
     def __init__(self, config, seed, device="cpu"):
-        if config["support"] + config["personal_support"] > config["dim"]:
-            raise ValueError("lasso: support + personal_support must not exceed dim")
         self.feature_dim = config["dim"]
         self.ar_rho = config["ar_rho"]
         super().__init__(config, seed, device)

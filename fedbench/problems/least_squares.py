@@ -20,7 +20,7 @@ from torch import Tensor
 
 from fedbench.hparams import Param
 from fedbench.metrics import Metric
-from fedbench.problems.base import Problem
+from fedbench.problems.base import Layout, Problem
 from fedbench.prox import Regularizer
 from fedbench.rng import generator
 
@@ -47,6 +47,10 @@ class LeastSquares(Problem):
     feature_dim: int  # penalized coordinates (the intercept, if any, comes after)
     provides = frozenset({"hvp", "exact_hvp", "full_data", "personal_evaluation", "norm_ball"})
     recovery: tuple[Metric, ...]  # the subclass's recovery metrics, as `recovery_metrics` returns them
+
+    @classmethod
+    def declared_layout(cls, config, read_data=False):
+        return Layout(config["clients"], config["samples_per_client"], "samples_per_client")
 
     @classmethod
     def metrics(cls, config):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fedbench.hparams import Param
+from fedbench.hparams import Param, ParamError
 from fedbench.metrics import Metric
 from fedbench.problems.least_squares import COMMON_PARAMS, LeastSquares
 from fedbench.prox import Nuclear
@@ -48,10 +48,16 @@ class LowRank(LeastSquares):
     recovery = (Metric("fro_error", "Frobenius error ‖W − W*‖_F", "min"),
                 Metric("op_error", "operator-norm error ‖W − W*‖₂", "min"), Metric("rank", "numerical rank of W"))
 
+    @classmethod
+    def check(cls, config):
+        size, rank = min(config["rows"], config["cols"]), config["rank"]
+        if rank + (config["personal_value"] != 0) > size:
+            personal = " and the personal entry beyond it (personal_value is not 0)" if rank <= size else ""
+            raise ParamError("rank", f"found {rank}{personal}, expected at most min(rows, cols) = {size} diagonal "
+                             "entries", cls.name)
+
     def __init__(self, config, seed, device="cpu"):
         self.shape = (config["rows"], config["cols"])
-        if config["rank"] + (config["personal_value"] != 0) > min(self.shape):
-            raise ValueError("lowrank: rank (+1 personal entry) must not exceed min(rows, cols)")
         self.feature_dim = self.shape[0] * self.shape[1]
         super().__init__(config, seed, device)
 

@@ -56,12 +56,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedbench.data import femnist
-from fedbench.hparams import Param
+from fedbench.hparams import Param, ParamError
 from fedbench.metrics import Metric, partial_auc
 from fedbench.models import MLP
 from fedbench.oracle import Oracle
 from fedbench.problems import pauc_data
-from fedbench.problems.base import Problem
+from fedbench.problems.base import Layout, Problem
 from fedbench.problems.xrisk_tasks import make_task
 from fedbench.prox import NoRegularizer
 from fedbench.rng import generator
@@ -182,6 +182,25 @@ class PartialAUC(Problem):
         self.model = MLP((self.feature_dim, *hidden, 1))
         self.dim = self.model.dim
         self.regularizer = NoRegularizer()
+
+    @classmethod
+    def check(cls, config):
+        if config["data"] == "synthetic" and config["clients"] == 0:
+            raise ParamError("clients", "found 0 (one client per writer), which needs data: femnist; expected at "
+                             "least 1 for synthetic data", cls.name)
+        classes = config["positive_classes"]
+        repeated = sorted({c for c in classes if classes.count(c) > 1})
+        if config["data"] == "femnist" and repeated:
+            raise ParamError("positive_classes", f"label {repeated[0]} is listed more than once in {classes}", cls.name)
+
+    @classmethod
+    def declared_layout(cls, config, read_data=False):
+        if config["data"] != "femnist" or not read_data:
+            return Layout(cls.declared_clients(config))
+        index = cls.read_index(config, femnist.load_index, config["source"], config["path"], config["data_dir"],
+                               femnist.LABELS, config["writers_fraction"])
+        kept = int(pauc_data.binary_clients(config, index).usable.sum())
+        return Layout(1 if config["pooled"] else kept)
 
     @classmethod
     def declared_clients(cls, config: dict[str, Any]) -> int | None:

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from fedbench.data import femnist
+from fedbench.hparams import ParamError
 
 
 @dataclass
@@ -33,9 +34,6 @@ class BinaryData:
 def build(config: dict[str, Any], gen: torch.Generator) -> BinaryData:
     if config["data"] == "femnist":
         return femnist_binary(config, gen)
-    if config["clients"] == 0:
-        raise ValueError("pauc.clients: 0 (one client per writer) needs data: femnist; synthetic data need "
-                         "clients >= 1")
     return synthetic(config, gen)
 
 
@@ -66,31 +64,64 @@ def clean_sample(config: dict[str, Any], size: int, gen: torch.Generator) -> tup
     return features, torch.cat([torch.ones(positives), torch.zeros(size - positives)])
 
 
-def femnist_binary(config: dict[str, Any], gen: torch.Generator) -> BinaryData:
-    """FEMNIST writers as a binary task (see the module docstring), with the stored pixels as features (uint8
-    where the source is; a quarter of float32): `pixel_scale` says how they become [−1, 1]."""
-    config = config
+@dataclass
+class BinaryClients:
+    """How `femnist_binary` makes clients of the writers with training samples (`writers`), from their labels alone:
+    each writer's and each training sample's client, which samples are positive, per client its training positives,
+    negatives, positives kept and whether it is kept (it holds both classes), and which test samples are kept (their
+    writer's client is)."""
+    writers: femnist.Clients
+    writer_client: np.ndarray  # [W]
+    client: np.ndarray  # [n] of every training sample
+    positive: np.ndarray  # [n] bool
+    positives: np.ndarray  # [N]
+    negatives: np.ndarray  # [N]
+    kept_positives: np.ndarray  # [N]
+    usable: np.ndarray  # [N] bool
+    test: np.ndarray  # [n_test] bool
+
+
+def binary_clients(config: dict[str, Any], images: femnist.WriterImages) -> BinaryClients:
+    """The clients of the writers of `images` (their labels are all it reads: the index will do); ParamError naming
+    the parameter where the data cannot give them: more clients than writers, no client with both classes, a test
+    set of one class."""
     classes = config["positive_classes"]
-    repeated = sorted({c for c in classes if classes.count(c) > 1})
-    if repeated:
-        raise ValueError(f"pauc.positive_classes: label {repeated[0]} is listed more than once in {classes}")
-    images = femnist.load(config["source"], config["path"], config["data_dir"], femnist.LABELS,
-                          config["writers_fraction"])
     data = femnist.select_clients(images, femnist.LABELS, min_train=1, min_test=0)  # writers with training data
     writers = len(data.writer_ids)
     n_clients = config["clients"] or writers
     if n_clients > writers:
-        raise ValueError(f"pauc.clients: {n_clients} clients but the data hold {writers} writers with training "
-                         f"samples; expected at most {writers}, or 0 for one client per writer")
-    by_id = np.argsort(data.writer_ids, kind="stable")
+        raise ParamError("clients", f"found {n_clients}, expected at most the data's {writers} writers with training "
+                         "samples (or 0: one client per writer)", "pauc")
     rank = np.empty(writers, dtype=np.int64)  # writer → its place in sorted-id order
-    rank[by_id] = np.arange(writers)
+    rank[np.argsort(data.writer_ids, kind="stable")] = np.arange(writers)
     writer_client = rank * n_clients // writers  # contiguous groups of ⌊W/N⌋ or ⌈W/N⌉ writers
     client = np.repeat(writer_client, data.train_sizes)
     positive = np.isin(data.y_train, classes)
     n_pos = np.bincount(client[positive], minlength=n_clients)
     n_neg = np.bincount(client[~positive], minlength=n_clients)
     kept_pos = np.minimum(n_pos, positive_quota(config, n_neg))
+    usable = (kept_pos > 0) & (n_neg > 0)  # the class-balanced draws need both classes on every client
+    if not usable.any():
+        raise ParamError("positive_classes", f"no client keeps both a positive and a negative training sample "
+                         f"(positive_classes {classes}, positive_ratio {config['positive_ratio']}, clients "
+                         f"{config['clients']})", "pauc")
+    test = usable[writer_client][np.repeat(np.arange(writers), data.test_sizes)]
+    test_labels = np.isin(data.y_test[test], classes)
+    if test_labels.all() or not test_labels.any():
+        raise ParamError("positive_classes", f"the kept writers' {int(test.sum())} test samples hold "
+                         f"{'no negative' if test_labels.any() else 'no positive'} (positive_classes {classes})", "pauc")
+    return BinaryClients(data, writer_client, client, positive, n_pos, n_neg, kept_pos, usable, test)
+
+
+def femnist_binary(config: dict[str, Any], gen: torch.Generator) -> BinaryData:
+    """FEMNIST writers as a binary task (see the module docstring), with the stored pixels as features (uint8
+    where the source is; a quarter of float32): `pixel_scale` says how they become [−1, 1]."""
+    made = binary_clients(config, femnist.load(config["source"], config["path"], config["data_dir"], femnist.LABELS,
+                                               config["writers_fraction"]))
+    data = made.writers
+    writer_client, client, positive, n_pos, kept_pos, usable = (made.writer_client, made.client, made.positive,
+                                                                made.positives, made.kept_positives, made.usable)
+    by_id = np.argsort(data.writer_ids, kind="stable")
     # Which positives stay: each client's first kept_pos in the order of uniform keys from the data stream.
     keys = torch.rand(len(positive), generator=gen, dtype=torch.float64).numpy()
     rows = np.flatnonzero(positive)
@@ -98,11 +129,6 @@ def femnist_binary(config: dict[str, Any], gen: torch.Generator) -> BinaryData:
     place = np.arange(len(rows)) - np.r_[0, np.cumsum(n_pos)][client[rows]]
     keep = ~positive
     keep[rows[place < kept_pos[client[rows]]]] = True
-    usable = (kept_pos > 0) & (n_neg > 0)  # the class-balanced draws need both classes on every client
-    if not usable.any():
-        raise ValueError(f"pauc.positive_classes: no client keeps both a positive and a negative training "
-                         f"sample (positive_classes {classes}, positive_ratio {config['positive_ratio']}, "
-                         f"clients {config['clients']})")
     keep &= usable[client]
     rows = np.flatnonzero(keep)
     rows = rows[np.lexsort((~positive[rows], client[rows]))]  # by client, positives first, then stored order
@@ -111,15 +137,11 @@ def femnist_binary(config: dict[str, Any], gen: torch.Generator) -> BinaryData:
     features = torch.from_numpy(data.x_train[rows])
     labels = torch.from_numpy(positive[rows]).to(torch.float32)
     positive_counts = torch.from_numpy(kept_pos[usable])
-    sizes = torch.from_numpy((kept_pos + n_neg)[usable])
+    sizes = torch.from_numpy((kept_pos + made.negatives)[usable])
     if config["flip_rate"]:
         features, labels, positive_counts = flip_clients(config, features, labels, sizes, gen)
-    test = usable[writer_client][np.repeat(np.arange(writers), data.test_sizes)]
-    test_labels = np.isin(data.y_test[test], classes)
-    if test_labels.all() or not test_labels.any():
-        raise ValueError(f"pauc.positive_classes: the kept writers' {int(test.sum())} test samples hold "
-                         f"{'no negative' if test_labels.any() else 'no positive'} (positive_classes {classes})")
-    held_out = torch.from_numpy(data.x_test[test]), torch.from_numpy(test_labels).to(torch.float32)
+    held_out = (torch.from_numpy(data.x_test[made.test]),
+                torch.from_numpy(np.isin(data.y_test[made.test], config["positive_classes"])).to(torch.float32))
     # Validation: `val_size` of the held-out samples, picked by uniform keys from the data stream.
     order = torch.randperm(len(held_out[1]), generator=gen)
     size = min(config["val_size"], len(order) // 2)

@@ -25,10 +25,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedbench.data import pfl_images, pfl_synthetic
-from fedbench.hparams import Param
+from fedbench.hparams import Param, ParamError
 from fedbench.metrics import Metric
 from fedbench.oracle import Oracle
-from fedbench.problems.base import Problem
+from fedbench.problems.base import Layout, Problem
 from fedbench.problems.blocks import OBJECTIVES, BlockObjective, Constants
 from fedbench.prox import NoRegularizer
 
@@ -338,16 +338,18 @@ class PFLSynthetic(BlockProblem):
     presets = {"s1": {}, "s2": {"sigma_h": 5.0, "objective": "ews", "beta_gradients": "device"}}
 
     @classmethod
-    def resolve_config(cls, given):
-        config = super().resolve_config(given)
+    def check(cls, config):
         if (config["objective"] == "ews") != (config["preset"] == "s2"):
-            raise ValueError(f"{cls.name}.objective: found {config['objective']!r} with preset {config['preset']!r}, "
-                             "expected ews exactly with s2 (its data have a global and a local block)")
-        return config
+            raise ParamError("objective", f"found {config['objective']!r} with preset {config['preset']!r}, expected "
+                             "ews exactly with s2 (its data have a global and a local block)", cls.name)
 
     @classmethod
     def declared_clients(cls, config):
         return pfl_synthetic.DEVICES
+
+    @classmethod
+    def declared_layout(cls, config, read_data=False):
+        return Layout(pfl_synthetic.DEVICES, pfl_synthetic.SAMPLES)
 
     @classmethod
     def metrics(cls, config):
@@ -447,6 +449,17 @@ class PFLImages(BlockProblem):
     @classmethod
     def declared_clients(cls, config):
         return config["devices"]
+
+    @classmethod
+    def declared_layout(cls, config, read_data=False):
+        if read_data:
+            labels = cls.read_index(config, pfl_images.pool_labels, config["source"], config["path"])
+            try:
+                pfl_images.device_rows(labels, config["devices"], config["classes"], config["train"], config["test"],
+                                       config["label_draw"], config["selection"], config["data_seed"])
+            except ValueError as err:
+                raise ParamError("train", str(err), cls.name) from None
+        return Layout(config["devices"], config["train"], "train")
 
     @classmethod
     def metrics(cls, config):
