@@ -1,7 +1,7 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   install, then sweep a shipped paper recipe (Bao et al. 2022, Lasso: 5 methods x 3 seeds) on a
 #               local Ray into ./mlflow.db, write its report and print the command that opens the runs
-#   make test   install, then run the test suite (paper-size runs: make test-slow)
+#   make test   install, then run the test suite (paper-size runs: make test-slow; no Ray, no browser: make test-fast)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # The CPU build of torch first, so that nothing pulls the CUDA wheels (a GPU user installs their own).
@@ -21,6 +21,9 @@ demo: install
 test: install
 	$(PY) -m pytest -q
 
+test-fast: install
+	$(PY) -m pytest -q -m 'not slow and not ray and not browser'
+
 test-slow: install
 	$(PY) -m pytest -q -m slow -s
 
@@ -29,4 +32,4 @@ bench: install
 	$(PY) bench/sweep_overhead.py
 	FEDBENCH_DATA=$${FEDBENCH_DATA:-../shared/data} $(PY) bench/per_fedavg_round.py
 
-.PHONY: install demo test test-slow bench
+.PHONY: install demo test test-fast test-slow bench

@@ -65,3 +65,20 @@ def ray_local(tmp_path_factory):
     ray = start_ray(tmp_path_factory, num_cpus=2)
     yield ray
     ray.shutdown()
+
+
+# `make test-fast` leaves out what starts Ray or a browser (markers `ray`, `browser`): these modules do throughout,
+# elsewhere a test that takes the `ray_local` fixture or drives `fedbench sweep`/`tune`/`ui` (by its name) does.
+RAY_MODULES = {"test_sweeps.py", "test_sweep_resume.py", "test_sweep_cluster.py", "test_tuning.py", "test_store.py"}
+BROWSER_MODULES = {"test_browser.py"}
+RAY_NAMES = ("sweep", "tune", "_ui", "ui_")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.path.name
+        if module in BROWSER_MODULES:
+            item.add_marker(pytest.mark.browser)
+        if (module in RAY_MODULES or "ray_local" in getattr(item, "fixturenames", ())
+                or any(part in item.name for part in RAY_NAMES)):
+            item.add_marker(pytest.mark.ray)

@@ -132,8 +132,9 @@ def test_centralized_is_sox_on_the_pooled_data():
     # the same samples, each with its writer's noise mean
     key = lambda p: sorted(zip(p.features[:, 0].tolist(), p.row_source.tolist()))  # noqa: E731
     assert key(pooled) == key(federated)
-    with pytest.raises(ValueError, match="pooled"):
+    with pytest.raises(ValueError, match="centralized requires one_client") as refused:
         fedbench.make_algorithm("centralized", federated)
+    assert "pooled" in refused.value.detail  # the longer explanation, shown under -v
     federation = Federation(3, 1, 4, 8)
 
     def final(name):
