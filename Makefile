@@ -22,7 +22,7 @@ test: install
 	$(PY) -m pytest -q
 
 test-fast: install
-	$(PY) -m pytest -q -m 'not slow and not ray and not browser'
+	$(PY) -m pytest -q -m 'not slow and not ray and not browser and not heavy'
 
 test-slow: install
 	$(PY) -m pytest -q -m slow -s

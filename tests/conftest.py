@@ -67,11 +67,16 @@ def ray_local(tmp_path_factory):
     ray.shutdown()
 
 
-# `make test-fast` leaves out what starts Ray or a browser (markers `ray`, `browser`): these modules do throughout,
+# `make test-fast` leaves out what starts Ray or a browser (markers `ray`, `browser`) and the heaviest single tests: these modules do throughout,
 # elsewhere a test that takes the `ray_local` fixture or drives `fedbench sweep`/`tune`/`ui` (by its name) does.
 RAY_MODULES = {"test_sweeps.py", "test_sweep_resume.py", "test_sweep_cluster.py", "test_tuning.py", "test_store.py"}
 BROWSER_MODULES = {"test_browser.py"}
-RAY_NAMES = ("sweep", "tune", "_ui", "ui_")
+RAY_NAMES = ("sweep", "tune", "_ui", "ui_", "no_node_can_hold")
+# Single tests of 4 s or more on 2 cores (measured with --durations), also left out by `make test-fast`; the
+# default suite runs them.
+HEAVY = {"test_rows_match_the_record[bao2022_lasso]", "test_rows_match_the_record[bao2022_lowrank]",
+         "test_rows_match_the_record[bao2022_emnist10_cpu]", "test_users_hold_their_pattern_in_disjoint_shards[base]",
+         "test_full_file_loads_and_one_round_runs_with_36_writers", "test_the_cheap_check_of_real_data_is_building"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -82,3 +87,5 @@ def pytest_collection_modifyitems(config, items):
         if (module in RAY_MODULES or "ray_local" in getattr(item, "fixturenames", ())
                 or any(part in item.name for part in RAY_NAMES)):
             item.add_marker(pytest.mark.ray)
+        if item.name in HEAVY:
+            item.add_marker(pytest.mark.heavy)
