@@ -469,6 +469,9 @@ class Recipe:
     dimensions: tuple[Dimension, ...] = ()  # the tune block's search space, resolved
     report: ReportSpec = field(default_factory=ReportSpec)
     overrides: dict[str, dict[str, dict[str, list[Any]]]] = field(default_factory=dict)  # algorithm -> section -> grid
+    # config hashes `check_builds` has passed: the CLI checks every recipe before the first runs, and the entry points
+    # it calls (`execute.sweep`, `tuning.tune_recipe`) check again for callers from Python; the data index is read once
+    built: set[str] = field(default_factory=set, repr=False, compare=False)
 
     @property
     def recipe_hash(self) -> str:
@@ -576,11 +579,10 @@ class Recipe:
         """`check` every distinct configuration of `trials` (default: the recipe's) with the index of its data
         read: what `validate`, `run`, `sweep` and `tune` do before anything runs (before Ray starts, or the
         tracking store is touched), so that what building a run would refuse is refused first, with its field."""
-        checked = set()
         for trial in self.trials() if trials is None else trials:
-            if trial.config_hash not in checked:
-                checked.add(trial.config_hash)
+            if trial.config_hash not in self.built:
                 self.check(trial, read_data=True)
+                self.built.add(trial.config_hash)
 
     def field(self, algorithm: str, section: str, name: str) -> str:
         """The path of a problem or federation parameter in the runs of `algorithm`: its own entry, if it has one."""
