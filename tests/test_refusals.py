@@ -103,11 +103,6 @@ REFUSALS = {
     "duplicated key": PROBLEM + "algorithms: {fedavg: {}}\nalgorithms: {fedmid: {}}\n",
     "empty": "",
     "a list": "- 1\n",
-}
-# Refusals whose first line lists every valid name and runs past LONGEST_LINE; these messages are made by the
-# recipe checks (sweeps/recipe.py _check_* and _schema_error, check_metrics), whose owner moves each list to
-# the detail line (RecipeError(..., detail=...)); strict, so that each one's fix shows here as XPASS.
-LONG_LISTS = {
     "unknown problem": "problem: {name: laso}\nalgorithms: {fedavg: {}}\n",
     "misspelt hyperparameter": PROBLEM + "algorithms: {fedmid: {server_treshold: bao}}\n",
     "unknown algorithm": PROBLEM + "algorithms: {zzqqxx: {}}\n",
@@ -117,10 +112,7 @@ LONG_LISTS = {
 }
 
 
-@pytest.mark.parametrize("text", [*REFUSALS.values(),
-                                  *(pytest.param(text, marks=pytest.mark.xfail(strict=True, reason="long list"))
-                                    for text in LONG_LISTS.values())],
-                         ids=[*REFUSALS, *LONG_LISTS])
+@pytest.mark.parametrize("text", REFUSALS.values(), ids=REFUSALS)
 def test_every_refusal_is_one_short_line(tmp_path, monkeypatch, text):
     monkeypatch.chdir(tmp_path)  # the recipe named as a researcher would: a relative path of a usual length
     (tmp_path / "recipes").mkdir()
@@ -141,6 +133,22 @@ def test_a_capability_refusal_names_the_essentials_and_explains_with_v(tmp_path)
     lines = verbose.stderr.splitlines()
     assert lines[0] == first and len(lines) == 2, verbose.stderr
     assert "X-risk pair oracles" in lines[1] and "lasso provides" in lines[1] and "norm_ball" in lines[1], lines[1]
+
+
+def test_an_unknown_name_is_refused_with_the_closest_one_and_every_valid_name_with_v(tmp_path):
+    """The first line names the file, the field and the closest valid name; the list of every valid name, too long
+    for it, is the -v line."""
+    path = write(tmp_path, PROBLEM + "algorithms: {fedmd: {}}\n")
+    first = refused(invoke("validate", path), f"{path}: algorithms.fedmd: unknown algorithm (did you mean 'fedmid'?)",
+                    "-v lists the valid names")
+    assert "scaffold" not in first
+    verbose = subprocess.run([sys.executable, "cli.py", "-v", "validate", str(path)], cwd=ROOT, capture_output=True,
+                             text=True, timeout=120)
+    assert verbose.returncode == 2 and "Traceback" not in verbose.stderr, verbose.stderr
+    lines = verbose.stderr.splitlines()
+    assert lines[0] == first and len(lines) == 2, verbose.stderr
+    assert lines[1].strip().startswith("expected one of fedavg, fedmid, "), lines[1]
+    assert all(name in lines[1] for name in ("fedxl2", "ditto", "scaffold", "per_fedavg")), lines[1]
 
 
 # -- GPUs no node has --------------------------------------------------------------------------------------

@@ -1,0 +1,137 @@
+"""YAML recipes: read (safe_load only), override (`--set path=value`), validate against the engine's
+own declarations of problems and hyperparameters, and turn into trials.
+
+Every error is a `RecipeError` naming the file, the field path, what was found and what was expected,
+and the closest valid name for a misspelt problem, algorithm or parameter (every valid name on the `-v` line).
+
+The package's jobs, one module each: loading (YAML, overrides, RecipeError), schema (the recipe's shape, pydantic),
+trials (one run: Trial), grid (Recipe: its grids expanded into trials and checked), space (the tune block's search
+space), metrics (the metrics the runs evaluate and the blocks name); this module puts them together: `parse`
+checks a document's names and values against the engine's declarations, `load` reads a file, `check_option` a
+command-line option that stands for a recipe field.
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from fedbench.algorithms import ALGORITHMS
+from fedbench.hparams import LIST_KINDS, Param
+from fedbench.problems import PROBLEMS
+from sweeps.recipe.grid import Recipe, grid_points
+from sweeps.recipe.loading import (DuplicateKey, RecipeError, RecipeLoader, apply_overrides, closest, field_paths,
+                                   in_words, read_yaml, unknown, yaml_value)
+from sweeps.recipe.metrics import check_metrics, default_modes, metrics_of, named_metrics
+from sweeps.recipe.schema import (DISTRIBUTIONS, PHRASES, SAMPLERS, SECTIONS, X_AXES, PrunerSpec, RecipeModel,
+                                  ReportSpec, Resources, SelectSpec, StrictModel, TuneSpec, is_seed, schema_error)
+from sweeps.recipe.space import Dimension, check_space
+from sweeps.recipe.trials import FEDERATION_NAMES, FEDERATION_PARAMS, Trial, stable_hash
+
+__all__ = ["DISTRIBUTIONS", "FEDERATION_NAMES", "FEDERATION_PARAMS", "OPTION_FIELDS", "PHRASES", "SAMPLERS",
+           "SECTIONS", "X_AXES", "Dimension", "DuplicateKey", "PrunerSpec", "Recipe", "RecipeError", "RecipeLoader",
+           "RecipeModel", "ReportSpec", "Resources", "SelectSpec", "StrictModel", "Trial", "TuneSpec",
+           "apply_overrides", "check_metrics", "check_option", "check_space", "closest", "field_paths",
+           "grid_points", "in_words", "is_seed", "load", "metrics_of", "named_metrics", "parse", "read_yaml",
+           "schema_error", "stable_hash", "yaml_value"]
+
+
+def _check_values(source: str, path: str, param: Param, value: Any) -> list[Any]:
+    """A list is a grid axis, a scalar one value; each value checked. For a list-valued parameter
+    (kind `floats` or `ints`, e.g. a per-stage schedule) one list is one value and a list of lists a grid axis."""
+    if param.kind in LIST_KINDS:
+        is_grid = isinstance(value, list) and bool(value) and all(isinstance(v, list) for v in value)
+    else:
+        is_grid = isinstance(value, list)
+    values = value if is_grid else [value]
+    if not values:
+        raise RecipeError(source, path, "found an empty list, expected at least one value")
+    checked = []
+    for i, v in enumerate(values):
+        try:
+            checked.append(param.check(v))
+        except ValueError as err:
+            raise RecipeError(source, f"{path}[{i}]" if is_grid else path, str(err)) from None
+    return checked
+
+
+def _check_params(source, path, declared, given: dict) -> dict[str, list[Any]]:
+    by_name = {p.name: p for p in declared}
+    grid = {}
+    for key, value in given.items():
+        if key not in by_name:
+            raise unknown(source, f"{path}.{key}", f"unknown parameter{closest(key, by_name)}", by_name)
+        grid[key] = _check_values(source, f"{path}.{key}", by_name[key], value)
+    return grid
+
+
+def parse(raw: dict[str, Any], source: str) -> Recipe:
+    try:
+        model = RecipeModel.model_validate(raw)
+    except ValidationError as err:
+        raise schema_error(source, err) from None
+
+    problem = dict(model.problem)
+    problem_name = problem.pop("name", None)
+    if problem_name not in PROBLEMS:
+        raise unknown(source, "problem.name", f"found {problem_name!r}, expected a problem"
+                      f"{closest(problem_name, PROBLEMS)}", PROBLEMS)
+    problem_grid = _check_params(source, "problem", PROBLEMS[problem_name].params, problem)
+
+    federation_grid = _check_params(source, "federation", FEDERATION_PARAMS, model.federation)
+    sections = {"problem": PROBLEMS[problem_name].params, "federation": FEDERATION_PARAMS}
+    algorithms, overrides = {}, {}
+    for algo, hps in model.algorithms.items():
+        if algo not in ALGORITHMS:
+            raise unknown(source, f"algorithms.{algo}", f"unknown algorithm{closest(algo, ALGORITHMS)}", ALGORITHMS)
+        hps = dict(hps or {})
+        overrides[algo] = {}
+        for section in [name for name in sections if name in hps]:
+            given = hps.pop(section)
+            if not isinstance(given, dict):
+                raise RecipeError(source, f"algorithms.{algo}.{section}", f"found {given!r}, expected a mapping of "
+                                  f"{section} parameters that replace the recipe's for {algo}")
+            overrides[algo][section] = _check_params(source, f"algorithms.{algo}.{section}", sections[section], given)
+        algorithms[algo] = _check_params(source, f"algorithms.{algo}", ALGORITHMS[algo].hparams, hps)
+
+    dimensions = check_space(source, model.tune, problem_name, algorithms) if model.tune else ()
+    name = model.name or Path(source).stem
+    recipe = Recipe(source, name, problem_name, problem_grid, federation_grid, algorithms, model.seeds,
+                    model.eval_every, model.device, model.divergence_factor, model.resources, model.tune, raw,
+                    dimensions, model.report or ReportSpec(), overrides)
+    # Every grid point must make a valid trial (e.g. clients_per_round <= clients); their declared metrics are what
+    # the tune and report blocks may name.
+    declared = metrics_of(recipe.trials())
+    check_metrics(recipe, list(declared))
+    default_modes(recipe, declared)
+    return recipe
+
+
+# Command-line options that stand for a recipe field (for one call), checked by that field's rule (`check_option`).
+OPTION_FIELDS = {"--device": "device", "--max-concurrent": "resources.max_concurrent",
+                 "--rerun-best": "tune.rerun_best"}
+
+
+def check_option(recipe: Recipe, option: str, value: Any) -> None:
+    """Refuse (RecipeError naming the option) a value of a command-line option that the recipe field it stands
+    for (OPTION_FIELDS) would refuse; None, an option not given, stands for the recipe's own value."""
+    if value is None:
+        return
+    document = copy.deepcopy(recipe.document)
+    *sections, name = OPTION_FIELDS[option].split(".")
+    node = document
+    for section in sections:
+        node = node.setdefault(section, {})
+    node[name] = value
+    try:
+        RecipeModel.model_validate(document)
+    except ValidationError as err:
+        raise RecipeError(recipe.source, option, schema_error(recipe.source, err).message) from None
+
+
+def load(path: str | Path, overrides: list[str] | None = None, algorithm: str | None = None) -> Recipe:
+    source = str(path)
+    raw = apply_overrides(read_yaml(path), overrides or [], source, algorithm)
+    return parse(raw, source)

@@ -1,0 +1,168 @@
+"""`Recipe`, a recipe as validated: its grids (the problem's, the federation's, each algorithm's, with an
+algorithm's own `problem:` / `federation:` entries), expanded into trials (`trials`, `single_trial`), each checked
+by the rules building its run applies (`check`, `check_builds`).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from fedbench import contract
+from fedbench.algorithms import ALGORITHMS
+from fedbench.hparams import ParamError, resolve
+from fedbench.metrics import Metric
+from fedbench.problems import PROBLEMS
+from fedbench.simulate import Federation, minibatch_sizes
+from sweeps.recipe.loading import RecipeError, closest
+from sweeps.recipe.metrics import metrics_of
+from sweeps.recipe.schema import ReportSpec, Resources, TuneSpec, is_seed
+from sweeps.recipe.space import Dimension
+from sweeps.recipe.trials import FEDERATION_NAMES, Trial, stable_hash
+
+
+@dataclass
+class Recipe:
+    source: str
+    name: str
+    problem: str
+    problem_grid: dict[str, list[Any]]
+    federation_grid: dict[str, list[Any]]
+    algorithms: dict[str, dict[str, list[Any]]]
+    seeds: list[int]
+    eval_every: int
+    device: str
+    divergence_factor: float
+    resources: Resources
+    tune: Optional[TuneSpec]
+    document: dict[str, Any]  # the validated YAML after overrides, as written
+    dimensions: tuple[Dimension, ...] = ()  # the tune block's search space, resolved
+    report: ReportSpec = field(default_factory=ReportSpec)
+    overrides: dict[str, dict[str, dict[str, list[Any]]]] = field(default_factory=dict)  # algorithm -> section -> grid
+    # config hashes `check_builds` has passed: the CLI checks every recipe before the first runs, and the entry points
+    # it calls (`execute.sweep`, `tuning.tune_recipe`) check again for callers from Python; the data index is read once
+    built: set[str] = field(default_factory=set, repr=False, compare=False)
+
+    @property
+    def recipe_hash(self) -> str:
+        """Of what runs: the report block only changes how results are drawn, so a sweep is found again
+        (and resumed) after it is edited."""
+        return stable_hash({key: value for key, value in self.document.items() if key != "report"})
+
+    def trials(self) -> list[Trial]:
+        """The grid expanded: algorithm × problem point × federation point × hyperparameter point × seed."""
+        trials = []
+        for algo, hp_grid in self.algorithms.items():
+            problem_grid, federation_grid = self.grids(algo)
+            for problem_values, federation_values, hps in itertools.product(
+                    grid_points(problem_grid), grid_points(federation_grid), grid_points(hp_grid)):
+                trials += [self._trial(problem_values, federation_values, algo, hps, seed) for seed in self.seeds]
+        return trials
+
+    def single_trial(self, algorithm: str | None = None, seed: int | None = None,
+                     fixed: dict[str, Any] | None = None) -> Trial:
+        """The one trial `fedbench run` runs: every parameter must have exactly one value, except those
+        `fixed` gives (by recipe path, e.g. `problem.lam` or `algorithms.fedmid.client_lr`)."""
+        if algorithm is None:
+            if len(self.algorithms) != 1:
+                raise RecipeError(self.source, "algorithms",
+                                  f"the recipe compares {', '.join(self.algorithms)}; choose one with --algorithm")
+            algorithm = next(iter(self.algorithms))
+        if algorithm not in self.algorithms:
+            raise RecipeError(self.source, "--algorithm", f"found {algorithm!r}, expected one of "
+                              f"{', '.join(self.algorithms)}{closest(algorithm, self.algorithms)}")
+        if seed is not None and not is_seed(seed):
+            raise RecipeError(self.source, "--seed", f"found {seed!r}, expected an integer >= 0 (as each of seeds)")
+        fixed = fixed or {}
+        problem_grid, federation_grid = self.grids(algorithm)
+        sections = {"problem": problem_grid, "federation": federation_grid,
+                    f"algorithms.{algorithm}": self.algorithms[algorithm]}
+        chosen = {}
+        for section, grid in sections.items():
+            chosen[section] = {}
+            for key, values in grid.items():
+                if f"{section}.{key}" not in fixed and len(values) != 1:
+                    raise RecipeError(self.source, f"{section}.{key}", f"found {len(values)} values {values}, "
+                                      f"expected one for a single run; pick one with --set {section}.{key}=VALUE")
+                chosen[section][key] = values[0]
+            chosen[section].update({path.removeprefix(section + "."): value for path, value in fixed.items()
+                                    if path.startswith(section + ".")})
+        return self._trial(chosen["problem"], chosen["federation"], algorithm,
+                           chosen[f"algorithms.{algorithm}"], self.seeds[0] if seed is None else seed)
+
+    def grids(self, algorithm: str) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
+        """The problem and federation grids of one algorithm: the recipe's, with the algorithm's own
+        `problem:` / `federation:` entries in their place (e.g. the centralized reference on pooled data)."""
+        own = self.overrides.get(algorithm, {})
+        return {**self.problem_grid, **own.get("problem", {})}, {**self.federation_grid, **own.get("federation", {})}
+
+    def _trial(self, problem_values, federation_values, algorithm, hyperparameters, seed) -> Trial:
+        federation_values = dict(federation_values)
+        iterations = federation_values.pop("iterations", None)
+        if iterations is not None:  # a budget of local iterations: rounds = iterations / K
+            steps = federation_values["local_steps"]
+            if "rounds" in federation_values:
+                raise RecipeError(self.source, "federation.iterations", f"found {iterations} with local_steps "
+                                  f"{steps} and rounds; expected one of rounds and iterations")
+            if iterations % steps:
+                raise RecipeError(self.source, "federation.iterations", f"found {iterations} with local_steps "
+                                  f"{steps}; expected a multiple of local_steps")
+            federation_values["rounds"] = iterations // steps
+        trial = Trial(self.name, self.problem, PROBLEMS[self.problem].resolve_config(problem_values), algorithm,
+                      resolve(ALGORITHMS[algorithm].hparams, hyperparameters, algorithm),
+                      Federation(**federation_values), seed, self.eval_every, self.device, self.divergence_factor)
+        self.check(trial)
+        return trial
+
+    def check(self, trial: Trial, read_data: bool = False) -> None:
+        """Refuse (RecipeError, naming the recipe field) a trial whose run building would refuse, by the rules the
+        engine applies then: the problem's and the algorithm's own (`Problem.check`, `Algorithm.check`), the
+        contract between them, and the federation and the algorithm's minibatches against the problem's clients
+        (`Federation.check`) as the config declares them, and with `read_data` as the index of the data does."""
+        problem, algorithm, hp = PROBLEMS[trial.problem], ALGORITHMS[trial.algorithm], trial.hyperparameters
+        try:
+            problem.check(trial.problem_config)
+        except ParamError as err:
+            raise RecipeError(self.source, self.field(trial.algorithm, "problem", err.name), err.message) from None
+        try:
+            algorithm.check(hp)
+        except ParamError as err:
+            raise RecipeError(self.source, f"algorithms.{trial.algorithm}.{err.name}", err.message) from None
+        try:
+            contract.check(trial.algorithm, algorithm.requirements(hp), trial.problem,
+                           problem.capabilities(trial.problem_config))
+        except contract.IncompatibleError as err:
+            raise RecipeError(self.source, f"algorithms.{trial.algorithm}", str(err), err.detail) from None
+        try:
+            layout = problem.declared_layout(trial.problem_config, read_data)
+        except ParamError as err:
+            raise RecipeError(self.source, self.field(trial.algorithm, "problem", err.name), err.message) from None
+        _, batch_sizes = minibatch_sizes(algorithm.minibatches(hp), hp, trial.federation.batch_size)
+        try:
+            trial.federation.check(layout, batch_sizes)
+        except ParamError as err:  # a federation field, or a minibatch size among the hyperparameters
+            path = (self.field(trial.algorithm, "federation", err.name) if err.name in FEDERATION_NAMES
+                    else f"algorithms.{trial.algorithm}.{err.name}")
+            raise RecipeError(self.source, path, err.message) from None
+
+    def check_builds(self, trials: list[Trial] | None = None) -> None:
+        """`check` every distinct configuration of `trials` (default: the recipe's) with the index of its data
+        read: what `validate`, `run`, `sweep` and `tune` do before anything runs (before Ray starts, or the
+        tracking store is touched), so that what building a run would refuse is refused first, with its field."""
+        for trial in self.trials() if trials is None else trials:
+            if trial.config_hash not in self.built:
+                self.check(trial, read_data=True)
+                self.built.add(trial.config_hash)
+
+    def field(self, algorithm: str, section: str, name: str) -> str:
+        """The path of a problem or federation parameter in the runs of `algorithm`: its own entry, if it has one."""
+        own = name in self.overrides.get(algorithm, {}).get(section, {})
+        return f"algorithms.{algorithm}.{section}.{name}" if own else f"{section}.{name}"
+
+    def metrics(self) -> dict[str, Metric]:
+        """Every metric the recipe's runs evaluate, by name (the union over its algorithms and grid points)."""
+        return metrics_of(self.trials())
+
+
+def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]

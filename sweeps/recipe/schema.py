@@ -1,0 +1,199 @@
+"""The recipe's shape, as pydantic models (strict types, unknown fields refused): the top-level fields and the
+`resources:`, `tune:` and `report:` blocks with their defaults and rules, and `schema_error`, the first pydantic
+error as a `RecipeError` line. What names a problem, algorithm or parameter may take is checked elsewhere,
+against the engine's declarations.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from fedbench.simulate import DIVERGENCE_FACTOR
+from sweeps.recipe.loading import RecipeError, closest, unknown
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class Resources(StrictModel):
+    """What one Ray trial holds, and how many (config, seed) runs it packs."""
+    cpus_per_trial: float = Field(1.0, gt=0)
+    gpus_per_trial: float = Field(0.0, ge=0)
+    max_concurrent: Optional[int] = Field(None, ge=1)
+    pack: Any = "auto"
+    batch_runs: int = Field(64, ge=1)  # most seeds of one configuration run as one program (fedbench.runs); 1: off
+
+    @field_validator("gpus_per_trial")
+    @classmethod
+    def _whole_above_one(cls, value: float) -> float:
+        if value > 1 and not float(value).is_integer():
+            raise ValueError(f"found {value}, expected a fraction <= 1 or a whole number of GPUs")
+        return value
+
+    @field_validator("pack")
+    @classmethod
+    def _pack(cls, value: Any) -> Any:
+        if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"found {value!r}, expected 'auto' or an integer >= 1 (runs per Ray trial)")
+        return value
+
+
+class PrunerSpec(StrictModel):
+    """Asynchronous successive halving (ASHA) on the evaluated curve, in rounds."""
+    grace_rounds: int = Field(ge=1)
+    reduction_factor: float = Field(3.0, gt=1)
+
+
+class TuneSpec(StrictModel):
+    """The optional `tune:` block: an Optuna search per algorithm, each with the same budget."""
+    space: dict[str, dict[str, Any]] = Field(min_length=1)
+    metric: str = Field(min_length=1)
+    mode: Optional[str] = None  # default: the metric's declared direction
+    objective: str = "final"  # final value of the metric, or best value over the curve
+    trials: int = Field(20, ge=1)  # per algorithm and per `fedbench tune` call
+    timeout_s: Optional[float] = Field(None, gt=0)  # wall budget per algorithm
+    sampler: str = "tpe"
+    sampler_seed: int = Field(0, ge=0)
+    seed: Optional[int] = Field(None, ge=0)  # the run seed while tuning (default: the recipe's first)
+    pruner: Optional[PrunerSpec] = None
+    rerun_best: int = Field(0, ge=0)  # fresh seeds on which each algorithm's best configuration is re-run
+
+    @field_validator("mode")
+    @classmethod
+    def _mode(cls, value: str) -> str:
+        return _one_of(value, ("min", "max"))
+
+    @field_validator("objective")
+    @classmethod
+    def _objective(cls, value: str) -> str:
+        return _one_of(value, ("final", "best"))
+
+    @field_validator("sampler")
+    @classmethod
+    def _sampler(cls, value: str) -> str:
+        return _one_of(value, SAMPLERS)
+
+
+class SelectSpec(StrictModel):
+    """What "best configuration" means: the final value of `metric`, lowest (`min`) or highest (`max`)."""
+    metric: str = Field(min_length=1)
+    mode: Optional[str] = None  # default: the metric's declared direction
+
+    @field_validator("mode")
+    @classmethod
+    def _mode(cls, value: str) -> str:
+        return _one_of(value, ("min", "max"))
+
+
+X_AXES = ("rounds", "comm", "iterations", "seconds")
+
+
+class ReportSpec(StrictModel):
+    """The optional `report:` block: what `fedbench report` draws and how it ranks configurations.
+    Every field has a default, so a recipe without the block still gets a report."""
+    metrics: list[str] = Field(default_factory=list)  # panels of the paper-style figure, in order
+    select: Optional[SelectSpec] = None  # default: the tune block's metric and mode, else the objective
+    target: dict[str, float] = Field(default_factory=dict)  # metric -> value, for rounds-to-target
+    # the figure's x-axis: rounds; comm: floats communicated (uploads + downloads); iterations: local iterations;
+    # seconds: training wall-clock. A list draws the figure once per axis, the first being the main one.
+    x: Union[str, list[str]] = Field("rounds", validate_default=True)
+    interval: str = "sd"  # the tables' ± after each mean: sd, the sample standard deviation over seeds; ci95, 1.96 s.e.
+    log: dict[str, bool] = Field(default_factory=dict)  # metric -> log scale, overriding the automatic choice
+    labels: dict[str, str] = Field(default_factory=dict)  # algorithm or metric -> name shown in plots and tables
+    curves: int = Field(4, ge=1)  # most configurations drawn per algorithm (its best ones)
+
+    @field_validator("metrics")
+    @classmethod
+    def _unique(cls, value: list[str]) -> list[str]:
+        if any(not name for name in value) or len(set(value)) != len(value):
+            raise ValueError(f"found {value!r}, expected distinct metric names")
+        return value
+
+    @field_validator("x")
+    @classmethod
+    def _x(cls, value: Union[str, list[str]]) -> list[str]:
+        axes = [value] if isinstance(value, str) else value
+        if not axes or len(set(axes)) != len(axes):
+            raise ValueError(f"found {value!r}, expected an axis or a list of distinct axes")
+        return [_one_of(axis, X_AXES) for axis in axes]
+
+    @field_validator("interval")
+    @classmethod
+    def _interval(cls, value: str) -> str:
+        return _one_of(value, ("sd", "ci95"))
+
+
+SAMPLERS = ("tpe", "random", "cmaes", "gp")
+DISTRIBUTIONS = ("log_uniform", "uniform", "int", "log_int", "categorical")
+
+
+def _one_of(value: str, options: tuple[str, ...]) -> str:
+    if value not in options:
+        raise ValueError(f"found {value!r}, expected one of {', '.join(options)}{closest(value, options)}")
+    return value
+
+
+
+class RecipeModel(StrictModel):
+    name: Optional[str] = Field(None, min_length=1)  # default: the recipe file's name without .yaml
+    problem: dict[str, Any]
+    federation: dict[str, Any] = Field(default_factory=dict)
+    algorithms: dict[str, Optional[dict[str, Any]]] = Field(min_length=1)
+    seeds: Any = Field(1, validate_default=True)
+    eval_every: int = Field(10, ge=1)
+    device: str = "auto"
+    divergence_factor: float = Field(DIVERGENCE_FACTOR, gt=1)
+    resources: Resources = Field(default_factory=Resources)
+    tune: Optional[TuneSpec] = None
+    report: Optional[ReportSpec] = None
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, value: Any) -> list[int]:
+        if is_seed(value) and value >= 1:
+            return list(range(value))
+        if isinstance(value, list) and value and all(map(is_seed, value)):
+            if len(set(value)) != len(value):
+                raise ValueError(f"found repeated seeds {value}")
+            return value
+        raise ValueError(f"found {value!r}, expected a count >= 1 or a non-empty list of integers >= 0")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        if value.split(":")[0] not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"found {value!r}, expected auto, cpu or cuda[:N]")
+        return value
+
+
+def is_seed(value: Any) -> bool:
+    """A trial seed: an integer >= 0 (the rule of each of `seeds`, and of `fedbench run --seed`)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+SECTIONS = {(): RecipeModel, ("resources",): Resources, ("tune",): TuneSpec, ("tune", "pruner"): PrunerSpec,
+            ("report",): ReportSpec, ("report", "select"): SelectSpec}
+
+
+def schema_error(source: str, err: ValidationError) -> RecipeError:
+    """The first pydantic error as one line: field path, what was found, what was expected."""
+    error = err.errors()[0]
+    loc = [part for part in error["loc"] if part != "[key]"]
+    path = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")
+    kind = error["type"]
+    if kind == "missing":
+        return RecipeError(source, path, "missing required field")
+    if kind == "extra_forbidden":
+        fields = list(SECTIONS.get(tuple(loc[:-1]), RecipeModel).model_fields)
+        return unknown(source, path, f"unknown field{closest(loc[-1], fields)}", fields)
+    if kind == "value_error":
+        return RecipeError(source, path, error["msg"].removeprefix("Value error, "))
+    expected = PHRASES.get(kind) or error["msg"].removeprefix("Input should be ")
+    return RecipeError(source, path, f"found {error['input']!r}, expected {expected}")
+
+
+PHRASES = {"dict_type": "a mapping", "string_type": "a string", "string_too_short": "a non-empty string",
+           "too_short": "at least one entry", "int_type": "an integer", "float_type": "a number",
+           "list_type": "a list", "bool_type": "true or false"}

@@ -1,0 +1,70 @@
+"""One run, fully specified: `Trial` (a problem instance, one algorithm with one value per hyperparameter, a
+federation, a seed), its `stable_hash`ed configuration, and the federation's declared parameters
+(`FEDERATION_PARAMS`: the engine's, plus a budget of local iterations instead of rounds).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from fedbench.algorithms import ALGORITHMS
+from fedbench.hparams import Param
+from fedbench.metrics import ENGINE_COLUMNS, Metric
+from fedbench.problems import PROBLEMS
+from fedbench.simulate import DIVERGENCE_FACTOR, Federation
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One fully specified run: a problem instance, one algorithm with one value per hyperparameter, a seed."""
+    recipe: str
+    problem: str
+    problem_config: dict[str, Any]
+    algorithm: str
+    hyperparameters: dict[str, Any]
+    federation: Federation
+    seed: int
+    eval_every: int
+    device: str
+    divergence_factor: float = DIVERGENCE_FACTOR
+
+    def config(self) -> dict[str, Any]:
+        """Everything that determines the run except the seed (and the device it runs on)."""
+        return {"problem": {"name": self.problem, **self.problem_config},
+                "federation": asdict(self.federation),
+                "algorithm": {"name": self.algorithm, **self.hyperparameters},
+                "eval_every": self.eval_every, "divergence_factor": self.divergence_factor}
+
+    @property
+    def config_hash(self) -> str:
+        return stable_hash(self.config())
+
+    def metrics(self) -> tuple[Metric, ...]:
+        """What the run's rows hold beside `round`: the problem's declared metrics (with the `personal_` ones
+        for a personalized algorithm), then the engine's columns."""
+        algorithm = ALGORITHMS[self.algorithm]
+        problem = PROBLEMS[self.problem].declared_metrics(self.problem_config, algorithm.personalized)
+        return problem + algorithm.declared_metrics(self.hyperparameters) + ENGINE_COLUMNS
+
+    def params(self) -> dict[str, Any]:
+        """The configuration flattened to dotted names, plus the seed: what the tracker records."""
+        flat = {}
+        for section, values in self.config().items():
+            if isinstance(values, dict):
+                flat.update({f"{section}.{key}": value for key, value in values.items()})
+            else:
+                flat[section] = values
+        return {**flat, "seed": self.seed}
+
+
+def stable_hash(value: Any) -> str:
+    return hashlib.sha1(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+# A federation may give a budget of local iterations per client instead of rounds (rounds = iterations / K),
+# so that a grid over local_steps compares methods at equal work (the FeDXL paper's K ablation).
+FEDERATION_PARAMS = (*Federation.params, Param("iterations", "int", None, "instead of rounds: local iterations per "
+                                               "client, rounds = iterations / local_steps", low=1))
+FEDERATION_NAMES = {p.name for p in FEDERATION_PARAMS}
