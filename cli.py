@@ -169,8 +169,10 @@ def run(
     if track:
         from dataclasses import asdict
 
+        from sweeps.tracking import headline_metrics
+
         store = open_store(tracking_uri)
-        experiment = store.experiment(recipe.name)
+        experiment = store.experiment(recipe.name, headline_metrics(recipe))
         for t, outcome in zip(trials, outcomes):
             start_time = outcome.end_time - outcome.wall_seconds
             run_id = store.start_trial(experiment, t, None, start_time, {"recipe_hash": recipe.recipe_hash},
@@ -266,7 +268,7 @@ def sweep_one(recipe, recipe_path: Path, sets: Optional[List[str]], address: Opt
             summary = run_sweep(recipe, sets or [], tracking_uri, address, max_concurrent, progress)
         except (ClusterError, RecipeError, StoreError) as err:
             bar.stop()
-            fail(str(err))
+            fail(str(err), getattr(err, "detail", ""))
     table = Table(title=f"sweep {recipe.name}", show_header=True)
     for column in ("runs", "skipped (done before)", "finished", "diverged", "failed", "wall s", "compute s"):
         table.add_column(column, justify="right")
@@ -342,7 +344,7 @@ def tune(
                                   rerun_best, progress)
         except (ClusterError, RecipeError, StoreError) as err:
             bar.stop()
-            fail(str(err))
+            fail(str(err), getattr(err, "detail", ""))
     spec = recipe.tune
     table = Table(title=f"tune {recipe.name}: {spec.objective} {spec.metric} ({spec.mode})")
     for column in ("algorithm", "trials", "ok/pruned/diverged/failed", "best params", "best", "fresh seeds: mean ± std"):
@@ -421,7 +423,7 @@ def report(
         result = make_report(tracking_uri, recipe=recipe, experiment=experiment, run_id=run_id, out=out,
                              x=x.value if x else None)
     except (ReportError, RecipeError) as err:
-        fail(str(err))
+        fail(str(err), getattr(err, "detail", ""))
     show_report(result)
 
 

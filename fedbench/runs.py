@@ -232,6 +232,7 @@ class RunOracle:
             if isinstance(out, tuple):
                 return tuple([a.view(runs, -1, *a.shape[1:]) if isinstance(a, Tensor) else unfold(a) for a in out])
             return unfold(out)
+        self.__dict__[name] = lifted  # the next call of this oracle's method (ASVRCD makes two a step) skips the lookup
         return lifted
 
     def _point(self, w: Tensor) -> Tensor:
@@ -267,6 +268,7 @@ class RunBatch:
         self.dtype = first.server[self.algorithm.downloads[0]].dtype
         self.hp = batch_hparams(sims, self.dtype, self.device)
         self.differing = [key for key, value in self.hp.items() if _differs(value)]  # selected per sub-batch
+        self._hp_alone: dict[int, HParams] = {}  # `_hp_of` one run
         self.everyone = self.algorithm.participation == "all"
         self.minibatches = first.sampler.minibatches
         self.resume_from_runs()
@@ -289,11 +291,17 @@ class RunBatch:
         self.rounds_done = self.sims[0].rounds_done
 
     # -- what every schedule shares -----------------------------------------------------------------------
-    def _hp_of(self, runs: Tensor | None) -> HParams:
-        """The per-run values of the runs `runs` (None: every run of the batch)."""
+    def _hp_of(self, ids: list[int], runs: Tensor | None) -> HParams:
+        """The per-run values of the runs `ids` (`runs` as a tensor; None: every run of the batch). A run's own
+        are kept: an iteration-wise batch asks for them at each of its round ends."""
         if runs is None or not self.differing:
             return self.hp
-        return HParams({**self.hp, **{k: _rows_of(self.hp[k], runs) for k in self.differing}})
+        if len(ids) == 1 and ids[0] in self._hp_alone:
+            return self._hp_alone[ids[0]]
+        hp = HParams({**self.hp, **{k: _rows_of(self.hp[k], runs) for k in self.differing}})
+        if len(ids) == 1:
+            self._hp_alone[ids[0]] = hp
+        return hp
 
     def _step_batches(self, step_rows: dict[str, Tensor], ids: list[int]) -> Batches:
         """The oracles of one local step of the runs `ids` on their rows `[R, S, b]` of each drawn minibatch, lifted
@@ -385,7 +393,7 @@ class RunBatch:
         state = start[1] if whole else {k: v.index_select(0, live) for k, v in start[1].items()}
         run_index = torch.arange(runs, device=self.device)[:, None]
         gathered = state if self.everyone else {k: v[run_index, clients] for k, v in state.items()}
-        hp = self._hp_of(live)
+        hp = self._hp_of(ids, live)
         sim = self.sims[ids[0]]
         rnd = Round(clients, sim.rounds_done, steps, sim.iterations, streams=self._streams(ids))
         local = algorithm.client_init(server, gathered, rnd, hp)
@@ -549,7 +557,7 @@ class IterationBatch(RunBatch):
             self.ends.setdefault(self.iteration + steps - 1, []).append(i)
         runs = torch.tensor(opening, device=self.device)
         local = self.algorithm.client_init(_rows(self.server, opening, runs), _rows(self.clients, opening, runs),
-                                           self._round(opening), self._hp_of(runs))
+                                           self._round(opening), self._hp_of(opening, runs))
         for key, value in local.items():
             if key not in self.local:
                 self.local[key] = value.new_zeros(len(self.sims), *value.shape[1:])
@@ -566,7 +574,7 @@ class IterationBatch(RunBatch):
         groups = [[i] for i in ending] if self.algorithm.draws_at_round_end else [ending]
         for group in groups:
             runs = torch.tensor(group, device=self.device)
-            hp = self._hp_of(runs)
+            hp = self._hp_of(group, runs)
             local, server = _rows(self.local, group, runs), _rows(self.server, group, runs)
             rnd = self._round(group, ending=True)
             oracles = self._step_batches(_rows(rows, group, runs), group)

@@ -305,13 +305,13 @@ def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | No
     from ray import tune
 
     from sweeps.relay import Relay
-    from sweeps.tracking import INTERRUPTED, Store, SweepLog
+    from sweeps.tracking import INTERRUPTED, Store, SweepLog, headline_metrics
 
     resources = recipe.resources
     trials = recipe.trials()
     recipe.check_builds(trials)  # what building a run would refuse: refused before Ray starts or the store is made
     store = Store(tracking)
-    experiment_id = store.experiment(recipe.name)
+    experiment_id = store.experiment(recipe.name, headline_metrics(recipe))
     done = store.completed(experiment_id)
     pending = [(key, trial) for key, trial in enumerate(trials) if (trial.config_hash, trial.seed) not in done]
     summary = SweepSummary(total=len(trials), skipped=len(trials) - len(pending), experiment_id=experiment_id)

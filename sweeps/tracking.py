@@ -65,6 +65,7 @@ VIEW_KEY = "fedbench"
 VIEW = {"searchFilter": "tags.role != 'sweep' and tags.role != 'tune'",
         "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": "configuration"}]},
         "useGroupedValuesInCharts": True}
+HEADLINE_TAG = "fedbench.headline"  # the metrics the view charts first (json list), for `fedbench ui` to keep them
 SUMMARY_METRICS = ("train_seconds", "eval_seconds", "wall_seconds")  # per run, at its last round (train_seconds also
 # by every evaluated round where the run recorded it)
 
@@ -148,6 +149,41 @@ def runs_url(base: str, experiment_id: str | None, charts: bool = False) -> str:
     return f"{base}/#/experiments/{experiment_id}/runs?{urlencode(query)}"
 
 
+def headline_metrics(recipe: Recipe) -> list[str]:
+    """The panels of the recipe's report figure, as `fedbench report` picks them (`report.metrics`, else the
+    selection metric and the first metrics with a direction), from the metrics the recipe's runs declare: the
+    charts that `fedbench ui` shows first."""
+    from sweeps.report import ReportError, resolve_settings  # the report imports this module
+
+    try:
+        return resolve_settings(recipe, sorted(recipe.metrics()), None).metrics
+    except ReportError:  # no metric to rank configurations by: the report refuses such runs
+        return list(recipe.report.metrics)
+
+
+def view(headline: list[str]) -> dict:
+    """`VIEW`, its charts opening with a chart of each headline metric, in order. MLflow adds a chart of each
+    other metric to the section named after the metric's prefix ("Model metrics" for a name without `/`; found by
+    name): by name among the section's charts, or after them where the section is marked reordered (as dragging
+    a chart does), as this one is."""
+    if not headline:
+        return VIEW
+    section = {"uuid": "fedbench-model-metrics", "name": "Model metrics", "isReordered": True,
+               "display": True}  # shown: an absent `display` hides the section's charts
+    return {**VIEW, "compareRunSections": [section],
+            "compareRunCharts": [line_chart(metric, section["uuid"]) for metric in headline]}
+
+
+def line_chart(metric: str, section: str) -> dict:
+    """MLflow's chart of one metric's curves (a LINE chart card of its UI's runs view), with only the fields
+    that it draws and behaves like MLflow's own chart of the metric with: the others take their defaults."""
+    return {"uuid": f"fedbench-{metric}",  # what the UI edits, moves or deletes a chart by
+            "type": "LINE", "metricKey": metric, "metricSectionId": section,
+            # The x-axis and the line smoothing the user sets for all charts (the charts' settings menu); without
+            # these the chart keeps the step axis whatever that says, and an absent smoothing smooths the curve.
+            "useGlobalXaxisKey": True, "useGlobalLineSmoothing": True}
+
+
 def chunks(items: list, size: int) -> Iterable[list]:
     for start in range(0, len(items), size):
         yield items[start:start + size]
@@ -170,10 +206,14 @@ class Store:
         path = sqlite_path(self.uri)
         return path.resolve().parent if path is not None else Path.cwd()
 
-    def experiment(self, name: str) -> str:
-        """The experiment's id, created if new, with the tags of `EXPERIMENT_KIND` and of the runs view."""
-        tags = dict([EXPERIMENT_KIND, (f"mlflow.sharedViewState.{VIEW_KEY}", json.dumps(VIEW))])
+    def experiment(self, name: str, headline: list[str] | None = None) -> str:
+        """The experiment's id, created if new, with the tags of `EXPERIMENT_KIND` and of the runs view, whose
+        charts show the `headline` metrics first; without `headline`, those the experiment has (`HEADLINE_TAG`)."""
         found = self.client.get_experiment_by_name(name)
+        if headline is None:
+            headline = json.loads(found.tags.get(HEADLINE_TAG, "[]")) if found is not None else []
+        tags = dict([EXPERIMENT_KIND, (f"mlflow.sharedViewState.{VIEW_KEY}", json.dumps(view(headline))),
+                     (HEADLINE_TAG, json.dumps(headline))])
         if found is not None:
             for key, value in tags.items():  # an experiment of an older fedbench, or made by hand
                 if found.tags.get(key) != value:

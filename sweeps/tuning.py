@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from sweeps.execute import build_simulation, open_cluster, resolve_device, sweep
 from sweeps.recipe import Dimension, Recipe, RecipeError, parse, stable_hash
-from sweeps.tracking import Store, SweepLog
+from sweeps.tracking import Store, SweepLog, headline_metrics
 
 
 def study_storage(recipe: Recipe, store: Store) -> str:
@@ -204,7 +204,7 @@ def tune_recipe(recipe: Recipe, algorithms: list[str], overrides: list[str] | No
     rerun_best = spec.rerun_best if rerun_best is None else rerun_best
     recipe.check_builds()  # what building a run would refuse: refused before Ray starts or the store is made
     store = Store(tracking)
-    experiment_id = store.experiment(recipe.name)
+    experiment_id = store.experiment(recipe.name, headline_metrics(recipe))
     storage = study_storage(recipe, store)
     probe = recipe.single_trial(algorithms[0], seed, fixed=_lowest(recipe, algorithms[0]))
     rounds = probe.federation.rounds

@@ -31,6 +31,8 @@ if MISSING:  # CI (FEDBENCH_REQUIRE_BROWSER=1, set by .ci/run) must run these te
     pytest.skip(MISSING, allow_module_level=True)
 from playwright import sync_api  # noqa: E402
 
+from sweeps.recipe import load  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "papers" / "bao2022_lasso.yaml"
 SHORT = ["--set", "federation.rounds=20", "--set", "eval_every=5", "--set", "seeds=2"]  # 5 methods x 2 seeds
@@ -132,20 +134,27 @@ def test_mlflow_ui_lists_the_sweep_runs_and_charts_their_curves(sweep_folder, ui
     assert "telemetry" not in body.lower()
     screenshot(page, tmp_path / "mlflow_runs.png")
 
+    page.set_viewport_size({"width": 1400, "height": 3000})  # every chart in view: the UI renders only those
     page.goto(ui_server["charts"])
     page.get_by_text("Model metrics").first.wait_for(timeout=60_000)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and page.locator(".js-plotly-plot .scatterlayer .trace").count() == 0:
         page.wait_for_timeout(500)
     assert page.locator(".js-plotly-plot .scatterlayer .trace").count() > 0, "no curve drawn"
-    # One chart per metric of the sweep's runs and none more (the parent's counts are tags): the first charts
-    # are drawn (the UI draws the others as they scroll into view).
+    # One chart per metric of the sweep's runs and none more (the parent's counts are tags): first the panels of
+    # the report's figure (the recipe's `report.metrics`), in their order, then the others (in the order of the
+    # runs' metrics: MLflow's), the communication counters among them.
     charts = page.evaluate("document.body.textContent")
     client = MlflowClient(store(sweep_folder)[1])
     runs = client.search_runs([client.get_experiment_by_name("bao2022-lasso").experiment_id], "tags.role = 'trial'")
     metrics = sorted({key for run in runs for key in run.data.metrics})
     assert len(runs) == 2 * len(ALGORITHMS) and "objective_gap" in metrics
     assert re.search(r"Model metrics\s*\((\d+)\)", charts).group(1) == str(len(metrics))
-    assert all(metric in charts for metric in metrics[:2])
+    titles = page.locator("[data-testid=experiment-view-compare-runs-card]").evaluate_all(
+        "cards => cards.map(card => card.innerText.split('\\n')[0])")
+    headline = load(RECIPE).report.metrics
+    assert headline and set(headline) < set(metrics)
+    assert titles[:len(headline)] == headline and sorted(titles) == metrics, titles
+    assert {"comm_up", "comm_down"} < set(titles[len(headline):])
     screenshot(page, tmp_path / "mlflow_charts.png")
     page.close()

@@ -1,12 +1,13 @@
 """The tracking store's fast write and read of a curve (`Store.log_metrics`, `Store.metric_histories`) store and read
-what MLflow's `log_batch` and `get_metric_history` do."""
+what MLflow's `log_batch` and `get_metric_history` do; the runs view an experiment is tagged with."""
+import json
 import math
 
 import pytest
 import sqlalchemy
 from mlflow.entities import Metric
 
-from sweeps.tracking import Store
+from sweeps.tracking import VIEW, VIEW_KEY, Store
 
 
 def comparable(value: float) -> float | str:
@@ -101,3 +102,25 @@ def test_an_mlflow_without_an_internal_of_the_fast_path_gets_the_public_api(trac
     fast_store.log_metrics(fast, metrics)
     assert stored(store, public) == stored(fast_store, fast)
     assert read == fast_store.metric_histories([fast], "objective")[fast] == [(m.step, m.value) for m in metrics[:1500]]
+
+
+def test_the_headline_charts_come_first_and_stay_when_the_experiment_is_tagged_again(tracking_uri):
+    """`experiment(name, headline)` (a sweep, a tuning session, `fedbench run`) tags the runs view with a chart of
+    each headline metric first, in order; `experiment(name)` (`fedbench ui`) keeps them, also where the
+    view tag was rewritten without them (an older fedbench); an experiment never given any gets the plain view."""
+    store = Store(tracking_uri)
+    key = f"mlflow.sharedViewState.{VIEW_KEY}"
+
+    def charts(experiment: str) -> list[str]:
+        view = json.loads(store.client.get_experiment(experiment).tags[key])
+        return [chart["metricKey"] for chart in view.get("compareRunCharts", [])]
+
+    experiment = store.experiment("curves", headline=["objective_gap", "f1"])
+    assert charts(experiment) == ["objective_gap", "f1"]
+    assert store.experiment("curves") == experiment and charts(experiment) == ["objective_gap", "f1"]
+    store.client.set_experiment_tag(experiment, key, json.dumps(VIEW))
+    store.experiment("curves")
+    assert charts(experiment) == ["objective_gap", "f1"]
+    assert store.experiment("curves", headline=["f1"]) == experiment and charts(experiment) == ["f1"]
+    plain = store.experiment("plain")
+    assert json.loads(store.client.get_experiment(plain).tags[key]) == VIEW
