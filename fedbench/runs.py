@@ -223,12 +223,19 @@ class RunOracle:
         runs, clients, fold, unfold = self.runs, self.clients, self._fold, self._unfold
 
         def lifted(*args, **kwargs):
-            # the usual argument, a `[R, S, ...]` tensor, and the usual answer, a tuple of tensors, inline
-            args = [a.flatten(0, 1) if isinstance(a, Tensor) and a.dim() >= 2 and a.shape[0] == runs
-                    and a.shape[1] == clients else fold(a) for a in args]
+            # `_fold` and `_unfold` inline for the usual arguments (`[R, S, ...]` tensors, and points `[R, 1, ...]`
+            # a run's clients share), flags, and the usual answer (a tuple of tensors): this runs at every step
+            folded = []
+            for a in args:
+                if isinstance(a, Tensor) and a.dim() >= 2 and a.shape[0] == runs:
+                    if a.shape[1] == 1 and clients > 1:
+                        a = a.expand(runs, clients, *a.shape[2:])
+                    folded.append(a.flatten(0, 1))
+                else:
+                    folded.append(fold(a))
             if kwargs:
-                kwargs = {k: fold(v) for k, v in kwargs.items()}
-            out = value(*args, **kwargs)
+                kwargs = {k: v if isinstance(v, (bool, int, float)) else fold(v) for k, v in kwargs.items()}
+            out = value(*folded, **kwargs)
             if isinstance(out, tuple):
                 return tuple([a.view(runs, -1, *a.shape[1:]) if isinstance(a, Tensor) else unfold(a) for a in out])
             return unfold(out)
