@@ -26,6 +26,8 @@ console = Console()
 errors = Console(stderr=True)
 
 SetOption = typer.Option(None, "--set", "-s", help="Override a recipe field: path=value, e.g. algorithm.client_lr=1e-3")
+WithOption = typer.Option(None, "--with", metavar="PLUGIN", help="A plugin (my_method.py, or my_pkg.module) whose "
+                          "algorithms join the recipe's, with default hyperparameters (--set gives them a grid)")
 DataOption = typer.Option(None, "--data-dir", envvar="FEDBENCH_DATA",
                           help="Root of real datasets (sets FEDBENCH_DATA for this run and its Ray workers)")
 TrackingOption = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI",
@@ -76,11 +78,12 @@ def use_data_dir(data_dir: Optional[Path]) -> None:
         os.environ["FEDBENCH_DATA"] = str(data_dir.resolve())
 
 
-def load_recipe(path: Path, sets: Optional[List[str]], algorithm: Optional[str] = None):
+def load_recipe(path: Path, sets: Optional[List[str]], algorithm: Optional[str] = None,
+                with_plugins: Optional[List[str]] = None):
     from sweeps.recipe import RecipeError, load
 
     try:
-        return load(path, sets or [], algorithm)
+        return load(path, sets or [], algorithm, with_plugins)
     except RecipeError as err:
         fail(str(err), err.detail)
 
@@ -107,6 +110,7 @@ def run(
                                               "the algorithm and problem allow"),
     all_seeds: bool = typer.Option(False, "--all-seeds", help="Run every seed of the recipe"),
     sets: Optional[List[str]] = SetOption,
+    with_plugins: Optional[List[str]] = WithOption,
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write every evaluated row to this JSON file "
                                              "(with several seeds: an object of rows by seed)"),
     device: Optional[str] = typer.Option(None, "--device", help="auto, cpu or cuda (default: the recipe's)"),
@@ -120,7 +124,7 @@ def run(
     from sweeps.execute import build_batch, build_simulation, drive, drive_batch, plan_batches
     from sweeps.recipe import RecipeError
 
-    recipe = load_recipe(recipe_path, sets, algorithm)
+    recipe = load_recipe(recipe_path, sets, algorithm, with_plugins)
     if all_seeds and seeds:
         fail("give --seed or --all-seeds, not both")
     chosen = list(recipe.seeds) if all_seeds else list(dict.fromkeys(seeds or [None]))
@@ -213,6 +217,7 @@ def sweep(
     recipe_paths: List[Path] = typer.Argument(..., metavar="RECIPE...", help="YAML recipe(s): several run one after "
                                               "another on one Ray, each with its experiment and report"),
     sets: Optional[List[str]] = SetOption,
+    with_plugins: Optional[List[str]] = WithOption,
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (default: start a local Ray)"),
     tracking_uri: Optional[str] = TrackingOption,
     max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent",
@@ -226,7 +231,7 @@ def sweep(
     use_data_dir(data_dir)
     from sweeps.execute import ClusterError, one_cluster
 
-    recipes = [load_recipe(path, sets) for path in recipe_paths]
+    recipes = [load_recipe(path, sets, with_plugins=with_plugins) for path in recipe_paths]
     for recipe in recipes:
         check_builds(recipe, **{"--max-concurrent": max_concurrent})
     if len(recipes) == 1:
@@ -300,6 +305,7 @@ def tune(
     recipe_path: Path = typer.Argument(..., metavar="RECIPE", help="YAML recipe with a tune: block"),
     algorithm: Optional[List[str]] = typer.Option(None, "--algorithm", "-a", help="Tune only these algorithms"),
     sets: Optional[List[str]] = SetOption,
+    with_plugins: Optional[List[str]] = WithOption,
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (default: start a local Ray)"),
     tracking_uri: Optional[str] = TrackingOption,
     max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent", help="At most this many Ray trials at "
@@ -317,7 +323,7 @@ def tune(
     from sweeps.tracking import StoreError
     from sweeps.tuning import describe, tune_recipe
 
-    recipe = load_recipe(recipe_path, sets)
+    recipe = load_recipe(recipe_path, sets, with_plugins=with_plugins)
     if recipe.tune is None:
         fail(f"{recipe_path}: tune: missing; `fedbench tune` needs a tune: block (space, metric, mode, trials)")
     chosen = algorithm or list(recipe.algorithms)
@@ -406,6 +412,7 @@ def report(
     x: Optional[XAxis] = typer.Option(None, "--x", help="x-axis: rounds, floats communicated, local "
                                   "iterations or training seconds (default: the recipe's report.x, else rounds)"),
     sets: Optional[List[str]] = SetOption,
+    with_plugins: Optional[List[str]] = WithOption,
     tracking_uri: Optional[str] = TrackingOption,
 ) -> None:
     """Curves (mean ± standard error over seeds), a paper-style figure and best-configuration tables from
@@ -418,7 +425,7 @@ def report(
     if len(given) != 1:
         fail(f"give exactly one of RECIPE, --experiment NAME or --run PARENT_RUN_ID "
              f"(found {', '.join(given) or 'none'})")
-    recipe = load_recipe(recipe_path, sets) if recipe_path is not None else None
+    recipe = load_recipe(recipe_path, sets, with_plugins=with_plugins) if recipe_path is not None else None
     try:
         result = make_report(tracking_uri, recipe=recipe, experiment=experiment, run_id=run_id, out=out,
                              x=x.value if x else None)
@@ -431,10 +438,11 @@ def report(
 def validate(
     recipe_path: Path = typer.Argument(..., metavar="RECIPE"),
     sets: Optional[List[str]] = SetOption,
+    with_plugins: Optional[List[str]] = WithOption,
 ) -> None:
     """Check a recipe without running anything: as building its runs would (the index of real data read, not
     the data)."""
-    recipe = load_recipe(recipe_path, sets)
+    recipe = load_recipe(recipe_path, sets, with_plugins=with_plugins)
     check_builds(recipe)
     configurations = len(recipe.trials()) // len(recipe.seeds)
     console.print(f"{recipe_path}: ok — problem {recipe.problem}, algorithms {', '.join(recipe.algorithms)}, "
@@ -442,14 +450,24 @@ def validate(
 
 
 @app.command("list")
-def list_components() -> None:
-    """Problems and algorithms, with each parameter's type, default and valid range."""
+def list_components(with_plugins: Optional[List[str]] = WithOption) -> None:
+    """Problems and algorithms, with each parameter's type, default and valid range, and where each came from:
+    built in, or a plugin (installed packages' entry points, and those given with --with)."""
+    from fedbench import plugins
     from fedbench.algorithms import ALGORITHMS
     from fedbench.problems import PROBLEMS
 
+    plugins.discover()
+    for spec in with_plugins or []:
+        try:
+            plugins.load(str(Path(spec).resolve()) if spec.endswith(".py") else spec)
+        except plugins.PluginError as err:
+            fail(f"--with: {err}")
     for title, registry, attribute in (("problem", PROBLEMS, "params"), ("algorithm", ALGORITHMS, "hparams")):
         for name, cls in registry.items():
-            table = Table(title=f"{title} [bold]{name}[/]", title_justify="left", show_lines=False)
+            where = plugins.origin(title, name)
+            table = Table(title=f"{title} [bold]{name}[/]" + ("" if where == "built-in" else f" (plugin: {where})"),
+                          title_justify="left", show_lines=False)
             table.add_column("parameter", no_wrap=True)
             table.add_column("type", no_wrap=True)
             table.add_column("default", no_wrap=True)
@@ -462,6 +480,8 @@ def list_components() -> None:
                 console.print(f"  {line}", highlight=False)
     from fedbench.contract import CAPABILITIES
 
+    for (title, name), why in sorted(plugins.broken_entry_points().items()):
+        console.print(f"{title} {name}: not loaded: {why}", highlight=False)
     console.print("capabilities an algorithm may require and a problem provide:", highlight=False)
     for name, meaning in CAPABILITIES.items():
         console.print(f"  {name}: {meaning}", highlight=False)

@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from fedbench import plugins
 from fedbench.algorithms import ALGORITHMS
 from fedbench.problems import PROBLEMS
 from fedbench.runs import one_program, run_batch, why_not_batchable
@@ -48,7 +49,9 @@ def resolve_device(requested: str, holds_gpu: bool = True) -> str:
 
 
 def build_simulation(trial: Trial, device: str | None = None, problem=None) -> Simulation:
-    """The trial's simulation, on a problem instance of its own or on `problem` (one shared by seeds)."""
+    """The trial's simulation, on a problem instance of its own or on `problem` (one shared by seeds). A plugin's
+    code is loaded first where this process (a Ray worker, maybe on another machine) has not seen it."""
+    plugins.ensure(trial.plugins)
     if problem is None:
         problem = PROBLEMS[trial.problem](trial.problem_config, seed=trial.seed,
                                           device=resolve_device(device or trial.device))
@@ -101,6 +104,7 @@ def drive(simulation: Simulation, on_row: Callable[[dict[str, float]], None] | N
 def build_batch(trials: list[Trial], device: str | None = None) -> list[Simulation]:
     """The simulations of the seeds of one configuration on one problem instance, for `drive_batch`."""
     first = trials[0]
+    plugins.ensure(first.plugins)
     problem = PROBLEMS[first.problem](first.problem_config, seed=first.seed,
                                       device=resolve_device(device or first.device))
     return [build_simulation(trial, problem=problem) for trial in trials]
