@@ -31,7 +31,7 @@ from fedbench.problems import PROBLEMS, Problem
 GROUPS = {"algorithm": "fedbench.algorithms", "problem": "fedbench.problems"}  # entry-point groups
 # What a component must define itself (the base classes' versions raise NotImplementedError).
 REQUIRED = {"algorithm": ("client_init", "client_step", "client_final", "server_update"),
-            "problem": ("init_params", "minibatch_loss", "metrics")}
+            "problem": ("init_params", "gather", "minibatch_loss", "metrics", "evaluate_global")}
 DECLARED = {"algorithm": "hparams", "problem": "params"}  # its parameter declarations: a tuple of `Param`
 BASES = {"algorithm": Algorithm, "problem": Problem}
 REGISTRIES = {"algorithm": ALGORITHMS, "problem": PROBLEMS}
@@ -173,7 +173,7 @@ def register(cls: Any, source: Source) -> tuple[str, str]:
     if name in registry and registry[name] is not cls and (held is None or held.path != source.path
                                                            or held.spec != source.spec):
         raise PluginError(f"plugin {source.shown}: {kind} name {name!r} is taken by plugin "
-                          f"{held.spec if held else '?'}")
+                          f"{held.shown if held else '?'}")
     registry[name] = cls  # the same file edited since replaces its older version
     ORIGINS[(kind, name)] = source
     return kind, name
@@ -192,9 +192,7 @@ def discover() -> None:
             spec = f"entry point {group}:{point.name} ({package})"
             try:
                 cls = point.load()
-                path = inspect.getsourcefile(cls)
-                source = Source(spec, path, sha256(Path(path).read_bytes()) if path else "")
-                registered = register(cls, source)
+                registered = register(cls, module_source(spec, sys.modules[cls.__module__]))
                 if registered != (kind, point.name):
                     raise PluginError(f"plugin {spec}: loads {registered[0]} {registered[1]!r}, not {kind} "
                                       f"{point.name!r}")
@@ -215,8 +213,18 @@ def broken_entry_points() -> dict[tuple[str, str], str]:
 
 
 def module_source(spec: str, module: ModuleType) -> Source:
+    """A module plugin's source: its file, and the sha256 of every Python file of its top-level package (a
+    subclass's update rule may live in a sibling module: editing that one re-runs the runs too)."""
     path = getattr(module, "__file__", None)
-    return Source(spec, path, sha256(Path(path).read_bytes()) if path else "")
+    top = sys.modules.get(module.__name__.partition(".")[0])
+    entries = [(str(file.relative_to(folder)), file) for folder in map(Path, getattr(top, "__path__", []))
+               for file in sorted(folder.rglob("*.py"))]
+    if not entries and path:  # a module of its own, not in a package
+        entries = [(Path(path).name, Path(path))]
+    digest = hashlib.sha256()
+    for name, file in entries:
+        digest.update(name.encode() + b"\0" + file.read_bytes())
+    return Source(spec, path, digest.hexdigest() if entries else "")
 
 
 def sha256(data: bytes) -> str:

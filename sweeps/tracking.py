@@ -46,8 +46,8 @@ from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
-from sweeps import mlflow_fast
-from sweeps.recipe import Recipe, Trial
+from . import mlflow_fast
+from .recipe import Recipe, Trial
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 BATCH = 1000  # MLflow's limit of metrics per log_batch call (100 for params and tags)
@@ -153,7 +153,7 @@ def headline_metrics(recipe: Recipe) -> list[str]:
     """The panels of the recipe's report figure, as `fedbench report` picks them (`report.metrics`, else the
     selection metric and the first metrics with a direction), from the metrics the recipe's runs declare: the
     charts that `fedbench ui` shows first."""
-    from sweeps.report import ReportError, resolve_settings  # the report imports this module
+    from .report import ReportError, resolve_settings  # the report imports this module
 
     try:
         return resolve_settings(recipe, sorted(recipe.metrics()), None).metrics

@@ -22,14 +22,14 @@ from fedbench import plugins
 from fedbench.algorithms import ALGORITHMS
 from fedbench.hparams import LIST_KINDS, Param
 from fedbench.problems import PROBLEMS
-from sweeps.recipe.grid import Recipe, grid_points
-from sweeps.recipe.loading import (DuplicateKey, RecipeError, RecipeLoader, apply_overrides, closest, field_paths,
+from .grid import Recipe, grid_points
+from .loading import (DuplicateKey, RecipeError, RecipeLoader, apply_overrides, closest, field_paths,
                                    in_words, read_yaml, unknown, yaml_value)
-from sweeps.recipe.metrics import check_metrics, default_modes, metrics_of, named_metrics
-from sweeps.recipe.schema import (DISTRIBUTIONS, PHRASES, SAMPLERS, SECTIONS, X_AXES, PrunerSpec, RecipeModel,
+from .metrics import check_metrics, default_modes, metrics_of, named_metrics
+from .schema import (DISTRIBUTIONS, PHRASES, SAMPLERS, SECTIONS, X_AXES, PrunerSpec, RecipeModel,
                                   ReportSpec, Resources, SelectSpec, StrictModel, TuneSpec, is_seed, schema_error)
-from sweeps.recipe.space import Dimension, check_space
-from sweeps.recipe.trials import FEDERATION_NAMES, FEDERATION_PARAMS, Trial, stable_hash
+from .space import Dimension, check_space
+from .trials import FEDERATION_NAMES, FEDERATION_PARAMS, Trial, stable_hash
 
 __all__ = ["DISTRIBUTIONS", "FEDERATION_NAMES", "FEDERATION_PARAMS", "OPTION_FIELDS", "PHRASES", "SAMPLERS",
            "SECTIONS", "X_AXES", "Dimension", "DuplicateKey", "PrunerSpec", "Recipe", "RecipeError", "RecipeLoader",

@@ -14,11 +14,11 @@ from fedbench.hparams import ParamError, resolve
 from fedbench.metrics import Metric
 from fedbench.problems import PROBLEMS
 from fedbench.simulate import Federation, minibatch_sizes
-from sweeps.recipe.loading import RecipeError, closest
-from sweeps.recipe.metrics import metrics_of
-from sweeps.recipe.schema import ReportSpec, Resources, TuneSpec, is_seed
-from sweeps.recipe.space import Dimension
-from sweeps.recipe.trials import FEDERATION_NAMES, Trial, stable_hash
+from .loading import RecipeError, closest
+from .metrics import metrics_of
+from .schema import ReportSpec, Resources, TuneSpec, is_seed
+from .space import Dimension
+from .trials import FEDERATION_NAMES, Trial, stable_hash
 
 
 @dataclass
