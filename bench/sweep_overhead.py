@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,8 +26,10 @@ import torch
 from mlflow.tracking import MlflowClient
 from ray import tune
 
-from sweeps.execute import build_simulation, drive, sweep
-from sweeps.recipe import parse
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's sweeps/ (installed: fedbench_sweeps)
+
+from sweeps.execute import build_simulation, drive, sweep  # noqa: E402
+from sweeps.recipe import parse  # noqa: E402
 
 RECIPE = {
     "name": "overhead",

@@ -13,23 +13,28 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
+import importlib.metadata
 import logging
 import math
 import os
 import shutil
+import sys
 import tempfile
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
+from fedbench import plugins
 from fedbench.algorithms import ALGORITHMS
 from fedbench.problems import PROBLEMS
 from fedbench.runs import one_program, run_batch, why_not_batchable
 from fedbench.simulate import Simulation
-from sweeps.recipe import Recipe, Trial, stable_hash
+from .recipe import Recipe, Trial, stable_hash
 
 PACKS_PER_SLOT = 4
 
@@ -48,7 +53,9 @@ def resolve_device(requested: str, holds_gpu: bool = True) -> str:
 
 
 def build_simulation(trial: Trial, device: str | None = None, problem=None) -> Simulation:
-    """The trial's simulation, on a problem instance of its own or on `problem` (one shared by seeds)."""
+    """The trial's simulation, on a problem instance of its own or on `problem` (one shared by seeds). A plugin's
+    code is loaded first where this process (a Ray worker, maybe on another machine) has not seen it."""
+    plugins.ensure(trial.plugins)
     if problem is None:
         problem = PROBLEMS[trial.problem](trial.problem_config, seed=trial.seed,
                                           device=resolve_device(device or trial.device))
@@ -101,6 +108,7 @@ def drive(simulation: Simulation, on_row: Callable[[dict[str, float]], None] | N
 def build_batch(trials: list[Trial], device: str | None = None) -> list[Simulation]:
     """The simulations of the seeds of one configuration on one problem instance, for `drive_batch`."""
     first = trials[0]
+    plugins.ensure(first.plugins)
     problem = PROBLEMS[first.problem](first.problem_config, seed=first.seed,
                                       device=resolve_device(device or first.device))
     return [build_simulation(trial, problem=problem) for trial in trials]
@@ -234,19 +242,49 @@ def plan_packs(runs: list[tuple[int, Trial]], pack: int | str, slot_count: int, 
     return [[batch] for batch in batches] + sorted(chunks, key=len, reverse=True)
 
 
-def connect(address: str | None) -> bool:
-    """Join the given cluster, or start a local Ray; True when this call started Ray (and must stop it)."""
+def connect(address: str | None, recipes: Iterable[Recipe] = ()) -> bool:
+    """Join the given cluster, or start a local Ray, shipping with the job the code of the recipes' module plugins
+    that its nodes may lack (`shipped_code`); True when this call started Ray (and must stop it). A Ray this
+    process has already joined is used as it is (its job's runtime environment is fixed)."""
     import ray
 
     if ray.is_initialized():
         return False
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage-stats notice, nothing sent
+    # Ray's runtime environment only where there is code to ship: each worker then waits for its copy.
+    ship = shipped_code(recipes)
     # "local": a fresh Ray of our own, never whatever cluster `ray start` left on this machine. Ray's own log
     # lines and the workers' output only with `fedbench -v` (FEDBENCH_VERBOSE): the progress display says
     # what matters, and a trial's error goes to its MLflow run.
     ray.init(address=address or "local", log_to_driver=verbose(), include_dashboard=False, configure_logging=True,
-             logging_level=logging.INFO if verbose() else logging.ERROR)
+             logging_level=logging.INFO if verbose() else logging.ERROR,
+             runtime_env={"py_modules": ship} if ship else None)
     return True
+
+
+def shipped_code(recipes: Iterable[Recipe]) -> list[str]:
+    """What a Ray job ships to its workers on every node (`py_modules` of Ray's runtime environment, which puts
+    its copy on their sys.path): the folder of the top-level package, or the file of the top-level module, of each
+    module plugin the recipes use (`plugins: [my_pkg.methods]`) that is not installed here, i.e. that this process
+    imports from a folder on its sys.path (the working directory, PYTHONPATH) which another node may not have.
+    Nothing to ship for a file plugin (its text travels in each trial: `Trial.plugins`, `plugins.ensure`), nor
+    for an entry point or an installed module: every node must have those installed, as it has fedbench itself."""
+    needed = {source for recipe in recipes for kind, names in (("problem", [recipe.problem]),
+                                                               ("algorithm", recipe.algorithms))
+              for name in names for source in plugins.sources(kind, name)}
+    paths: list[str] = []
+    for source in sorted(needed, key=lambda source: source.spec):
+        if source.text is not None or source.spec.startswith("entry point "):
+            continue
+        top = source.spec.partition(":")[0].split(".")[0]
+        if top in sys.stdlib_module_names or top in importlib.metadata.packages_distributions():
+            continue  # installed: a distribution's (an editable install too), or Python's own
+        module = importlib.import_module(top)  # imported already, when the recipe was loaded
+        where = [str(path) for path in getattr(module, "__path__", None) or [module.__file__]]
+        if any(part in ("site-packages", "dist-packages") for path in where for part in Path(path).parts):
+            continue  # installed without a distribution's record
+        paths.extend(path for path in where if path not in paths)
+    return paths
 
 
 def verbose() -> bool:
@@ -254,9 +292,11 @@ def verbose() -> bool:
     return os.environ.get("FEDBENCH_VERBOSE") == "1"
 
 
-def open_cluster(recipe: Recipe, address: str | None, max_concurrent: int | None) -> tuple[bool, int]:
-    """Join or start Ray and count the trials it can run at once: (whether Ray was started here, slots).
-    Raises ClusterError, with Ray stopped again, when the recipe's per-trial resources fit on no node."""
+def open_cluster(recipe: Recipe, address: str | None, max_concurrent: int | None,
+                 recipes: list[Recipe] | None = None) -> tuple[bool, int]:
+    """Join or start Ray and count the trials it can run at once: (whether Ray was started here, slots). Ray
+    started or joined here ships the code of the module plugins of `recipes`, every recipe it will run (default:
+    this one). Raises ClusterError, with Ray stopped again, when the recipe's per-trial resources fit on no node."""
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # our tracker records everything
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     import ray
@@ -265,7 +305,7 @@ def open_cluster(recipe: Recipe, address: str | None, max_concurrent: int | None
     if recipe.device.startswith("cuda") and not resources.gpus_per_trial:
         raise ClusterError(f"{recipe.source}: resources.gpus_per_trial: found 0 with device {recipe.device}; "
                            "expected a GPU share > 0")
-    started = connect(address)
+    started = connect(address, recipes or [recipe])
     for name in ("ray", "ray.tune", "mlflow"):  # the progress display says what matters
         logging.getLogger(name).setLevel(logging.INFO if verbose() else logging.ERROR)
     try:
@@ -280,14 +320,14 @@ def open_cluster(recipe: Recipe, address: str | None, max_concurrent: int | None
 @contextlib.contextmanager
 def one_cluster(recipes: list[Recipe], address: str | None, max_concurrent: int | None) -> Iterator[None]:
     """Ray for several sweeps in a row (`fedbench sweep A.yaml B.yaml`): joined or started once, not once per
-    recipe, and every recipe's resources checked against it before the first runs (ClusterError); stopped at the
-    end when started here."""
+    recipe (with the module plugins of all of them shipped, `shipped_code`), and every recipe's resources checked
+    against it before the first runs (ClusterError); stopped at the end when started here."""
     import ray
 
     started = False
     try:
         for recipe in recipes:
-            started = open_cluster(recipe, address, max_concurrent)[0] or started
+            started = open_cluster(recipe, address, max_concurrent, recipes)[0] or started
         yield
     finally:
         if started:
@@ -304,8 +344,8 @@ def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | No
     import ray
     from ray import tune
 
-    from sweeps.relay import Relay
-    from sweeps.tracking import INTERRUPTED, Store, SweepLog, headline_metrics
+    from .relay import Relay
+    from .tracking import INTERRUPTED, Store, SweepLog, headline_metrics
 
     resources = recipe.resources
     trials = recipe.trials()

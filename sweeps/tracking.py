@@ -46,8 +46,8 @@ from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
-from sweeps import mlflow_fast
-from sweeps.recipe import Recipe, Trial
+from . import mlflow_fast
+from .recipe import Recipe, Trial
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 BATCH = 1000  # MLflow's limit of metrics per log_batch call (100 for params and tags)
@@ -153,7 +153,7 @@ def headline_metrics(recipe: Recipe) -> list[str]:
     """The panels of the recipe's report figure, as `fedbench report` picks them (`report.metrics`, else the
     selection metric and the first metrics with a direction), from the metrics the recipe's runs declare: the
     charts that `fedbench ui` shows first."""
-    from sweeps.report import ReportError, resolve_settings  # the report imports this module
+    from .report import ReportError, resolve_settings  # the report imports this module
 
     try:
         return resolve_settings(recipe, sorted(recipe.metrics()), None).metrics
@@ -319,6 +319,8 @@ class Store:
         configuration = f"{trial.algorithm} ({hp})"  # what the UI's runs view groups the seeds by
         run_tags = {"role": role, "problem": trial.problem, "algorithm": trial.algorithm, "seed": str(trial.seed),
                     "config_hash": trial.config_hash, "configuration": configuration, "status": "running", **tags}
+        if trial.plugins:
+            run_tags["plugin_sha256"] = " ".join(source.sha256 for source in trial.plugins)
         if parent_id:
             run_tags[PARENT_TAG] = parent_id
         run = self.client.create_run(experiment_id, start_time=int(start_time * 1000),
@@ -327,6 +329,10 @@ class Store:
         params = [Param(k, str(v)) for k, v in trial.params().items()]
         for part in chunks(params, 100):
             self.client.log_batch(run_id, params=part)
+        for source in trial.plugins:  # the plugin's code as the run ran it (its sha256 is the tag plugin_sha256)
+            text = source.text if source.text is not None else Path(source.path).read_text() if source.path else None
+            if text is not None:
+                self.client.log_text(run_id, text, f"plugins/{Path(source.path).name}")
         return run_id
 
     def finish_trial(self, run_id: str, outcome: dict[str, Any]) -> None:

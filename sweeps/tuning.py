@@ -28,9 +28,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from sweeps.execute import build_simulation, open_cluster, resolve_device, sweep
-from sweeps.recipe import Dimension, Recipe, RecipeError, parse, stable_hash
-from sweeps.tracking import Store, SweepLog, headline_metrics
+from .execute import build_simulation, open_cluster, resolve_device, sweep
+from .recipe import Dimension, Recipe, RecipeError, parse, stable_hash
+from .tracking import Store, SweepLog, headline_metrics
 
 
 def study_storage(recipe: Recipe, store: Store) -> str:
@@ -197,7 +197,7 @@ def tune_recipe(recipe: Recipe, algorithms: list[str], overrides: list[str] | No
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
-    from sweeps.relay import Relay
+    from .relay import Relay
 
     spec = recipe.tune
     seed = recipe.seeds[0] if spec.seed is None else spec.seed

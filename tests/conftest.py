@@ -69,7 +69,8 @@ def ray_local(tmp_path_factory):
 
 # `make test-fast` leaves out what starts Ray or a browser (markers `ray`, `browser`) and the heaviest single tests: these modules do throughout,
 # elsewhere a test that takes the `ray_local` fixture or drives `fedbench sweep`/`tune`/`ui` (by its name) does.
-RAY_MODULES = {"test_sweeps.py", "test_sweep_resume.py", "test_sweep_cluster.py", "test_tuning.py", "test_store.py"}
+RAY_MODULES = {"test_sweeps.py", "test_sweep_resume.py", "test_sweep_cluster.py", "test_tuning.py", "test_store.py",
+               "test_install.py"}
 BROWSER_MODULES = {"test_browser.py"}
 RAY_NAMES = ("sweep", "tune", "_ui", "ui_", "no_node_can_hold")
 # Single tests of 4 s or more on 2 cores (measured with --durations), also left out by `make test-fast`; the
@@ -89,3 +90,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.ray)
         if item.name in HEAVY:
             item.add_marker(pytest.mark.heavy)
+
+
+@pytest.fixture(autouse=True)
+def _plugin_registry():
+    """Each test's plugins registered for that test only: the registries are one per process, as in a command,
+    where two files giving one name are refused (tests/test_plugins.py)."""
+    from fedbench import plugins
+
+    registries = {kind: dict(registry) for kind, registry in plugins.REGISTRIES.items()}
+    origins = dict(plugins.ORIGINS)
+    yield
+    for kind, registry in plugins.REGISTRIES.items():
+        registry.clear()
+        registry.update(registries[kind])
+    plugins.ORIGINS.clear()
+    plugins.ORIGINS.update(origins)

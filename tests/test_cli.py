@@ -352,3 +352,46 @@ def test_a_minimal_recipe_validates_and_runs_with_every_default(tmp_path, tracki
     assert run.data.tags["seed"] == "0" and run.data.params["federation.clients_per_round"] == "10"
     path.write_text("problem: {name: lasso}\nalgorithms: {fedavg: null}\n")
     assert invoke("validate", path).exit_code == 0
+
+
+# -- shipped recipes by name --------------------------------------------------------------------------------
+
+def test_a_shipped_recipe_is_found_by_name_and_a_file_that_exists_wins(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no recipes/ here
+    for given in ("papers/bao2022_lasso", "papers/bao2022_lasso.yaml", "recipes/papers/bao2022_lasso.yaml"):
+        result = invoke("validate", given)
+        said = " ".join(result.output.split())
+        assert result.exit_code == 0 and "problem lasso" in said and "5 configurations × 3 seeds" in said, said
+    (tmp_path / "papers").mkdir()
+    (tmp_path / "papers" / "bao2022_lasso.yaml").write_text(SMALL)  # a file at the path given: it is what runs
+    result = invoke("validate", "papers/bao2022_lasso.yaml")
+    said = " ".join(result.output.split())
+    assert result.exit_code == 0 and "3 configurations × 2 seeds" in said, said
+
+
+def test_a_name_neither_a_file_nor_shipped_is_refused_with_the_closest(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for command in ("validate", "run", "sweep", "tune", "report", "ui"):
+        result = CliRunner().invoke(app, [command, "papers/bao2022_laso"], env={"FEDBENCH_VERBOSE": None})
+        assert result.exit_code == 2, (command, result.output)
+        assert len(result.output.splitlines()) == 1 and "Traceback" not in result.output, result.output
+        assert "closest: papers/bao2022_lasso" in result.output and "recipes` lists them" in result.output
+    result = invoke("validate", "bao2022_lowrank")
+    assert result.exit_code == 2 and "closest: papers/bao2022_lowrank" in result.output, result.output
+
+
+def test_fedbench_recipes_lists_every_shipped_recipe_with_its_paper_and_runs():
+    from sweeps.shipped import describe, find, names, root
+
+    assert root() == Path(__file__).resolve().parents[1] / "recipes"  # a checkout: its own recipes/
+    shipped = names()
+    assert "papers/bao2022_lasso" in shipped and "lasso" in shipped and len(shipped) >= 30
+    for name in shipped:  # the table's columns come from each recipe's first comment lines
+        about = describe(find(name))
+        assert about.get("paper") and about.get("reproduces"), name
+    result = CliRunner().invoke(app, ["recipes"], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[0]: line for line in result.output.splitlines() if line.split()}
+    assert set(shipped) <= set(rows), result.output
+    assert "5 × 3 = 15" in rows["papers/bao2022_lasso"] and "~2 min" in rows["papers/bao2022_lasso"]
+    assert "15 × 30 = 450" in rows["papers/hanzely2023_s1"], rows["papers/hanzely2023_s1"]

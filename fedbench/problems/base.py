@@ -69,9 +69,12 @@ class Problem:
 
     @classmethod
     def resolve_config(cls, given: dict[str, Any]) -> dict[str, Any]:
-        """Declared defaults, overlaid by the chosen preset, overlaid by `given`; all checked."""
+        """Declared defaults, overlaid by the chosen preset (for a problem that has presets), overlaid by `given`;
+        all checked."""
         given = dict(given)
-        preset = given.get("preset", next(p.default for p in cls.params if p.name == "preset"))
+        if not cls.presets:
+            return resolve(cls.params, given, cls.name)
+        preset = given.get("preset", next((p.default for p in cls.params if p.name == "preset"), None))
         if preset not in cls.presets:
             raise ValueError(f"{cls.name}.preset: expected one of {' | '.join(cls.presets)}, found {preset!r}")
         return resolve(cls.params, {**cls.presets[preset], **given}, cls.name)

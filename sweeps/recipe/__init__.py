@@ -18,17 +18,18 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from fedbench import plugins
 from fedbench.algorithms import ALGORITHMS
 from fedbench.hparams import LIST_KINDS, Param
 from fedbench.problems import PROBLEMS
-from sweeps.recipe.grid import Recipe, grid_points
-from sweeps.recipe.loading import (DuplicateKey, RecipeError, RecipeLoader, apply_overrides, closest, field_paths,
+from .grid import Recipe, grid_points
+from .loading import (DuplicateKey, RecipeError, RecipeLoader, apply_overrides, closest, field_paths,
                                    in_words, read_yaml, unknown, yaml_value)
-from sweeps.recipe.metrics import check_metrics, default_modes, metrics_of, named_metrics
-from sweeps.recipe.schema import (DISTRIBUTIONS, PHRASES, SAMPLERS, SECTIONS, X_AXES, PrunerSpec, RecipeModel,
+from .metrics import check_metrics, default_modes, metrics_of, named_metrics
+from .schema import (DISTRIBUTIONS, PHRASES, SAMPLERS, SECTIONS, X_AXES, PrunerSpec, RecipeModel,
                                   ReportSpec, Resources, SelectSpec, StrictModel, TuneSpec, is_seed, schema_error)
-from sweeps.recipe.space import Dimension, check_space
-from sweeps.recipe.trials import FEDERATION_NAMES, FEDERATION_PARAMS, Trial, stable_hash
+from .space import Dimension, check_space
+from .trials import FEDERATION_NAMES, FEDERATION_PARAMS, Trial, stable_hash
 
 __all__ = ["DISTRIBUTIONS", "FEDERATION_NAMES", "FEDERATION_PARAMS", "OPTION_FIELDS", "PHRASES", "SAMPLERS",
            "SECTIONS", "X_AXES", "Dimension", "DuplicateKey", "PrunerSpec", "Recipe", "RecipeError", "RecipeLoader",
@@ -67,14 +68,28 @@ def _check_params(source, path, declared, given: dict) -> dict[str, list[Any]]:
     return grid
 
 
+def load_plugins(source: str, specs: list[str]) -> None:
+    """Register the components of installed packages' entry points and of the recipe's `plugins` (a file relative
+    to the recipe's folder, or a module); a plugin that cannot be registered is refused with its field."""
+    plugins.discover()
+    for i, spec in enumerate(specs):
+        try:
+            plugins.load(spec, Path(source).parent)
+        except plugins.PluginError as err:
+            raise RecipeError(source, f"plugins[{i}]", str(err)) from None
+
+
 def parse(raw: dict[str, Any], source: str) -> Recipe:
     try:
         model = RecipeModel.model_validate(raw)
     except ValidationError as err:
         raise schema_error(source, err) from None
 
+    load_plugins(source, model.plugins)
     problem = dict(model.problem)
     problem_name = problem.pop("name", None)
+    if why := plugins.broken("problem", problem_name):
+        raise RecipeError(source, "problem.name", why)
     if problem_name not in PROBLEMS:
         raise unknown(source, "problem.name", f"found {problem_name!r}, expected a problem"
                       f"{closest(problem_name, PROBLEMS)}", PROBLEMS)
@@ -84,6 +99,8 @@ def parse(raw: dict[str, Any], source: str) -> Recipe:
     sections = {"problem": PROBLEMS[problem_name].params, "federation": FEDERATION_PARAMS}
     algorithms, overrides = {}, {}
     for algo, hps in model.algorithms.items():
+        if why := plugins.broken("algorithm", algo):
+            raise RecipeError(source, f"algorithms.{algo}", why)
         if algo not in ALGORITHMS:
             raise unknown(source, f"algorithms.{algo}", f"unknown algorithm{closest(algo, ALGORITHMS)}", ALGORITHMS)
         hps = dict(hps or {})
@@ -131,7 +148,32 @@ def check_option(recipe: Recipe, option: str, value: Any) -> None:
         raise RecipeError(recipe.source, option, schema_error(recipe.source, err).message) from None
 
 
-def load(path: str | Path, overrides: list[str] | None = None, algorithm: str | None = None) -> Recipe:
+def load(path: str | Path, overrides: list[str] | None = None, algorithm: str | None = None,
+         with_plugins: list[str] | None = None) -> Recipe:
+    """The recipe of a file, with `with_plugins`' algorithms joining it (`add_plugins`), then `overrides` applied."""
     source = str(path)
-    raw = apply_overrides(read_yaml(path), overrides or [], source, algorithm)
+    raw = add_plugins(read_yaml(path), with_plugins or [], source)
+    raw = apply_overrides(raw, overrides or [], source, algorithm)
     return parse(raw, source)
+
+
+def add_plugins(raw: dict[str, Any], specs: list[str], source: str) -> dict[str, Any]:
+    """`--with`: each plugin (a file, relative to the working directory, or a module) joins the recipe's `plugins`,
+    and each algorithm it defines joins the recipe's algorithms with its default hyperparameters, which `--set`
+    can then make a grid: a researcher's method beside a paper's, in the paper's own experiment."""
+    if not specs:
+        return raw
+    raw = copy.deepcopy(raw)
+    for spec in specs:
+        given = str(Path(spec).resolve()) if spec.endswith(".py") else spec  # the recipe may be in another folder
+        try:
+            registered = plugins.load(given)
+        except plugins.PluginError as err:
+            raise RecipeError(source, "--with", str(err)) from None
+        raw["plugins"] = [*(raw.get("plugins") or []), given]
+        algorithms = raw.setdefault("algorithms", {})
+        if isinstance(algorithms, dict):  # else the schema refuses it, naming the field
+            for kind, name in registered:
+                if kind == "algorithm" and algorithms.get(name) is None:
+                    algorithms[name] = {}
+    return raw

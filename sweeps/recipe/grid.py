@@ -8,17 +8,17 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from fedbench import contract
+from fedbench import contract, plugins
 from fedbench.algorithms import ALGORITHMS
 from fedbench.hparams import ParamError, resolve
 from fedbench.metrics import Metric
 from fedbench.problems import PROBLEMS
 from fedbench.simulate import Federation, minibatch_sizes
-from sweeps.recipe.loading import RecipeError, closest
-from sweeps.recipe.metrics import metrics_of
-from sweeps.recipe.schema import ReportSpec, Resources, TuneSpec, is_seed
-from sweeps.recipe.space import Dimension
-from sweeps.recipe.trials import FEDERATION_NAMES, Trial, stable_hash
+from .loading import RecipeError, closest
+from .metrics import metrics_of
+from .schema import ReportSpec, Resources, TuneSpec, is_seed
+from .space import Dimension
+from .trials import FEDERATION_NAMES, Trial, stable_hash
 
 
 @dataclass
@@ -110,7 +110,8 @@ class Recipe:
             federation_values["rounds"] = iterations // steps
         trial = Trial(self.name, self.problem, PROBLEMS[self.problem].resolve_config(problem_values), algorithm,
                       resolve(ALGORITHMS[algorithm].hparams, hyperparameters, algorithm),
-                      Federation(**federation_values), seed, self.eval_every, self.device, self.divergence_factor)
+                      Federation(**federation_values), seed, self.eval_every, self.device, self.divergence_factor,
+                      plugins.sources("problem", self.problem) + plugins.sources("algorithm", algorithm))
         self.check(trial)
         return trial
 

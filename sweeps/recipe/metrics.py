@@ -7,11 +7,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fedbench.metrics import Metric
-from sweeps.recipe.loading import RecipeError, closest, unknown
+from .loading import RecipeError, closest, unknown
 
 if TYPE_CHECKING:
-    from sweeps.recipe.grid import Recipe
-    from sweeps.recipe.trials import Trial
+    from .grid import Recipe
+    from .trials import Trial
 
 
 def metrics_of(trials: list[Trial]) -> dict[str, Metric]:

@@ -10,7 +10,7 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fedbench.simulate import DIVERGENCE_FACTOR
-from sweeps.recipe.loading import RecipeError, closest, unknown
+from .loading import RecipeError, closest, unknown
 
 
 class StrictModel(BaseModel):
@@ -138,6 +138,7 @@ def _one_of(value: str, options: tuple[str, ...]) -> str:
 
 class RecipeModel(StrictModel):
     name: Optional[str] = Field(None, min_length=1)  # default: the recipe file's name without .yaml
+    plugins: list[str] = Field(default_factory=list)  # files (relative to the recipe) or modules of own components
     problem: dict[str, Any]
     federation: dict[str, Any] = Field(default_factory=dict)
     algorithms: dict[str, Optional[dict[str, Any]]] = Field(min_length=1)

@@ -9,9 +9,9 @@ from typing import Any
 
 from fedbench.algorithms import ALGORITHMS
 from fedbench.problems import PROBLEMS
-from sweeps.recipe.loading import RecipeError, closest, unknown
-from sweeps.recipe.schema import DISTRIBUTIONS, TuneSpec
-from sweeps.recipe.trials import FEDERATION_PARAMS
+from .loading import RecipeError, closest, unknown
+from .schema import DISTRIBUTIONS, TuneSpec
+from .trials import FEDERATION_PARAMS
 
 
 @dataclass(frozen=True)

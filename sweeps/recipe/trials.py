@@ -12,6 +12,7 @@ from typing import Any
 from fedbench.algorithms import ALGORITHMS
 from fedbench.hparams import Param
 from fedbench.metrics import ENGINE_COLUMNS, Metric
+from fedbench.plugins import Source
 from fedbench.problems import PROBLEMS
 from fedbench.simulate import DIVERGENCE_FACTOR, Federation
 
@@ -29,13 +30,18 @@ class Trial:
     eval_every: int
     device: str
     divergence_factor: float = DIVERGENCE_FACTOR
+    plugins: tuple[Source, ...] = ()  # the code of its algorithm and problem where they are plugins (`fedbench.plugins`)
 
     def config(self) -> dict[str, Any]:
-        """Everything that determines the run except the seed (and the device it runs on)."""
-        return {"problem": {"name": self.problem, **self.problem_config},
-                "federation": asdict(self.federation),
-                "algorithm": {"name": self.algorithm, **self.hyperparameters},
-                "eval_every": self.eval_every, "divergence_factor": self.divergence_factor}
+        """Everything that determines the run except the seed (and the device it runs on); for a plugin's run, the
+        sha256 of the plugin's code too, so that an edited plugin's runs run again (a built-in's config is as it was)."""
+        config = {"problem": {"name": self.problem, **self.problem_config},
+                  "federation": asdict(self.federation),
+                  "algorithm": {"name": self.algorithm, **self.hyperparameters},
+                  "eval_every": self.eval_every, "divergence_factor": self.divergence_factor}
+        if self.plugins:
+            config["plugins"] = sorted(source.sha256 for source in self.plugins)
+        return config
 
     @property
     def config_hash(self) -> str:

@@ -28,12 +28,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
-from sweeps.recipe import Recipe
-from sweeps.report.query import AXES, Histories, ReportError, Source, find_source
-from sweeps.report.render import Page, fmt, save_figure, save_metric, table, write_csv, write_html, write_markdown
-from sweeps.report.settings import Settings, resolve_settings
-from sweeps.report.statistics import Configuration, configurations, curve, rounds_to, spread, statuses
-from sweeps.tracking import SUMMARY_METRICS, Store
+from ..recipe import Recipe
+from ..tracking import SUMMARY_METRICS, Store
+from .query import AXES, Histories, ReportError, Source, find_source
+from .render import Page, fmt, save_figure, save_metric, table, write_csv, write_html, write_markdown
+from .settings import Settings, resolve_settings
+from .statistics import Configuration, configurations, curve, rounds_to, spread, statuses
 
 # The package's jobs, one module each: query (what the store holds), settings (the report block resolved),
 # statistics (pure functions of runs and histories), render (PNGs, tables, pages); this module puts them together.

@@ -8,8 +8,8 @@ from typing import Optional
 import numpy as np
 from mlflow.exceptions import MlflowException
 
-from sweeps.recipe import Recipe, parse, yaml_value
-from sweeps.tracking import PARENT_TAG, Store
+from ..recipe import Recipe, parse, yaml_value
+from ..tracking import PARENT_TAG, Store
 
 COMM = ("comm_up", "comm_down")  # the x-axis of --x comm, not curves of their own
 AXES = (*COMM, "iterations")  # x-axis columns

@@ -11,9 +11,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from sweeps.report.query import Histories
-from sweeps.report.settings import Settings
-from sweeps.report.statistics import Configuration, curve, spread
+from .query import Histories
+from .settings import Settings
+from .statistics import Configuration, curve, spread
 
 LOG_SPAN = 10 ** 1.5  # max/min of the plotted values from which the y-axis is logarithmic
 STYLES = ("-", "--", ":", "-.", (0, (3, 1, 1, 1, 1, 1)))

@@ -6,8 +6,8 @@ from typing import Optional
 
 from fedbench.metrics import Metric
 from fedbench.problems import metric_catalog
-from sweeps.recipe import Recipe, ReportSpec, SelectSpec, check_metrics
-from sweeps.report.query import ReportError
+from ..recipe import Recipe, ReportSpec, SelectSpec, check_metrics
+from .query import ReportError
 
 
 def declarations(recipe: Optional[Recipe]) -> dict[str, Metric]:

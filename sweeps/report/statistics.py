@@ -9,9 +9,9 @@ from typing import Optional
 
 import numpy as np
 
-from sweeps.recipe import SelectSpec
-from sweeps.report.query import Histories
-from sweeps.report.settings import Settings
+from ..recipe import SelectSpec
+from .query import Histories
+from .settings import Settings
 
 
 @dataclass

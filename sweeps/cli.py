@@ -1,0 +1,693 @@
+"""fedbench command line: `fedbench run | sweep | tune | report | validate | list | recipes | ui` (installed as
+fedbench_sweeps.cli; in a checkout `python cli.py`, which imports it as sweeps.cli)."""
+from __future__ import annotations
+
+import collections
+import functools
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import webbrowser
+from pathlib import Path
+from enum import Enum
+from typing import List, Optional
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Declarative experiment sweeps for federated optimization research.")
+console = Console()
+errors = Console(stderr=True)
+
+OR_SHIPPED = ", or a shipped recipe's name, e.g. papers/bao2022_lasso (fedbench recipes lists them)"
+SetOption = typer.Option(None, "--set", "-s", help="Override a recipe field: path=value, e.g. algorithm.client_lr=1e-3")
+WithOption = typer.Option(None, "--with", metavar="PLUGIN", help="A plugin (my_method.py, or my_pkg.module) whose "
+                          "algorithms join the recipe's, with default hyperparameters (--set gives them a grid)")
+DataOption = typer.Option(None, "--data-dir", envvar="FEDBENCH_DATA",
+                          help="Root of real datasets (sets FEDBENCH_DATA for this run and its Ray workers)")
+TrackingOption = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI",
+                              help="MLflow store (default sqlite:///mlflow.db in this directory)")
+
+
+@app.callback()
+def main(verbose: bool = typer.Option(False, "--verbose", "-v",
+                                      help="Also print MLflow's, Ray's and the MLflow UI server's own log lines")) -> None:
+    """Declarative experiment sweeps for federated optimization research."""
+    if verbose:
+        os.environ["FEDBENCH_VERBOSE"] = "1"
+    else:  # read by MLflow when it is imported, i.e. after this (the commands import it lazily)
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # no "Creating initial MLflow database tables..."
+
+
+def program() -> str:
+    """How this command was called (`.venv/bin/fedbench` when the venv is not activated), for printed commands."""
+    return sys.argv[0] if Path(sys.argv[0]).name == "fedbench" else "fedbench"
+
+
+def say(message: str) -> None:
+    """A line of plain output, never wrapped (run ids and paths stay whole, whatever the terminal's width)."""
+    console.print(message, highlight=False, soft_wrap=True)
+
+
+def fail(message: str, detail: str = "") -> None:
+    """Refuse: one line (kept short, ~160 characters), then with `fedbench -v` the detail that explains it."""
+    errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    if detail and os.environ.get("FEDBENCH_VERBOSE") == "1":
+        errors.print(f"       {detail}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def open_store(uri: Optional[str]):
+    """The MLflow store; one that cannot be used as it is (e.g. half-migrated) is refused in one line."""
+    from .tracking import Store, StoreError
+
+    try:
+        return Store(uri)
+    except StoreError as err:
+        fail(str(err))
+
+
+def use_data_dir(data_dir: Optional[Path]) -> None:
+    """Real datasets are read from FEDBENCH_DATA; set before Ray starts, its workers inherit it."""
+    if data_dir is not None:
+        os.environ["FEDBENCH_DATA"] = str(data_dir.resolve())
+
+
+def recipe_file(given: Path) -> Path:
+    """RECIPE: a file that exists (it always wins), else the shipped recipe of that name (`fedbench recipes`, e.g.
+    papers/bao2022_lasso, with or without .yaml); neither is refused in one line naming the closest shipped one."""
+    if given.exists():
+        return given
+    from .shipped import closest, find
+
+    found = find(given)
+    if found is None:
+        near = closest(given)
+        fail(f"{given}: neither a file nor a shipped recipe ({f'closest: {near}; ' if near else ''}"
+             f"`{program()} recipes` lists them)")
+    return found
+
+
+def load_recipe(path: Path, sets: Optional[List[str]], algorithm: Optional[str] = None,
+                with_plugins: Optional[List[str]] = None):
+    from .recipe import RecipeError, load
+
+    try:
+        return load(recipe_file(path), sets or [], algorithm, with_plugins)
+    except RecipeError as err:
+        fail(str(err), err.detail)
+
+
+def check_builds(recipe, trials=None, **options) -> None:
+    """Refuse, before anything runs, what building the recipe's runs (or `trials`) would refuse, and command-line
+    options (`--max-concurrent`, ...) that break the rules of the recipe fields they stand for."""
+    from .recipe import RecipeError, check_option
+
+    try:
+        for option, value in options.items():
+            check_option(recipe, option, value)
+        recipe.check_builds(trials)
+    except RecipeError as err:
+        fail(str(err), err.detail)
+
+
+@app.command()
+def run(
+    recipe_path: Path = typer.Argument(..., metavar="RECIPE", help=f"YAML recipe{OR_SHIPPED}"),
+    algorithm: Optional[str] = typer.Option(None, "--algorithm", "-a", help="Which of the recipe's algorithms"),
+    seeds: Optional[List[int]] = typer.Option(None, "--seed", help="Trial seed (default: the recipe's first); "
+                                              "repeat it for several seeds, run as one batched program where "
+                                              "the algorithm and problem allow"),
+    all_seeds: bool = typer.Option(False, "--all-seeds", help="Run every seed of the recipe"),
+    sets: Optional[List[str]] = SetOption,
+    with_plugins: Optional[List[str]] = WithOption,
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write every evaluated row to this JSON file "
+                                             "(with several seeds: an object of rows by seed)"),
+    device: Optional[str] = typer.Option(None, "--device", help="auto, cpu or cuda (default: the recipe's)"),
+    tracking_uri: Optional[str] = TrackingOption,
+    track: bool = typer.Option(True, "--track/--no-track", help="Log the run(s) to MLflow"),
+    data_dir: Optional[Path] = DataOption,
+) -> None:
+    """Run one configuration in-process (no Ray): one algorithm, one value per hyperparameter, one or more
+    seeds."""
+    use_data_dir(data_dir)
+    from .execute import build_batch, build_simulation, drive, drive_batch, plan_batches
+    from .recipe import RecipeError
+
+    recipe = load_recipe(recipe_path, sets, algorithm, with_plugins)
+    if all_seeds and seeds:
+        fail("give --seed or --all-seeds, not both")
+    chosen = list(recipe.seeds) if all_seeds else list(dict.fromkeys(seeds or [None]))
+    try:
+        trials = [recipe.single_trial(algorithm, seed) for seed in chosen]
+    except RecipeError as err:
+        fail(str(err), err.detail)
+    check_builds(recipe, trials, **{"--device": device})
+    try:
+        together = bool(plan_batches(list(enumerate(trials)), cap=len(trials))[0])
+        sims = build_batch(trials, device) if together else [build_simulation(trial, device) for trial in trials]
+    except ValueError as err:  # what needs the built data (pfedfbe's λ above the clients' smoothness), or no CUDA
+        fail(f"{recipe_path}: {err}")
+
+    trial = trials[0]
+    hp = ", ".join(f"{k}={v}" for k, v in trial.hyperparameters.items())
+    listed = ", ".join(str(t.seed) for t in trials) if len(trials) <= FEW_SEEDS else (
+        f"{trials[0].seed} … {trials[-1].seed} ({len(trials)})")
+    seed_text = f"seed {trial.seed}" if len(trials) == 1 else (
+        f"seeds {listed}" + (" as one program" if together else " one after another"))
+    console.print(f"[bold]{trial.recipe}[/]: {trial.problem} / {trial.algorithm} ({hp}), {seed_text}",
+                  highlight=False)
+    with Progress(TextColumn("rounds"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TimeRemainingColumn(), console=console, transient=False) as progress:
+        task = progress.add_task("rounds", total=trial.federation.rounds * len(trials))  # one bar for all seeds
+        reached = [0.0] * len(trials)
+
+        def advance(i: int, row: dict[str, float]) -> None:
+            reached[i] = row["round"]
+            progress.update(task, completed=sum(reached))
+
+        if together:
+            outcomes = drive_batch(sims, advance)
+        else:
+            outcomes = [drive(sim, functools.partial(advance, i)) for i, sim in enumerate(sims)]
+    console.print(final_table([t.seed for t in trials], outcomes))
+    wall = sum(o.wall_seconds for o in outcomes)
+    console.print(f"{wall:.1f} s wall: {sum(o.train_seconds for o in outcomes):.1f} s training, "
+                  f"{sum(o.eval_seconds for o in outcomes):.1f} s evaluation "
+                  f"({sum(len(o.rows) for o in outcomes)} evaluations)", highlight=False)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        rows = outcomes[0].rows if len(trials) == 1 else {str(t.seed): o.rows for t, o in zip(trials, outcomes)}
+        json_path.write_text(json.dumps(rows, indent=1))
+        say(f"rows written to {json_path}")
+    if track:
+        from dataclasses import asdict
+
+        from .tracking import headline_metrics
+
+        store = open_store(tracking_uri)
+        experiment = store.experiment(recipe.name, headline_metrics(recipe))
+        for t, outcome in zip(trials, outcomes):
+            start_time = outcome.end_time - outcome.wall_seconds
+            run_id = store.start_trial(experiment, t, None, start_time, {"recipe_hash": recipe.recipe_hash},
+                                       role="run")
+            store.finish_trial(run_id, asdict(outcome))
+            say(f"logged to {store.uri} (experiment {recipe.name!r}, run {run_id})")
+    if any(outcome.status == "diverged" for outcome in outcomes):
+        raise typer.Exit(1)
+
+
+FEW_SEEDS = 4  # up to this many seeds, `fedbench run` shows a column per seed; more, their statistics
+
+
+def final_table(seeds: list[int], outcomes) -> Table:
+    """The last row of each seed's run: a column per seed, or for many seeds mean, std, min and max."""
+    final = [outcome.rows[-1] for outcome in outcomes]
+    statuses = collections.Counter(o.status for o in outcomes)
+    table = Table(title=f"round {final[0]['round']:g} ({', '.join(f'{n} {s}' for s, n in statuses.items())})"
+                  if len(seeds) > 1 else f"round {final[0]['round']:g} ({outcomes[0].status})", show_header=True)
+    table.add_column("metric")
+    many = len(seeds) > FEW_SEEDS
+    heads = (["mean", "std", "min", "max"] if many else [f"seed {seed}" for seed in seeds] if len(seeds) > 1
+             else ["value"])
+    for head in heads:
+        table.add_column(head, justify="right")
+    for key in final[0]:
+        if key == "round":
+            continue
+        values = [row[key] for row in final]
+        if many:
+            values = [statistics.fmean(values), statistics.stdev(values), min(values), max(values)]
+        table.add_row(key, *(f"{v:.6g}" if math.isfinite(v) else str(v) for v in values))
+    return table
+
+
+@app.command()
+def sweep(
+    recipe_paths: List[Path] = typer.Argument(..., metavar="RECIPE...", help="YAML recipe(s), or shipped recipes' "
+                                              "names (fedbench recipes): several run one after another on one "
+                                              "Ray, each with its experiment and report"),
+    sets: Optional[List[str]] = SetOption,
+    with_plugins: Optional[List[str]] = WithOption,
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (default: start a local Ray)"),
+    tracking_uri: Optional[str] = TrackingOption,
+    max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent",
+                                                 help="At most this many Ray trials at once (>= 1)"),
+    data_dir: Optional[Path] = DataOption,
+    write_report: bool = typer.Option(True, "--report/--no-report", help="At the end, write the report "
+                                      "(reports/<recipe name>/ beside the MLflow store) and log it on the parent run"),
+) -> None:
+    """Run every (config, seed) of the recipe on Ray Tune; runs already finished in the store are skipped. Several
+    recipes are all checked before the first runs (--set applies to each), and share one Ray."""
+    use_data_dir(data_dir)
+    from .execute import ClusterError, one_cluster
+
+    recipes = [load_recipe(path, sets, with_plugins=with_plugins) for path in recipe_paths]
+    for recipe in recipes:
+        check_builds(recipe, **{"--max-concurrent": max_concurrent})
+    if len(recipes) == 1:
+        ok = sweep_one(recipes[0], recipe_paths[0], sets, address, tracking_uri, max_concurrent, write_report)
+    else:
+        try:
+            with one_cluster(recipes, address, max_concurrent):
+                ok = all([sweep_one(recipe, path, sets, address, tracking_uri, max_concurrent, write_report)
+                          for recipe, path in zip(recipes, recipe_paths)])
+        except ClusterError as err:
+            fail(str(err))
+    if not ok:
+        raise typer.Exit(1)
+
+
+def sweep_one(recipe, recipe_path: Path, sets: Optional[List[str]], address: Optional[str],
+              tracking_uri: Optional[str], max_concurrent: Optional[int], write_report: bool) -> bool:
+    """One recipe's sweep, its summary table, report and UI command; whether every run finished."""
+    from .execute import ClusterError
+    from .execute import sweep as run_sweep
+    from .recipe import RecipeError
+    from .tracking import StoreError
+
+    columns = (TextColumn("runs"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[detail]}"),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    with Progress(*columns, console=console) as bar:
+        task = bar.add_task("runs", total=None, detail="starting Ray")
+
+        def progress(event: str, counts: dict) -> None:
+            if event == "start":
+                skipped = f", {counts['skipped']} already done" if counts["skipped"] else ""
+                bar.update(task, total=counts["total"], detail=f"to run{skipped}")
+                return
+            ended = counts["finished"] + counts["diverged"] + counts["failed"]
+            bar.update(task, completed=ended, detail=f"running {counts['running']} · diverged {counts['diverged']} · "
+                                                     f"failed {counts['failed']}")
+
+        try:
+            summary = run_sweep(recipe, sets or [], tracking_uri, address, max_concurrent, progress)
+        except (ClusterError, RecipeError, StoreError) as err:
+            bar.stop()
+            fail(str(err), getattr(err, "detail", ""))
+    table = Table(title=f"sweep {recipe.name}", show_header=True)
+    for column in ("runs", "skipped (done before)", "finished", "diverged", "failed", "wall s", "compute s"):
+        table.add_column(column, justify="right")
+    counts = summary.counts
+    table.add_row(str(summary.total), str(summary.skipped), str(counts["finished"]), str(counts["diverged"]),
+                  str(counts["failed"]), f"{summary.wall_seconds:.1f}", f"{summary.compute_seconds:.1f}")
+    console.print(table)
+    from .tracking import tracking_uri as resolve_uri
+
+    say(f"tracked in {resolve_uri(tracking_uri)} (experiment {recipe.name!r}, parent run {summary.parent_run_id})")
+    for error in summary.tracking_errors:
+        errors.print(f"tracking error: {error}", highlight=False)
+    if summary.interrupted:
+        errors.print("the sweep was interrupted; run the same command again to finish it", highlight=False)
+    elif write_report:
+        from .report import ReportError
+
+        try:
+            show_report(make_report(tracking_uri, recipe=recipe))
+        except ReportError as err:  # e.g. every run failed: the sweep's own exit code says the rest
+            errors.print(f"no report: {err}", highlight=False)
+    store = f" --tracking-uri {tracking_uri}" if tracking_uri else ""
+    say(f"browse the runs: {program()} ui {recipe_path}{store} --open")
+    return summary.ok
+
+
+@app.command()
+def tune(
+    recipe_path: Path = typer.Argument(..., metavar="RECIPE", help=f"YAML recipe with a tune: block{OR_SHIPPED}"),
+    algorithm: Optional[List[str]] = typer.Option(None, "--algorithm", "-a", help="Tune only these algorithms"),
+    sets: Optional[List[str]] = SetOption,
+    with_plugins: Optional[List[str]] = WithOption,
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (default: start a local Ray)"),
+    tracking_uri: Optional[str] = TrackingOption,
+    max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent", help="At most this many Ray trials at "
+                                                 "once (>= 1)"),
+    fresh: bool = typer.Option(False, "--fresh", help="Delete the studies of an earlier call and start over"),
+    rerun_best: Optional[int] = typer.Option(None, "--rerun-best",
+                                             help="Re-run each best configuration on N >= 0 fresh seeds (default: "
+                                             "tune.rerun_best)"),
+    data_dir: Optional[Path] = DataOption,
+) -> None:
+    """Optuna search of the recipe's tune: space, the same budget for every algorithm, on Ray Tune."""
+    use_data_dir(data_dir)
+    from .execute import ClusterError
+    from .recipe import RecipeError
+    from .tracking import StoreError
+    from .tuning import describe, tune_recipe
+
+    recipe = load_recipe(recipe_path, sets, with_plugins=with_plugins)
+    if recipe.tune is None:
+        fail(f"{recipe_path}: tune: missing; `fedbench tune` needs a tune: block (space, metric, mode, trials)")
+    chosen = algorithm or list(recipe.algorithms)
+    for name in chosen:
+        if name not in recipe.algorithms:
+            fail(f"{recipe_path}: --algorithm: found {name!r}, expected one of {', '.join(recipe.algorithms)}")
+    check_builds(recipe, **{"--max-concurrent": max_concurrent, "--rerun-best": rerun_best})
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[detail]}"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console) as bar:
+        tasks = {}
+
+        def progress(event: str, info: dict) -> None:
+            name = info["algorithm"]
+            if event == "algorithm":
+                tasks[name] = bar.add_task(name, total=info["trials"], detail="")
+                return
+            done = sum(info[k] for k in ("finished", "pruned", "diverged", "failed"))
+            bar.update(tasks[name], completed=done, detail=f"pruned {info['pruned']} · diverged {info['diverged']} · "
+                                                           f"failed {info['failed']}")
+
+        try:
+            summary = tune_recipe(recipe, chosen, sets or [], tracking_uri, address, max_concurrent, fresh,
+                                  rerun_best, progress)
+        except (ClusterError, RecipeError, StoreError) as err:
+            bar.stop()
+            fail(str(err), getattr(err, "detail", ""))
+    spec = recipe.tune
+    table = Table(title=f"tune {recipe.name}: {spec.objective} {spec.metric} ({spec.mode})")
+    for column in ("algorithm", "trials", "ok/pruned/diverged/failed", "best params", "best", "fresh seeds: mean ± std"):
+        table.add_column(column)
+    for result in summary.results:
+        counts = result.counts
+        params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in result.best_params.items())
+        fresh = f"{describe(result.fresh_values)} ({','.join(map(str, result.fresh_seeds))})" if result.fresh_seeds else "-"
+        table.add_row(result.algorithm, str(result.study_trials), "/".join(str(counts[k]) for k in counts),
+                      params or "-", f"{result.best_value:.4g}", fresh)
+    console.print(table)
+    console.print(f"studies in {summary.storage} (optuna-dashboard {summary.storage}); runs under parent "
+                  f"{summary.parent_run_id} in experiment {recipe.name!r}", highlight=False)
+    for error in summary.tracking_errors:
+        errors.print(f"tracking error: {error}", highlight=False)
+
+
+class XAxis(str, Enum):
+    rounds = "rounds"
+    comm = "comm"
+    iterations = "iterations"
+    seconds = "seconds"
+
+
+def make_report(tracking_uri: Optional[str], **source):
+    from .report import report
+
+    return report(open_store(tracking_uri), **source)
+
+
+def show_report(result) -> None:
+    """Each algorithm's best configuration, and where the files went."""
+    from .report import fmt, spread
+
+    settings = result.settings
+    table = Table(title=f"best configuration per algorithm (final {settings.label(settings.select.metric)}, "
+                        f"{settings.select.mode})")
+    for column in ("algorithm", "configuration", "status", "final mean ± std"):
+        table.add_column(column)
+    for config in result.configurations:
+        if config.best:
+            mean, std = spread(config.finals[settings.select.metric])
+            table.add_row(settings.label(config.algorithm), config.varying or "–", config.status,
+                          f"{fmt(mean)} ± {fmt(std, 2)}")
+    console.print(table)
+    parent = result.source.parent_id
+    where = f"; logged on run {parent} under report/" if parent else ""
+    say(f"report: {result.out / 'index.html'} ({len(result.files)} files){where}")
+
+
+@app.command()
+def report(
+    recipe_path: Optional[Path] = typer.Argument(None, metavar="[RECIPE]",
+                                                 help=f"Report the sweep of this recipe{OR_SHIPPED} "
+                                                 "(its runs in the store)"),
+    experiment: Optional[str] = typer.Option(None, "--experiment", "-e", help="Report every run of this experiment"),
+    run_id: Optional[str] = typer.Option(None, "--run", help="Report this sweep or tuning session (its parent run id)"),
+    out: Optional[Path] = typer.Option(None, "--out", "-o",
+                                       help="Folder to write (default: reports/<name>/ beside the MLflow store)"),
+    x: Optional[XAxis] = typer.Option(None, "--x", help="x-axis: rounds, floats communicated, local "
+                                  "iterations or training seconds (default: the recipe's report.x, else rounds)"),
+    sets: Optional[List[str]] = SetOption,
+    with_plugins: Optional[List[str]] = WithOption,
+    tracking_uri: Optional[str] = TrackingOption,
+) -> None:
+    """Curves (mean ± standard error over seeds), a paper-style figure and best-configuration tables from
+    the runs in MLflow; written to a folder and logged on the sweep's parent run."""
+    from .recipe import RecipeError
+    from .report import ReportError
+
+    given = [name for name, value in (("RECIPE", recipe_path), ("--experiment", experiment), ("--run", run_id))
+             if value is not None]
+    if len(given) != 1:
+        fail(f"give exactly one of RECIPE, --experiment NAME or --run PARENT_RUN_ID "
+             f"(found {', '.join(given) or 'none'})")
+    recipe = load_recipe(recipe_path, sets, with_plugins=with_plugins) if recipe_path is not None else None
+    try:
+        result = make_report(tracking_uri, recipe=recipe, experiment=experiment, run_id=run_id, out=out,
+                             x=x.value if x else None)
+    except (ReportError, RecipeError) as err:
+        fail(str(err), getattr(err, "detail", ""))
+    show_report(result)
+
+
+@app.command()
+def validate(
+    recipe_path: Path = typer.Argument(..., metavar="RECIPE", help=f"YAML recipe{OR_SHIPPED}"),
+    sets: Optional[List[str]] = SetOption,
+    with_plugins: Optional[List[str]] = WithOption,
+) -> None:
+    """Check a recipe without running anything: as building its runs would (the index of real data read, not
+    the data)."""
+    recipe = load_recipe(recipe_path, sets, with_plugins=with_plugins)
+    check_builds(recipe)
+    configurations = len(recipe.trials()) // len(recipe.seeds)
+    console.print(f"{recipe_path}: ok — problem {recipe.problem}, algorithms {', '.join(recipe.algorithms)}, "
+                  f"{configurations} configurations × {len(recipe.seeds)} seeds", highlight=False)
+
+
+@app.command("list")
+def list_components(with_plugins: Optional[List[str]] = WithOption) -> None:
+    """Problems and algorithms, with each parameter's type, default and valid range, and where each came from:
+    built in, or a plugin (installed packages' entry points, and those given with --with)."""
+    from fedbench import plugins
+    from fedbench.algorithms import ALGORITHMS
+    from fedbench.problems import PROBLEMS
+
+    plugins.discover()
+    for spec in with_plugins or []:
+        try:
+            plugins.load(str(Path(spec).resolve()) if spec.endswith(".py") else spec)
+        except plugins.PluginError as err:
+            fail(f"--with: {err}")
+    for title, registry, attribute in (("problem", PROBLEMS, "params"), ("algorithm", ALGORITHMS, "hparams")):
+        for name, cls in registry.items():
+            where = plugins.origin(title, name)
+            table = Table(title=f"{title} [bold]{name}[/]" + ("" if where == "built-in" else f" (plugin: {where})"),
+                          title_justify="left", show_lines=False)
+            table.add_column("parameter", no_wrap=True)
+            table.add_column("type", no_wrap=True)
+            table.add_column("default", no_wrap=True)
+            table.add_column("range", overflow="fold")
+            table.add_column("description", ratio=1)
+            for p in getattr(cls, attribute):
+                table.add_row(p.name, p.kind + (" (log)" if p.log else ""), str(p.default), p.describe_range(), p.help)
+            console.print(table)
+            for line in contract_lines(title, cls):
+                console.print(f"  {line}", highlight=False)
+    from fedbench.contract import CAPABILITIES
+
+    for (title, name), why in sorted(plugins.broken_entry_points().items()):
+        console.print(f"{title} {name}: not loaded: {why}", highlight=False)
+    console.print("capabilities an algorithm may require and a problem provide:", highlight=False)
+    for name, meaning in CAPABILITIES.items():
+        console.print(f"  {name}: {meaning}", highlight=False)
+
+
+def contract_lines(kind: str, cls) -> list[str]:
+    """What `fedbench list` says under a component's parameters: presets, metrics, capabilities."""
+    from fedbench.hparams import resolve
+
+    if kind == "algorithm":
+        requires = sorted(cls.requirements(resolve(cls.hparams, {}, cls.name)))
+        lines = [f"requires (default hyperparameters): {', '.join(requires) or 'minibatch gradients only'}"]
+        if cls.participation == "all":
+            lines.append("every client takes part in every round")
+        return lines
+    config = cls.resolve_config({})
+    lines = [f"presets: {', '.join(cls.presets)}"] if cls.presets else []
+    lines.append(f"provides: {', '.join(sorted(cls.capabilities(config)))}")
+    lines.append("metrics: " + ", ".join(f"{m.name} ({m.direction or '–'})" for m in cls.metrics(config)))
+    if "personal_evaluation" in cls.capabilities(config):
+        lines.append("personal metrics: " + ", ".join(m.personal().name for m in cls.personal_metrics(config)))
+    return lines
+
+
+@app.command("recipes")
+def list_recipes() -> None:
+    """The shipped recipes, each by the name that runs it from any folder (`fedbench sweep papers/bao2022_lasso`):
+    the paper, what it reproduces, its runs (configurations × seeds) and, where measured, its time on 2 CPU cores."""
+    from .recipe import RecipeError, load
+    from .shipped import describe, find, names, root
+
+    shipped = names()
+    if not shipped:
+        fail(f"no shipped recipes in {root()}")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("recipe", no_wrap=True)
+    table.add_column("paper")
+    table.add_column("reproduces")
+    table.add_column("runs", justify="right", no_wrap=True)
+    table.add_column("time on 2 cores")
+    for name in shipped:
+        path = find(name)
+        about = describe(path)
+        try:
+            recipe = load(path)
+            count = len(recipe.trials())
+            runs = f"{count // len(recipe.seeds)} × {len(recipe.seeds)} = {count}"
+        except RecipeError:  # e.g. a plugin it names is not installed: `validate` says why
+            runs = "?"
+        table.add_row(name, about.get("paper", "—"), about.get("reproduces", "—"), runs,
+                      about.get("time on 2 cores", "—"))
+    console.print(table)
+    example = "papers/bao2022_lasso" if "papers/bao2022_lasso" in shipped else shipped[0]
+    say(f"runs = configurations × seeds; from any folder: {program()} sweep {example} (also run, tune, validate, "
+        f"report, ui); the files: {root()}")
+
+
+UI_PORT = 5000  # MLflow's own default
+PORTS_TRIED = 100  # without --port: the default and the ports after it, until one is free
+
+
+@app.command()
+def ui(
+    recipe_path: Optional[Path] = typer.Argument(None, metavar="[RECIPE]",
+                                                 help=f"Land on this recipe's experiment{OR_SHIPPED}"),
+    experiment: Optional[str] = typer.Option(None, "--experiment", "-e", help="Land on this experiment"),
+    open_browser: bool = typer.Option(False, "--open", help="Open the page in the default browser once it is served"),
+    tracking_uri: Optional[str] = TrackingOption,
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind (0.0.0.0 exposes it to the network)"),
+    port: Optional[int] = typer.Option(None, "--port", min=1, max=65535,
+                                       help=f"Port (default {UI_PORT}, or the first free one after it)"),
+) -> None:
+    """Start the MLflow UI on the tracking store (telemetry off) and print the page of the experiment's runs:
+    MLflow's model-training view, every run but the sweep parents listed, their per-round curves charted."""
+    from .tracking import runs_url, sqlite_path, tracking_uri as resolve_uri
+
+    if recipe_path is not None and experiment is not None:
+        fail("give RECIPE or --experiment, not both")
+    if recipe_path is not None:  # a misspelt name first, before the store is looked for
+        recipe_path = recipe_file(recipe_path)
+    uri = resolve_uri(tracking_uri)
+    path = sqlite_path(uri)
+    if path is not None and not path.exists():
+        fail(f"no MLflow store at {path}; run `fedbench sweep` or `fedbench run` here first, or pass --tracking-uri")
+    name = load_recipe(recipe_path, None).name if recipe_path is not None else experiment
+    store = open_store(uri)
+    if name is None:  # the store's one fedbench experiment, if there is just one
+        found = [e.name for e in store.client.search_experiments() if e.name != "Default"]
+        name = found[0] if len(found) == 1 else None
+    elif store.client.get_experiment_by_name(name) is None:
+        fail(f"no experiment {name!r} in {uri}; run `fedbench sweep` on its recipe first")
+    if path is not None:
+        port = listen_port(host, port)
+    base = uri.rstrip("/") if path is None else f"http://{host}:{port}"
+    experiment_id = store.experiment(name) if name else None  # also marks an older experiment's kind
+    table = runs_url(base, experiment_id)
+    say(f"runs:   {table}")
+    if experiment_id is not None:
+        say(f"charts: {runs_url(base, experiment_id, charts=True)}")
+    if path is None:  # a tracking server serves its own UI
+        if open_browser:
+            webbrowser.open(table)
+        return
+    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", f"sqlite:///{path.resolve()}",
+               "--host", host, "--port", str(port)]
+    log = path.resolve().parent / "mlflow-ui.log"  # the server's own lines, unless `fedbench -v`
+    output = None if os.environ.get("FEDBENCH_VERBOSE") == "1" else log.open("w")
+    # One worker serves one researcher; its own process group, so that stopping `fedbench ui` (Ctrl-C or
+    # SIGTERM) stops the server's workers too instead of leaving them running (~250 MB each).
+    server = subprocess.Popen(command + ["--workers", "1"], env={**os.environ, "MLFLOW_TRACKING_URI": uri},
+                              stdout=output, stderr=subprocess.STDOUT if output else None, start_new_session=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        if not serving(server, host, port):
+            tail = "".join(log.read_text().splitlines(keepends=True)[-20:]) if output else ""
+            fail(f"the MLflow UI server did not start on {host}:{port}\n{tail}")
+        say(f"serving (its log: {log if output else 'above'}); Ctrl-C stops it")
+        if open_browser:
+            webbrowser.open(table)
+        raise typer.Exit(server.wait())
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait()
+
+
+def listen_port(host: str, port: Optional[int]) -> int:
+    """The port `ui` serves on: the one given, refused (exit 2) when it is in use, for the page would be the
+    other program's; without --port the default, or the first free port after it, said so."""
+    import errno
+
+    chosen = port
+    if port is None:
+        chosen = next((p for p in range(UI_PORT, UI_PORT + PORTS_TRIED) if listen_error(host, p) is None), UI_PORT)
+        if chosen != UI_PORT:
+            say(f"port {UI_PORT} is in use; serving on port {chosen} instead")
+    error = listen_error(host, chosen)
+    if error is not None and error.errno == errno.EADDRINUSE:
+        fail(f"port {chosen} of {host} is in use by another program; choose another with --port")
+    if error is not None:
+        fail(f"cannot serve on {host}:{chosen} ({error.strerror or error}); choose another --host or --port")
+    return chosen
+
+
+def listen_error(host: str, port: int) -> Optional[OSError]:
+    """Why a server could not listen on host:port now (None: it could). Bound and let go at once, with
+    SO_REUSEADDR as MLflow's uvicorn binds, so that a port an earlier `fedbench ui` just closed is free."""
+    import socket
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as err:
+        return err
+    return None
+
+
+def serving(server: subprocess.Popen, host: str, port: int, timeout: float = 60.0) -> bool:
+    """Wait until the UI server we started answers as MLflow (False if it exited or the time ran out). A
+    connection alone proves nothing: another program could hold the port, our server failing to bind it; so
+    MLflow's /version must answer with this MLflow's version, and our server must still run."""
+    import http.client
+    import time
+
+    from mlflow.version import VERSION
+
+    address = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)  # the wildcard, reached on loopback
+    deadline = time.monotonic() + timeout
+    while server.poll() is None and time.monotonic() < deadline:
+        connection = http.client.HTTPConnection(address, port, timeout=2)  # not urllib: no proxy in between
+        try:
+            connection.request("GET", "/version")
+            response = connection.getresponse()
+            if response.status == 200 and response.read().decode(errors="replace").strip() == VERSION:
+                return server.poll() is None
+        except (OSError, http.client.HTTPException):  # not listening yet, or not speaking HTTP
+            pass
+        finally:
+            connection.close()
+        time.sleep(0.2)
+    return False
+
+
+if __name__ == "__main__":
+    app()

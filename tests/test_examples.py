@@ -1,0 +1,317 @@
+"""The plugin package examples/fedbench-fedopt and the README's "Compare your own method".
+
+- FedAdam and FedYogi (Reddi et al. 2021, Algorithm 2) through the engine against a NumPy transcription of the
+  algorithm on the same data (full participation, full batches: no draw matters), to 1e-12 in float64, alone
+  and as two runs of one batch; their reduction to FedAvg; where Adam's and Yogi's second moments agree.
+- The package's problem: its closed-form optimum has zero gradient, and its gap is exact.
+- The package installed (`pip install --target`): `list` shows its components as entry points of
+  fedbench-fedopt, `sweep` runs them with their code's sha256; without it, a recipe naming fedadam is refused.
+- The README section runs as written (with fewer rounds and seeds).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.metadata
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
+
+from cli import app
+from fedbench.algorithms import ALGORITHMS
+from fedbench.simulate import Federation, Simulation
+from fedbench.runs import run_batch
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "fedbench-fedopt"
+PACKAGE = EXAMPLE / "fedbench_fedopt"
+SECTION = "## Compare your own method"
+
+
+@pytest.fixture(scope="module")
+def fedopt():
+    """The package's modules, imported from the source tree (not registered: the classes are used directly)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(EXAMPLE))
+        yield {name: importlib.import_module(f"fedbench_fedopt.{name}") for name in
+               ("fedopt", "fedadam", "fedyogi", "quadratic")}
+
+
+@pytest.fixture(scope="module")
+def problem(fedopt):
+    cls = fedopt["quadratic"].Quadratic
+    return cls(cls.resolve_config({"clients": 6, "samples_per_client": 12, "dim": 8}), seed=3)
+
+
+# -- Algorithm 2 against NumPy ---------------------------------------------------------------------------------
+
+def numpy_fedopt(problem, rule, rounds, local_steps, client_lr, server_lr, beta1, beta2, tau):
+    """Reddi et al. 2021, Algorithm 2, written out: every client takes local_steps full-batch gradient steps from
+    x_t; Δ_t the clients' mean change; m, v and x as the paper's lines. The state (x, m, v) after each round."""
+    n_clients, n, d = problem.num_clients, int(problem.client_sizes[0]), problem.dim
+    a = problem.features.numpy().reshape(n_clients, n, d)
+    b = problem.labels.numpy().reshape(n_clients, n)
+    x, m, v = np.zeros(d), np.zeros(d), np.full(d, tau**2)
+    states = []
+    for _ in range(rounds):
+        changes = []
+        for k in range(n_clients):
+            y = x.copy()
+            for _ in range(local_steps):
+                y = y - client_lr * a[k].T @ (a[k] @ y - b[k]) / n
+            changes.append(y - x)
+        delta = np.mean(changes, axis=0)
+        m = beta1 * m + (1 - beta1) * delta
+        if rule == "adam":
+            v = beta2 * v + (1 - beta2) * delta**2
+        else:
+            v = v - (1 - beta2) * delta**2 * np.sign(v - delta**2)
+        x = x + server_lr * m / (np.sqrt(v) + tau)
+        states.append((x, m, v))
+    return states
+
+
+HP = {"client_lr": 0.05, "server_lr": 0.1, "beta1": 0.9, "beta2": 0.99, "tau": 1e-3}
+LOCAL_STEPS, ROUNDS = 4, 3
+
+
+def full(problem, rounds=ROUNDS):
+    """Every client, every round, on its whole data."""
+    return Federation(rounds, clients_per_round=0, local_steps=LOCAL_STEPS,
+                      batch_size=int(problem.client_sizes[0]))
+
+
+def server_state(sim):
+    return tuple(sim.server[key].reshape(-1).numpy() for key in ("w", "m", "v"))
+
+
+def worst(engine, expected):
+    return max(float(np.abs(got - want).max()) for got, want in zip(engine, expected))
+
+
+@pytest.mark.parametrize("rule", ["adam", "yogi"])
+def test_server_updates_match_a_numpy_transcription_of_algorithm_2(fedopt, problem, rule):
+    cls = fedopt["fedadam"].FedAdam if rule == "adam" else fedopt["fedyogi"].FedYogi
+    sim = Simulation(problem, cls(problem, **HP), full(problem), seed=0)
+    expected = numpy_fedopt(problem, rule, ROUNDS, LOCAL_STEPS, **HP)
+    moved = 0.0
+    for t in range(ROUNDS):
+        sim.run_round()
+        state = server_state(sim)
+        assert worst(state, expected[t]) < 1e-12, (rule, t, worst(state, expected[t]))
+        moved = max(moved, float(np.abs(state[0]).max()))
+    assert moved > 0.1  # the check compares real steps, not zeros
+
+
+def test_runs_of_one_batch_keep_their_own_hyperparameters(fedopt, problem):
+    """Two FedYogi runs with different β1, β2, τ, η as one program ([R, 1, 1] hyperparameters): each as NumPy."""
+    other = {**HP, "beta1": 0.5, "beta2": 0.9, "tau": 1e-2, "server_lr": 0.03}
+    cls = fedopt["fedyogi"].FedYogi
+    sims = [Simulation(problem, cls(problem, **hp), full(problem), seed=0, eval_every=1) for hp in (HP, other)]
+    assert len(list(run_batch(sims))) == 2 * (ROUNDS + 1)
+    for sim, hp in zip(sims, (HP, other)):
+        expected = numpy_fedopt(problem, "yogi", ROUNDS, LOCAL_STEPS, **hp)[-1]
+        assert worst(server_state(sim), expected) < 1e-12
+
+
+def test_with_beta1_0_and_beta2_1_both_are_fedavg(fedopt, problem):
+    """β2 = 1 keeps v = τ², β1 = 0 makes m = Δ: x + η Δ / (2τ), FedAvg's server step 1 for η = 2τ; on sampled
+    clients and minibatches (the same draws for every algorithm of a seed)."""
+    federation = Federation(8, clients_per_round=3, local_steps=3, batch_size=4)
+    tau = 1e-3
+    finals = {}
+    for name, cls in (("fedadam", fedopt["fedadam"].FedAdam), ("fedyogi", fedopt["fedyogi"].FedYogi)):
+        algorithm = cls(problem, client_lr=0.05, server_lr=2 * tau, beta1=0.0, beta2=1.0, tau=tau)
+        sim = Simulation(problem, algorithm, federation, seed=1)
+        list(sim)
+        finals[name] = sim.server["w"].reshape(-1)
+    sim = Simulation(problem, ALGORITHMS["fedavg"](problem, client_lr=0.05, server_lr=1.0), federation, seed=1)
+    list(sim)
+    fedavg = sim.server["w"].reshape(-1)
+    assert float(fedavg.abs().max()) > 0.1
+    for name, w in finals.items():
+        assert float((w - fedavg).abs().max()) < 1e-12, name
+
+
+def test_adam_and_yogi_second_moments_agree_only_where_they_must(fedopt, problem):
+    """Toward Δ², Yogi moves v by (1 − β2) Δ², Adam by (1 − β2) |v − Δ²|: equal at v = 2Δ²; below Δ² Yogi grows
+    more; between Δ² and 2Δ² Yogi shrinks more; above 2Δ² Yogi shrinks less (a large v stays large)."""
+    adam = fedopt["fedadam"].FedAdam(problem)
+    yogi = fedopt["fedyogi"].FedYogi(problem)
+    hp = SimpleNamespace(beta2=torch.tensor(0.75, dtype=torch.float64))
+    delta_sq = torch.ones(4, dtype=torch.float64)
+    v = torch.tensor([2.0, 0.5, 1.5, 5.0], dtype=torch.float64)
+    assert adam.second_moment(v, delta_sq, hp).tolist() == [1.75, 0.625, 1.375, 4.0]
+    assert yogi.second_moment(v, delta_sq, hp).tolist() == [1.75, 0.75, 1.25, 4.75]
+
+
+# -- the package's problem ---------------------------------------------------------------------------------------
+
+def test_the_closed_form_optimum_is_a_zero_of_the_gradient_and_the_gap_is_exact(problem):
+    n_clients, d = problem.num_clients, problem.dim
+    optimum = problem.optimum
+    gradients = problem.client_grad(optimum.expand(n_clients, d), torch.arange(n_clients))  # ∇L_k(w*) per client
+    assert float(gradients.norm(dim=1).min()) > 1e-2  # no client is at its own optimum: they disagree
+    assert float((problem.client_weights @ gradients).abs().max()) < 1e-12  # Σ π_k ∇L_k(w*) = 0
+    at_optimum = problem.evaluate(optimum)
+    assert at_optimum["objective_gap"] == 0.0 and at_optimum["distance"] == 0.0
+
+    def objective(w):  # Σ_k π_k (1/2n) ‖A_k w − b_k‖² from the data, not from the quadratic form
+        return float(0.5 * (problem.features @ w - problem.labels).square().mean())
+
+    gen = torch.Generator().manual_seed(0)
+    for scale in (1e-3, 1.0):
+        w = optimum + scale * torch.randn(d, generator=gen, dtype=torch.float64)
+        row = problem.evaluate(w)
+        assert row["objective_gap"] > 0
+        assert row["objective_gap"] == pytest.approx(objective(w) - objective(optimum), rel=1e-6 if scale < 1 else 1e-12)
+        assert row["objective"] == pytest.approx(objective(w), rel=1e-12)
+
+
+def test_a_config_without_a_unique_optimum_is_refused(fedopt):
+    from fedbench.hparams import ParamError
+
+    cls = fedopt["quadratic"].Quadratic
+    with pytest.raises(ParamError, match="samples_per_client"):
+        cls.check(cls.resolve_config({"clients": 2, "samples_per_client": 3, "dim": 10}))
+
+
+# -- installed: entry points -------------------------------------------------------------------------------------
+
+TINY = """\
+name: fedopt-tiny
+problem: {name: quadratic, clients: 8, samples_per_client: 16, dim: 10}
+federation: {rounds: 10, clients_per_round: 4, local_steps: 3, batch_size: 4}
+algorithms:
+  fedavg: {client_lr: 0.03, subgradient: false}
+  fedadam: {client_lr: 0.03, server_lr: 0.03}
+  fedyogi: {client_lr: 0.03, server_lr: 0.03}
+seeds: 2
+eval_every: 5
+"""
+
+
+def cli(*args, cwd, pythonpath, timeout=600):
+    """`python cli.py ARGS` in a fresh process that sees `pythonpath` (and no -v)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("FEDBENCH_VERBOSE", "PYTHONPATH")}
+    env.update(PYTHONPATH=os.pathsep.join(map(str, pythonpath)), COLUMNS="200")
+    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def package_sha256(folder: Path) -> str:
+    """A package plugin's hash: every Python file of its package, by relative name and content, in name order."""
+    digest = hashlib.sha256()
+    for file in sorted(folder.rglob("*.py")):
+        digest.update(str(file.relative_to(folder)).encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()
+
+
+def test_the_installed_package_is_listed_and_its_sweep_records_its_codes_sha256(tmp_path, tracking_uri):
+    source, site = tmp_path / "src", tmp_path / "site"
+    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    installed = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                                "--no-index", "--disable-pip-version-check", "--target", str(site), str(source)],
+                               capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    path = [site, ROOT]
+
+    listed = cli("list", cwd=tmp_path, pythonpath=path)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    shown = " ".join(listed.stdout.split())
+    for kind, group, name in (("algorithm", "algorithms", "fedadam"), ("algorithm", "algorithms", "fedyogi"),
+                              ("problem", "problems", "quadratic")):
+        assert f"{kind} {name} (plugin: entry point fedbench.{group}:{name} (fedbench-fedopt))" in shown, shown
+
+    for recipe in ("compare.yaml", "compare_lasso.yaml"):  # the shipped recipes are valid
+        checked = cli("validate", EXAMPLE / "recipes" / recipe, cwd=tmp_path, pythonpath=path)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    swept = cli("sweep", "tiny.yaml", "--tracking-uri", tracking_uri, "--no-report", cwd=tmp_path, pythonpath=path)
+    assert swept.returncode == 0, swept.stdout + swept.stderr
+    client = MlflowClient(tracking_uri)
+    experiment = client.get_experiment_by_name("fedopt-tiny")
+    runs = [run for run in client.search_runs([experiment.experiment_id], max_results=100)
+            if run.data.tags.get("role") == "trial"]
+    assert sorted((run.data.tags["algorithm"], run.data.tags["seed"]) for run in runs) == [
+        (name, seed) for name in ("fedadam", "fedavg", "fedyogi") for seed in ("0", "1")]
+    package = package_sha256(PACKAGE)  # the problem's and the algorithms' package: fedopt.py's edits count too
+    for run in runs:
+        algorithm = run.data.tags["algorithm"]
+        assert run.data.tags["status"] == "finished", run.data.tags
+        assert run.data.metrics["objective_gap"] >= 0
+        assert set(run.data.tags["plugin_sha256"].split()) == {package}, (algorithm, run.data.tags)
+        if algorithm == "fedadam":  # the class's code as it ran, beside the run
+            stored = client.download_artifacts(run.info.run_id, "plugins/fedadam.py", str(tmp_path / "dl"))
+            assert sha256(Path(stored)) == sha256(PACKAGE / "fedadam.py")
+
+
+def test_without_the_package_a_recipe_naming_fedadam_is_refused(tmp_path):
+    if any(point.name == "fedadam" for point in importlib.metadata.entry_points(group="fedbench.algorithms")):
+        pytest.skip("fedbench-fedopt is installed in this environment")
+    assert "fedadam" not in ALGORITHMS
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("problem: {name: lasso, clients: 4, samples_per_client: 10, dim: 8, support: 4}\n"
+                      "algorithms: {fedavg: {}, fedadam: {server_lr: 0.1}}\n")
+    result = CliRunner().invoke(app, ["validate", str(recipe)], env={"FEDBENCH_VERBOSE": None})
+    assert result.exit_code == 2, result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output, result.output
+    assert f"{recipe}: algorithms.fedadam: unknown algorithm" in result.output, result.output
+
+
+# -- the README ---------------------------------------------------------------------------------------------------
+
+def readme_section() -> tuple[str, str]:
+    """The section's Python file and its `fedbench` command, as the README shows them."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index(f"\n{SECTION}\n")
+    end = text.find("\n## ", start + 1)
+    section = text[start: end if end >= 0 else len(text)]
+    (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    commands = [line for block in re.findall(r"```bash\n(.*?)```", section, re.S) for line in block.splitlines()
+                if line.startswith("fedbench ")]
+    assert len(commands) == 1, commands
+    return code, commands[0]
+
+
+def test_the_readme_section_is_short_and_its_method_file_is_named_in_its_command():
+    code, command = readme_section()
+    assert len(code.strip().splitlines()) <= 30
+    assert command == ("fedbench sweep recipes/papers/bao2022_lasso.yaml --with my_method.py "
+                       "--set algorithms.my_method.client_lr=[1e-3,1e-2]")
+
+
+def test_the_readme_method_sweeps_beside_a_paper_recipe_as_written(tmp_path, tracking_uri):
+    code, command = readme_section()
+    (tmp_path / "my_method.py").write_text(code)
+    (tmp_path / "recipes").symlink_to(ROOT / "recipes")  # the command's paths, relative to the repository root
+    words = shlex.split(command)
+    assert words[0] == "fedbench"
+    shorter = ["--set", "federation.rounds=20", "--set", "seeds=1", "--tracking-uri", tracking_uri]
+    result = cli(*words[1:], *shorter, cwd=tmp_path, pythonpath=[ROOT])
+    assert result.returncode == 0, result.stdout + result.stderr
+    client = MlflowClient(tracking_uri)
+    experiment = client.get_experiment_by_name("bao2022-lasso")
+    runs = [run for run in client.search_runs([experiment.experiment_id], max_results=100)
+            if run.data.tags.get("role") == "trial"]
+    mine = sorted(run.data.params["algorithm.client_lr"] for run in runs if run.data.tags["algorithm"] == "my_method")
+    assert mine == ["0.001", "0.01"], mine
+    assert len(runs) == 7  # the paper's five methods and my_method's two step sizes, one seed each
+    report = (tmp_path / "reports" / "bao2022-lasso" / "report.md").read_text()
+    assert "my_method" in report

@@ -1,0 +1,211 @@
+"""A researcher's own algorithm in a file beside a recipe (`plugins: [my_method.py]`) or added to a shipped paper
+recipe with `--with`: validated by its own declarations, run, swept on Ray, tuned and reported as a built-in one;
+its code and sha256 on each run; an edit re-runs its runs only; a plugin that cannot be registered refused at
+`validate` in one line (exit 2)."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
+
+from cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+# FedAvg with heavy-ball server momentum: with beta = 0 it is FedAvg with server_lr = 1, which the test checks.
+MY_METHOD = '''\
+"""FedAvg with server momentum: m <- beta m + (w - mean_k u_k), w <- w - m."""
+from fedbench.algorithms.base import CLIENT_LR, Algorithm, aggregate, broadcast
+from fedbench.hparams import Param
+
+
+class MyMethod(Algorithm):
+    name = "my_method"
+    hparams = (CLIENT_LR, Param("beta", "float", 0.9, "server momentum", low=0.0, high=1.0))
+
+    def init_server(self, w0):
+        return {"w": w0.clone(), "m": 0 * w0}
+
+    def client_init(self, server, rows, rnd, hp):
+        return {"u": broadcast(server["w"], rnd)}
+
+    def client_step(self, local, batches, rnd, hp):
+        return {"u": local["u"] - hp.client_lr * batches.D.grad(local["u"])}
+
+    def client_final(self, local, rnd, hp):
+        return {"u": local["u"]}, {}
+
+    def server_update(self, server, message, weights, rnd, hp):
+        m = hp.beta * server["m"] + (server["w"] - aggregate(message["u"], weights))
+        return {"w": server["w"] - m, "m": m}
+'''
+PROBLEM = """\
+problem: {name: lasso, clients: 8, samples_per_client: 20, dim: 30, support: 10, lam: 0.05}
+federation: {rounds: 6, clients_per_round: 4, local_steps: 2, batch_size: 5}
+eval_every: 2
+"""
+RECIPE = "name: mine\nplugins: [my_method.py]\n" + PROBLEM + """\
+algorithms: {fedavg: {client_lr: 0.02, subgradient: false}, my_method: {client_lr: [0.02], beta: [0.0, 0.5]}}
+seeds: 2
+"""
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, [str(a) for a in args], env={"FEDBENCH_VERBOSE": None})
+
+
+@pytest.fixture
+def folder(tmp_path):
+    (tmp_path / "my_method.py").write_text(MY_METHOD)
+    (tmp_path / "r.yaml").write_text(RECIPE)
+    return tmp_path
+
+
+def refused(result, *phrases):
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1, result.output
+    for phrase in phrases:
+        assert phrase in result.output, (phrase, result.output)
+    return result.output
+
+
+# -- validate and run --------------------------------------------------------------------------------------
+
+def test_a_plugin_beside_the_recipe_validates_and_runs_its_update_rule(folder):
+    ok = invoke("validate", folder / "r.yaml")
+    assert ok.exit_code == 0 and "my_method" in ok.output, ok.output
+    rows = {}
+    for name, sets in (("fedavg", []), ("mine", ["--set", "algorithms.my_method.beta=0.0"])):
+        json_path = folder / f"{name}.json"
+        result = invoke("run", folder / "r.yaml", "--algorithm", "fedavg" if name == "fedavg" else "my_method",
+                        *sets, "--no-track", "--json", json_path)
+        assert result.exit_code == 0, result.output
+        rows[name] = json.loads(json_path.read_text())
+    # beta = 0: w - (w - mean u) = mean u, FedAvg's server step with server_lr 1, on the same draws
+    assert [r["objective"] for r in rows["mine"]] == pytest.approx([r["objective"] for r in rows["fedavg"]],
+                                                                     rel=1e-12)
+    momentum = folder / "momentum.json"
+    assert invoke("run", folder / "r.yaml", "-a", "my_method", "--set", "algorithms.my_method.beta=0.5",
+                  "--no-track", "--json", momentum).exit_code == 0
+    assert json.loads(momentum.read_text())[-1]["objective"] != rows["mine"][-1]["objective"]
+
+
+def test_a_plugins_declarations_validate_the_recipe(folder):
+    refused(invoke("validate", folder / "r.yaml", "--set", "algorithms.my_method.bta=0.1"),
+            "algorithms.my_method.bta: unknown parameter (did you mean 'beta'?)")
+    refused(invoke("validate", folder / "r.yaml", "--set", "algorithms.my_method.beta=2"),
+            "algorithms.my_method.beta", "2")
+    (folder / "pairs.py").write_text(MY_METHOD.replace('"my_method"', '"pairs_only"').replace(
+        "    hparams =", '    requires = frozenset({"pair_scores"})\n    hparams ='))
+    (folder / "p.yaml").write_text("plugins: [pairs.py]\n" + PROBLEM + "algorithms: {pairs_only: {}}\n")
+    refused(invoke("validate", folder / "p.yaml"), "algorithms.pairs_only: pairs_only requires pair_scores",
+            "problem lasso does not provide")
+
+
+def test_list_shows_a_plugin_and_where_it_came_from(folder):
+    result = invoke("list", "--with", folder / "my_method.py")
+    assert result.exit_code == 0, result.output
+    text = "".join(result.output.split())  # the table titles as printed, wrapped at the console's width
+    assert f"algorithmmy_method(plugin:{folder / 'my_method.py'})" in text
+    assert "algorithmfedavg(plugin" not in text and "algorithmfedavg" in text
+
+
+# -- refusals ------------------------------------------------------------------------------------------------
+
+BROKEN = {
+    "clash with a built-in": (MY_METHOD.replace('"my_method"', '"fedavg"'),
+                              "plugin bad.py: algorithm name 'fedavg' is taken by the built-in algorithm"),
+    "syntax error": (MY_METHOD.replace("def client_step(self,", "def client_step(self"),
+                     "plugin bad.py: does not import: SyntaxError"),
+    "missing dependency": ("import zzqq_not_installed\n" + MY_METHOD,
+                           "plugin bad.py: does not import: ModuleNotFoundError: No module named 'zzqq_not_installed'"),
+    "no component": ("X = 1\n", "plugin bad.py: defines no algorithm or problem"),
+    "a method missing": (MY_METHOD.replace("def client_step", "def client_stepp"),
+                         "plugin bad.py: algorithm my_method does not define client_step"),
+    "parameters not declared as Param": (MY_METHOD.replace("hparams = (", "hparams = ('client_lr', "),
+                                         "plugin bad.py: algorithm my_method: `hparams` must be a tuple of"),
+}
+
+
+@pytest.mark.parametrize("text, phrase", BROKEN.values(), ids=BROKEN)
+def test_a_plugin_that_cannot_be_registered_is_refused_in_one_line(tmp_path, text, phrase):
+    (tmp_path / "bad.py").write_text(text)
+    path = tmp_path / "r.yaml"
+    path.write_text("plugins: [bad.py]\n" + PROBLEM + "algorithms: {fedavg: {}}\n")
+    refused(invoke("validate", path), f"{path}: plugins[0]: {phrase}")
+
+
+def test_two_plugins_giving_one_name_are_refused(folder):
+    (folder / "other.py").write_text(MY_METHOD)
+    (folder / "two.yaml").write_text("plugins: [my_method.py, other.py]\n" + PROBLEM + "algorithms: {fedavg: {}}\n")
+    refused(invoke("validate", folder / "two.yaml"),
+            "plugins[1]: plugin other.py: algorithm name 'my_method' is taken by plugin my_method.py")
+
+
+def test_a_module_plugin_that_is_no_component_is_refused(folder):
+    (folder / "m.yaml").write_text("plugins: ['json:JSONDecoder']\n" + PROBLEM + "algorithms: {fedavg: {}}\n")
+    refused(invoke("validate", folder / "m.yaml"), "plugins[0]: plugin json:JSONDecoder: JSONDecoder is not an "
+                                                   "algorithm or problem")
+    (folder / "n.yaml").write_text("plugins: [zzqq_mod.methods]\n" + PROBLEM + "algorithms: {fedavg: {}}\n")
+    refused(invoke("validate", folder / "n.yaml"), "plugin zzqq_mod.methods: does not import: ModuleNotFoundError")
+
+
+# -- sweep, resume after an edit, provenance, report, tune -----------------------------------------------
+
+def sweep_runs(uri, name):
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(name)
+    return [run for run in client.search_runs([experiment.experiment_id], max_results=1000)
+            if run.data.tags.get("role") == "trial"]
+
+
+def test_sweep_records_the_plugins_code_and_an_edit_reruns_its_runs_only(ray_local, folder, tracking_uri):
+    first = invoke("sweep", folder / "r.yaml", "--tracking-uri", tracking_uri)
+    assert first.exit_code == 0, first.output
+    runs = sweep_runs(tracking_uri, "mine")
+    assert len(runs) == 6
+    client, digest = MlflowClient(tracking_uri), hashlib.sha256(MY_METHOD.encode()).hexdigest()
+    for run in runs:
+        if run.data.tags["algorithm"] == "my_method":
+            assert run.data.tags["plugin_sha256"] == digest
+            stored = Path(client.download_artifacts(run.info.run_id, "plugins/my_method.py", str(folder / "dl")))
+            assert hashlib.sha256(stored.read_bytes()).hexdigest() == digest
+        else:
+            assert "plugin_sha256" not in run.data.tags
+    report = folder / "report"
+    shown = invoke("report", folder / "r.yaml", "--tracking-uri", tracking_uri, "--out", report)
+    assert shown.exit_code == 0 and "my_method" in shown.output, shown.output
+    assert "my_method" in (report / "report.md").read_text()
+
+    (folder / "my_method.py").write_text(MY_METHOD.replace("server momentum:", "server momentum (edited):"))
+    again = invoke("sweep", folder / "r.yaml", "--tracking-uri", tracking_uri)
+    assert again.exit_code == 0, again.output
+    runs = sweep_runs(tracking_uri, "mine")
+    by_algorithm = {name: [r for r in runs if r.data.tags["algorithm"] == name] for name in ("fedavg", "my_method")}
+    assert len(by_algorithm["fedavg"]) == 2  # skipped: its configuration did not change
+    assert len(by_algorithm["my_method"]) == 8  # its 4 runs again, under the edited code's hash
+    assert len({r.data.tags["plugin_sha256"] for r in by_algorithm["my_method"]}) == 2
+
+
+def test_with_adds_a_method_to_a_shipped_paper_recipe_and_tune_gives_it_the_budget(ray_local, folder, tracking_uri):
+    paper = ROOT / "recipes" / "papers" / "bao2022_lasso.yaml"
+    ok = invoke("validate", paper, "--with", folder / "my_method.py",
+                "--set", "algorithms.my_method.client_lr=[1e-3,1e-2]")
+    assert ok.exit_code == 0 and "my_method" in ok.output and "fedmid" in ok.output, ok.output
+    recipe = folder / "tuned.yaml"
+    recipe.write_text(PROBLEM + """\
+name: tuned
+algorithms: {fedavg: {}}
+tune: {space: {client_lr: {log_uniform: [1.0e-3, 1.0e-1]}}, metric: objective, mode: min, trials: 3}
+""")
+    tuned = invoke("tune", recipe, "--with", folder / "my_method.py", "--tracking-uri", tracking_uri)
+    assert tuned.exit_code == 0, tuned.output
+    client = MlflowClient(tracking_uri)
+    experiment = client.get_experiment_by_name("tuned")
+    trials = [run for run in client.search_runs([experiment.experiment_id], max_results=1000)
+              if run.data.tags.get("role") == "tune_trial"]
+    counts = {name: sum(run.data.tags["algorithm"] == name for run in trials) for name in ("fedavg", "my_method")}
+    assert counts == {"fedavg": 3, "my_method": 3}
