@@ -27,7 +27,6 @@ from fedbench.rng import generator
 class Quadratic(Problem):
     name = "quadratic"
     params = (
-        Param("preset", "choice", "default", "setting whose defaults to start from", choices=("default",)),
         Param("clients", "int", 16, "number of clients N", low=1),
         Param("samples_per_client", "int", 32, "samples n held by each client", low=1),
         Param("dim", "int", 20, "dimension d", low=1),
@@ -36,7 +35,6 @@ class Quadratic(Problem):
         Param("noise", "float", 0.1, "standard deviation of the label noise", low=0),
         Param("data_seed", "int", None, "seed of the data (None: the trial's seed)", low=0, nullable=True),
     )
-    presets = {"default": {}}
 
     @classmethod
     def check(cls, config):
