@@ -15,6 +15,7 @@ creation is serialized by a lock file beside it (`open_sqlite`).
 from __future__ import annotations
 
 import fcntl
+import importlib.metadata
 import json
 import os
 import platform
@@ -126,7 +127,14 @@ def refuse_half_migrated(path: Path) -> None:
 
 
 def tool_commit() -> str:
+    """The fedbench that ran: a checkout's git commit (+dirty), or an installed package's version (its folder may
+    sit inside someone else's git repository, whose commit would say nothing of fedbench)."""
     here = Path(__file__).resolve().parent
+    if not (here.parent / "pyproject.toml").is_file():  # installed: site-packages/fedbench_sweeps
+        try:
+            return f"fedbench {importlib.metadata.version('fedbench')}"
+        except importlib.metadata.PackageNotFoundError:
+            return "unknown"
     try:
         commit = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
                                 timeout=5, check=True).stdout.strip()

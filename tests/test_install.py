@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -101,8 +102,10 @@ def test_a_shipped_recipe_sweeps_by_name_from_an_empty_folder(venv, tmp_path):
     assert sorted(run.data.tags["algorithm"] for run in runs) == sorted(
         ["fedmid", "fedda", "fast_fedda", "c_fedda", "mc_fedda"])
     assert {run.info.status for run in runs} == {"FINISHED"}
-    assert all(run.data.tags["recipe"].startswith(str(venv)) for run in client.search_runs(
-        [experiment.experiment_id], "tags.role = 'sweep'")), "the sweep read the installed recipe"
+    sweeps = client.search_runs([experiment.experiment_id], "tags.role = 'sweep'")
+    assert all(run.data.tags["recipe"].startswith(str(venv)) for run in sweeps), "the sweep read the installed recipe"
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert {run.data.tags["git_commit"] for run in sweeps} == {f"fedbench {version}"}  # not some repository's commit
 
     refused = run(venv, tmp_path / "work", "fedbench", "validate", "papers/bao2022_laso")
     assert refused.returncode == 2, refused.stdout + refused.stderr
