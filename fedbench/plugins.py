@@ -29,6 +29,7 @@ from fedbench.hparams import Param
 from fedbench.problems import PROBLEMS, Problem
 
 GROUPS = {"algorithm": "fedbench.algorithms", "problem": "fedbench.problems"}  # entry-point groups
+ENTRY_POINT = "entry point "  # how an entry point's `Source.spec` starts
 # What a component must define itself (the base classes' versions raise NotImplementedError).
 REQUIRED = {"algorithm": ("client_init", "client_step", "client_final", "server_update"),
             "problem": ("init_params", "gather", "minibatch_loss", "metrics", "evaluate_global")}
@@ -55,6 +56,10 @@ class Source:
     def shown(self) -> str:
         """The plugin as an error names it: a file by its name, else its spec."""
         return Path(self.path).name if self.text is not None and self.path else self.spec
+
+    @property
+    def from_entry_point(self) -> bool:
+        return self.spec.startswith(ENTRY_POINT)
 
     @property
     def module(self) -> str:
@@ -89,12 +94,22 @@ def sources(kind: str, name: str) -> tuple[Source, ...]:
     return () if source is None else (source,)
 
 
+def is_file(spec: str) -> bool:
+    """Whether a plugin spec names a file (a `.py` name, or a path) rather than a module."""
+    return spec.endswith(".py") or "/" in spec or "\\" in spec
+
+
+def located(spec: str, base: Path | None = None) -> str:
+    """`spec` as `load` finds it: a file made absolute, relative to `base` (default: the working directory); a
+    module spec as it is."""
+    return str(((base or Path.cwd()) / Path(spec).expanduser()).resolve()) if is_file(spec) else spec
+
+
 def load(spec: str, base: Path | None = None) -> list[tuple[str, str]]:
     """Register the components that `spec` names: a `.py` file (relative to `base`), or `module[:Class]`.
     Returns (kind, name) of each, in the order the plugin defines them."""
-    if spec.endswith(".py") or "/" in spec or "\\" in spec:
-        path = Path(spec).expanduser()
-        path = (base / path if base is not None and not path.is_absolute() else path).resolve()
+    if is_file(spec):
+        path = Path(located(spec, base))
         if not path.is_file():
             raise PluginError(f"plugin {spec}: no such file ({path})")
         text = path.read_text()
@@ -133,7 +148,7 @@ def ensure(needed: tuple[Source, ...]) -> None:
     for source in needed:
         if source.text is not None:
             load_source(source)
-        elif source.spec.startswith("entry point "):
+        elif source.from_entry_point:
             discover()
         else:
             load(source.spec)
@@ -189,7 +204,7 @@ def discover() -> None:
     for kind, group in GROUPS.items():
         for point in importlib.metadata.entry_points(group=group):
             package = point.dist.name if point.dist is not None else "?"
-            spec = f"entry point {group}:{point.name} ({package})"
+            spec = f"{ENTRY_POINT}{group}:{point.name} ({package})"
             try:
                 cls = point.load()
                 registered = register(cls, module_source(spec, sys.modules[cls.__module__]))

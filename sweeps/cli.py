@@ -480,7 +480,7 @@ def list_components(with_plugins: Optional[List[str]] = WithOption) -> None:
     plugins.discover()
     for spec in with_plugins or []:
         try:
-            plugins.load(str(Path(spec).resolve()) if spec.endswith(".py") else spec)
+            plugins.load(spec)
         except plugins.PluginError as err:
             fail(f"--with: {err}")
     for title, registry, attribute in (("problem", PROBLEMS, "params"), ("algorithm", ALGORITHMS, "hparams")):

@@ -274,7 +274,7 @@ def shipped_code(recipes: Iterable[Recipe]) -> list[str]:
               for name in names for source in plugins.sources(kind, name)}
     paths: list[str] = []
     for source in sorted(needed, key=lambda source: source.spec):
-        if source.text is not None or source.spec.startswith("entry point "):
+        if source.text is not None or source.from_entry_point:
             continue
         top = source.spec.partition(":")[0].split(".")[0]
         if top in sys.stdlib_module_names or top in importlib.metadata.packages_distributions():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -94,15 +95,17 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _plugin_registry():
-    """Each test's plugins registered for that test only: the registries are one per process, as in a command,
-    where two files giving one name are refused (tests/test_plugins.py)."""
+    """Each test's plugins registered for that test only (algorithms, problems, their origins, the modules of
+    their files): the registries are one per process, as in a command, where two files giving one name are
+    refused (tests/test_plugins.py)."""
     from fedbench import plugins
 
-    registries = {kind: dict(registry) for kind, registry in plugins.REGISTRIES.items()}
-    origins = dict(plugins.ORIGINS)
+    saved = [(registry, dict(registry)) for registry in (*plugins.REGISTRIES.values(), plugins.ORIGINS)]
+    modules = set(sys.modules)
     yield
-    for kind, registry in plugins.REGISTRIES.items():
+    for registry, content in saved:
         registry.clear()
-        registry.update(registries[kind])
-    plugins.ORIGINS.clear()
-    plugins.ORIGINS.update(origins)
+        registry.update(content)
+    for name in set(sys.modules) - modules:
+        if name.startswith("fedbench_plugin_"):
+            del sys.modules[name]

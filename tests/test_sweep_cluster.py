@@ -72,17 +72,11 @@ def two_nodes(tmp_path_factory):
 
 @pytest.fixture
 def own_plugins():
-    """What a test's plugins register (algorithms, their origins, their modules) leaves with the test."""
-    from fedbench import plugins
-
-    saved = [(registry, dict(registry)) for registry in (*plugins.REGISTRIES.values(), plugins.ORIGINS)]
+    """The test's module plugin package leaves with the test (its registrations do so for every test: conftest)."""
     modules = set(sys.modules)
     yield
-    for registry, content in saved:
-        registry.clear()
-        registry.update(content)
     for name in set(sys.modules) - modules:
-        if name.startswith(("cluster_pkg", "fedbench_plugin_")):
+        if name.startswith("cluster_pkg"):
             del sys.modules[name]
 
 

@@ -165,7 +165,7 @@ def add_plugins(raw: dict[str, Any], specs: list[str], source: str) -> dict[str,
         return raw
     raw = copy.deepcopy(raw)
     for spec in specs:
-        given = str(Path(spec).resolve()) if spec.endswith(".py") else spec  # the recipe may be in another folder
+        given = plugins.located(spec)  # a file by its absolute path: the recipe may be in another folder
         try:
             registered = plugins.load(given)
         except plugins.PluginError as err:
