@@ -310,29 +310,34 @@ class RunBatch:
             self._hp_alone[ids[0]] = hp
         return hp
 
-    def _step_batches(self, step_rows: dict[str, Tensor], ids: list[int]) -> Batches:
-        """The oracles of one local step of the runs `ids` on their rows `[R, S, b]` of each drawn minibatch, lifted
-        over the run axis, with each run's minibatch noise drawn on its own stream (for problems that have noise)."""
-        runs, clients = next(iter(step_rows.values())).shape[:2]
-        return self._lifted({k: v.flatten(0, 1) for k, v in step_rows.items()}, runs, clients, self._noise(ids))
+    def _layout(self, rows: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Rows `[..., R, S, b]` of each drawn minibatch as the problem's step oracles take them: as they are where
+        the oracles take the run axis (`Problem.oracles_take_runs`), else with it folded into the clients'
+        `[..., R·S, b]`."""
+        return rows if self.problem.oracles_take_runs else {k: v.flatten(-3, -2) for k, v in rows.items()}
 
-    def _lifted(self, flat_rows: dict[str, Tensor], runs: int, clients: int, noise) -> Batches:
-        """`_step_batches` on rows already flattened to `[R·S, b]`."""
-        oracles = step_oracles(self.problem, self.minibatches, flat_rows, noise)
+    def _batches(self, rows: dict[str, Tensor], runs: int, clients: int, noise) -> Batches:
+        """The oracles of one local step of `runs` runs of `clients` clients each, on their rows of each drawn
+        minibatch (`_layout`) with their minibatch noise (`_noise`): the problem's oracles themselves where they take
+        the run axis, else lifted over it (`RunOracle`)."""
+        oracles = step_oracles(self.problem, self.minibatches, rows, noise)
+        if self.problem.oracles_take_runs:
+            return Batches(oracles)
         lifted: dict[str, RunOracle] = {}
         for mb in self.minibatches:  # a batch `same_as` another shares its lifted oracle too
             lifted[mb.name] = lifted[mb.same_as] if mb.same_as else RunOracle(oracles[mb.name], runs, clients)
         return Batches(lifted)
 
     def _noise(self, ids: list[int]):
-        """The minibatch noise of the runs `ids`' flattened rows `[R·S, b]`, each run's on its own stream."""
+        """The minibatch noise of the runs `ids`' rows (`_layout`), each run's on its own stream."""
         if not self.problem.noisy_minibatches:
             return _no_noise
         gens = [self.sims[i].sampler.noise_gen for i in ids]
-        if len(gens) == 1:
+        if len(gens) == 1 and not self.problem.oracles_take_runs:
             return lambda rows: self.problem.minibatch_noise(rows, gens[0])
-        return lambda rows: torch.cat([self.problem.minibatch_noise(run_rows, gen)
-                                       for run_rows, gen in zip(rows.view(len(gens), -1, rows.shape[-1]), gens)])
+        join = torch.stack if self.problem.oracles_take_runs else torch.cat
+        return lambda rows: join([self.problem.minibatch_noise(run_rows, gen)
+                                  for run_rows, gen in zip(rows.view(len(gens), -1, rows.shape[-1]), gens)])
 
     def _weights(self, clients: Tensor) -> Tensor:
         """The server's weights `[R, S]` over each run's sampled clients `clients` `[R, S]`."""
@@ -404,10 +409,10 @@ class RunBatch:
         sim = self.sims[ids[0]]
         rnd = Round(clients, sim.rounds_done, steps, sim.iterations, streams=self._streams(ids))
         local = algorithm.client_init(server, gathered, rnd, hp)
-        flat = {k: v.flatten(1, 2) for k, v in rows.items()}  # [steps, R·S, b]: what each step's oracles read
-        noise, sampled = self._noise(ids), clients.shape[1]
-        for step in range(steps):
-            batches = self._lifted({k: v[step] for k, v in flat.items()}, runs, sampled, noise)
+        names, noise, sampled = list(rows), self._noise(ids), clients.shape[1]
+        # each step's rows `[R, S, b]` (or `[R·S, b]`, `_layout`), sliced in one call per minibatch
+        for step, step_rows in enumerate(zip(*[v.unbind(0) for v in self._layout(rows).values()])):
+            batches = self._batches(dict(zip(names, step_rows)), runs, sampled, noise)
             local = algorithm.client_step(local, batches, rnd.at(step), hp)
         message, updated = algorithm.client_final(local, rnd, hp)
         server = algorithm.server_update(server, message, self._weights(clients), rnd, hp)
@@ -584,7 +589,8 @@ class IterationBatch(RunBatch):
             hp = self._hp_of(group, runs)
             local, server = _rows(self.local, group, runs), _rows(self.server, group, runs)
             rnd = self._round(group, ending=True)
-            oracles = self._step_batches(_rows(rows, group, runs), group)
+            oracles = self._batches(self._layout(_rows(rows, group, runs)), len(group), len(self.clients_all),
+                                    self._noise(group))
             local = self.algorithm.client_step(local, oracles, rnd, hp)
             message, updated = self.algorithm.client_final(local, rnd, hp)
             server = self.algorithm.server_update(server, message, self._weights(rnd.clients), rnd, hp)
@@ -629,8 +635,7 @@ class IterationBatch(RunBatch):
             if ending:
                 self._end_rounds(ending, rows)
             if len(ending) < len(self.live):
-                batches = self._lifted({k: v.flatten(0, 1) for k, v in rows.items()}, len(self.sims),
-                                       len(self.clients_all), self.noise)
+                batches = self._batches(self._layout(rows), len(self.sims), len(self.clients_all), self.noise)
                 self.local = self.algorithm.client_step(self.local, batches, self.inside, self.hp)
             self.iteration += 1
             elapsed = time.perf_counter() - start

@@ -52,6 +52,12 @@ class Problem:
     # True: `draw_minibatches` draws its steps one after another on the generator, so that drawing a + b steps
     # gives the draws of a steps then those of b (iteration-wise run batches draw a run's rows ahead, by iteration)
     draws_by_step: ClassVar[bool] = False
+    # True: `step_oracle` takes the rows `[R, S, b]` of R runs' clients, and its oracle's methods take and give
+    # tensors with that leading run axis (`[R, S, ...]`; a point a run's clients share as `[R, 1, ...]`) by
+    # broadcasting, so that the engine hands them over as they are. False: the engine folds the run axis into the
+    # clients' (`[R·S, b]` rows, `[R·S, ...]` points) around every call (`fedbench.runs.RunOracle`), which costs
+    # a few µs a call, felt where a local step is a few small kernels (seed 003's one-sample coordinate steps)
+    oracles_take_runs: ClassVar[bool] = False
 
     num_clients: int
     dim: int

@@ -38,12 +38,24 @@ RULE_SETTINGS = ("reparam", "smoothness", "mu_prime", "beta_gradients", "estimat
 
 class BlockOracle(Oracle):
     """An oracle of one minibatch of every device, for block objectives: at stored w (`[d_w]`, shared, or
-    `[S, d_w]`) and β `[S, d_β]`, per device. `rows` are the batch's rows in the flat data (SAGA tables index
-    them), None for full data."""
+    `[S, d_w]`) and β `[S, d_β]`, per device; on the rows `[R, S, b]` of R runs (`Problem.oracles_take_runs`), at w
+    `[R, 1, d_w]` or `[R, S, d_w]` and β `[R, S, d_β]`, every formula broadcasting over the leading axes. `rows` are
+    the batch's rows in the flat data (SAGA tables index them), None for full data."""
 
     def __init__(self, problem, batch, rows: Tensor | None = None):
         super().__init__(problem, batch)
         self.rows = rows
+
+    def _per_device(self, point: Tensor) -> Tensor:
+        """A point shared by the devices (`[d]`, `[R, 1, d]`) as each device's: the double backward of `hvp` sums a
+        shared point's gradient over the devices."""
+        return point.expand(*self.batch[1].shape[:-1], point.shape[-1])
+
+    def hvp(self, w: Tensor, v: Tensor) -> Tensor:
+        return super().hvp(self._per_device(w), self._per_device(v))
+
+    def autograd_hvp(self, w: Tensor, v: Tensor) -> Tensor:
+        return super().autograd_hvp(self._per_device(w), self._per_device(v))
 
     def block_grads(self, w: Tensor, beta: Tensor, need_w: bool = True) -> tuple[Tensor | None, Tensor]:
         """(∇_w f_m(w, β_m; D), ∇_β f_m(w, β_m; D)); the first is None when not `need_w`."""
@@ -133,7 +145,7 @@ class Softmax:
         return probabilities - F.one_hot(y, self.classes).to(probabilities.dtype)
 
     def grad_of_residuals(self, residuals: Tensor, x: Tensor) -> Tensor:
-        weights = torch.einsum("sbc,sbp->scp", residuals, x) / x.shape[-2]
+        weights = torch.einsum("...bc,...bp->...cp", residuals, x) / x.shape[-2]
         return torch.cat([weights, residuals.mean(-2).unsqueeze(-1)], -1).flatten(-2)
 
     def grad(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
@@ -148,6 +160,7 @@ class BlockProblem(Problem):
     `base` (the model of f'), `objective` and `constants` through `_setup`."""
     provides = frozenset({"block_objective", "full_data", "personal_evaluation", "linear_model"})
     evaluates_global_model = False  # a row needs the per-device blocks too
+    oracles_take_runs = True  # `BlockOracle`: the coordinate methods' one-sample steps are a few µs of arithmetic
     _instance_key: str | None = None
 
     objective: BlockObjective
