@@ -50,6 +50,28 @@ class Oracle:
         return self.problem.autograd_hvp(w, v, self.batch)
 
 
+class RunAxisOracle(Oracle):
+    """An oracle of a problem whose step oracles take the run axis (`Problem.oracles_take_runs`): built on the rows
+    `[R, S, b]` of R runs' clients (or `[S, b]`), it answers at points `[R, S, ...]` and at points a run's clients
+    share, `[R, 1, ...]`, which the derivatives see as each client's (a derivative through the sum of the clients'
+    losses would otherwise add up the clients' gradients of a shared point). `clients` is the rows' leading
+    shape."""
+
+    clients: tuple[int, ...]
+
+    def each_client(self, point: Tensor) -> Tensor:
+        return point.expand(*self.clients, point.shape[-1])
+
+    def grad(self, w: Tensor) -> Tensor:
+        return super().grad(self.each_client(w))
+
+    def hvp(self, w: Tensor, v: Tensor) -> Tensor:
+        return super().hvp(self.each_client(w), self.each_client(v))
+
+    def autograd_hvp(self, w: Tensor, v: Tensor) -> Tensor:
+        return super().autograd_hvp(self.each_client(w), self.each_client(v))
+
+
 class Batches:
     """The oracles of one local step, by declared name (`batches.D`, `batches["D"]`)."""
 

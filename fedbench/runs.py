@@ -329,15 +329,15 @@ class RunBatch:
         return Batches(lifted)
 
     def _noise(self, ids: list[int]):
-        """The minibatch noise of the runs `ids`' rows (`_layout`), each run's on its own stream."""
+        """The minibatch noise of the runs `ids`' rows (`_layout`), each run's on its own stream, one entry per row
+        in the rows' order (`Problem.minibatch_noise`)."""
         if not self.problem.noisy_minibatches:
             return _no_noise
         gens = [self.sims[i].sampler.noise_gen for i in ids]
-        if len(gens) == 1 and not self.problem.oracles_take_runs:
+        if len(gens) == 1:
             return lambda rows: self.problem.minibatch_noise(rows, gens[0])
-        join = torch.stack if self.problem.oracles_take_runs else torch.cat
-        return lambda rows: join([self.problem.minibatch_noise(run_rows, gen)
-                                  for run_rows, gen in zip(rows.view(len(gens), -1, rows.shape[-1]), gens)])
+        return lambda rows: torch.cat([self.problem.minibatch_noise(run_rows, gen)
+                                       for run_rows, gen in zip(rows.view(len(gens), -1, rows.shape[-1]), gens)])
 
     def _weights(self, clients: Tensor) -> Tensor:
         """The server's weights `[R, S]` over each run's sampled clients `clients` `[R, S]`."""

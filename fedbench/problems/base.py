@@ -178,9 +178,10 @@ class Problem:
         raise NotImplementedError
 
     def minibatch_noise(self, rows: Tensor, gen: torch.Generator) -> Tensor | None:
-        """The random perturbation a step's minibatch `rows` `[S, b]` carries (pAUC's per-client feature noise),
-        drawn on the simulation's own stream (`RoundSampler`), so that it follows the run's seed and not the
-        problem instance's; None for problems without one."""
+        """The random perturbation a step's minibatch `rows` `[S, b]` carries (pAUC's per-client feature noise), one
+        entry per row in the rows' order, whatever their leading axes (the engine concatenates the runs' noise,
+        each drawn on its run's stream); drawn on the simulation's own stream (`RoundSampler`), so that it follows
+        the run's seed and not the problem instance's; None for problems without one."""
         return None
 
     def step_oracle(self, rows: Tensor, noise: Tensor | None = None) -> Oracle:

@@ -59,7 +59,7 @@ from fedbench.data import femnist
 from fedbench.hparams import Param, ParamError
 from fedbench.metrics import Metric, partial_auc
 from fedbench.models import MLP
-from fedbench.oracle import Oracle
+from fedbench.oracle import RunAxisOracle
 from fedbench.problems import pauc_data
 from fedbench.problems.base import Layout, Problem
 from fedbench.problems.xrisk_tasks import make_task
@@ -79,6 +79,7 @@ class PartialAUC(Problem):
     `outer_grad`, `scores_by_class`, `positive_counts`/`negative_counts`, and `PairOracle` minibatches."""
     name = "pauc"
     noisy_minibatches = True  # each client's feature noise, fresh at every draw
+    oracles_take_runs = True  # `PairOracle`
     caps_batches = True  # class-balanced draws with replacement: any b works with any client size
     provides = frozenset({"hvp", "pair_scores"})
     params = (
@@ -269,16 +270,15 @@ class PartialAUC(Problem):
     def gather(self, rows: Tensor, noise: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Features with each client's noise μ_i + 0.2·scale·ε (spec 001 §3.2; ε from `minibatch_noise`, None: ε = 0,
         the client's mean shift only), and labels."""
-        s, b = rows.shape
-        flat = rows.reshape(-1)
+        flat = rows.reshape(-1)  # rows `[S, b]`, or `[R, S, b]` (`oracles_take_runs`)
         if noise is None:
-            noise = torch.zeros(s * b, self.feature_dim, dtype=self.dtype, device=self.device)
+            noise = torch.zeros(len(flat), self.feature_dim, dtype=self.dtype, device=self.device)
         mean = self.noise_mean[self.row_source[flat]].unsqueeze(-1)
         if self.pixel_scale is None:  # (x + μ_i) + σ·ε in that order, in place on fresh tensors: 2.5x the expression
             noisy = self.features.index_select(0, flat).add_(mean).add_(noise.mul_(self.noise_std))
         else:  # pixels v: 2v/white − 1 + μ_i + σ·ε, in place on the noise (half the time of the expression)
             noisy = noise.mul_(self.noise_std).add_(mean - 1.0).add_(self.features[flat], alpha=self.pixel_scale)
-        return noisy.view(s, b, -1), self.labels[flat].view(s, b)
+        return noisy.view(*rows.shape, -1), self.labels[flat].view(rows.shape)
 
     def minibatch_loss(self, w: Tensor, batch: tuple[Tensor, Tensor]) -> Tensor:
         """Mean binary cross-entropy of σ(s(w, x)) on one client's class-balanced batch."""
@@ -337,22 +337,25 @@ class PartialAUC(Problem):
         return metrics
 
 
-class PairOracle(Oracle):
-    """One local step of the sampled clients: b₁ positives then b₂ negatives each. Its loss, gradient and
-    HVP are the cross-entropy's (what FedAvg uses); X-risk algorithms call `surrogate_grad` with a loss of
-    the positive and negative scores and get its gradient for every client at once, and read
-    `positive_index` (each positive's place among its client's positives, for per-positive u tables)."""
+class PairOracle(RunAxisOracle):
+    """One local step of the sampled clients: b₁ positives then b₂ negatives each (rows `[S, b]`, or `[R, S, b]`
+    of R runs, every tensor below then with the leading run axis). Its loss, gradient and HVP are the
+    cross-entropy's (what FedAvg uses); X-risk algorithms call `surrogate_grad` with a loss of the positive and
+    negative scores and get its gradient for every client at once, and read `positive_index` (each positive's
+    place among its client's positives, for per-positive u tables)."""
 
     def __init__(self, problem: PartialAUC, rows: Tensor, noise: Tensor | None = None):
         super().__init__(problem, problem.gather(rows, noise))
-        self.positives = rows.shape[1] // 2
-        self.negatives = rows.shape[1] - self.positives
-        owners = problem.row_client[rows[:, : self.positives]]
-        self.positive_index = rows[:, : self.positives] - problem.client_offsets[owners]  # into each client's positives
+        self.clients = rows.shape[:-1]
+        self.positives = rows.shape[-1] // 2
+        self.negatives = rows.shape[-1] - self.positives
+        owners = problem.row_client[rows[..., : self.positives]]
+        # each positive's place among its client's positives
+        self.positive_index = rows[..., : self.positives] - problem.client_offsets[owners]
 
     def surrogate_grad(self, w: Tensor, surrogate) -> tuple[Tensor, Tensor]:
         """(∇_w Σ_clients surrogate(h₊ [S,b₁], h₋ [S,b₂]), the detached scores [S,b]); surrogate returns [S]."""
-        w = w.detach().requires_grad_(True)
+        w = self.each_client(w).detach().requires_grad_(True)
         h = self.problem.scores(w, self.batch[0])
-        loss = surrogate(h[:, : self.positives], h[:, self.positives:]).sum()
+        loss = surrogate(h[..., : self.positives], h[..., self.positives:]).sum()
         return torch.autograd.grad(loss, w)[0], h.detach()

@@ -27,7 +27,7 @@ from torch import Tensor
 from fedbench.data import pfl_images, pfl_synthetic
 from fedbench.hparams import Param, ParamError
 from fedbench.metrics import Metric
-from fedbench.oracle import Oracle
+from fedbench.oracle import RunAxisOracle
 from fedbench.problems.base import Layout, Problem
 from fedbench.problems.blocks import OBJECTIVES, BlockObjective, Constants
 from fedbench.prox import NoRegularizer
@@ -36,7 +36,7 @@ from fedbench.prox import NoRegularizer
 RULE_SETTINGS = ("reparam", "smoothness", "mu_prime", "beta_gradients", "estimation_error")
 
 
-class BlockOracle(Oracle):
+class BlockOracle(RunAxisOracle):
     """An oracle of one minibatch of every device, for block objectives: at stored w (`[d_w]`, shared, or
     `[S, d_w]`) and β `[S, d_β]`, per device; on the rows `[R, S, b]` of R runs (`Problem.oracles_take_runs`), at w
     `[R, 1, d_w]` or `[R, S, d_w]` and β `[R, S, d_β]`, every formula broadcasting over the leading axes. `rows` are
@@ -45,17 +45,7 @@ class BlockOracle(Oracle):
     def __init__(self, problem, batch, rows: Tensor | None = None):
         super().__init__(problem, batch)
         self.rows = rows
-
-    def _per_device(self, point: Tensor) -> Tensor:
-        """A point shared by the devices (`[d]`, `[R, 1, d]`) as each device's: the double backward of `hvp` sums a
-        shared point's gradient over the devices."""
-        return point.expand(*self.batch[1].shape[:-1], point.shape[-1])
-
-    def hvp(self, w: Tensor, v: Tensor) -> Tensor:
-        return super().hvp(self._per_device(w), self._per_device(v))
-
-    def autograd_hvp(self, w: Tensor, v: Tensor) -> Tensor:
-        return super().autograd_hvp(self._per_device(w), self._per_device(v))
+        self.clients = batch[1].shape[:-1]  # the labels' `[R, S]` (or `[S]`)
 
     def block_grads(self, w: Tensor, beta: Tensor, need_w: bool = True) -> tuple[Tensor | None, Tensor]:
         """(∇_w f_m(w, β_m; D), ∇_β f_m(w, β_m; D)); the first is None when not `need_w`."""
