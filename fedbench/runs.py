@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import Tensor
@@ -287,6 +287,10 @@ class RunBatch:
         # 800 KB a run: 1.2x at R = 4, 0.4x at R = 64, before `plan` sent such runs one after another), so
         # larger batches go through the round in chunks.
         self.chunk = max(1, GATHER_BUDGET // step_bytes(first))
+        # Called with the program at each safe point: between two rounds (an iteration-wise batch: two
+        # iterations), every row before it yielded, where `state_dict` is whole (a checkpoint is taken there)
+        self.safe_point: Callable[[RunBatch], None] | None = None
+        self.resumed = False  # `load_state_dict` given: the rows at the start were yielded before
 
     def __len__(self) -> int:
         return len(self.sims)
@@ -429,6 +433,24 @@ class RunBatch:
             self.clients = {k: _rows_replaced(self.clients[k], live, v) for k, v in state.items()}
         self._uploaded = sum(m.numel() for m in message.values()) // runs
 
+    # -- checkpoints ----------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """What the program needs to go on as if it had never stopped, at a safe point (`safe_point`): its state and
+        counters, and each run's record (`Simulation.state_dict`: streams, counters, status, a stopped run's
+        state). Tensors are the program's own; `torch.save` copies them."""
+        return {"server": self.server, "clients": self.clients, "live": list(self.live),
+                "rounds_done": self.rounds_done, "train_seconds": self.train_seconds, "uploaded": self._uploaded,
+                "runs": [sim.state_dict() for sim in self.sims]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The program as `state_dict` left it; iterating it then yields the rows after that point."""
+        for sim, record in zip(self.sims, state["runs"], strict=True):
+            sim.load_state_dict(record)
+        self.server, self.clients, self.live = state["server"], state["clients"], list(state["live"])
+        self.rounds_done, self.train_seconds, self._uploaded = (state["rounds_done"], state["train_seconds"],
+                                                                state["uploaded"])
+        self.resumed = True
+
     # -- evaluation and the loop --------------------------------------------------------------------------
     def _sync(self, i: int) -> None:
         """Run i's state onto its Simulation (views of the batch's tensors, without the run axis)."""
@@ -474,12 +496,20 @@ class RunBatch:
                 rows.append((i, row))
         return rows
 
-    def __iter__(self) -> Iterator[tuple[int, dict[str, float]]]:
+    def _start(self) -> Iterator[tuple[int, dict[str, float]]]:
+        """The rows at the start (their objective is each run's divergence reference); none on a resumed program."""
+        if self.resumed:
+            return
         for i, row in self.evaluate().items():
             self.sims[i].start_objective = row.get("objective")
             yield i, row
+
+    def __iter__(self) -> Iterator[tuple[int, dict[str, float]]]:
+        yield from self._start()
         while self.live and self.rounds_done < self.federation.rounds:
             yield from self.step()
+            if self.safe_point is not None:
+                self.safe_point(self)
         for i in list(self.live):
             self._stop(i, "finished")
 
@@ -612,21 +642,32 @@ class IterationBatch(RunBatch):
                 for key in state:
                     state[key][i] = state[key][donor]
 
+    ITERATION_STATE = ("length", "iteration", "ends", "share", "settled", "ahead", "drawn", "local")
+
+    def state_dict(self) -> dict[str, Any]:
+        """`RunBatch.state_dict` and the iteration-wise schedule's own: each run's round length and the iteration
+        its round ends, the rows drawn ahead (already drawn from the runs' streams), the rounds' local states."""
+        return {**super().state_dict(), **{name: getattr(self, name) for name in self.ITERATION_STATE}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        for name in self.ITERATION_STATE:
+            setattr(self, name, state[name])
+
     def __iter__(self) -> Iterator[tuple[int, dict[str, float]]]:
         """Each iteration: the runs at their round's last step end their rounds; then every row takes a local
         step (wasted on the rows of runs that just ended a round or stopped: cheaper than selecting the others);
         the ended rounds are evaluated on schedule and the next ones drawn and opened."""
-        for i, row in self.evaluate().items():
-            self.sims[i].start_objective = row.get("objective")
-            yield i, row
+        yield from self._start()
         if self.federation.rounds == 0:
             for i in list(self.live):
                 self._stop(i, "finished")
             return
-        start = time.perf_counter()
-        self._draw_ahead()
-        self._open_rounds(list(self.live))
-        self.share += (time.perf_counter() - start) / len(self.live)
+        if not self.resumed:
+            start = time.perf_counter()
+            self._draw_ahead()
+            self._open_rounds(list(self.live))
+            self.share += (time.perf_counter() - start) / len(self.live)
         eval_every, rounds = self.sims[0].eval_every, self.federation.rounds
         while self.live:
             start = time.perf_counter()
@@ -661,6 +702,8 @@ class IterationBatch(RunBatch):
                 start = time.perf_counter()
                 self._open_rounds(opening)
                 self.share += (time.perf_counter() - start) / len(self.live)
+            if self.safe_point is not None:
+                self.safe_point(self)
 
 
 def one_program(sims: list[Simulation]) -> bool:
@@ -677,12 +720,17 @@ def program(sims: list[Simulation]) -> RunBatch:
     return RunBatch(sims)
 
 
-def run_batch(sims: list[Simulation]) -> Iterable[tuple[int, dict[str, float]]]:
-    """(run index, row) of these simulations: as one program where they can share one and are not memory-bound
-    (`one_program`), else one after another, each a program of one."""
+def programs(sims: list[Simulation]) -> list[tuple[list[int], RunBatch]]:
+    """The programs these simulations run in, each with the indices of its runs: one for all of them where they can
+    share one and are not memory-bound (`one_program`), else one per run, to run one after another."""
     if why_not_batchable(sims) or not one_program(sims):
-        return ((i, row) for i, sim in enumerate(sims) for row in sim)
-    return program(sims)
+        return [([i], RunBatch([sim])) for i, sim in enumerate(sims)]
+    return [(list(range(len(sims))), program(sims))]
+
+
+def run_batch(sims: list[Simulation]) -> Iterable[tuple[int, dict[str, float]]]:
+    """(run index, row) of these simulations, in their programs (`programs`)."""
+    return ((runs[i], row) for runs, each in programs(sims) for i, row in each)
 
 
 def run_seeds(problem, algorithm_name: str, federation, seeds, eval_every: int = 10,

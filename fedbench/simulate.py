@@ -196,6 +196,28 @@ class Simulation:
         self._program.run_round()
         self._program._sync(0)
 
+    RECORD = ("rounds_done", "iterations", "comm_up", "comm_down", "train_seconds", "eval_seconds", "status",
+              "start_objective", "metric_names")
+
+    def streams(self) -> dict[str, torch.Generator]:
+        """Every random stream of the run by name (see the module's docstring)."""
+        return {"clients": self.sampler.client_gen, "minibatches": self.sampler.batch_gen,
+                "feature-noise": self.sampler.noise_gen, "algorithm": self.algorithm_gen}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The run's record: its state as it holds it, each stream's state and its counters (a program's
+        checkpoint holds its runs' records, `fedbench.runs.RunBatch.state_dict`)."""
+        return {"server": self.server, "clients": self.clients,
+                "streams": {name: gen.get_state() for name, gen in self.streams().items()},
+                **{name: getattr(self, name) for name in self.RECORD}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.server, self.clients = state["server"], state["clients"]
+        for name, gen in self.streams().items():
+            gen.set_state(state["streams"][name])
+        for name in self.RECORD:
+            setattr(self, name, state[name])
+
     def exploded(self, row: dict[str, float]) -> bool:
         if not all(math.isfinite(v) for v in row.values()):
             return True
