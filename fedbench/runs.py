@@ -442,6 +442,10 @@ class RunBatch:
                 "rounds_done": self.rounds_done, "train_seconds": self.train_seconds, "uploaded": self._uploaded,
                 "runs": [sim.state_dict() for sim in self.sims]}
 
+    def rounds_progress(self) -> int:
+        """Rounds the program's runs have gone through (of an iteration-wise batch, on average)."""
+        return self.rounds_done
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The program as `state_dict` left it; iterating it then yields the rows after that point."""
         for sim, record in zip(self.sims, state["runs"], strict=True):
@@ -653,6 +657,9 @@ class IterationBatch(RunBatch):
         super().load_state_dict(state)
         for name in self.ITERATION_STATE:
             setattr(self, name, state[name])
+
+    def rounds_progress(self) -> int:
+        return sum(sim.rounds_done for sim in self.sims) // len(self.sims)
 
     def __iter__(self) -> Iterator[tuple[int, dict[str, float]]]:
         """Each iteration: the runs at their round's last step end their rounds; then every row takes a local

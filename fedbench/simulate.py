@@ -214,7 +214,7 @@ class Simulation:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.server, self.clients = state["server"], state["clients"]
         for name, gen in self.streams().items():
-            gen.set_state(state["streams"][name])
+            gen.set_state(state["streams"][name].cpu())  # the generators live on the CPU (`fedbench.rng`)
         for name in self.RECORD:
             setattr(self, name, state[name])
 

@@ -3,7 +3,6 @@ fedbench_sweeps.cli; in a checkout `python cli.py`, which imports it as sweeps.c
 from __future__ import annotations
 
 import collections
-import functools
 import json
 import math
 import os
@@ -134,12 +133,17 @@ def run(
     device: Optional[str] = typer.Option(None, "--device", help="auto, cpu or cuda (default: the recipe's)"),
     tracking_uri: Optional[str] = TrackingOption,
     track: bool = typer.Option(True, "--track/--no-track", help="Log the run(s) to MLflow"),
+    resume: bool = typer.Option(False, "--resume", help="Go on from the checkpoint an interrupted run of this "
+                                "configuration and seed(s) left (the recipe's checkpoints block says how often "
+                                "runs save one); without it, a run starts at round 0"),
     data_dir: Optional[Path] = DataOption,
 ) -> None:
     """Run one configuration in-process (no Ray): one algorithm, one value per hyperparameter, one or more
     seeds."""
     use_data_dir(data_dir)
-    from .execute import build_batch, build_simulation, drive, drive_batch, plan_batches
+    from .checkpoints import Checkpoint
+    from .execute import build_batch, build_simulation, checkpoint_policy, drive_batch, plan_batches
+    from fedbench.runs import programs
     from .recipe import RecipeError
 
     recipe = load_recipe(recipe_path, sets, algorithm, with_plugins)
@@ -170,14 +174,17 @@ def run(
         task = progress.add_task("rounds", total=trial.federation.rounds * len(trials))  # one bar for all seeds
         reached = [0.0] * len(trials)
 
-        def advance(i: int, row: dict[str, float]) -> None:
+        def advance(i: int, row: dict[str, float], seconds: float) -> None:
             reached[i] = row["round"]
             progress.update(task, completed=sum(reached))
 
-        if together:
-            outcomes = drive_batch(sims, advance)
-        else:
-            outcomes = [drive(sim, functools.partial(advance, i)) for i, sim in enumerate(sims)]
+        policy = checkpoint_policy(recipe, tracking_uri)
+        saved = [Checkpoint(policy, [trials[i] for i in runs]) for runs, _ in programs(sims)]
+        if resume and not any(checkpoint.path.is_file() for checkpoint in saved):
+            say("no checkpoint of these runs: starting at round 0")
+        for checkpoint in saved if not resume else ():  # an earlier interrupted run's is not this run's start
+            checkpoint.remove()
+        outcomes = drive_batch(sims, advance, policy, trials)
     console.print(final_table([t.seed for t in trials], outcomes))
     wall = sum(o.wall_seconds for o in outcomes)
     console.print(f"{wall:.1f} s wall: {sum(o.train_seconds for o in outcomes):.1f} s training, "
@@ -205,6 +212,7 @@ def run(
         raise typer.Exit(1)
 
 
+IN_FLIGHT_SHOWN = 3  # running runs whose round the sweep's progress line shows
 FEW_SEEDS = 4  # up to this many seeds, `fedbench run` shows a column per seed; more, their statistics
 
 
@@ -285,8 +293,14 @@ def sweep_one(recipe, recipe_path: Path, sets: Optional[List[str]], address: Opt
                 bar.update(task, total=counts["total"], detail=f"to run{skipped}")
                 return
             ended = counts["finished"] + counts["diverged"] + counts["failed"]
-            bar.update(task, completed=ended, detail=f"running {counts['running']} · diverged {counts['diverged']} · "
-                                                     f"failed {counts['failed']}")
+            in_flight = list(counts.get("in_flight", {}).values())  # (round reached, rounds) of each running run
+            shown = ", ".join(f"r{reached:g}/{rounds}" for reached, rounds in in_flight[:IN_FLIGHT_SHOWN])
+            more = " …" if len(in_flight) > IN_FLIGHT_SHOWN else ""
+            # the runs in flight count by their share of rounds done, so that the ETA moves while they run
+            done = ended + sum(reached / rounds for reached, rounds in in_flight if rounds)
+            bar.update(task, completed=done, detail=f"running {counts['running']}"
+                       f"{f' ({shown}{more})' if shown else ''} · diverged {counts['diverged']} · "
+                       f"failed {counts['failed']}")
 
         try:
             summary = run_sweep(recipe, sets or [], tracking_uri, address, max_concurrent, progress)

@@ -12,7 +12,6 @@ seed) that finished in the recipe's experiment is skipped.
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib
 import importlib.metadata
 import logging
@@ -32,8 +31,9 @@ import torch
 from fedbench import plugins
 from fedbench.algorithms import ALGORITHMS
 from fedbench.problems import PROBLEMS
-from fedbench.runs import one_program, run_batch, why_not_batchable
+from fedbench.runs import programs
 from fedbench.simulate import Simulation
+from .checkpoints import Checkpoint, Policy, saved_programs
 from .recipe import Recipe, Trial, stable_hash
 
 PACKS_PER_SLOT = 4
@@ -92,17 +92,12 @@ class Outcome:
     runs_in_batch: int = 1  # runs of the program it ran in (1: alone, or one after another)
 
 
+OnRow = Callable[[int, dict[str, float], float], None]  # (run index, row, the run's training seconds by then)
+
+
 def drive(simulation: Simulation, on_row: Callable[[dict[str, float]], None] | None = None) -> Outcome:
     """Run a built simulation to its end."""
-    start = time.perf_counter()
-    rows, seconds = [], []
-    for row in simulation:
-        rows.append(row)
-        seconds.append(simulation.train_seconds)
-        if on_row is not None:
-            on_row(row)
-    return Outcome(rows, simulation.status, str(simulation.problem.device), seconds, simulation.train_seconds,
-                   simulation.eval_seconds, time.perf_counter() - start)
+    return drive_batch([simulation], None if on_row is None else lambda i, row, seconds: on_row(row))[0]
 
 
 def build_batch(trials: list[Trial], device: str | None = None) -> list[Simulation]:
@@ -114,24 +109,84 @@ def build_batch(trials: list[Trial], device: str | None = None) -> list[Simulati
     return [build_simulation(trial, problem=problem) for trial in trials]
 
 
-def drive_batch(sims: list[Simulation],
-                on_row: Callable[[int, dict[str, float]], None] | None = None) -> list[Outcome]:
-    """Run the seeds of one configuration as one program (`fedbench.runs`, from `build_batch`); each run's
-    outcome as `drive` gives it alone (its training seconds: its share of the batch's). Simulations that cannot
-    share a program (`why_not_batchable`) run one after another, and so do memory-bound ones (`run_batch`)."""
-    if why_not_batchable(sims):
-        return [drive(sim, None if on_row is None else functools.partial(on_row, i)) for i, sim in enumerate(sims)]
+def drive_batch(sims: list[Simulation], on_row: OnRow | None = None, checkpoints: Policy | None = None,
+                trials: list[Trial] | None = None, tick: Callable[[], None] | None = None) -> list[Outcome]:
+    """Run simulations (a run alone, or the seeds of one configuration from `build_batch`) in their programs
+    (`fedbench.runs.programs`: one where they can share one and are not memory-bound, else one after another);
+    each run's outcome as `drive` gives it alone (its training seconds: its share of its program's). With a
+    `checkpoints` policy (and the runs' `trials`, which name each program's checkpoint), a program resumes from its
+    checkpoint, whose rows go to `on_row` again first, and saves checkpoints by the policy (`sweeps.checkpoints`).
+    `tick()` is called between rounds (a row stream's timer, `RowStream`)."""
     start = time.perf_counter()
     rows: list[list[dict[str, float]]] = [[] for _ in sims]
     seconds: list[list[float]] = [[] for _ in sims]
-    for i, row in run_batch(sims):
-        rows[i].append(row)
-        seconds[i].append(sims[i].train_seconds)
-        if on_row is not None:
-            on_row(i, row)
-    wall, together = (time.perf_counter() - start) / len(sims), len(sims) if one_program(sims) else 1
+    groups = programs(sims)
+    for runs, program in groups:
+        checkpoint = (Checkpoint(checkpoints, [trials[i] for i in runs])
+                      if checkpoints is not None and checkpoints.active else None)
+        saved = checkpoint.restore(program) if checkpoint is not None else None
+        for j, i in enumerate(runs if saved else ()):
+            rows[i], seconds[i] = saved["rows"][j], saved["seconds"][j]
+            for row, by_then in zip(rows[i], seconds[i]):
+                if on_row is not None:
+                    on_row(i, row, by_then)
+        program.safe_point = between_rounds(checkpoint, tick, [rows[i] for i in runs], [seconds[i] for i in runs])
+        for j, row in program:
+            i = runs[j]
+            rows[i].append(row)
+            seconds[i].append(sims[i].train_seconds)
+            if on_row is not None:
+                on_row(i, row, sims[i].train_seconds)
+        if checkpoint is not None:
+            checkpoint.remove()
+    wall = (time.perf_counter() - start) / len(sims)
+    together = {i: len(runs) for runs, _ in groups for i in runs}
     return [Outcome(rows[i], sim.status, str(sim.problem.device), seconds[i], sim.train_seconds, sim.eval_seconds,
-                    wall, runs_in_batch=together) for i, sim in enumerate(sims)]
+                    wall, runs_in_batch=together[i]) for i, sim in enumerate(sims)]
+
+
+def between_rounds(checkpoint: Checkpoint | None, tick: Callable[[], None] | None, rows: list[list],
+                   seconds: list[list]) -> Callable[[Any], None] | None:
+    """A program's safe-point hook: the tick, then a checkpoint when one is due (None: nothing to do there)."""
+    if checkpoint is None:
+        return None if tick is None else lambda program: tick()
+
+    def safe_point(program) -> None:
+        if tick is not None:
+            tick()
+        if checkpoint.due(program):
+            checkpoint.save(program, rows, seconds)
+    return safe_point
+
+
+STREAM_ROWS = 100  # rows an in-flight run's stream holds at most before handing them to the driver
+STREAM_SECONDS = 2.0  # ... and seconds
+
+
+class RowStream:
+    """The rows of a Ray trial's in-flight runs, sent to the driver (`send`, `tune.report`) as `rows` events in
+    batches: every STREAM_ROWS rows or STREAM_SECONDS seconds, whichever comes first, checked at each row and
+    between rounds (`tick`). What is still held when a run ends travels in its `end` event's outcome, so that a
+    run shorter than STREAM_SECONDS sends none."""
+
+    def __init__(self, send: Callable[[dict[str, Any]], None], keys: list[int]):
+        self.send, self.keys = send, keys
+        self.held: dict[int, tuple[list, list]] = {}
+        self.count = 0
+        self.sent_at = time.monotonic()
+
+    def add(self, i: int, row: dict[str, float], seconds: float) -> None:
+        rows, by_row = self.held.setdefault(i, ([], []))
+        rows.append(row)
+        by_row.append(seconds)
+        self.count += 1
+        self.tick()
+
+    def tick(self) -> None:
+        if self.count and (self.count >= STREAM_ROWS or time.monotonic() - self.sent_at >= STREAM_SECONDS):
+            for i, (rows, by_row) in self.held.items():
+                self.send({"event": "rows", "key": self.keys[i], "rows": rows, "seconds": by_row})
+            self.held, self.count, self.sent_at = {}, 0, time.monotonic()
 
 
 # -- inside a Ray trial -------------------------------------------------------------------------------
@@ -139,8 +194,9 @@ def drive_batch(sims: list[Simulation],
 Unit = list[tuple[int, Trial]]  # runs executed together: one run, or the seeds of one configuration as one program
 
 
-def run_pack(config: dict[str, Any], packs: list[list[Unit]]) -> None:
-    """Function trainable: run one pack's units one after another, reporting each run's start and end."""
+def run_pack(config: dict[str, Any], packs: list[list[Unit]], checkpoints: Policy) -> None:
+    """Function trainable: run one pack's units one after another, reporting each run's start, its rows as they
+    come (`RowStream`) and its end; each program resumes from its checkpoint and saves them by `checkpoints`."""
     import ray
     from ray import tune
 
@@ -153,11 +209,11 @@ def run_pack(config: dict[str, Any], packs: list[list[Unit]]) -> None:
             tune.report({"event": "start", "key": key, "time": time.time(), "tags": tags})
         start = time.perf_counter()
         device = resolve_device(unit[0][1].device, bool(gpu_ids))
+        trials = [trial for _, trial in unit]
+        stream = RowStream(tune.report, [key for key, _ in unit])
         try:
-            if len(unit) == 1:
-                outcomes = [drive(build_simulation(unit[0][1], device))]
-            else:
-                outcomes = drive_batch(build_batch([trial for _, trial in unit], device))
+            sims = [build_simulation(trials[0], device)] if len(unit) == 1 else build_batch(trials, device)
+            outcomes = drive_batch(sims, stream.add, checkpoints, trials, stream.tick)
         except Exception:  # failing runs are recorded and the pack goes on
             wall = (time.perf_counter() - start) / len(unit)
             outcomes = [Outcome([], "failed", trial.device, wall_seconds=wall, error=traceback.format_exc(),
@@ -205,14 +261,21 @@ def slots(resources, nodes: list[dict], max_concurrent: int | None) -> int:
     return min(total, max_concurrent or total)
 
 
-def plan_batches(runs: list[tuple[int, Trial]], cap: int, slot_count: int = 1) -> tuple[list[Unit], list[tuple[int, Trial]]]:
+def plan_batches(runs: list[tuple[int, Trial]], cap: int, slot_count: int = 1,
+                 saved: list[list[tuple[str, int]]] = ()) -> tuple[list[Unit], list[tuple[int, Trial]]]:
     """Which runs share a program (the one planner of `fedbench run --all-seeds`, `sweep` and `tune`): (batches,
-    singles): the seeds of each batchable configuration with the values of its float hyperparameters
-    (`batch_key`), in batches of at most `cap` runs, split further so that there are at least as many batches as
-    slots where the runs allow; the other runs alone (a tune trial is one run: alone)."""
+    singles): first the programs with a checkpoint (`saved`, their runs as (config hash, seed)) whose runs are all
+    to run, as they were, so that they resume from it; then the seeds of each batchable configuration with the
+    values of its float hyperparameters (`batch_key`), in batches of at most `cap` runs, split further so that
+    there are at least as many batches as slots where the runs allow; the other runs alone (a tune trial is one
+    run: alone)."""
+    by_run = {(trial.config_hash, trial.seed): (key, trial) for key, trial in runs} if saved else {}
+    resumed = [[by_run[run] for run in program] for program in saved
+               if len(program) > 1 and all(run in by_run for run in program)]
+    taken = {key for program in resumed for key, _ in program}
     groups: dict[tuple[str, str], Unit] = {}
     singles = []
-    for key, trial in runs:
+    for key, trial in [run for run in runs if run[0] not in taken]:
         if cap > 1 and batchable(trial):
             groups.setdefault((batch_key(trial), trial.device), []).append((key, trial))
         else:
@@ -225,21 +288,31 @@ def plan_batches(runs: list[tuple[int, Trial]], cap: int, slot_count: int = 1) -
         count = min(len(group), max(math.ceil(len(group) / cap), math.ceil(slot_count / len(groups))))
         size = math.ceil(len(group) / count)
         batches.extend(group[i:i + size] for i in range(0, len(group), size))
-    return batches, sorted(singles, key=lambda run: run[0])
+    return resumed + batches, sorted(singles, key=lambda run: run[0])
 
 
-def plan_packs(runs: list[tuple[int, Trial]], pack: int | str, slot_count: int, batch_runs: int = 1) -> list[list[Unit]]:
+def plan_packs(runs: list[tuple[int, Trial]], pack: int | str, slot_count: int, batch_runs: int = 1,
+               saved: list[list[tuple[str, int]]] = ()) -> list[list[Unit]]:
     """Ray trials: every batch of seeds its own; the other runs in chunks of one algorithm each, `auto` making
     about PACKS_PER_SLOT packs per slot. The chunks are submitted longest first (the remainders of each algorithm's
     runs last), so that short packs fill the slots at the end instead of one long pack running alone there:
     on bao2022_lowrank.yaml (15 runs of ~20 s, packs of 2 and 1) ~176 s instead of ~182 s of runs on 2 slots."""
-    batches, singles = plan_batches(runs, batch_runs, slot_count)
+    batches, singles = plan_batches(runs, batch_runs, slot_count, saved)
     size = pack if pack != "auto" else max(1, math.ceil(len(singles) / (PACKS_PER_SLOT * slot_count)))
     by_algorithm: dict[str, list[tuple[int, Trial]]] = {}
     for key, trial in singles:
         by_algorithm.setdefault(trial.algorithm, []).append((key, trial))
     chunks = [[[run] for run in group[i:i + size]] for group in by_algorithm.values() for i in range(0, len(group), size)]
     return [[batch] for batch in batches] + sorted(chunks, key=len, reverse=True)
+
+
+def checkpoint_policy(recipe: Recipe, tracking: str | None) -> Policy:
+    """The recipe's checkpoints block, with its files in `checkpoints/<experiment>/` beside the store of the
+    tracking URI `tracking` (`tracking.store_folder`)."""
+    from .tracking import store_folder
+
+    folder = store_folder(tracking) / "checkpoints" / recipe.name.replace("/", "_")
+    return Policy(str(folder), recipe.checkpoints.every_seconds, recipe.checkpoints.every_rounds)
 
 
 def connect(address: str | None, recipes: Iterable[Recipe] = ()) -> bool:
@@ -359,6 +432,8 @@ def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | No
     parent_id = store.open_sweep(experiment_id, recipe, overrides or [], parent_tags)
     summary.parent_run_id = parent_id
     store.fail_stale(experiment_id, parent_id)
+    unfinished = store.unfinished(experiment_id, parent_id)  # resumed as the same MLflow runs
+    checkpoints = checkpoint_policy(recipe, tracking)
     if not pending:
         store.close_sweep(parent_id, "FINISHED", {**summary.counts, "skipped": summary.skipped})
         return summary
@@ -366,8 +441,10 @@ def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | No
     start = time.perf_counter()
     log = SweepLog(store, experiment_id, parent_id)
     state: dict[str, set[int]] = {"running": set(), "ended": set()}
+    reached: dict[int, float] = {}  # the last round each in-flight run has reported
     try:
-        packs = plan_packs(pending, resources.pack, slot_count, resources.batch_runs)
+        packs = plan_packs(pending, resources.pack, slot_count, resources.batch_runs,
+                           saved_programs(checkpoints.folder))
         by_key = dict(pending)
         summary.ray_trials = len(packs)
 
@@ -375,16 +452,24 @@ def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | No
             key = result["key"]
             if result["event"] == "start":
                 state["running"].add(key)
-                log.started(key, by_key[key], result["time"], {**result["tags"], "recipe_hash": recipe.recipe_hash})
+                run = by_key[key]
+                log.started(key, run, result["time"], {**result["tags"], "recipe_hash": recipe.recipe_hash},
+                            reopen=unfinished.get((run.config_hash, run.seed)))
+            elif result["event"] == "rows":
+                reached[key] = result["rows"][-1]["round"]
+                log.rows(key, result["rows"], result["seconds"])
             else:
                 state["running"].discard(key)
                 state["ended"].add(key)
+                reached.pop(key, None)
                 outcome = result["outcome"]
                 summary.counts[outcome["status"]] += 1
                 summary.compute_seconds += outcome["wall_seconds"]
                 log.ended(key, outcome)
             if progress is not None:
-                progress("update", {**summary.counts, "running": len(state["running"])})
+                progress("update", {**summary.counts, "running": len(state["running"]),
+                                    "in_flight": {key: (reached.get(key, 0), by_key[key].federation.rounds)
+                                                  for key in sorted(state["running"])}})
 
         def on_end(trial, failed: bool) -> None:
             """A pack whose actor died: its running run failed; its unstarted runs wait for a re-run."""
@@ -401,7 +486,7 @@ def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | No
         if progress is not None:
             progress("start", {"total": len(pending), "skipped": summary.skipped})
         storage = tempfile.mkdtemp(prefix="fedbench-tune-")
-        trainable = tune.with_resources(tune.with_parameters(run_pack, packs=packs),
+        trainable = tune.with_resources(tune.with_parameters(run_pack, packs=packs, checkpoints=checkpoints),
                                         {"cpu": resources.cpus_per_trial, "gpu": resources.gpus_per_trial})
         tuner = tune.Tuner(
             trainable,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fcntl
 import importlib.metadata
+import itertools
 import json
 import os
 import platform
@@ -77,6 +78,13 @@ def tracking_uri(given: str | None = None) -> str:
 
 def sqlite_path(uri: str) -> Path | None:
     return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+
+
+def store_folder(uri: str | None) -> Path:
+    """Where files that belong with a store go (Optuna studies, reports, checkpoints): beside a SQLite store, in the
+    working directory for a server."""
+    path = sqlite_path(tracking_uri(uri))
+    return path.resolve().parent if path is not None else Path.cwd()
 
 
 class StoreError(ValueError):
@@ -209,10 +217,7 @@ class Store:
         self.fast = mlflow_fast.probe(self.client)  # None: MLflow's public API only, for the life of this Store
 
     def folder(self) -> Path:
-        """Where files that belong with the store go (Optuna studies, reports): beside a SQLite store, in the
-        working directory for a server."""
-        path = sqlite_path(self.uri)
-        return path.resolve().parent if path is not None else Path.cwd()
+        return store_folder(self.uri)
 
     def experiment(self, name: str, headline: list[str] | None = None) -> str:
         """The experiment's id, created if new, with the tags of `EXPERIMENT_KIND` and of the runs view, whose
@@ -343,15 +348,39 @@ class Store:
                 self.client.log_text(run_id, text, f"plugins/{Path(source.path).name}")
         return run_id
 
-    def finish_trial(self, run_id: str, outcome: dict[str, Any]) -> None:
-        """The curve (one metric per row key, step = round), the summary and the final status."""
+    def unfinished(self, experiment_id: str, parent_id: str) -> dict[tuple[str, int], str]:
+        """The run of each (config hash, seed) of this sweep that started and did not finish (killed, failed, or
+        still marked RUNNING): a re-run resumes it as the same MLflow run (`reopen_trial`), the latest where an
+        older fedbench left several."""
+        runs = self.search(experiment_id, f"tags.`{PARENT_TAG}` = '{parent_id}' and tags.role = 'trial' "
+                                          "and attributes.status != 'FINISHED'")
+        return {(run.data.tags["config_hash"], int(run.data.tags["seed"])): run.info.run_id
+                for run in sorted(runs, key=lambda run: run.info.start_time)}
+
+    def reopen_trial(self, run_id: str, tags: dict[str, str]) -> int:
+        """An unfinished run (`unfinished`) going again: RUNNING, its tags as at a start; the last round of its
+        curve already stored (-1: none), whose rows the resumed run does not store twice."""
+        self.client.update_run(run_id, status="RUNNING")
+        self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in {"status": "running", **tags}.items()])
+        if "error" in self.client.get_run(run_id).data.tags:  # the reason it stopped before
+            self.client.delete_tag(run_id, "error")
+        history = self.metric_histories([run_id], CURVE_KEY)[run_id]
+        return max((step for step, _ in history), default=-1)
+
+    def log_rows(self, run_id: str, rows: list[dict[str, float]], seconds: list[float], after: int) -> int:
+        """The rows of a run's curve beyond round `after` (one metric per row key, step = round; train_seconds by
+        row); the last round stored then."""
+        self.log_metrics(run_id, curve(rows, seconds, after, now_ms()))
+        return max(after, int(rows[-1]["round"])) if rows else after
+
+    def finish_trial(self, run_id: str, outcome: dict[str, Any], after: int = -1) -> None:
+        """The curve beyond round `after` (the rows streamed while the run went, `log_rows`, are stored already),
+        the summary and the final status, the metrics in one write."""
         stamp = now_ms()
-        metrics = [Metric(key, float(value), stamp, int(row["round"]))
-                   for row in outcome["rows"] for key, value in row.items() if key != "round"]
-        last_round = int(outcome["rows"][-1]["round"]) if outcome["rows"] else 0
+        rows = outcome["rows"]
         seconds = outcome.get("seconds") or []  # train_seconds by each row: a history whose last point is the total
-        metrics += [Metric("train_seconds", float(value), stamp, int(row["round"]))
-                    for row, value in zip(outcome["rows"], seconds)]
+        last_round = int(rows[-1]["round"]) if rows else 0
+        metrics = curve(rows, seconds, after, stamp)
         metrics += [Metric(key, float(outcome[key]), stamp, last_round)
                     for key in SUMMARY_METRICS if not (key == "train_seconds" and seconds)]
         tags = [RunTag("status", outcome["status"]), RunTag("device", outcome["device"]),
@@ -362,7 +391,6 @@ class Store:
         self.client.log_batch(run_id, tags=tags)
         self.client.set_terminated(run_id, "FAILED" if outcome["status"] == "failed" else "FINISHED",
                                    end_time=int(outcome["end_time"] * 1000))
-
 
     def log_metrics(self, run_id: str, metrics: list[Metric]) -> None:
         """A run's metrics, as `log_batch` would store them: into a SQL store (SQLite by default) in one statement
@@ -397,6 +425,22 @@ class Store:
         return public()
 
 
+CURVE_KEY = "comm_up"  # an engine column: every row of every run has it (the rounds of a stored curve)
+
+
+def curve(rows: list[dict[str, float]], seconds: list[float], after: int, stamp: int) -> list[Metric]:
+    """The metrics of the rows beyond round `after`: one per row key at step = round, and train_seconds by row."""
+    metrics = []
+    for row, by_then in itertools.zip_longest(rows, seconds[:len(rows)]):
+        step = int(row["round"])
+        if step <= after:
+            continue
+        metrics += [Metric(key, float(value), stamp, step) for key, value in row.items() if key != "round"]
+        if by_then is not None:
+            metrics.append(Metric("train_seconds", float(by_then), stamp, step))
+    return metrics
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -407,6 +451,7 @@ class SweepLog:
     def __init__(self, store: Store, experiment_id: str, parent_id: str):
         self.store, self.experiment_id, self.parent_id = store, experiment_id, parent_id
         self.run_ids: dict[Any, str] = {}
+        self.stored: dict[Any, int] = {}  # the last round of each run's curve in the store
         self.errors: list[str] = []
         self.queue: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self.thread = threading.Thread(target=self._work, name="fedbench-mlflow", daemon=True)
@@ -419,14 +464,26 @@ class SweepLog:
             except Exception as err:  # keep the sweep going; the summary reports tracking errors
                 self.errors.append(f"{type(err).__name__}: {err}")
 
-    def started(self, key: Any, trial: Trial, start_time: float, tags: dict[str, str], role: str = "trial") -> None:
+    def started(self, key: Any, trial: Trial, start_time: float, tags: dict[str, str], role: str = "trial",
+                reopen: str | None = None) -> None:
+        """A run begins: a new MLflow run, or the unfinished one `reopen` of an earlier attempt going again."""
         def job():
-            self.run_ids[key] = self.store.start_trial(self.experiment_id, trial, self.parent_id, start_time, tags,
-                                                       role)
+            if reopen is None:
+                self.run_ids[key] = self.store.start_trial(self.experiment_id, trial, self.parent_id, start_time,
+                                                           tags, role)
+                self.stored[key] = -1
+            else:
+                self.run_ids[key], self.stored[key] = reopen, self.store.reopen_trial(reopen, tags)
+        self.queue.put(job)
+
+    def rows(self, key: Any, rows: list[dict[str, float]], seconds: list[float]) -> None:
+        """Rows of an in-flight run, beyond those it has stored (a resumed run hands over its checkpoint's again)."""
+        def job():
+            self.stored[key] = self.store.log_rows(self.run_ids[key], rows, seconds, self.stored[key])
         self.queue.put(job)
 
     def ended(self, key: Any, outcome: dict[str, Any]) -> None:
-        self.queue.put(lambda: self.store.finish_trial(self.run_ids[key], outcome))
+        self.queue.put(lambda: self.store.finish_trial(self.run_ids[key], outcome, self.stored.get(key, -1)))
 
     def abandoned(self, key: Any, reason: str) -> None:
         """A run that started but will not end (its Ray trial died, or the sweep was interrupted)."""

@@ -70,7 +70,7 @@ def ray_local(tmp_path_factory):
 
 # `make test-fast` leaves out what starts Ray or a browser (markers `ray`, `browser`) and the heaviest single tests: these modules do throughout,
 # elsewhere a test that takes the `ray_local` fixture or drives `fedbench sweep`/`tune`/`ui` (by its name) does.
-RAY_MODULES = {"test_sweeps.py", "test_sweep_resume.py", "test_sweep_cluster.py", "test_tuning.py", "test_store.py",
+RAY_MODULES = {"test_sweeps.py", "test_sweep_resume.py", "test_sweep_checkpoints.py", "test_sweep_cluster.py", "test_tuning.py", "test_store.py",
                "test_install.py"}
 BROWSER_MODULES = {"test_browser.py"}
 RAY_NAMES = ("sweep", "tune", "_ui", "ui_", "no_node_can_hold")

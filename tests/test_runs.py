@@ -21,7 +21,7 @@ import torch
 
 import fedbench
 from fedbench.algorithms.pfl_rules import rules
-from fedbench.runs import NotBatchable, RunBatch, run_batch, run_seeds, why_not_batchable
+from fedbench.runs import NotBatchable, RunBatch, programs, run_batch, run_seeds, why_not_batchable
 from fedbench.simulate import Federation, Simulation
 from small_problems import small_lasso, small_lowrank
 from sweeps.execute import drive_batch
@@ -291,7 +291,7 @@ def test_simulations_that_cannot_share_a_program_run_one_after_another():
 
     assert why_not_batchable(sims())
     seen = []
-    outcomes = drive_batch(sims(), lambda i, row: seen.append(i))
+    outcomes = drive_batch(sims(), lambda i, row, seconds: seen.append(i))
     assert [o.rows for o in outcomes] == [drive(sim).rows for sim in sims()]
     assert [o.status for o in outcomes] == ["finished", "finished"] and seen == [0] * 4 + [1] * 4
     # run_seeds runs such an algorithm alone, seed by seed
@@ -441,7 +441,7 @@ def test_rows_drawn_ahead_a_few_iterations_at_a_time(monkeypatch, name):
     problem, federation = pfl(), Federation(6, 0, 1, 1)
     monkeypatch.setattr(fedbench.runs, "STREAM_BYTES", 8 * problem.num_clients * len(SEEDS) * 7)
     sims = [Simulation(problem, fedbench.make_algorithm(name, problem), federation, seed, 2) for seed in SEEDS]
-    batch = run_batch(sims)
+    [(_, batch)] = programs(sims)
     assert batch.ahead_steps == 7
     assert_same(curves_alone(problem, name, federation, {}, SEEDS, eval_every=2), rows_by_run(batch, len(SEEDS)),
                 1e-12)

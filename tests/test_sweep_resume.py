@@ -1,5 +1,6 @@
 """A sweep killed with SIGKILL (driver, Ray and all) and run again completes with no duplicated and no
-lost runs; the runs the kill interrupted are marked FAILED rather than left RUNNING."""
+lost runs; the runs the kill interrupted go on as the same MLflow runs (from their checkpoints where they saved one,
+`tests/test_sweep_checkpoints.py`), none left RUNNING or FAILED."""
 from __future__ import annotations
 
 import os
@@ -84,8 +85,8 @@ def test_sigkill_then_rerun_completes_the_sweep(tmp_path, tracking_uri, recipe, 
     assert len(finished) == total  # every (config, seed)
     assert len({(run.data.tags["config_hash"], run.data.tags["seed"]) for run in finished}) == total  # no duplicates
     assert finished_before <= {run.info.run_id for run in finished}  # not run again
-    assert {run.info.run_id for run in failed} == running_before  # interrupted, marked failed
-    assert all(run.data.tags["status"] == "failed" for run in failed)
-    assert len(trials) == total + len(running_before)  # nothing RUNNING, nothing else
+    assert running_before <= {run.info.run_id for run in finished}  # interrupted, then resumed as the same run
+    assert not failed and all(run.data.tags["status"] in ("finished", "diverged") for run in finished)
+    assert len(trials) == total  # nothing RUNNING, nothing else
     parents = by_role(tracking_uri, "sweep")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED" and parents[0].data.tags["attempts"] == "2"

@@ -26,13 +26,13 @@ from .grid import Recipe, grid_points
 from .loading import (DuplicateKey, RecipeError, RecipeLoader, apply_overrides, closest, field_paths,
                                    in_words, read_yaml, unknown, yaml_value)
 from .metrics import check_metrics, default_modes, metrics_of, named_metrics
-from .schema import (DISTRIBUTIONS, PHRASES, SAMPLERS, SECTIONS, X_AXES, PrunerSpec, RecipeModel,
+from .schema import (DISTRIBUTIONS, PHRASES, SAMPLERS, SECTIONS, X_AXES, Checkpoints, PrunerSpec, RecipeModel,
                                   ReportSpec, Resources, SelectSpec, StrictModel, TuneSpec, is_seed, schema_error)
 from .space import Dimension, check_space
 from .trials import FEDERATION_NAMES, FEDERATION_PARAMS, Trial, stable_hash
 
 __all__ = ["DISTRIBUTIONS", "FEDERATION_NAMES", "FEDERATION_PARAMS", "OPTION_FIELDS", "PHRASES", "SAMPLERS",
-           "SECTIONS", "X_AXES", "Dimension", "DuplicateKey", "PrunerSpec", "Recipe", "RecipeError", "RecipeLoader",
+           "SECTIONS", "X_AXES", "Checkpoints", "Dimension", "DuplicateKey", "PrunerSpec", "Recipe", "RecipeError", "RecipeLoader",
            "RecipeModel", "ReportSpec", "Resources", "SelectSpec", "StrictModel", "Trial", "TuneSpec",
            "apply_overrides", "check_metrics", "check_option", "check_space", "closest", "field_paths",
            "grid_points", "in_words", "is_seed", "load", "metrics_of", "named_metrics", "parse", "read_yaml",
@@ -117,7 +117,7 @@ def parse(raw: dict[str, Any], source: str) -> Recipe:
     name = model.name or Path(source).stem
     recipe = Recipe(source, name, problem_name, problem_grid, federation_grid, algorithms, model.seeds,
                     model.eval_every, model.device, model.divergence_factor, model.resources, model.tune, raw,
-                    dimensions, model.report or ReportSpec(), overrides)
+                    dimensions, model.report or ReportSpec(), overrides, checkpoints=model.checkpoints)
     # Every grid point must make a valid trial (e.g. clients_per_round <= clients); their declared metrics are what
     # the tune and report blocks may name.
     declared = metrics_of(recipe.trials())

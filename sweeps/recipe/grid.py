@@ -16,7 +16,7 @@ from fedbench.problems import PROBLEMS
 from fedbench.simulate import Federation, minibatch_sizes
 from .loading import RecipeError, closest
 from .metrics import metrics_of
-from .schema import ReportSpec, Resources, TuneSpec, is_seed
+from .schema import Checkpoints, ReportSpec, Resources, TuneSpec, is_seed
 from .space import Dimension
 from .trials import FEDERATION_NAMES, Trial, stable_hash
 
@@ -42,12 +42,14 @@ class Recipe:
     # config hashes `check_builds` has passed: the CLI checks every recipe before the first runs, and the entry points
     # it calls (`execute.sweep`, `tuning.tune_recipe`) check again for callers from Python; the data index is read once
     built: set[str] = field(default_factory=set, repr=False, compare=False)
+    checkpoints: Checkpoints = field(default_factory=Checkpoints)
 
     @property
     def recipe_hash(self) -> str:
-        """Of what runs: the report block only changes how results are drawn, so a sweep is found again
-        (and resumed) after it is edited."""
-        return stable_hash({key: value for key, value in self.document.items() if key != "report"})
+        """Of what runs: the report block only changes how results are drawn, and the checkpoints block how often
+        runs save their state, so a sweep is found again (and resumed) after either is edited."""
+        return stable_hash({key: value for key, value in self.document.items()
+                            if key not in ("report", "checkpoints")})
 
     def trials(self) -> list[Trial]:
         """The grid expanded: algorithm × problem point × federation point × hyperparameter point × seed."""

@@ -40,6 +40,14 @@ class Resources(StrictModel):
         return value
 
 
+class Checkpoints(StrictModel):
+    """Mid-run checkpoints of each program of runs (`sweeps.checkpoints`): every `every_seconds` seconds of running
+    or every `every_rounds` rounds, whichever comes first (0: not by that measure; both 0: none). The default, a
+    minute, leaves runs shorter than that without any."""
+    every_seconds: float = Field(60.0, ge=0)
+    every_rounds: int = Field(0, ge=0)
+
+
 class PrunerSpec(StrictModel):
     """Asynchronous successive halving (ASHA) on the evaluated curve, in rounds."""
     grace_rounds: int = Field(ge=1)
@@ -147,6 +155,7 @@ class RecipeModel(StrictModel):
     device: str = "auto"
     divergence_factor: float = Field(DIVERGENCE_FACTOR, gt=1)
     resources: Resources = Field(default_factory=Resources)
+    checkpoints: Checkpoints = Field(default_factory=Checkpoints)
     tune: Optional[TuneSpec] = None
     report: Optional[ReportSpec] = None
 
@@ -174,7 +183,7 @@ def is_seed(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-SECTIONS = {(): RecipeModel, ("resources",): Resources, ("tune",): TuneSpec, ("tune", "pruner"): PrunerSpec,
+SECTIONS = {(): RecipeModel, ("resources",): Resources, ("checkpoints",): Checkpoints, ("tune",): TuneSpec, ("tune", "pruner"): PrunerSpec,
             ("report",): ReportSpec, ("report", "select"): SelectSpec}
 
 

@@ -1,0 +1,105 @@
+"""Mid-run checkpoints: a program's whole state (`fedbench.runs.RunBatch.state_dict`: its state, each run's record
+with its random streams' states, the schedule's own) and the rows it has yielded, saved every `every_seconds` of
+running or `every_rounds` rounds, whichever comes first, at a safe point between two rounds.
+
+A checkpoint belongs to one program, named by its runs, (config hash, seed) each: a sweep run again resumes the
+program from it (the planner keeps a checkpointed program's runs together, `saved_programs`), and the rest of its
+curve is bit for bit the never-stopped one's (`tests/test_checkpoints.py`). A program that ends removes its file.
+Files are written whole and renamed into place, so a kill leaves the previous checkpoint or the new one, never half
+of one. They live in `checkpoints/<experiment>/` beside the tracking store (`Store.folder`); on a cluster, that
+folder must be one the nodes share, else a run resumes only on the node that saved it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedbench.runs import RunBatch
+from .recipe import Trial, stable_hash
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Where and how often the programs of a sweep (or of `fedbench run`) save checkpoints; `folder` None: never."""
+    folder: str | None
+    every_seconds: float = 60.0  # 0: not by time
+    every_rounds: int = 0  # 0: not by rounds
+
+    @property
+    def active(self) -> bool:
+        return self.folder is not None and (self.every_seconds > 0 or self.every_rounds > 0)
+
+
+def runs_of(trials: list[Trial]) -> list[list]:
+    return [[trial.config_hash, trial.seed] for trial in trials]
+
+
+def saved_programs(folder: str | Path | None) -> list[list[tuple[str, int]]]:
+    """The runs of every program with a checkpoint in `folder`, (config hash, seed) each."""
+    if folder is None or not Path(folder).is_dir():
+        return []
+    found = []
+    for index in sorted(Path(folder).glob("*.json")):
+        try:
+            found.append([(config_hash, int(seed)) for config_hash, seed in json.loads(index.read_text())["runs"]])
+        except (ValueError, KeyError, OSError):  # a file being replaced, or not ours
+            continue
+    return found
+
+
+class Checkpoint:
+    """The checkpoint of one program of `trials` (its runs, in the program's order) under `policy`."""
+
+    def __init__(self, policy: Policy, trials: list[Trial]):
+        self.policy = policy
+        runs = runs_of(trials)
+        name = stable_hash(runs)
+        self.runs = runs
+        self.path = Path(policy.folder) / f"{name}.pt" if policy.folder else None
+        self.index = self.path.with_suffix(".json") if self.path else None
+        self.saved_at = time.monotonic()
+        self.saved_round = 0
+
+    def restore(self, program: RunBatch) -> dict[str, list] | None:
+        """The program as its checkpoint left it, and the rows and training seconds by row it had yielded then
+        (`{"rows": [...], "seconds": [...]}`, one list per run); None without a checkpoint."""
+        if self.path is None or not self.path.is_file():
+            return None
+        saved = torch.load(self.path, map_location=program.device, weights_only=True)
+        if saved["runs"] != self.runs:
+            return None
+        program.load_state_dict(saved["program"])
+        self.saved_round = program.rounds_progress()
+        return {"rows": saved["rows"], "seconds": saved["seconds"]}
+
+    def due(self, program: RunBatch) -> bool:
+        policy = self.policy
+        return ((policy.every_seconds > 0 and time.monotonic() - self.saved_at >= policy.every_seconds)
+                or (policy.every_rounds > 0 and program.rounds_progress() - self.saved_round >= policy.every_rounds))
+
+    def save(self, program: RunBatch, rows: list[list[dict[str, float]]], seconds: list[list[float]]) -> None:
+        """The program's state and rows so far, written whole then renamed over the previous checkpoint."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _replace(self.index, lambda f: f.write(json.dumps({"runs": self.runs}).encode()))
+        state: dict[str, Any] = {"runs": self.runs, "program": program.state_dict(), "rows": rows,
+                                 "seconds": seconds}
+        _replace(self.path, lambda f: torch.save(state, f))
+        self.saved_at, self.saved_round = time.monotonic(), program.rounds_progress()
+
+    def remove(self) -> None:
+        for path in (self.path, self.index):
+            if path is not None:
+                path.unlink(missing_ok=True)
+
+
+def _replace(path: Path, write) -> None:
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    with open(partial, "wb") as f:
+        write(f)
+    os.replace(partial, path)
