@@ -213,6 +213,19 @@ def run(
 
 
 IN_FLIGHT_SHOWN = 3  # running runs whose round the sweep's progress line shows
+
+
+def sweep_progress(counts: dict) -> tuple[float, str]:
+    """The sweep's progress from its counts: runs done, the runs in flight counted by their share of rounds done
+    (so that the ETA moves while they run), and the line beside the bar, with the rounds the first in-flight runs
+    have reached."""
+    ended = counts["finished"] + counts["diverged"] + counts["failed"]
+    in_flight = list(counts.get("in_flight", {}).values())  # (round reached, rounds) of each running run
+    shown = ", ".join(f"r{reached:g}/{rounds}" for reached, rounds in in_flight[:IN_FLIGHT_SHOWN])
+    more = " …" if len(in_flight) > IN_FLIGHT_SHOWN else ""
+    done = ended + sum(reached / rounds for reached, rounds in in_flight if rounds)
+    return done, (f"running {counts['running']}{f' ({shown}{more})' if shown else ''} · "
+                  f"diverged {counts['diverged']} · failed {counts['failed']}")
 FEW_SEEDS = 4  # up to this many seeds, `fedbench run` shows a column per seed; more, their statistics
 
 
@@ -292,15 +305,8 @@ def sweep_one(recipe, recipe_path: Path, sets: Optional[List[str]], address: Opt
                 skipped = f", {counts['skipped']} already done" if counts["skipped"] else ""
                 bar.update(task, total=counts["total"], detail=f"to run{skipped}")
                 return
-            ended = counts["finished"] + counts["diverged"] + counts["failed"]
-            in_flight = list(counts.get("in_flight", {}).values())  # (round reached, rounds) of each running run
-            shown = ", ".join(f"r{reached:g}/{rounds}" for reached, rounds in in_flight[:IN_FLIGHT_SHOWN])
-            more = " …" if len(in_flight) > IN_FLIGHT_SHOWN else ""
-            # the runs in flight count by their share of rounds done, so that the ETA moves while they run
-            done = ended + sum(reached / rounds for reached, rounds in in_flight if rounds)
-            bar.update(task, completed=done, detail=f"running {counts['running']}"
-                       f"{f' ({shown}{more})' if shown else ''} · diverged {counts['diverged']} · "
-                       f"failed {counts['failed']}")
+            done, detail = sweep_progress(counts)
+            bar.update(task, completed=done, detail=detail)
 
         try:
             summary = run_sweep(recipe, sets or [], tracking_uri, address, max_concurrent, progress)

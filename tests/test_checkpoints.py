@@ -74,3 +74,65 @@ def test_a_resumed_run_alone_gives_its_rows(name):
     expected = rows_of(build(problem, algorithm, federation, hp, [3]))
     resumed, _ = interrupted(lambda: build(problem, algorithm, federation, hp, [3]), 4)
     assert resumed == expected
+
+
+# -- fedbench run: checkpoints, --resume; the sweep's progress line -----------------------------------------------
+RUN_RECIPE = """\
+name: resumable
+problem: {name: lasso, clients: 8, samples_per_client: 40, dim: 60, support: 10, lam: 0.05, data_seed: 0}
+federation: {rounds: 10000, clients_per_round: 4, local_steps: 5, batch_size: 5}
+algorithms:
+  fedmid: {client_lr: 1.0e-2}
+seeds: 3
+eval_every: 500
+checkpoints: {every_seconds: 0, every_rounds: 1000}
+"""
+
+
+def test_run_killed_then_resumed_gives_the_rows_of_one_never_stopped(tmp_path):
+    """`fedbench run` of three seeds as one program, killed (SIGKILL) once it has saved a checkpoint, then run again
+    with --resume: the rows written are those of the run never stopped; without --resume a run starts anew."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    path = tmp_path / "resumable.yaml"
+    path.write_text(RUN_RECIPE)
+    base = [sys.executable, "-m", "cli", "run", str(path), "--all-seeds", "--no-track",
+            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
+
+    def run(*extra):
+        done = subprocess.run(base + list(extra), cwd=root, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    run("--json", str(tmp_path / "clean.json"))
+    folder = tmp_path / "checkpoints" / "resumable"
+    killed = subprocess.Popen(base, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list(folder.glob("*.pt")):
+        assert killed.poll() is None and time.monotonic() < deadline, "no checkpoint saved"
+        time.sleep(0.05)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    checkpoint = torch.load(next(folder.glob("*.pt")), weights_only=True)
+    assert 0 < checkpoint["program"]["rounds_done"] < 10000
+    run("--resume", "--json", str(tmp_path / "resumed.json"))
+    assert json.loads((tmp_path / "resumed.json").read_text()) == json.loads((tmp_path / "clean.json").read_text())
+    assert not list(folder.glob("*.pt"))  # the program ended: its checkpoint removed
+    assert "no checkpoint of these runs" in run("--resume", "--set", "federation.rounds=1000")
+
+
+def test_the_progress_line_counts_in_flight_runs_by_their_rounds():
+    from sweeps.cli import sweep_progress
+
+    counts = {"finished": 2, "diverged": 1, "failed": 0, "running": 4,
+              "in_flight": {3: (500.0, 1000), 4: (250.0, 1000), 5: (0, 1000), 6: (100.0, 200)}}
+    done, line = sweep_progress(counts)
+    assert done == pytest.approx(3 + 0.5 + 0.25 + 0 + 0.5)
+    assert line == "running 4 (r500/1000, r250/1000, r0/1000 …) · diverged 1 · failed 0"
+    assert sweep_progress({**counts, "running": 0, "in_flight": {}}) == (3, "running 0 · diverged 1 · failed 0")
