@@ -29,6 +29,13 @@ class Param:
     choices: tuple[Any, ...] = ()
     nullable: bool = False  # None is a valid value (e.g. "derive from the trial seed")
     infinite: bool = False  # +inf is a valid value (e.g. "no ball")
+    # display names of a choice's values as the papers write them, (value, name) pairs: how a report names a
+    # configuration that differs in this choice (Per-FedAvg's variant hf: "Per-FedAvg (HF)")
+    labels: tuple[tuple[str, str], ...] = ()
+
+    def label_of(self, value: Any) -> str | None:
+        """The display name of a choice's value (None: it has none)."""
+        return dict(self.labels).get(value)
 
     def describe_range(self) -> str:
         if self.kind == "choice":

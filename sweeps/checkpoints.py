@@ -12,6 +12,7 @@ folder must be one the nodes share, else a run resumes only on the node that sav
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -63,8 +64,7 @@ class Checkpoint:
         self.runs = runs
         self.path = Path(policy.folder) / f"{name}.pt" if policy.folder else None
         self.index = self.path.with_suffix(".json") if self.path else None
-        self.saved_at = time.monotonic()
-        self.saved_round = 0
+        self._mark(0)
 
     def restore(self, program: RunBatch) -> dict[str, list] | None:
         """The program as its checkpoint left it, and the rows and training seconds by row it had yielded then
@@ -75,13 +75,19 @@ class Checkpoint:
         if saved["runs"] != self.runs:
             return None
         program.load_state_dict(saved["program"])
-        self.saved_round = program.rounds_progress()
+        self._mark(program.rounds_progress())
         return {"rows": saved["rows"], "seconds": saved["seconds"]}
 
-    def due(self, program: RunBatch) -> bool:
+    def _mark(self, rounds: int) -> None:
+        """The next checkpoint is due at these moments (infinite: not by that measure)."""
         policy = self.policy
-        return ((policy.every_seconds > 0 and time.monotonic() - self.saved_at >= policy.every_seconds)
-                or (policy.every_rounds > 0 and program.rounds_progress() - self.saved_round >= policy.every_rounds))
+        self.due_time = time.monotonic() + policy.every_seconds if policy.every_seconds > 0 else math.inf
+        self.due_round = rounds + policy.every_rounds if policy.every_rounds > 0 else math.inf
+
+    def due(self, program: RunBatch) -> bool:
+        """Whether a checkpoint is due (asked between every two rounds: one clock reading)."""
+        return time.monotonic() >= self.due_time or (self.due_round < math.inf
+                                                     and program.rounds_progress() >= self.due_round)
 
     def save(self, program: RunBatch, rows: list[list[dict[str, float]]], seconds: list[list[float]]) -> None:
         """The program's state and rows so far, written whole then renamed over the previous checkpoint."""
@@ -90,7 +96,7 @@ class Checkpoint:
         state: dict[str, Any] = {"runs": self.runs, "program": program.state_dict(), "rows": rows,
                                  "seconds": seconds}
         _replace(self.path, lambda f: torch.save(state, f))
-        self.saved_at, self.saved_round = time.monotonic(), program.rounds_progress()
+        self._mark(program.rounds_progress())
 
     def remove(self) -> None:
         for path in (self.path, self.index):

@@ -159,15 +159,16 @@ def between_rounds(checkpoint: Checkpoint | None, tick: Callable[[], None] | Non
     return safe_point
 
 
-STREAM_ROWS = 100  # rows an in-flight run's stream holds at most before handing them to the driver
+STREAM_ROWS = 2000  # rows a Ray trial's stream holds at most before handing them to the driver
 STREAM_SECONDS = 2.0  # ... and seconds
 
 
 class RowStream:
-    """The rows of a Ray trial's in-flight runs, sent to the driver (`send`, `tune.report`) as `rows` events in
-    batches: every STREAM_ROWS rows or STREAM_SECONDS seconds, whichever comes first, checked at each row and
-    between rounds (`tick`). What is still held when a run ends travels in its `end` event's outcome, so that a
-    run shorter than STREAM_SECONDS sends none."""
+    """The rows of a Ray trial's in-flight runs, sent to the driver (`send`, `tune.report`) in one `rows` event for
+    all of them, every STREAM_ROWS rows or STREAM_SECONDS seconds, whichever comes first, checked at each row and
+    between rounds (`tick`): a report waits for the driver to take it (~ms), so a program of 30 runs evaluated
+    every round must not send one per run, nor one per few rows. What is still held when a run ends travels in its
+    `end` event's outcome, so that a run shorter than STREAM_SECONDS sends none."""
 
     def __init__(self, send: Callable[[dict[str, Any]], None], keys: list[int]):
         self.send, self.keys = send, keys
@@ -176,7 +177,7 @@ class RowStream:
         self.sent_at = time.monotonic()
 
     def add(self, i: int, row: dict[str, float], seconds: float) -> None:
-        rows, by_row = self.held.setdefault(i, ([], []))
+        rows, by_row = self.held.setdefault(self.keys[i], ([], []))
         rows.append(row)
         by_row.append(seconds)
         self.count += 1
@@ -184,8 +185,7 @@ class RowStream:
 
     def tick(self) -> None:
         if self.count and (self.count >= STREAM_ROWS or time.monotonic() - self.sent_at >= STREAM_SECONDS):
-            for i, (rows, by_row) in self.held.items():
-                self.send({"event": "rows", "key": self.keys[i], "rows": rows, "seconds": by_row})
+            self.send({"event": "rows", "key": None, "runs": self.held})
             self.held, self.count, self.sent_at = {}, 0, time.monotonic()
 
 
@@ -450,14 +450,15 @@ def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | No
 
         def on_result(trial, result: dict[str, Any]) -> None:
             key = result["key"]
-            if result["event"] == "start":
+            if result["event"] == "rows":
+                for key, (rows, seconds) in result["runs"].items():
+                    reached[key] = rows[-1]["round"]
+                    log.rows(key, rows, seconds)
+            elif result["event"] == "start":
                 state["running"].add(key)
                 run = by_key[key]
                 log.started(key, run, result["time"], {**result["tags"], "recipe_hash": recipe.recipe_hash},
                             reopen=unfinished.get((run.config_hash, run.seed)))
-            elif result["event"] == "rows":
-                reached[key] = result["rows"][-1]["round"]
-                log.rows(key, result["rows"], result["seconds"])
             else:
                 state["running"].discard(key)
                 state["ended"].add(key)

@@ -70,3 +70,16 @@ def test_batched_adaptation_equals_a_per_user_loop():
     # the batch is each user's own training rows, the same at every evaluation
     again, _, _ = problem._adaptation_batch()
     assert torch.equal(x, again) and x.shape[:2] == (problem.num_clients, 40)
+
+
+def test_standardized_inputs_use_the_training_splits_statistics():
+    """`input_scaling: standardized`: the same users and rows as raw, the pixels shifted and scaled by the training
+    split's mean and standard deviation (the training split then has mean 0 and deviation 1; the test split is
+    scaled by the same two numbers, not its own)."""
+    raw, standard = digits_problem(), digits_problem(input_scaling="standardized")
+    assert torch.equal(raw.y_train, standard.y_train) and torch.equal(raw.y_test, standard.y_test)
+    mean, std = raw.x_train.mean(), raw.x_train.std()
+    torch.testing.assert_close(standard.x_train, (raw.x_train - mean) / std)
+    torch.testing.assert_close(standard.x_test, (raw.x_test - mean) / std)
+    assert abs(float(standard.x_train.mean())) < 1e-5 and float(standard.x_train.std()) == pytest.approx(1, abs=1e-5)
+    assert 0 < float(raw.x_train.mean()) < 0.2  # the raw digits are mostly background, in [0, 1]

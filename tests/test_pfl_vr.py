@@ -449,7 +449,10 @@ def test_l2sgd_plus_reaches_the_optimum(s1):
 
 
 # -- pFedMe (§3.7) --------------------------------------------------------------------------------------------------
-def replay_pfedme(problem, rounds, local_steps, batch, inner, personal_lr, client_lr, seed):
+def replay_pfedme(problem, rounds, local_steps, batch, inner, personal_lr, client_lr, seed, carried=False,
+                  distinct=False):
+    """Algorithm 1 written out device by device: θ restarted at each round's w or `carried` across rounds (spec
+    003 §3.7), each minibatch's rows as drawn or `distinct` (the MX2 code's set(...))."""
     np_p = Blocks(problem, "s1")
     lam = np_p.lam  # the MX2 λ
     client_gen, batch_gen = generator(seed, "clients"), generator(seed, "minibatches")
@@ -461,10 +464,12 @@ def replay_pfedme(problem, rounds, local_steps, batch, inner, personal_lr, clien
         rows = torch.randint(n, (local_steps, m_dev, batch), generator=batch_gen).numpy()
         uploads = np.zeros((m_dev, d))
         for slot, m in enumerate(order):
-            w_m, th = w.copy(), w.copy()  # θ starts at the round's w (pfedme.py's convention)
+            w_m, th = w.copy(), (theta[m] if carried else w).copy()
             for t in range(local_steps):
                 j = rows[t, slot]
                 duplicates += len(np.unique(j)) < batch
+                if distinct:
+                    j = np.unique(j)
                 xs, ys = np_p.x[m, j], np_p.y[m, j]
                 for _ in range(inner):
                     grad = ((expit(xs @ th) - ys)[:, None] * xs).mean(0)
@@ -492,3 +497,32 @@ def test_pfedme_matches_algorithm_1(s1):
     assert_close(result.personal.numpy(), history[-1][1])
     for row, (w, theta) in zip(result.rows, history):  # (11) at (w, θ)
         assert row["objective"] == pytest.approx(np_p.objective(w, theta), rel=RTOL)
+
+
+@pytest.mark.parametrize("theta_start, minibatch", [("carried", "drawn"), ("round", "distinct"),
+                                                    ("carried", "distinct")])
+def test_pfedme_as_spec_003_runs_it_matches_algorithm_1(s1, theta_start, minibatch):
+    """θ carried across rounds and minibatches deduplicated (spec 003 §3.7), each against the written-out loop
+    doing the same, on draws where minibatches repeat rows (b = 20 of n = 1000); and each differs from the
+    default (spec 000's) on them."""
+    rounds, local_steps, batch, inner, seed = 3, 3, 20, 5, 2
+    carried, distinct = theta_start == "carried", minibatch == "distinct"
+    algorithm = ALGORITHMS["pfedme"](s1, lam=None, personal_lr=1.0, client_lr=0.005, inner_steps=inner,
+                                     theta_start=theta_start, minibatch=minibatch)
+    result = simulate(s1, algorithm, Federation(rounds, clients_per_round=0, local_steps=local_steps,
+                                                batch_size=batch), seed=seed, eval_every=1)
+    history, duplicates = replay_pfedme(s1, rounds, local_steps, batch, inner, 1.0, 0.005, seed, carried, distinct)
+    assert duplicates > 0
+    assert_close(result.params.numpy(), history[-1][0])
+    assert_close(result.personal.numpy(), history[-1][1])
+    default, _ = replay_pfedme(s1, rounds, local_steps, batch, inner, 1.0, 0.005, seed)
+    assert np.abs(default[-1][1] - history[-1][1]).max() > 1e-6
+
+
+def test_distinct_weights_average_a_minibatch_over_its_distinct_rows():
+    from fedbench.algorithms.pfedme import distinct_weights
+
+    rows = torch.tensor([[[3, 1, 3, 3], [0, 1, 2, 5]]])
+    values = torch.tensor([[[1.0, 2.0, 1.0, 1.0], [1.0, 2.0, 3.0, 4.0]]], dtype=torch.float64)
+    weighted = (distinct_weights(rows, torch.float64)[..., 0] * values).mean(-1)
+    assert weighted.tolist() == [[1.5, 2.5]]  # mean of {1, 2}; of {1, 2, 3, 4}

@@ -313,3 +313,20 @@ def test_a_method_without_personal_models_is_drawn_with_its_global_metric(tmp_pa
     settings = resolve_settings(load(path), sorted(set(runs["ditto"].data.metrics)), None)
     assert settings.label("personal_f1") == "personalized support recovery F1 score"
     assert settings.declared["personal_f1"].direction == "max" and settings.select.metric == "objective_gap"
+
+
+def test_configurations_are_named_as_the_declarations_say():
+    """A method's title and a choice's display names come with their declarations (Per-FedAvg's variant hf reads
+    `Per-FedAvg (HF)` in a legend), under the recipe's own labels; other varying values read name=value."""
+    from sweeps.recipe import SelectSpec
+    from sweeps.report.settings import Settings
+    from sweeps.report.statistics import shown_value
+
+    settings = Settings([], SelectSpec(metric="accuracy", mode="max"), {}, "rounds", {}, {"fedavg": "FedAvg + update"},
+                        1, {})
+    assert settings.label("per_fedavg") == "Per-FedAvg"
+    assert settings.label("fedavg") == "FedAvg + update" and settings.label("fedmid") == "fedmid"
+    assert [shown_value("per_fedavg", "algorithm.variant", v) for v in ("hf", "fo", "exact")] == ["HF", "FO",
+                                                                                                  "exact HVP"]
+    assert shown_value("per_fedavg", "algorithm.alpha", "0.0010000") == "alpha=0.001"
+    assert shown_value("not_installed", "algorithm.variant", "hf") == "variant=hf"

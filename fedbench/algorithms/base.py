@@ -120,6 +120,7 @@ class Round:
 
 class Algorithm:
     name: ClassVar[str]
+    title: ClassVar[str | None] = None  # the method's name as its paper writes it, for reports (None: `name`)
     hparams: ClassVar[tuple[Param, ...]]
     downloads: ClassVar[tuple[str, ...]] = ("w",)  # server entries every sampled client receives
     personalized: ClassVar[bool] = False  # personal_params gives per-client models: requires personal_evaluation

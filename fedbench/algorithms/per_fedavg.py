@@ -23,9 +23,10 @@ from fedbench.oracle import Batches, Minibatch
 
 class PerFedAvg(Algorithm):
     name = "per_fedavg"
+    title = "Per-FedAvg"
     hparams = (
         Param("variant", "choice", "hf", "meta-gradient estimate: exact HVP, first order, or Hessian-free",
-              choices=("exact", "fo", "hf")),
+              choices=("exact", "fo", "hf"), labels=(("exact", "exact HVP"), ("fo", "FO"), ("hf", "HF"))),
         Param("alpha", "float", 0.01, "personalization step α (inner step and the test-time step)", low=0),
         Param("client_lr", "float", 0.001, "outer (local) step β", low=0, low_open=True, log=True),
         Param("delta", "float", 1e-3, "HF finite-difference radius δ (perturbation δ·v)", low=0, low_open=True,

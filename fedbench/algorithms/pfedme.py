@@ -9,7 +9,14 @@
         upload w_loc;   the personal model θ_i is the last θ
     server:  w ← (1 − β) w + β Σ π̂_i w_loc,i
 
-θ starts at the round's w and is warm-started across the local steps, as the pFedMe code. Conventions:
+θ is warm-started across the local steps. Where the two specs part (spec 000 and the official pFedMe code against
+spec 003 §3.7 and the authors' MX2 code), a hyperparameter says which:
+* `theta_start`: θ starts each round at the round's w (`round`: spec 000, the pFedMe code), or where the device's
+  last round left it (`carried`: spec 003 §3.7, "warm-started across rounds");
+* `minibatch`: ∇f̃(θ; D) averages D's rows as drawn, with replacement, a repeated row counted each time (`drawn`:
+  spec 000), or its distinct rows only (`distinct`: the MX2 code draws with replacement then dedups with set(...));
+  computed from the rows' residuals (a linear model's loss, `linear_model`), the repeats weighted 0.
+Other conventions:
 * `h_mode`: the inner step uses a subgradient of h (spec 000's default for smooth-FL baselines) or, with
   `prox`, takes the step on the smooth part then prox_{η_p h};
 * `hidden_decay`: the pFedMe code's pFedMeOptimizer adds 0.001·θ to the inner gradient (default off);
@@ -46,12 +53,17 @@ class PFedMe(Algorithm):
         Param("hidden_decay", "bool", False, "add the pFedMe code's 0.001·θ to the inner gradient"),
         Param("personal_eval", "choice", "stale", "unsampled clients' personal models at evaluation: their last θ, "
               "or re-solved from the current w on full data", choices=("stale", "resolve")),
+        Param("theta_start", "choice", "round", "θ at a round's start: the round's w (spec 000, the pFedMe code) or "
+              "the device's θ as its last round left it (spec 003 §3.7)", choices=("round", "carried")),
+        Param("minibatch", "choice", "drawn", "∇f̃(θ; D) over D's rows as drawn, repeats counted (spec 000), or over "
+              "its distinct rows (spec 003 §3.7: the MX2 code dedups)", choices=("drawn", "distinct")),
     )
 
     @classmethod
     def requirements(cls, hp):
         return (super().requirements(hp) | ({"full_data"} if hp["personal_eval"] == "resolve" else set())
-                | ({"mixture"} if hp["lam"] is None else set()))
+                | ({"mixture"} if hp["lam"] is None else set())
+                | ({"linear_model"} if hp["minibatch"] == "distinct" else set()))
 
     def derive(self, hp):
         lam = float(self.problem.mixture_penalty) if hp.lam is None else hp.lam
@@ -62,7 +74,7 @@ class PFedMe(Algorithm):
 
     def client_init(self, server, rows, rnd, hp):
         start = broadcast(server["w"], rnd)
-        return {"w_loc": start, "theta": start.clone()}
+        return {"w_loc": start, "theta": rows["theta"] if hp.theta_start == "carried" else start.clone()}
 
     def inner_step(self, theta, anchor, grad, hp: HParams):
         """One step on f(θ) + h(θ) + (λ/2)‖θ − anchor‖², `grad` ∇f(θ), with the runs' values `hp` (one run's
@@ -72,10 +84,18 @@ class PFedMe(Algorithm):
             direction = direction + HIDDEN_DECAY * theta
         return composite_step(self.reg, hp.h_mode, theta, direction, hp.personal_lr)
 
+    def minibatch_gradient(self, oracle, hp):
+        """θ ↦ ∇f̃(θ; D): the mean over D's rows as drawn, or over its distinct rows (`minibatch`)."""
+        if hp.minibatch == "drawn":
+            return oracle.grad
+        weights = distinct_weights(oracle.rows, self.problem.dtype)
+        return lambda theta: oracle.grad_of_residuals(oracle.residuals(theta) * weights)
+
     def client_step(self, local, batches, rnd, hp):
         theta, w_loc = local["theta"], local["w_loc"]
+        gradient = self.minibatch_gradient(batches.D, hp)
         for _ in range(hp.inner_steps):
-            theta = self.inner_step(theta, w_loc, batches.D.grad(theta), hp)
+            theta = self.inner_step(theta, w_loc, gradient(theta), hp)
         return {"w_loc": w_loc - hp.pull * (w_loc - theta), "theta": theta}
 
     def client_final(self, local, rnd, hp):
@@ -95,3 +115,14 @@ class PFedMe(Algorithm):
         for _ in range(self.hp.inner_steps):
             theta = self.inner_step(theta, anchor, problem.client_grad(theta, everyone), self.hp)
         return theta
+
+
+def distinct_weights(rows, dtype):
+    """Weights `[..., b, 1]` of a minibatch's rows `[..., b]` that turn the mean over its b rows into the mean over
+    its distinct rows: b / (distinct rows) at each row's first occurrence, 0 at its repeats."""
+    order = rows.argsort(-1)
+    ranked = rows.gather(-1, order)
+    first = torch.ones(rows.shape, dtype=dtype, device=rows.device)
+    first[..., 1:] = (ranked[..., 1:] != ranked[..., :-1]).to(dtype)
+    weights = first * (rows.shape[-1] / first.sum(-1, keepdim=True))
+    return torch.zeros_like(weights).scatter(-1, order, weights).unsqueeze(-1)

@@ -107,6 +107,9 @@ class ABUsers(ImageClassification):
         Param("adapt_batch", "int", 40, "samples of the test-time adaptation batch", low=1),
         Param("adapt_on", "choice", "train", "the adaptation batch's samples: the user's training data, or its "
               "test data (the paper's literal protocol)", choices=("train", "test")),
+        Param("input_scaling", "choice", "raw", "pixels in [0, 1] (raw, the paper's code), or standardized by the "
+              "training split's mean and standard deviation (one scalar each, over every training pixel)",
+              choices=("raw", "standardized")),
         Param("data_seed", "int", None, "seed of the partition (None: the trial's seed)", low=0, nullable=True),
     )
     presets = {"fallah2020_digits": {}, "fallah2020_cifar10": {"dataset": "cifar10", "adapt_step": 0.001}}
@@ -159,6 +162,9 @@ class ABUsers(ImageClassification):
             pools = (splits.x_train, splits.y_train), (splits.x_test, splits.y_test)
         (self.x_train, self.y_train), (self.x_test, self.y_test) = (
             self._rows(pool, shards) for pool, shards in zip(pools, (train, test)))
+        if config["input_scaling"] == "standardized":  # the training split's statistics, for both splits
+            mean, std = self.x_train.mean(), self.x_train.std()
+            self.x_train, self.x_test = (self.x_train - mean) / std, (self.x_test - mean) / std
         self._set_clients(torch.tensor([len(rows) for rows in train]))
         self.test_sizes = torch.tensor([len(rows) for rows in test])
         users = torch.arange(self.num_clients)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from fedbench.algorithms import ALGORITHMS
 from fedbench.metrics import Metric
 from fedbench.problems import metric_catalog
 from ..recipe import Recipe, ReportSpec, SelectSpec, check_metrics
@@ -36,8 +37,12 @@ class Settings:
         return list(dict.fromkeys([self.select.metric, *self.metrics]))
 
     def label(self, name: str) -> str:
+        """A metric's or an algorithm's name in figures and tables: the recipe's `labels`, else the declared one
+        (a metric's label, an algorithm's `title`), else the name itself."""
         declared = self.declared.get(name)
-        return self.labels.get(name) or (declared.label if declared else name)
+        algorithm = ALGORITHMS.get(name)
+        return self.labels.get(name) or (declared.label if declared else
+                                         getattr(algorithm, "title", None) or name)
 
 
 def resolve_settings(recipe: Optional[Recipe], available: list[str], x: Optional[str]) -> Settings:

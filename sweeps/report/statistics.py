@@ -9,9 +9,18 @@ from typing import Optional
 
 import numpy as np
 
+from fedbench.algorithms import ALGORITHMS
 from ..recipe import SelectSpec
 from .query import Histories
 from .settings import Settings
+
+
+def shown_value(algorithm: str, key: str, value: Optional[str]) -> str:
+    """A varying hyperparameter of a configuration as its name shows it: a choice's display name where its
+    declaration gives one (`Param.labels`: Per-FedAvg's `HF`), else `name=value`."""
+    name = key.removeprefix("algorithm.")
+    declared = {param.name: param for param in getattr(ALGORITHMS.get(algorithm), "hparams", ())}.get(name)
+    return (declared.label_of(value) if declared is not None else None) or f"{name}={short(value)}"
 
 
 @dataclass
@@ -139,6 +148,7 @@ def configurations(runs: list, order: list[str], settings: Settings, histories: 
         for config in mine:
             config.varying = ", ".join(f"{k.removeprefix('algorithm.')}={short(config.params.get(k))}"
                                        for k in varying)
-            config.name = settings.label(algorithm) + (f" ({config.varying})" if config.varying else "")
+            shown = ", ".join(shown_value(algorithm, k, config.params.get(k)) for k in varying)
+            config.name = settings.label(algorithm) + (f" ({shown})" if shown else "")
         ordered += mine
     return ordered
