@@ -349,13 +349,15 @@ class Store:
         return run_id
 
     def unfinished(self, experiment_id: str, parent_id: str) -> dict[tuple[str, int], str]:
-        """The run of each (config hash, seed) of this sweep that started and did not finish (killed, failed, or
-        still marked RUNNING): a re-run resumes it as the same MLflow run (`reopen_trial`), the latest where an
-        older fedbench left several."""
+        """The run of each (config hash, seed) of this sweep that an interruption stopped (a kill, Ctrl-C: marked
+        so by `fail_stale` or at the interruption): a re-run resumes it as the same MLflow run (`reopen_trial`), the
+        latest where an older fedbench left several. A run that failed (an error, its Ray trial's death) stays the
+        record of that failure; a re-run makes a new one."""
         runs = self.search(experiment_id, f"tags.`{PARENT_TAG}` = '{parent_id}' and tags.role = 'trial' "
                                           "and attributes.status != 'FINISHED'")
         return {(run.data.tags["config_hash"], int(run.data.tags["seed"])): run.info.run_id
-                for run in sorted(runs, key=lambda run: run.info.start_time)}
+                for run in sorted(runs, key=lambda run: run.info.start_time)
+                if run.info.status == "RUNNING" or run.data.tags.get("error") == INTERRUPTED}
 
     def reopen_trial(self, run_id: str, tags: dict[str, str]) -> int:
         """An unfinished run (`unfinished`) going again: RUNNING, its tags as at a start; the last round of its
