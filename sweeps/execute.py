@@ -451,9 +451,9 @@ def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | No
         def on_result(trial, result: dict[str, Any]) -> None:
             key = result["key"]
             if result["event"] == "rows":
-                for key, (rows, seconds) in result["runs"].items():
+                for key, (rows, _) in result["runs"].items():
                     reached[key] = rows[-1]["round"]
-                    log.rows(key, rows, seconds)
+                log.rows(result["runs"])
             elif result["event"] == "start":
                 state["running"].add(key)
                 run = by_key[key]

@@ -34,25 +34,31 @@ class FastPath:
         read_only = "read_only" in inspect.signature(store.ManagedSessionMaker).parameters
         self.writing = {"read_only": False} if read_only else {}  # MLflow ≥ 3.1x: sessions read-only unless told
 
-    def insert_metrics(self, run_id: str, metrics: list[Metric]) -> None:
-        """The metrics into the run as `log_batch` stores them: one executemany and MLflow's update of the latest
-        values, in one transaction (rolled back whole if the database refuses a statement)."""
+    def insert_metrics(self, by_run: dict[str, list[Metric]]) -> None:
+        """Each run's metrics as `log_batch` stores them: one executemany for all runs and MLflow's update of each
+        run's latest values, in one transaction (rolled back whole if the database refuses a statement)."""
         store, rows, latest = self.store, {}, {}
-        for metric in metrics:
-            is_nan, value = store.sanitize_metric_value(float(metric.value))
-            row = {"run_uuid": run_id, "key": metric.key, "value": value, "timestamp": int(metric.timestamp),
-                   "step": int(metric.step), "is_nan": is_nan}
-            rows[(metric.key, row["timestamp"], row["step"], value, is_nan)] = row  # a repeated value once
-            order = (row["step"], row["timestamp"], value)  # MLflow's order of recency
-            if metric.key not in latest or order > latest[metric.key][0]:
-                latest[metric.key] = (order, row)
+        for run_id, metrics in by_run.items():
+            newest = latest.setdefault(run_id, {})
+            for metric in metrics:
+                is_nan, value = store.sanitize_metric_value(float(metric.value))
+                row = {"run_uuid": run_id, "key": metric.key, "value": value, "timestamp": int(metric.timestamp),
+                       "step": int(metric.step), "is_nan": is_nan}
+                rows[(run_id, metric.key, row["timestamp"], row["step"], value, is_nan)] = row  # a repeat once
+                order = (row["step"], row["timestamp"], value)  # MLflow's order of recency
+                if metric.key not in newest or order > newest[metric.key][0]:
+                    newest[metric.key] = (order, row)
         if not rows:
             return
         with store.ManagedSessionMaker(**self.writing) as session:
-            store._check_run_is_active(store._get_run(run_uuid=run_id, session=session))
+            for run_id, newest in latest.items():
+                if newest:
+                    store._check_run_is_active(store._get_run(run_uuid=run_id, session=session))
             session.execute(sqlalchemy.insert(self.metric_model.__table__), list(rows.values()))
-            store._update_latest_metrics_if_necessary([self.metric_model(**row) for _, row in latest.values()],
-                                                      session)
+            for newest in latest.values():  # MLflow's update reads and locks one run's latest values
+                if newest:
+                    store._update_latest_metrics_if_necessary([self.metric_model(**row) for _, row in newest.values()],
+                                                              session)
 
     def select_histories(self, run_ids: list[str], key: str) -> dict[str, list[tuple[int, float]]]:
         """Each run's (step, value) of every stored value of a metric, in `get_metric_history`'s order (timestamp,

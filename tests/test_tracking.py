@@ -33,15 +33,18 @@ def test_curve_inserted_in_one_statement_equals_log_batch(tmp_path, monkeypatch)
     metrics += [Metric("objective", 7.0, 1000, 3)] * 2 + [Metric("late", 2.0, 5, 9), Metric("late", 1.0, 4, 10),
                                                           Metric("late", 4.0, 6, 9), Metric("tie", 1.0, 7, 2),
                                                           Metric("tie", 3.0, 7, 2)]
-    fast = store.client.create_run(experiment).info.run_id
+    fast, beside = (store.client.create_run(experiment).info.run_id for _ in range(2))
+    beside_metrics = metrics[::-7]  # a second run in the same write, its values in another order
     with monkeypatch.context() as patched:  # the statement of its own, not log_batch
         patched.setattr(store.client, "log_batch", lambda *args, **kwargs: pytest.fail("log_batch called"))
-        store.log_metrics(fast, metrics)
-    reference = store.client.create_run(experiment).info.run_id
+        store.log_metrics({fast: metrics, beside: beside_metrics})
+    reference, beside_reference = (store.client.create_run(experiment).info.run_id for _ in range(2))
     for start in range(0, len(metrics), 1000):
         store.client.log_batch(reference, metrics=metrics[start:start + 1000])
+    store.client.log_batch(beside_reference, metrics=beside_metrics)
     history, latest = stored(store, fast)
     assert (history, latest) == stored(store, reference)
+    assert stored(store, beside) == stored(store, beside_reference) != (history, latest)
     assert len(history["objective"]) == 501 and latest["late"] == 1.0 and latest["tie"] == 3.0
     assert {"nan", 1.7976931348623157e308, -1.7976931348623157e308} <= {v for _, _, v in history["gap"]}
     for key in history:  # the read of several runs in one query gives what get_metric_history gives, in its order
@@ -52,7 +55,7 @@ def test_curve_inserted_in_one_statement_equals_log_batch(tmp_path, monkeypatch)
                     == [(m.step, comparable(m.value)) for m in store.client.get_metric_history(run_id, key)])
     # a second curve onto the same run updates the latest values as log_batch does
     more = [Metric("objective", -1.0, 2000, 600), Metric("accuracy", 9.0, 1, 0)]
-    store.log_metrics(fast, more)
+    store.log_metrics({fast: more})
     store.client.log_batch(reference, metrics=more)
     assert stored(store, fast) == stored(store, reference)
 
@@ -63,7 +66,7 @@ def test_a_finished_run_refuses_a_curve(tmp_path):
     store.client.set_terminated(run_id, "FINISHED")
     store.client.delete_run(run_id)
     with pytest.raises(Exception, match="active"):
-        store.log_metrics(run_id, [Metric("objective", 1.0, 0, 0)])
+        store.log_metrics({run_id: [Metric("objective", 1.0, 0, 0)]})
 
 
 def test_a_statement_the_database_refuses_falls_back_to_log_batch(tmp_path, monkeypatch):
@@ -77,7 +80,7 @@ def test_a_statement_the_database_refuses_falls_back_to_log_batch(tmp_path, monk
     elsewhere = sqlalchemy.Table("metrics_of_another_schema", sqlalchemy.MetaData(),
                                  *[sqlalchemy.Column(c.name, c.type) for c in SqlMetric.__table__.columns])
     monkeypatch.setattr(store.fast, "metric_model", type("SqlMetric", (), {"__table__": elsewhere}))
-    store.log_metrics(run_id, [Metric("objective", 1.0, 5, 0), Metric("objective", 0.5, 6, 1)])
+    store.log_metrics({run_id: [Metric("objective", 1.0, 5, 0), Metric("objective", 0.5, 6, 1)]})
     assert store.metric_histories([run_id], "objective")[run_id] == [(0, 1.0), (1, 0.5)]  # read back the same way
     assert store.client.get_run(run_id).data.metrics == {"objective": 0.5}
     monkeypatch.undo()
@@ -97,9 +100,9 @@ def test_an_mlflow_without_an_internal_of_the_fast_path_gets_the_public_api(trac
     store = Store(tracking_uri)
     assert fast_store.fast is not None and store.fast is None
     public, fast = (store.client.create_run(experiment).info.run_id for _ in range(2))
-    store.log_metrics(public, metrics)
+    store.log_metrics({public: metrics})
     read = store.metric_histories([public], "objective")[public]
-    fast_store.log_metrics(fast, metrics)
+    fast_store.log_metrics({fast: metrics})
     assert stored(store, public) == stored(fast_store, fast)
     assert read == fast_store.metric_histories([fast], "objective")[fast] == [(m.step, m.value) for m in metrics[:1500]]
 
