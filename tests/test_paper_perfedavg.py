@@ -59,10 +59,13 @@ class Measured:
 
 
 @lru_cache(maxsize=None)
-def table_row(row: str) -> dict[str, Measured]:
+def table_row(row: str, scaling: str = "raw") -> dict[str, Measured]:
+    """The row's methods at one input scaling (the digits rows run both: `input_scaling`)."""
     recipe = load(PAPERS / f"fallah2020_{row}.yaml")
     found: dict[str, tuple[list, list, list]] = {method: ([], [], []) for method in METHODS}
     for trial in recipe.trials():
+        if trial.problem_config["input_scaling"] != scaling:
+            continue
         outcome = drive(build_simulation(trial, "cpu"))
         assert outcome.status == "finished" and outcome.rows[-1]["round"] == 1000, (row, trial.algorithm, trial.hyperparameters, trial.seed)
         method = trial.hyperparameters.get("variant", "fedavg")
@@ -71,7 +74,7 @@ def table_row(row: str) -> dict[str, Measured]:
         before.append(100 * outcome.rows[-1]["accuracy"])
         seconds.append(outcome.train_seconds)
     measured = {method: Measured(*lists) for method, lists in found.items()}
-    print(f"\n{row.upper()} (mean ± 1.96 s.e. over {len(measured['hf'].adapted)} seeds, %; paper in brackets; "
+    print(f"\n{row.upper()} {scaling} (mean ± 1.96 s.e. over {len(measured['hf'].adapted)} seeds, %; paper in brackets; "
           "before adaptation; training seconds)")
     for method, paper in zip(METHODS, PAPER[row]):
         m = measured[method]

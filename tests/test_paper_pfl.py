@@ -83,10 +83,13 @@ def test_s1_final_losses_and_orderings(sigma_h):
 
 @pytest.mark.parametrize("sigma_h", S1_LEVELS)
 def test_s1_early_rounds(sigma_h):
-    """§7.1 item 3's early ordering (ASCD below ASVRCD at r = 10 and r = 50 for every σ_h) holds at σ_h = 0.1 only.
-    Our ASVRCD (Algorithm 4 with the spec's parameters, checked against a transcription in test_pfl_vr) starts
-    faster than the stored curves as σ_h grows (σ_h = 1.0, r = 10: 0.2842 here, 0.4365 stored): at σ_h = 0.3 ASCD
-    is below at r = 10 but not at r = 50, at σ_h = 1.0 at neither. ASVRCD below ASCD from r = 200 on at
+    """§7.1 item 3's early ordering (ASCD below ASVRCD at r = 10 and r = 50 for every σ_h) holds at σ_h = 0.1 only,
+    and the test asserts what the authors' current code gives. The spec's check rests on the curves stored with the
+    paper (the authors' pickles, its Fig. 1); the authors' current ASVRCD code on the same data does not produce
+    them (σ_h = 1.0, r = 10: 0.4365 stored, 0.2838 from their current code, an independent re-run), and ours
+    (Algorithm 4 with the spec's parameters, checked against a transcription in test_pfl_vr) agrees with the
+    current code (0.2842 here): the stored curves come from an earlier, slower-starting version of their ASVRCD.
+    So at σ_h = 0.3 ASCD is below at r = 10 but not at r = 50, at σ_h = 1.0 at neither. ASVRCD below ASCD from r = 200 on at
     σ_h ∈ {0.3, 1.0} holds on average over those rounds (pointwise the noisy curves cross at σ_h = 0.3)."""
     result = runs("hanzely2023_s1.yaml", sigma_h)
     ascd, asvrcd = mean_curve(result, "ascd_pfl"), mean_curve(result, "asvrcd_pfl")
