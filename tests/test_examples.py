@@ -1,4 +1,5 @@
-"""The plugin package examples/fedbench-fedopt and the README's "Compare your own method".
+"""The plugin package examples/fedbench-fedopt (the tutorial "Compare your own method" runs as shown in
+tests/test_docs_tutorials.py).
 
 - FedAdam and FedYogi (Reddi et al. 2021, Algorithm 2) through the engine against a NumPy transcription of the
   algorithm on the same data (full participation, full batches: no draw matters), to 1e-12 in float64, alone
@@ -6,7 +7,6 @@
 - The package's problem: its closed-form optimum has zero gradient, and its gap is exact.
 - The package installed (`pip install --target`): `list` shows its components as entry points of
   fedbench-fedopt, `sweep` runs them with their code's sha256; without it, a recipe naming fedadam is refused.
-- The README section runs as written (with fewer rounds and seeds).
 """
 from __future__ import annotations
 
@@ -14,8 +14,6 @@ import hashlib
 import importlib
 import importlib.metadata
 import os
-import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -36,7 +34,6 @@ from fedbench.runs import run_batch
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "fedbench-fedopt"
 PACKAGE = EXAMPLE / "fedbench_fedopt"
-SECTION = "## Compare your own method"
 
 
 @pytest.fixture(scope="module")
@@ -273,45 +270,3 @@ def test_without_the_package_a_recipe_naming_fedadam_is_refused(tmp_path):
     assert result.exit_code == 2, result.output
     assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output, result.output
     assert f"{recipe}: algorithms.fedadam: unknown algorithm" in result.output, result.output
-
-
-# -- the README ---------------------------------------------------------------------------------------------------
-
-def readme_section() -> tuple[str, str]:
-    """The section's Python file and its `fedbench` command, as the README shows them."""
-    text = (ROOT / "README.md").read_text()
-    start = text.index(f"\n{SECTION}\n")
-    end = text.find("\n## ", start + 1)
-    section = text[start: end if end >= 0 else len(text)]
-    (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
-    commands = [line for block in re.findall(r"```bash\n(.*?)```", section, re.S) for line in block.splitlines()
-                if line.startswith("fedbench ")]
-    assert len(commands) == 1, commands
-    return code, commands[0]
-
-
-def test_the_readme_section_is_short_and_its_method_file_is_named_in_its_command():
-    code, command = readme_section()
-    assert len(code.strip().splitlines()) <= 30
-    assert command == ("fedbench sweep recipes/papers/bao2022_lasso.yaml --with my_method.py "
-                       "--set algorithms.my_method.client_lr=[1e-3,1e-2]")
-
-
-def test_the_readme_method_sweeps_beside_a_paper_recipe_as_written(tmp_path, tracking_uri):
-    code, command = readme_section()
-    (tmp_path / "my_method.py").write_text(code)
-    (tmp_path / "recipes").symlink_to(ROOT / "recipes")  # the command's paths, relative to the repository root
-    words = shlex.split(command)
-    assert words[0] == "fedbench"
-    shorter = ["--set", "federation.rounds=20", "--set", "seeds=1", "--tracking-uri", tracking_uri]
-    result = cli(*words[1:], *shorter, cwd=tmp_path, pythonpath=[ROOT])
-    assert result.returncode == 0, result.stdout + result.stderr
-    client = MlflowClient(tracking_uri)
-    experiment = client.get_experiment_by_name("bao2022-lasso")
-    runs = [run for run in client.search_runs([experiment.experiment_id], max_results=100)
-            if run.data.tags.get("role") == "trial"]
-    mine = sorted(run.data.params["algorithm.client_lr"] for run in runs if run.data.tags["algorithm"] == "my_method")
-    assert mine == ["0.001", "0.01"], mine
-    assert len(runs) == 7  # the paper's five methods and my_method's two step sizes, one seed each
-    report = (tmp_path / "reports" / "bao2022-lasso" / "report.md").read_text()
-    assert "my_method" in report

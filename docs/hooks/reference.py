@@ -1,0 +1,433 @@
+"""The site's reference, written at build time from the code (an MkDocs hook, named in mkdocs.yml).
+
+Every page under `reference/` is generated here, none is kept in docs/: a problem or algorithm registered in
+`fedbench.PROBLEMS` / `fedbench.ALGORITHMS`, a `Param` declared on one, a recipe field of
+`sweeps/recipe/schema.py` or a CLI option appears on the site at the next `make docs` with no page edited.
+What is read, and from where:
+
+- problems: `params` (type, default, range, help), `presets`, the contract lines `fedbench list` prints
+  (`contract_lines`: presets, capabilities provided, metrics with direction), each preset's metrics with their
+  labels, and the module's docstring (the paper's setting);
+- algorithms: `hparams`, `requirements(hp)` at the defaults and for each choice that changes them, the
+  minibatches it draws, and the module's docstring (the update rule, with the paper and its equations);
+- the recipe: the pydantic models of `SECTIONS` (each field's type, default and constraints; the rule a field
+  validator enforces, read from the message it gives a value it refuses; the comment beside the field in the
+  source), `FEDERATION_PARAMS`, the tune space's distributions and samplers;
+- the CLI: the Typer app as Click sees it (every command, argument and option with its help and default);
+- the gallery's tables of shipped recipes: a page's `<!-- shipped-recipes: PREFIX -->` becomes the table of the
+  recipes whose name starts with PREFIX, from their headers (`sweeps/shipped.py`, as `fedbench recipes`).
+
+Only built-in components are documented (plugins are not discovered): `fedbench list` shows a user's own.
+The hook adds the pages to the nav itself (`on_config`), so mkdocs.yml names only the reference's index.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import re
+from typing import Any
+
+from mkdocs.structure.files import File, Files
+
+REFERENCE = "reference"
+
+# -- values as a recipe writes them ---------------------------------------------------------------------------
+
+
+def yaml_value(value: Any) -> str:
+    """A default as one would write it in a recipe (YAML): null, true, .inf, [a, b]."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and math.isinf(value):
+        return ".inf" if value > 0 else "-.inf"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(yaml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {yaml_value(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def cell(text: Any) -> str:
+    """Text safe inside a Markdown table cell."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def code(text: Any) -> str:
+    return f"`{text}`" if str(text) else ""
+
+
+def param_table(params) -> list[str]:
+    """One row per `fedbench.hparams.Param`: what `fedbench list` prints, as a table."""
+    if not params:
+        return ["No parameters."]
+    lines = ["| parameter | type | default | range | description |", "|---|---|---|---|---|"]
+    for p in params:
+        kind = p.kind + (", log scale" if p.log else "") + (", or null" if p.nullable else "")
+        labels = "; display names: " + ", ".join(f"{v} = {n}" for v, n in p.labels) if p.labels else ""
+        lines.append(f"| {code(p.name)} | {cell(kind)} | {cell(code(yaml_value(p.default)))} | "
+                     f"{cell(p.describe_range())} | {cell(p.help + labels)} |")
+    return lines
+
+
+def module_doc(cls) -> str:
+    """The docstring of the module that defines `cls` (where each component states its paper and equations),
+    else the class's own."""
+    module = inspect.getmodule(cls)
+    return inspect.cleandoc((module and module.__doc__) or cls.__doc__ or "")
+
+
+def source_path(cls) -> str:
+    module = cls.__module__
+    return module.replace(".", "/") + ".py" if module.startswith("fedbench.") else module
+
+
+# -- problems ---------------------------------------------------------------------------------------------------
+
+
+def problem_page(name: str, cls) -> str:
+    from fedbench_sweeps.cli import contract_lines
+
+    lines = [f"# Problem `{name}`", "", f"Source: `{source_path(cls)}`. In a recipe: `problem: {{name: {name}, ...}}`.",
+             "", "## What it is", "", module_doc(cls), "", "## Parameters", "",
+             "Set any of these under `problem:` in a recipe, or with `--set problem.NAME=VALUE`.", "",
+             *param_table(cls.params), ""]
+    if cls.presets:
+        default = cls.resolve_config({}).get("preset")
+        lines += ["## Presets", "", "`preset:` chooses a set of values; fields given beside it override it.", "",
+                  "| preset | values it sets |", "|---|---|"]
+        for preset, values in cls.presets.items():
+            mark = " (default)" if preset == default else ""
+            lines.append(f"| {code(preset)}{mark} | {cell(code(yaml_value(values)) if values else '—')} |")
+        lines.append("")
+    lines += ["## Contract", "", "As `fedbench list` prints it (with the default configuration):", "", "```text",
+              *contract_lines("problem", cls), "```", "", "## Metrics", ""]
+    lines += metric_tables(cls)
+    return "\n".join(lines) + "\n"
+
+
+def metric_tables(cls) -> list[str]:
+    """The metrics of each preset's configuration (one table where every preset gives the same)."""
+    configs = {preset: cls.resolve_config({"preset": preset}) for preset in cls.presets} or {"": cls.resolve_config({})}
+    tables: dict[tuple, list[str]] = {}
+    for preset, config in configs.items():
+        key = tuple((m.name, m.label, m.direction) for m in cls.declared_metrics(config, personal=True))
+        tables.setdefault(key, []).append(preset)
+    lines = []
+    for key, presets in tables.items():
+        if len(tables) > 1:
+            lines += [f"With preset {', '.join(map(code, presets))}:", ""]
+        lines += ["| metric | label | better |", "|---|---|---|"]
+        lines += [f"| {code(n)} | {cell(label)} | {direction or '—'} |" for n, label, direction in key]
+        lines.append("")
+    lines.append("`personal_*` metrics are reported with a personalized algorithm only. Every row also has the engine's "
+                 "columns (`round`, `comm_up`, `comm_down`, `iterations`, ...).")
+    return lines
+
+
+# -- algorithms -------------------------------------------------------------------------------------------------
+
+
+def algorithm_page(name: str, cls) -> str:
+    from fedbench.hparams import resolve
+    from fedbench.problems import PROBLEMS
+    from fedbench_sweeps.cli import contract_lines
+
+    title = cls.title or name
+    lines = [f"# Algorithm `{name}`" + (f": {title}" if title != name else ""), "",
+             f"Source: `{source_path(cls)}`. In a recipe: `algorithms: {{{name}: {{...}}}}`.", "",
+             "## Update rule", "", module_doc(cls), "", "## Hyperparameters", "",
+             f"Set under `algorithms.{name}` (a list is a grid axis), with `--set algorithms.{name}.NAME=VALUE`, "
+             "or searched by a `tune:` block.", "", *param_table(cls.hparams), "", "## What it requires", "",
+             "As `fedbench list` prints it:", "", "```text", *contract_lines("algorithm", cls), "```", ""]
+    defaults = resolve(cls.hparams, {}, name)
+    base = cls.requirements(defaults)
+    changes = []
+    for p in cls.hparams:
+        for value in (p.choices if p.kind == "choice" else (True, False) if p.kind == "bool" else ()):
+            if value == defaults[p.name]:
+                continue
+            other = cls.requirements({**defaults, p.name: value})
+            if other != base:
+                added, dropped = sorted(other - base), sorted(base - other)
+                change = ", ".join([f"also {c}" for c in added] + [f"not {c}" for c in dropped])
+                changes.append(f"- with `{p.name}: {yaml_value(value)}`: {change}")
+    if changes:
+        lines += ["Other values change that:", "", *changes, ""]
+    batches = cls.minibatches(defaults)
+    lines += ["Minibatches each local step draws: " + ", ".join(
+        f"`{b.name}`" + (f" (size `{b.size}`)" if b.size is not None else " (the federation's `batch_size`)")
+        + (f", the draw of `{b.same_as}`" if b.same_as else "") for b in batches) + ".", ""]
+    runs_on = [problem for problem, pcls in PROBLEMS.items()
+               if any(base <= pcls.capabilities(pcls.resolve_config({"preset": preset} if preset else {}))
+                      for preset in (pcls.presets or [None]))]
+    lines += ["Problems that provide all of it with their defaults or a preset: "
+              + (", ".join(f"[`{p}`](../problems/{p}.md)" for p in runs_on) or "none of the built-in ones") + ".", ""]
+    if cls.personalized:
+        lines += ["Personalized: each client keeps its own model, and the problem reports `personal_*` metrics.", ""]
+    return "\n".join(lines) + "\n"
+
+
+# -- the recipe -------------------------------------------------------------------------------------------------
+
+
+def type_name(annotation: Any) -> str:
+    text = getattr(annotation, "__name__", None) if not getattr(annotation, "__args__", None) else None
+    text = text or str(annotation)
+    return re.sub(r"\b(typing|fedbench_sweeps\.recipe\.schema|sweeps\.recipe\.schema)\.", "", text).replace(
+        "NoneType", "None")
+
+
+def field_comments(model) -> dict[str, str]:
+    """The comment written beside each field in the model's source (on its line, or on the lines just above)."""
+    comments: dict[str, str] = {}
+    above: list[str] = []
+    for line in inspect.getsource(model).splitlines()[1:]:
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            above.append(stripped.lstrip("# "))
+            continue
+        match = re.match(r"\s+(\w+):[^#]*?(?:#\s*(.*))?$", line)
+        if match and not stripped.startswith(("def ", "@", "return", "if ", "raise ")):
+            comments[match.group(1)] = " ".join(above + ([match.group(2)] if match.group(2) else []))
+        above = []
+    return comments
+
+
+# What the top-level fields without a comment in schema.py hold (a field added there without one shows its type,
+# default and constraint, and an empty description, until a comment is written beside it).
+FIELD_NOTES = {
+    "problem": "the problem: `name`, an optional `preset`, and any of its parameters (a list is a grid axis)",
+    "federation": "how rounds run (the `federation:` table below)",
+    "algorithms": "the algorithms to compare, each mapped to its hyperparameters (a list is a grid axis)",
+    "seeds": "a count n (seeds 0..n-1) or a list of seeds; every configuration runs on each",
+    "eval_every": "evaluate every this many rounds (communication rounds)",
+    "device": "auto (CUDA where available), cpu, cuda or cuda:N",
+    "divergence_factor": "a run whose objective exceeds this times its start stops as diverged",
+    "resources": "what each Ray trial holds (`resources:` below)",
+    "checkpoints": "how often a program of runs saves its state (`checkpoints:` below)",
+    "tune": "an Optuna search per algorithm (`tune:` below); absent: none",
+    "report": "what `fedbench report` draws (`report:` below); absent: the defaults",
+}
+
+REFUSED_PROBES = ("\u2205", 1.5, [""], -1)  # values a validator is shown, to read the rule from its refusal
+
+
+def validator_rule(model, field: str) -> str:
+    """What a field validator expects, in its own words: the 'expected ...' of the message it refuses a value
+    with (pydantic type errors, which say nothing of the rule, are skipped)."""
+    from pydantic import ValidationError
+
+    validators = model.__pydantic_decorators__.field_validators.values()
+    if not any(field in v.info.fields for v in validators):
+        return ""
+    for probe in REFUSED_PROBES:
+        try:
+            model.model_validate({field: probe})
+        except ValidationError as err:
+            for error in err.errors():
+                if error["loc"][:1] == (field,) and error["type"] == "value_error":
+                    message = error["msg"].removeprefix("Value error, ")
+                    return message[message.index("expected"):] if "expected" in message else message
+    return ""
+
+
+def constraints(model, name: str, field) -> str:
+    words = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "min_length": "length >=", "max_length": "length <="}
+    rules = [f"{words[attr]} {getattr(m, attr)}" for m in field.metadata for attr in words
+             if getattr(m, attr, None) is not None]
+    rule = validator_rule(model, name)
+    return "; ".join(rules + ([rule] if rule else []))
+
+
+def field_default(field) -> str:
+    if field.is_required():
+        return "required"
+    value = field.default_factory() if field.default_factory is not None else field.default
+    if hasattr(value, "model_dump"):
+        return "the block's defaults"
+    return code(yaml_value(value))
+
+
+def recipe_page() -> str:
+    from fedbench_sweeps.recipe.schema import DISTRIBUTIONS, SAMPLERS, SECTIONS
+    from fedbench_sweeps.recipe.trials import FEDERATION_PARAMS
+
+    lines = ["# Recipe schema", "",
+             "A recipe is a YAML file (read with `safe_load`; unknown fields are refused with the closest name). "
+             "The tables below are generated from the pydantic models in `sweeps/recipe/schema.py` and the "
+             "engine's declarations; a field's constraint is the rule it is validated by.", ""]
+    for path, model in SECTIONS.items():
+        heading = "Top level" if not path else "`" + ".".join(path) + ":`"
+        lines += [f"## {heading}", ""]
+        if model.__doc__ and path:
+            lines += [inspect.cleandoc(model.__doc__), ""]
+        comments = field_comments(model)
+        lines += ["| field | type | default | constraint | description |", "|---|---|---|---|---|"]
+        for name, field in model.model_fields.items():
+            lines.append(f"| {code(name)} | {cell(code(type_name(field.annotation)))} | {cell(field_default(field))} "
+                         f"| {cell(constraints(model, name, field))} | {cell(comments.get(name) or FIELD_NOTES.get(name, ''))} |")
+        lines.append("")
+        if not path:
+            lines += ["- `problem`: `name` (see [problems](index.md#problems)), an optional `preset`, and any of "
+                      "that problem's parameters; a list is a grid axis.",
+                      "- `algorithms`: each algorithm's name (see [algorithms](index.md#algorithms)) mapped to its "
+                      "hyperparameters (a list is a grid axis), or to nothing for the defaults; an entry may also "
+                      "hold its own `problem:` and `federation:` overrides.", ""]
+    lines += ["## `federation:`", "", "How rounds run; a list is a grid axis (generated from `FEDERATION_PARAMS`).",
+              "", *param_table(FEDERATION_PARAMS), "", "## `tune.space` distributions", "",
+              "Each entry of `tune.space` maps a parameter (bare name, `problem.X`, `federation.X` or "
+              "`algorithms.ALGO.X`) to one distribution: " + ", ".join(map(code, DISTRIBUTIONS)) +
+              ", e.g. `client_lr: {log_uniform: [1.0e-5, 1.0e-1]}`. `tune.sampler` is one of "
+              + ", ".join(map(code, SAMPLERS)) + ".", ""]
+    return "\n".join(lines) + "\n"
+
+
+# -- the CLI ----------------------------------------------------------------------------------------------------
+
+
+def cli_commands():
+    """The Click group of the Typer app, and its commands by name."""
+    import typer.main
+
+    from fedbench_sweeps.cli import app
+
+    group = typer.main.get_command(app)
+    return group, dict(group.commands)
+
+
+def option_rows(command, context) -> list[str]:
+    rows = ["| argument or option | type | default | description |", "|---|---|---|---|"]
+    for param in command.params:
+        if param.param_type_name == "argument":
+            name = code(getattr(param, "metavar", None) or param.name.upper())
+        else:
+            name = ", ".join(code(o) for o in [*param.opts, *param.secondary_opts])
+        kind = "flag" if getattr(param, "is_flag", False) else param.display_type(context).strip("<>")
+        if param.multiple:
+            kind += ", repeatable"
+        default = ("required" if param.required else "" if param.default in (None, (), [])
+                   else code(yaml_value(param.default)))
+        help_text = getattr(param, "help", "") or ""
+        if getattr(param, "envvar", None):
+            help_text += f" (environment: `{param.envvar}`)"
+        rows.append(f"| {name} | {cell(kind)} | {cell(default)} | {cell(help_text)} |")
+    return rows if len(rows) > 2 else ["No arguments or options."]
+
+
+def cli_page() -> str:
+    group, commands = cli_commands()
+    lines = ["# Command line", "", "Generated from the Typer app (`sweeps/cli.py`). `fedbench --help` and "
+             "`fedbench COMMAND --help` print the same.", "", "## `fedbench`", "", inspect.cleandoc(group.help or ""),
+             "", *option_rows(group, _context(group)), ""]
+    for name, command in commands.items():
+        context = _context(group, command)
+        usage = " ".join(command.collect_usage_pieces(context))
+        lines += [f"## `fedbench {name}`", "", f"`fedbench {name} {usage}`", "", inspect.cleandoc(command.help or ""),
+                  "", *option_rows(command, context), ""]
+    return "\n".join(lines) + "\n"
+
+
+def _context(group, command=None):
+    """A Click context for the command (Typer's own Click, whichever it bundles: the command's context class)."""
+    parent = group.context_class(group, info_name="fedbench")
+    return parent if command is None else command.context_class(command, parent=parent, info_name=command.name)
+
+
+# -- the index and the site -------------------------------------------------------------------------------------
+
+
+def first_line(cls) -> str:
+    text = module_doc(cls)
+    return text.split("\n\n")[0].replace("\n", " ") if text else ""
+
+
+def index_page() -> str:
+    from fedbench.algorithms import ALGORITHMS
+    from fedbench.contract import CAPABILITIES
+    from fedbench.problems import PROBLEMS
+
+    lines = ["# Reference", "", "Generated from the code at build time: every page here follows the declarations "
+             "(`Param`s, presets, capabilities, metrics, docstrings, the recipe's models, the CLI). "
+             "See also the [recipe schema](recipe.md) and the [command line](cli.md).", "", "## Problems", "",
+             "| problem | what it is |", "|---|---|"]
+    lines += [f"| [`{n}`](problems/{n}.md) | {cell(first_line(c))} |" for n, c in PROBLEMS.items()]
+    lines += ["", "## Algorithms", "", "| algorithm | what it is |", "|---|---|"]
+    lines += [f"| [`{n}`](algorithms/{n}.md) | {cell(first_line(c))} |" for n, c in ALGORITHMS.items()]
+    lines += ["", "## Capabilities", "", "What an algorithm may require and a problem provide "
+              "(`fedbench.contract.CAPABILITIES`); an impossible pairing is refused before anything runs.", "",
+              "| capability | meaning |", "|---|---|"]
+    lines += [f"| {code(n)} | {cell(m)} |" for n, m in CAPABILITIES.items()]
+    return "\n".join(lines) + "\n"
+
+
+def pages() -> dict[str, str]:
+    """Every generated page, by its path under docs/."""
+    from fedbench.algorithms import ALGORITHMS
+    from fedbench.problems import PROBLEMS
+
+    out = {f"{REFERENCE}/index.md": index_page(), f"{REFERENCE}/recipe.md": recipe_page(),
+           f"{REFERENCE}/cli.md": cli_page()}
+    out.update({f"{REFERENCE}/problems/{n}.md": problem_page(n, c) for n, c in PROBLEMS.items()})
+    out.update({f"{REFERENCE}/algorithms/{n}.md": algorithm_page(n, c) for n, c in ALGORITHMS.items()})
+    return out
+
+
+def reference_nav() -> list:
+    from fedbench.algorithms import ALGORITHMS
+    from fedbench.problems import PROBLEMS
+
+    return [f"{REFERENCE}/index.md", {"Recipe schema": f"{REFERENCE}/recipe.md"},
+            {"Command line": f"{REFERENCE}/cli.md"},
+            {"Problems": [{n: f"{REFERENCE}/problems/{n}.md"} for n in PROBLEMS]},
+            {"Algorithms": [{n: f"{REFERENCE}/algorithms/{n}.md"} for n in ALGORITHMS]}]
+
+
+def on_config(config):
+    """Put the generated pages in place of the nav's `Reference` entry."""
+    for i, entry in enumerate(config["nav"] or []):
+        if isinstance(entry, dict) and "Reference" in entry:
+            config["nav"][i] = {"Reference": reference_nav()}
+    return config
+
+
+def on_files(files: Files, config) -> Files:
+    for path, content in pages().items():
+        files.append(File.generated(config, path, content=content))
+    return files
+
+
+# -- the gallery's recipe tables --------------------------------------------------------------------------------
+
+RECIPES_MARKER = re.compile(r"<!-- shipped-recipes: (\S+) -->")
+
+
+def recipes_table(prefix: str) -> str:
+    """The shipped recipes whose name starts with `prefix`, as `fedbench recipes` describes them: what each
+    reproduces (its header), its runs (configurations × seeds, from the parsed recipe), its time on 2 cores where
+    the header gives one, and the command that runs it."""
+    from fedbench_sweeps.recipe import RecipeError, load
+    from fedbench_sweeps.shipped import describe, find, names
+
+    lines = ["| recipe | reproduces | runs | time on 2 cores | command |", "|---|---|---|---|---|"]
+    chosen = [name for name in names() if name.startswith(prefix)]
+    if not chosen:
+        raise ValueError(f"no shipped recipe starts with {prefix!r}")  # a gallery page naming a removed recipe
+    for name in chosen:
+        about = describe(find(name))
+        try:
+            recipe = load(find(name))
+            runs = f"{len(recipe.trials()) // len(recipe.seeds)} × {len(recipe.seeds)}"
+        except RecipeError:
+            runs = "?"
+        data = " --data-dir ../shared/data" if "real data" in about.get("reproduces", "") else ""
+        lines.append(f"| `{name}` | {cell(about.get('reproduces', '—'))} | {runs} | "
+                     f"{cell(about.get('time on 2 cores', 'not measured'))} | `fedbench sweep {name}{data}` |")
+    return "\n".join(lines)
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    return RECIPES_MARKER.sub(lambda match: recipes_table(match.group(1)), markdown)

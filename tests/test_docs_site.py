@@ -1,0 +1,201 @@
+"""The documentation site (mkdocs.yml, docs/, the reference written by docs/hooks/reference.py), built strictly:
+
+- the generated reference has a page for every registered problem and algorithm, with each declared parameter
+  and metric, and every recipe field and CLI command and option: compared with the registries themselves;
+- a `Param` added in code appears on the built site with no page edited;
+- in headless Chromium (as tests/test_browser.py), served over HTTP with no network beyond localhost: the home
+  page leads to the tutorial, an algorithm's page opens, and the search box finds it; nothing is fetched from
+  outside the site (no web fonts, no CDN).
+"""
+from __future__ import annotations
+
+import functools
+import html
+import importlib.util
+import os
+import shutil
+import threading
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from fedbench.algorithms import ALGORITHMS
+from fedbench.hparams import Param
+from fedbench.problems import PROBLEMS
+
+ROOT = Path(__file__).resolve().parents[1]
+NO_MKDOCS = "mkdocs is not installed (pip install -e '.[docs]')" if importlib.util.find_spec("mkdocs") is None else ""
+
+# each builds the whole site (~5 s): out of `make test-fast`
+pytestmark = [pytest.mark.heavy, pytest.mark.skipif(bool(NO_MKDOCS), reason=NO_MKDOCS)]
+
+
+def build_site(site: Path) -> Path:
+    """`mkdocs build --strict` of the repository's site into `site`, in this process (so that what a test
+    registers in the registries is what the hook reads). A warning (a broken link, a missing anchor) raises."""
+    from mkdocs.commands.build import build
+    from mkdocs.config import load_config
+
+    config = load_config(config_file=str(ROOT / "mkdocs.yml"), site_dir=str(site), strict=True)
+    cwd = os.getcwd()
+    os.chdir(ROOT)  # the hook's path in mkdocs.yml is relative to the repository
+    try:
+        build(config)
+    finally:
+        os.chdir(cwd)
+    return site
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    return build_site(tmp_path_factory.mktemp("site"))
+
+
+def page(site: Path, path: str) -> str:
+    file = site / path / "index.html"
+    assert file.exists(), f"no page {path}"
+    return file.read_text()
+
+
+def has_code(text: str, name: str) -> bool:
+    return f"<code>{html.escape(name, quote=False)}</code>" in text
+
+
+# -- the reference against the registries ----------------------------------------------------------------------
+
+def test_every_algorithm_has_a_page_with_each_hyperparameter_and_its_update_rule(site):
+    index = page(site, "reference")
+    for name, cls in ALGORITHMS.items():
+        text = page(site, f"reference/algorithms/{name}")
+        missing = [p.name for p in cls.hparams if not has_code(text, p.name)]
+        assert not missing, (name, missing)
+        assert "What it requires" in text and "Update rule" in text, name
+        assert f'href="algorithms/{name}/"' in index, name
+
+
+def test_every_problem_has_a_page_with_each_parameter_preset_and_metric(site):
+    index = page(site, "reference")
+    for name, cls in PROBLEMS.items():
+        text = page(site, f"reference/problems/{name}")
+        missing = [p.name for p in cls.params if not has_code(text, p.name)]
+        missing += [preset for preset in cls.presets if not has_code(text, preset)]
+        configs = [cls.resolve_config({"preset": preset}) for preset in cls.presets] or [cls.resolve_config({})]
+        missing += [m.name for config in configs for m in cls.declared_metrics(config, personal=True)
+                    if not has_code(text, m.name)]
+        assert not missing, (name, missing)
+        assert f'href="problems/{name}/"' in index, name
+
+
+def test_every_recipe_field_is_on_the_schema_page(site):
+    from sweeps.recipe.schema import SECTIONS
+    from sweeps.recipe.trials import FEDERATION_PARAMS
+
+    text = page(site, "reference/recipe")
+    for path, model in SECTIONS.items():
+        heading = ".".join(path) + ":" if path else "Top level"
+        assert html.escape(heading, quote=False) in text, heading
+        missing = [field for field in model.model_fields if not has_code(text, field)]
+        assert not missing, (path, missing)
+    assert not [p.name for p in FEDERATION_PARAMS if not has_code(text, p.name)]
+
+
+def test_every_cli_command_and_option_is_on_the_cli_page(site):
+    import typer.main
+
+    from cli import app
+
+    text = page(site, "reference/cli")
+    group = typer.main.get_command(app)
+    assert set(group.commands) >= {"run", "sweep", "tune", "report", "validate", "list", "recipes", "ui"}
+    for name, command in group.commands.items():
+        assert has_code(text, f"fedbench {name}"), name
+        missing = [option for param in command.params for option in (*param.opts, *param.secondary_opts)
+                   if param.param_type_name == "option" and not has_code(text, option)]
+        assert not missing, (name, missing)
+
+
+def test_a_param_added_in_code_appears_on_the_site_with_no_page_edited(tmp_path, monkeypatch):
+    fedavg = ALGORITHMS["fedavg"]
+    added = Param("probe_momentum", "float", 0.25, "a parameter only this test declares", low=0, high=1)
+    monkeypatch.setattr(fedavg, "hparams", (*fedavg.hparams, added))
+    text = page(build_site(tmp_path / "site"), "reference/algorithms/fedavg")
+    assert has_code(text, "probe_momentum") and "a parameter only this test declares" in text
+    assert "<code>0.25</code>" in text and "[0, 1]" in text  # its default and range
+
+
+# -- in a browser ---------------------------------------------------------------------------------------------
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+BROWSER_MISSING = ("playwright is not installed (pip install -e '.[test]')"
+                   if importlib.util.find_spec("playwright") is None
+                   else None if Path(CHROMIUM).exists()
+                   else "no Chromium at /usr/bin/chromium or on PATH: install Debian's `chromium` package (.ci/run does)")
+# The flags of a quiet, self-contained headless Chromium on a machine with no network beyond localhost.
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture
+def served(site):
+    """The built site over HTTP on a free local port (Material's search runs in a web worker: not from file://)."""
+    handler = functools.partial(type("Quiet", (SimpleHTTPRequestHandler,), {"log_message": lambda *a: None}),
+                                directory=str(site))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def browser_page(tmp_path):
+    if BROWSER_MISSING:  # CI (FEDBENCH_REQUIRE_BROWSER=1, set by .ci/run) must run this test, not skip it
+        if os.environ.get("FEDBENCH_REQUIRE_BROWSER") == "1":
+            raise RuntimeError(BROWSER_MISSING)
+        pytest.skip(BROWSER_MISSING)
+    from playwright import sync_api
+
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        view = browser.new_page(viewport={"width": 1400, "height": 1000})
+        yield view
+        view.screenshot(path=str(tmp_path / "last.png"), full_page=False)
+        print(f"screenshot: {tmp_path / 'last.png'}")
+        browser.close()
+
+
+@pytest.mark.browser
+def test_the_site_leads_from_home_to_the_tutorial_and_finds_an_algorithm_by_search(served, browser_page):
+    view = browser_page
+    outside = []
+    view.on("request", lambda request: None if request.url.startswith(served) or request.url.startswith("data:")
+            else outside.append(request.url))
+
+    view.goto(f"{served}/")
+    view.locator(".md-content").get_by_role("link", name="compare your own method").first.click()
+    view.wait_for_url(f"{served}/tutorials/compare-your-own-method/")
+    assert view.locator("h1").inner_text().startswith("Compare your own method")
+    assert view.get_by_text("my_method.py").first.is_visible()  # the file's titled code block
+
+    view.goto(f"{served}/reference/")
+    view.locator(".md-content a[href='algorithms/scaffold/']").click()
+    view.wait_for_url(f"{served}/reference/algorithms/scaffold/")
+    assert view.locator("h1").inner_text().startswith("Algorithm scaffold")
+    assert view.get_by_text("stochastic controlled averaging").first.is_visible()  # its docstring, the update rule
+    assert view.locator("table code", has_text="control").first.is_visible()
+
+    view.goto(f"{served}/")
+    search = view.locator("input.md-search__input")
+    search.click()
+    # the index loads in a web worker: a query typed before it is ready may go unanswered
+    view.wait_for_function("() => !document.querySelector('.md-search-result__meta').textContent"
+                           ".includes('Initializing')", timeout=30_000)
+    search.press_sequentially("scaffold", delay=30)  # typed: the box searches on key events
+    result = view.locator(".md-search-result__link[href*='reference/algorithms/scaffold/']").first
+    result.wait_for(timeout=30_000)
+    result.click()
+    view.wait_for_url(f"{served}/reference/algorithms/scaffold/**")
+    assert view.locator("h1").inner_text().startswith("Algorithm scaffold")
+    assert not outside, f"the site fetched from outside itself: {outside}"
