@@ -31,13 +31,14 @@ NO_MKDOCS = "mkdocs is not installed (pip install -e '.[docs]')" if importlib.ut
 pytestmark = [pytest.mark.heavy, pytest.mark.skipif(bool(NO_MKDOCS), reason=NO_MKDOCS)]
 
 
-def build_site(site: Path) -> Path:
-    """`mkdocs build --strict` of the repository's site into `site`, in this process (so that what a test
-    registers in the registries is what the hook reads). A warning (a broken link, a missing anchor) raises."""
+def build_site(site: Path, docs: Path = ROOT / "docs") -> Path:
+    """`mkdocs build --strict` of the repository's site (or of the pages in `docs`) into `site`, in this process (so
+    that what a test registers in the registries is what the hook reads). A warning (a broken link, a missing
+    anchor) raises."""
     from mkdocs.commands.build import build
     from mkdocs.config import load_config
 
-    config = load_config(config_file=str(ROOT / "mkdocs.yml"), site_dir=str(site), strict=True)
+    config = load_config(config_file=str(ROOT / "mkdocs.yml"), site_dir=str(site), docs_dir=str(docs), strict=True)
     cwd = os.getcwd()
     os.chdir(ROOT)  # the hook's path in mkdocs.yml is relative to the repository
     try:
@@ -122,6 +123,17 @@ def test_a_param_added_in_code_appears_on_the_site_with_no_page_edited(tmp_path,
     text = page(build_site(tmp_path / "site"), "reference/algorithms/fedavg")
     assert has_code(text, "probe_momentum") and "a parameter only this test declares" in text
     assert "<code>0.25</code>" in text and "[0, 1]" in text  # its default and range
+
+
+def test_the_strict_build_fails_on_a_broken_link(tmp_path):
+    from mkdocs.exceptions import Abort
+
+    docs = tmp_path / "docs"
+    shutil.copytree(ROOT / "docs", docs)
+    build_site(tmp_path / "unchanged", docs)  # the copy builds: what fails below is the one broken link
+    (docs / "how-to" / "gpu.md").write_text("# Run on a GPU\n\nSee [the old page](../guide/gpus.md).\n")
+    with pytest.raises(Abort, match="warning"):
+        build_site(tmp_path / "site", docs)
 
 
 # -- in a browser ---------------------------------------------------------------------------------------------
