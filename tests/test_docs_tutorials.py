@@ -118,6 +118,7 @@ def test_reproduce_a_paper_runs_as_shown(tmp_path, tracking_uri):
     assert (tmp_path / "report-by-communication" / "figure.png").stat().st_size > 10_000
 
 
+@pytest.mark.heavy  # ~5 s: two runs of the page's problem
 def test_write_a_problem_runs_as_shown(tmp_path):
     run_page(HOW_TO / "write-a-problem.md", tmp_path)
     curves = json.loads((tmp_path / "scaffold.json").read_text())  # two seeds of the page's own problem
