@@ -13,6 +13,7 @@ import functools
 import html
 import importlib.util
 import os
+import re
 import shutil
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -114,6 +115,19 @@ def test_every_cli_command_and_option_is_on_the_cli_page(site):
         missing = [option for param in command.params for option in (*param.opts, *param.secondary_opts)
                    if param.param_type_name == "option" and not has_code(text, option)]
         assert not missing, (name, missing)
+
+
+def test_every_shipped_paper_recipe_is_in_the_gallery_with_its_command(site):
+    from sweeps.shipped import names
+
+    gallery = "".join(file.read_text() for file in (site / "gallery").rglob("index.html"))
+    missing = [name for name in names() if name.startswith("papers/")  # the command, alone or with its options
+               and not re.search(rf"<code>fedbench sweep {re.escape(name)}[ <]", gallery)]
+    assert not missing, missing
+    for paper in ("bao2022", "guo2023", "pfedfbe", "hanzely2023", "fallah2020"):
+        text = page(site, f"gallery/{paper}")
+        assert "What holds" in text and "What did not reproduce" in text and "Time on 2 cores" in text, paper
+        assert '<img alt="' in text, paper  # its figure
 
 
 def test_a_param_added_in_code_appears_on_the_site_with_no_page_edited(tmp_path, monkeypatch):
