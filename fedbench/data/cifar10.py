@@ -83,7 +83,7 @@ def batches(folder: str | Path | None) -> tuple[Callable[[Path], tuple[np.ndarra
 
 def resolve(folder: str | Path | None) -> Path:
     chosen = Path(folder).expanduser() if folder is not None else Path(DEFAULT_FOLDER)
-    return chosen if chosen.is_absolute() else data_root() / chosen
+    return chosen if chosen.is_absolute() else data_root(holds=f"{chosen}/ (the CIFAR-10 batches)") / chosen
 
 
 def read_bin(path: Path) -> tuple[np.ndarray, np.ndarray]:

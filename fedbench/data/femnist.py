@@ -94,11 +94,12 @@ def white(x: np.ndarray) -> float:
 
 # -- locating the files --------------------------------------------------------------------------------------
 
-def data_root(data_dir: str | None = None) -> Path:
+def data_root(data_dir: str | None = None, holds: str | Path = DEFAULT_PATHS["sample10"]) -> Path:
+    """The folder of the real data sets; `holds`: what the caller reads under it, named where none is set."""
     root = data_dir or os.environ.get("FEDBENCH_DATA")
     if not root:
         raise ValueError("no data root: set the problem parameter data_dir or the environment variable "
-                         "FEDBENCH_DATA to the folder that holds femnist/femnist_sample10.npz")
+                         f"FEDBENCH_DATA to the folder that holds {holds}")
     return Path(root).expanduser()
 
 
@@ -107,7 +108,7 @@ def resolve_path(source: str, path: str | None = None, data_dir: str | None = No
     if source not in SOURCES:
         raise ValueError(f"unknown FEMNIST source {source!r}; expected one of {' | '.join(SOURCES)}")
     chosen = Path(path).expanduser() if path is not None else Path(DEFAULT_PATHS[source])
-    return chosen if chosen.is_absolute() else data_root(data_dir) / chosen
+    return chosen if chosen.is_absolute() else data_root(data_dir, chosen) / chosen
 
 
 def load(source: str, path: str | None = None, data_dir: str | None = None, classes: int = LABELS,

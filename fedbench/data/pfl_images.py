@@ -78,7 +78,7 @@ def _idx_folder(source: str, path: str | None) -> Path:
     if path is None and source == "idx":
         raise ValueError("source 'idx' needs path: a folder holding the four IDX files of an MNIST-format dataset")
     folder = Path(path or "fashion-mnist").expanduser()
-    return folder if folder.is_absolute() else femnist.data_root() / folder
+    return folder if folder.is_absolute() else femnist.data_root(holds=f"{folder}/ (the IDX files)") / folder
 
 
 def _digits(path: str | None) -> tuple[np.ndarray, np.ndarray]:
