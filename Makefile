@@ -34,7 +34,7 @@ test-slow: install
 	$(PY) -m pytest -q -m slow -s
 
 bench: install
-	MALLOC_MMAP_THRESHOLD_=4294967296 $(PY) bench/clients_batched.py
+	$(PY) bench/clients_batched.py
 	$(PY) bench/sweep_overhead.py
 	FEDBENCH_DATA=$${FEDBENCH_DATA:-../shared/data} $(PY) bench/per_fedavg_round.py
 

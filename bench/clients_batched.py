@@ -10,8 +10,8 @@ timed three ways in the same run, at S = 10 and S = 100 sampled clients:
 
 Prints `loop/engine` (the batching speed-up) and `engine/floor` (the engine's own overhead). Times are
 medians over interleaved repetitions; the machine is shared, so only the ratios mean anything.
-On glibc, run it with MALLOC_MMAP_THRESHOLD_ set high (as `make bench` does): otherwise every fresh
-8 MB gather output is a new mmap whose page faults add noise unrelated to the code being compared.
+Freed memory stays in the process (`fedbench.memory.keep_freed_memory`, as in every fedbench run): otherwise a
+step's fresh 8 MB gather output may be faulted in anew at every step, in some processes and not others.
 Usage: python bench/clients_batched.py [--device cuda] [--rounds 20] [--repeats 5]
 """
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 
 import fedbench
 from fedbench.loop_reference import loop_round
+from fedbench.memory import keep_freed_memory
 from fedbench.simulate import Federation, Simulation
 
 CLIENT_LR, LAM = 1e-3, 0.03125
@@ -91,6 +92,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
+    keep_freed_memory()  # as every fedbench run does
     print(f"one FedMiD round, lasso p=1024 b=10 E=10, device={args.device}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")
     for s in (10, 100):

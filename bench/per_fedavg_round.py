@@ -16,6 +16,7 @@ import argparse
 import torch
 
 import fedbench
+from fedbench.memory import keep_freed_memory
 from fedbench.simulate import Federation, Simulation
 from round_timing import median_round_seconds
 
@@ -29,6 +30,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
+    keep_freed_memory()  # as every fedbench run does
     problem = fedbench.make_problem("ab_users", preset="fallah2020_digits", seed=0, device=args.device)
     federation = Federation(10**6, 10, 10, 40)
     sims = {way: Simulation(problem, fedbench.make_algorithm(name, problem, client_lr=1e-3, **hp), federation, seed=0)

@@ -30,6 +30,7 @@ import time
 import torch
 
 import fedbench
+from fedbench.memory import keep_freed_memory
 from fedbench.runs import run_batch, why_not_batchable
 from fedbench.simulate import Federation, Simulation
 
@@ -61,6 +62,7 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", default=list(CASES))
     parser.add_argument("--repeats", type=int, default=3, help="interleaved timings per way; the medians compared")
     args = parser.parse_args()
+    keep_freed_memory()  # as every fedbench run does
     print(f"R runs one after another / R runs as one program, device={args.device}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")
     for name in args.cases:

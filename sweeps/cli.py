@@ -141,6 +141,8 @@ def run(
     """Run one configuration in-process (no Ray): one algorithm, one value per hyperparameter, one or more
     seeds."""
     use_data_dir(data_dir)
+    from fedbench.memory import keep_freed_memory
+
     from .checkpoints import Checkpoint
     from .execute import build_batch, build_simulation, checkpoint_policy, drive_batch, plan_batches
     from fedbench.runs import programs
@@ -155,6 +157,7 @@ def run(
     except RecipeError as err:
         fail(str(err), err.detail)
     check_builds(recipe, trials, **{"--device": device})
+    keep_freed_memory()
     try:
         together = bool(plan_batches(list(enumerate(trials)), cap=len(trials))[0])
         sims = build_batch(trials, device) if together else [build_simulation(trial, device) for trial in trials]

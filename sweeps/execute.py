@@ -30,6 +30,7 @@ import torch
 
 from fedbench import plugins
 from fedbench.algorithms import ALGORITHMS
+from fedbench.memory import keep_freed_memory
 from fedbench.problems import PROBLEMS
 from fedbench.runs import programs
 from fedbench.simulate import Simulation
@@ -203,6 +204,7 @@ def run_pack(config: dict[str, Any], packs: list[list[Unit]], checkpoints: Polic
     gpu_ids = ",".join(map(str, ray.get_gpu_ids()))
     node = ray.get_runtime_context().get_node_id()
     torch.set_num_threads(max(1, int(config["cpus"])))
+    keep_freed_memory()
     for unit in packs[config["pack"]]:
         tags = {"node": node, "gpu_ids": gpu_ids, "runs_in_batch": str(len(unit))}
         for key, _ in unit:
