@@ -100,6 +100,14 @@ def test_every_recipe_field_is_on_the_schema_page(site):
         missing = [field for field in model.model_fields if not has_code(text, field)]
         assert not missing, (path, missing)
     assert not [p.name for p in FEDERATION_PARAMS if not has_code(text, p.name)]
+    # every field says what it holds, in a comment beside it in schema.py, which the page shows
+    spec = importlib.util.spec_from_file_location("reference_hook", ROOT / "docs" / "hooks" / "reference.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    for path, model in SECTIONS.items():
+        comments = hook.field_comments(model)
+        assert not [field for field in model.model_fields if not comments.get(field)], path
+    assert "every configuration runs on each" in text and "rounds every trial runs before it may be stopped" in text
 
 
 def test_every_cli_command_and_option_is_on_the_cli_page(site):

@@ -197,22 +197,6 @@ def field_comments(model) -> dict[str, str]:
     return comments
 
 
-# What the top-level fields without a comment in schema.py hold (a field added there without one shows its type,
-# default and constraint, and an empty description, until a comment is written beside it).
-FIELD_NOTES = {
-    "problem": "the problem: `name`, an optional `preset`, and any of its parameters (a list is a grid axis)",
-    "federation": "how rounds run (the `federation:` table below)",
-    "algorithms": "the algorithms to compare, each mapped to its hyperparameters (a list is a grid axis)",
-    "seeds": "a count n (seeds 0..n-1) or a list of seeds; every configuration runs on each",
-    "eval_every": "evaluate every this many rounds (communication rounds)",
-    "device": "auto (CUDA where available), cpu, cuda or cuda:N",
-    "divergence_factor": "a run whose objective exceeds this times its start stops as diverged",
-    "resources": "what each Ray trial holds (`resources:` below)",
-    "checkpoints": "how often a program of runs saves its state (`checkpoints:` below)",
-    "tune": "an Optuna search per algorithm (`tune:` below); absent: none",
-    "report": "what `fedbench report` draws (`report:` below); absent: the defaults",
-}
-
 REFUSED_PROBES = ("\u2205", 1.5, [""], -1)  # values a validator is shown, to read the rule from its refusal
 
 
@@ -269,7 +253,7 @@ def recipe_page() -> str:
         lines += ["| field | type | default | constraint | description |", "|---|---|---|---|---|"]
         for name, field in model.model_fields.items():
             lines.append(f"| {code(name)} | {cell(code(type_name(field.annotation)))} | {cell(field_default(field))} "
-                         f"| {cell(constraints(model, name, field))} | {cell(comments.get(name) or FIELD_NOTES.get(name, ''))} |")
+                         f"| {cell(constraints(model, name, field))} | {cell(comments.get(name, ''))} |")
         lines.append("")
         if not path:
             lines += ["- `problem`: `name` (see [problems](index.md#problems)), an optional `preset`, and any of "

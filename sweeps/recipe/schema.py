@@ -19,9 +19,10 @@ class StrictModel(BaseModel):
 
 class Resources(StrictModel):
     """What one Ray trial holds, and how many (config, seed) runs it packs."""
-    cpus_per_trial: float = Field(1.0, gt=0)
-    gpus_per_trial: float = Field(0.0, ge=0)
-    max_concurrent: Optional[int] = Field(None, ge=1)
+    cpus_per_trial: float = Field(1.0, gt=0)  # CPUs a trial reserves (its PyTorch threads)
+    gpus_per_trial: float = Field(0.0, ge=0)  # GPUs a trial reserves: a fraction shares one, whole numbers above 1
+    max_concurrent: Optional[int] = Field(None, ge=1)  # most trials at once (default: as many as the slots hold)
+    # (config, seed) runs one Ray trial goes through one after another; auto: enough to keep every slot busy
     pack: Any = "auto"
     batch_runs: int = Field(64, ge=1)  # most seeds of one configuration run as one program (fedbench.runs); 1: off
 
@@ -44,28 +45,29 @@ class Checkpoints(StrictModel):
     """Mid-run checkpoints of each program of runs (`sweeps.checkpoints`): every `every_seconds` seconds of running
     or every `every_rounds` rounds, whichever comes first (0: not by that measure; both 0: none). The default, a
     minute, leaves runs shorter than that without any."""
-    every_seconds: float = Field(60.0, ge=0)
-    every_rounds: int = Field(0, ge=0)
+    every_seconds: float = Field(60.0, ge=0)  # seconds of running between two checkpoints (0: not by time)
+    every_rounds: int = Field(0, ge=0)  # rounds between two checkpoints (0: not by rounds)
 
 
 class PrunerSpec(StrictModel):
     """Asynchronous successive halving (ASHA) on the evaluated curve, in rounds."""
-    grace_rounds: int = Field(ge=1)
-    reduction_factor: float = Field(3.0, gt=1)
+    grace_rounds: int = Field(ge=1)  # rounds every trial runs before it may be stopped
+    reduction_factor: float = Field(3.0, gt=1)  # 1/η of the trials go on at each rung
 
 
 class TuneSpec(StrictModel):
     """The optional `tune:` block: an Optuna search per algorithm, each with the same budget."""
+    # dotted field -> {distribution: [low, high]} (or categorical: [choices]), e.g. algorithms.fedavg.client_lr
     space: dict[str, dict[str, Any]] = Field(min_length=1)
-    metric: str = Field(min_length=1)
+    metric: str = Field(min_length=1)  # the metric the study optimises
     mode: Optional[str] = None  # default: the metric's declared direction
     objective: str = "final"  # final value of the metric, or best value over the curve
     trials: int = Field(20, ge=1)  # per algorithm and per `fedbench tune` call
     timeout_s: Optional[float] = Field(None, gt=0)  # wall budget per algorithm
-    sampler: str = "tpe"
-    sampler_seed: int = Field(0, ge=0)
+    sampler: str = "tpe"  # Optuna's sampler: tpe, random, cmaes or gp
+    sampler_seed: int = Field(0, ge=0)  # the sampler's seed (a study is reproducible)
     seed: Optional[int] = Field(None, ge=0)  # the run seed while tuning (default: the recipe's first)
-    pruner: Optional[PrunerSpec] = None
+    pruner: Optional[PrunerSpec] = None  # stop poor trials early (`tune.pruner:` below); absent: none
     rerun_best: int = Field(0, ge=0)  # fresh seeds on which each algorithm's best configuration is re-run
 
     @field_validator("mode")
@@ -86,7 +88,7 @@ class TuneSpec(StrictModel):
 
 class SelectSpec(StrictModel):
     """What "best configuration" means: the final value of `metric`, lowest (`min`) or highest (`max`)."""
-    metric: str = Field(min_length=1)
+    metric: str = Field(min_length=1)  # the metric whose final value ranks the configurations
     mode: Optional[str] = None  # default: the metric's declared direction
 
     @field_validator("mode")
@@ -147,17 +149,23 @@ def _one_of(value: str, options: tuple[str, ...]) -> str:
 class RecipeModel(StrictModel):
     name: Optional[str] = Field(None, min_length=1)  # default: the recipe file's name without .yaml
     plugins: list[str] = Field(default_factory=list)  # files (relative to the recipe) or modules of own components
+    # the problem: `name`, an optional `preset`, and any of its parameters (a list is a grid axis)
     problem: dict[str, Any]
+    # how rounds run (the `federation:` table below)
     federation: dict[str, Any] = Field(default_factory=dict)
+    # the algorithms to compare, each mapped to its hyperparameters (a list is a grid axis)
     algorithms: dict[str, Optional[dict[str, Any]]] = Field(min_length=1)
+    # a count n (seeds 0..n-1) or a list of seeds; every configuration runs on each
     seeds: Any = Field(1, validate_default=True)
-    eval_every: int = Field(10, ge=1)
-    device: str = "auto"
+    eval_every: int = Field(10, ge=1)  # evaluate every this many rounds (communication rounds)
+    device: str = "auto"  # auto (CUDA where available), cpu, cuda or cuda:N
+    # a run whose objective exceeds this times its start stops as diverged
     divergence_factor: float = Field(DIVERGENCE_FACTOR, gt=1)
-    resources: Resources = Field(default_factory=Resources)
+    resources: Resources = Field(default_factory=Resources)  # what each Ray trial holds (`resources:` below)
+    # how often a program of runs saves its state (`checkpoints:` below)
     checkpoints: Checkpoints = Field(default_factory=Checkpoints)
-    tune: Optional[TuneSpec] = None
-    report: Optional[ReportSpec] = None
+    tune: Optional[TuneSpec] = None  # an Optuna search per algorithm (`tune:` below); absent: none
+    report: Optional[ReportSpec] = None  # what `fedbench report` draws (`report:` below); absent: the defaults
 
     @field_validator("seeds")
     @classmethod
