@@ -28,9 +28,9 @@ def _over(numerator, denominator: Tensor) -> Tensor:
 def _float_if_one(value):
     """A float64 tensor of one value on the CPU (a per-run step, threshold or radius of a run alone, `[1, 1, 1]`)
     as a Python float, read without a device synchronisation, so that a run alone takes the float path: the ℓ1
-    prox's clamp without the negation kernel a tensor bound needs. Float64
-    arithmetic on it then rounds as the tensor's would, so that the results are the same bits; other tensors are
-    kept (float32: Python's double arithmetic would round differently)."""
+    prox's clamp without the negation kernel a tensor bound needs. Float64 arithmetic on it then rounds as the
+    tensor's would, so that the results are the same bits; other tensors are kept (float32: Python's double
+    arithmetic would round differently)."""
     if isinstance(value, Tensor) and value.is_cpu and value.dtype is torch.float64 and value.numel() == 1:
         return value.item()
     return value

@@ -195,6 +195,12 @@ class RowStream:
 Unit = list[tuple[int, Trial]]  # runs executed together: one run, or the seeds of one configuration as one program
 
 
+def prepare_worker(cpus: float) -> None:
+    """A Ray trial's process set up for runs: a PyTorch thread per reserved CPU, freed memory kept for reuse."""
+    torch.set_num_threads(max(1, int(cpus)))
+    keep_freed_memory()
+
+
 def run_pack(config: dict[str, Any], packs: list[list[Unit]], checkpoints: Policy) -> None:
     """Function trainable: run one pack's units one after another, reporting each run's start, its rows as they
     come (`RowStream`) and its end; each program resumes from its checkpoint and saves them by `checkpoints`."""
@@ -203,8 +209,7 @@ def run_pack(config: dict[str, Any], packs: list[list[Unit]], checkpoints: Polic
 
     gpu_ids = ",".join(map(str, ray.get_gpu_ids()))
     node = ray.get_runtime_context().get_node_id()
-    torch.set_num_threads(max(1, int(config["cpus"])))
-    keep_freed_memory()
+    prepare_worker(config["cpus"])
     for unit in packs[config["pack"]]:
         tags = {"node": node, "gpu_ids": gpu_ids, "runs_in_batch": str(len(unit))}
         for key, _ in unit:

@@ -373,7 +373,8 @@ class Store:
         """The rows of several runs' curves, each `run_id: (rows, seconds, after)` beyond round `after` (one metric
         per row key, step = round; train_seconds by row), in one write; the last round of each stored then."""
         stamp = now_ms()
-        self.log_metrics({run_id: curve(rows, seconds, after, stamp) for run_id, (rows, seconds, after) in runs.items()})
+        self.log_metrics({run_id: curve(rows, seconds, after, stamp)
+                          for run_id, (rows, seconds, after) in runs.items()})
         return {run_id: max(after, int(rows[-1]["round"])) if rows else after
                 for run_id, (rows, _, after) in runs.items()}
 

@@ -28,9 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from fedbench.memory import keep_freed_memory
-
-from .execute import build_simulation, open_cluster, resolve_device, sweep
+from .execute import build_simulation, open_cluster, prepare_worker, resolve_device, sweep
 from .recipe import Dimension, Recipe, RecipeError, parse, stable_hash
 from .tracking import Store, SweepLog, headline_metrics
 
@@ -77,12 +75,10 @@ def worst(mode: str) -> float:
 def run_tuned(config: dict[str, Any]) -> None:
     """Function trainable: one run, reporting its score at every evaluation (for ASHA and the study)."""
     import ray
-    import torch
     from ray import tune
 
     trial, metric, mode, objective = config["trial"], config["metric"], config["mode"], config["objective"]
-    torch.set_num_threads(max(1, int(config["cpus"])))
-    keep_freed_memory()
+    prepare_worker(config["cpus"])
     simulation = build_simulation(trial, resolve_device(trial.device, bool(ray.get_gpu_ids())))
     best = worst(mode)
     start = time.perf_counter()
