@@ -4,9 +4,9 @@ A sweep is a list of (config, seed) runs. Ray Tune costs ~0.35 s per trial even 
 which is as long as a small federated run, so runs of one algorithm are packed into one Ray trial
 (`resources.pack`, by default enough packs to keep every slot busy about four times over), and the seeds of
 one configuration run as one program where the algorithm and problem allow it (`fedbench.runs`, at most
-`resources.batch_runs` per program), a Ray trial of its own. A Ray trial
-reports `start` and `end` events per run; the driver turns them into MLflow runs through one writer
-thread (`tracking.SweepLog`) and a live progress display. Resume is content-addressed: a (config hash,
+`resources.batch_runs` per program), a Ray trial of its own. A Ray trial reports `start`, `rows` and `end`
+events per run, from a thread of its own (`Reporter`); the driver turns them into MLflow runs through one
+writer thread (`tracking.SweepLog`) and a live progress display. Resume is content-addressed: a (config hash,
 seed) that finished in the recipe's experiment is skipped.
 """
 from __future__ import annotations
@@ -17,9 +17,11 @@ import importlib.metadata
 import logging
 import math
 import os
+import queue
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -165,9 +167,9 @@ STREAM_SECONDS = 2.0  # ... and seconds
 
 
 class RowStream:
-    """The rows of a Ray trial's in-flight runs, sent to the driver (`send`, `tune.report`) in one `rows` event for
+    """The rows of a Ray trial's in-flight runs, sent to the driver (`send`, a `Reporter`) in one `rows` event for
     all of them, every STREAM_ROWS rows or STREAM_SECONDS seconds, whichever comes first, checked at each row and
-    between rounds (`tick`): a report waits for the driver to take it (~ms), so a program of 30 runs evaluated
+    between rounds (`tick`): each event costs the driver a store transaction, so a program of 30 runs evaluated
     every round must not send one per run, nor one per few rows. What is still held when a run ends travels in its
     `end` event's outcome, so that a run shorter than STREAM_SECONDS sends none."""
 
@@ -190,6 +192,59 @@ class RowStream:
             self.held, self.count, self.sent_at = {}, 0, time.monotonic()
 
 
+class Reporter:
+    """A Ray trial's events handed to the driver (`report`, `tune.report`) by a thread of their own, in order.
+    `tune.report` holds its caller until the driver has taken the event and acted on it (its store writes
+    included; a function trainable reports synchronously), tens to hundreds of ms on a busy machine: a trial's
+    rounds must not wait for that every STREAM_SECONDS. Rows events queued behind one another while the driver
+    was busy go as one. `close()` waits for every event to be reported and raises what reporting raised."""
+
+    _CLOSE, _NOTHING = object(), object()
+
+    def __init__(self, report: Callable[[dict[str, Any]], None]):
+        self.report = report
+        self.events: queue.SimpleQueue = queue.SimpleQueue()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._send, name="fedbench-reporter", daemon=True)
+        self.thread.start()
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        self.events.put(event)
+
+    def _send(self) -> None:
+        try:
+            taken = self._NOTHING
+            while True:
+                event = self.events.get() if taken is self._NOTHING else taken
+                if event is self._CLOSE:
+                    return
+                taken = self._merge_rows(event) if event["event"] == "rows" else self._NOTHING
+                self.report(event)
+        except BaseException as error:  # SystemExit included (a trial Tune stops): close() raises it
+            self.error = error
+
+    def _merge_rows(self, event: dict[str, Any]) -> Any:
+        """Fold the rows events queued behind `event` into it; return the first other event taken (_NOTHING if
+        none was queued)."""
+        while True:
+            try:
+                following = self.events.get_nowait()
+            except queue.Empty:
+                return self._NOTHING
+            if following is self._CLOSE or following["event"] != "rows":
+                return following
+            for key, (rows, seconds) in following["runs"].items():
+                held_rows, held_seconds = event["runs"].setdefault(key, ([], []))
+                held_rows.extend(rows)
+                held_seconds.extend(seconds)
+
+    def close(self) -> None:
+        self.events.put(self._CLOSE)
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
 # -- inside a Ray trial -------------------------------------------------------------------------------
 
 Unit = list[tuple[int, Trial]]  # runs executed together: one run, or the seeds of one configuration as one program
@@ -210,23 +265,27 @@ def run_pack(config: dict[str, Any], packs: list[list[Unit]], checkpoints: Polic
     gpu_ids = ",".join(map(str, ray.get_gpu_ids()))
     node = ray.get_runtime_context().get_node_id()
     prepare_worker(config["cpus"])
-    for unit in packs[config["pack"]]:
-        tags = {"node": node, "gpu_ids": gpu_ids, "runs_in_batch": str(len(unit))}
-        for key, _ in unit:
-            tune.report({"event": "start", "key": key, "time": time.time(), "tags": tags})
-        start = time.perf_counter()
-        device = resolve_device(unit[0][1].device, bool(gpu_ids))
-        trials = [trial for _, trial in unit]
-        stream = RowStream(tune.report, [key for key, _ in unit])
-        try:
-            sims = [build_simulation(trials[0], device)] if len(unit) == 1 else build_batch(trials, device)
-            outcomes = drive_batch(sims, stream.add, checkpoints, trials, stream.tick)
-        except Exception:  # failing runs are recorded and the pack goes on
-            wall = (time.perf_counter() - start) / len(unit)
-            outcomes = [Outcome([], "failed", trial.device, wall_seconds=wall, error=traceback.format_exc(),
-                                runs_in_batch=len(unit)) for _, trial in unit]
-        for (key, _), outcome in zip(unit, outcomes):
-            tune.report({"event": "end", "key": key, "outcome": asdict(outcome)})
+    send = Reporter(tune.report)
+    try:
+        for unit in packs[config["pack"]]:
+            tags = {"node": node, "gpu_ids": gpu_ids, "runs_in_batch": str(len(unit))}
+            for key, _ in unit:
+                send({"event": "start", "key": key, "time": time.time(), "tags": tags})
+            start = time.perf_counter()
+            device = resolve_device(unit[0][1].device, bool(gpu_ids))
+            trials = [trial for _, trial in unit]
+            stream = RowStream(send, [key for key, _ in unit])
+            try:
+                sims = [build_simulation(trials[0], device)] if len(unit) == 1 else build_batch(trials, device)
+                outcomes = drive_batch(sims, stream.add, checkpoints, trials, stream.tick)
+            except Exception:  # failing runs are recorded and the pack goes on
+                wall = (time.perf_counter() - start) / len(unit)
+                outcomes = [Outcome([], "failed", trial.device, wall_seconds=wall, error=traceback.format_exc(),
+                                    runs_in_batch=len(unit)) for _, trial in unit]
+            for (key, _), outcome in zip(unit, outcomes):
+                send({"event": "end", "key": key, "outcome": asdict(outcome)})
+    finally:
+        send.close()
 
 
 # -- on the driver ----------------------------------------------------------------------------------

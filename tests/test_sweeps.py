@@ -171,3 +171,43 @@ def test_slots_and_packs():
     assert all(len({t.algorithm for unit in p for _, t in unit}) == 1 for p in packs)
     assert all(len(unit) == 1 for p in packs for unit in p)  # batch_runs = 1: every run alone
     assert [len(p) for p in plan_packs(runs, 5, 2)] == [5, 5, 4]
+
+
+def test_a_trial_reports_from_its_own_thread_in_order_merging_queued_rows():
+    """`Reporter`: the caller never waits for the driver; events reach `report` in the order sent, the rows events
+    queued while the driver was busy arrive as one (every row once, in order), and `close` waits for the last."""
+    import threading
+    import time
+
+    from sweeps.execute import Reporter
+
+    driver_free, reported = threading.Event(), []
+
+    def report(event):  # a driver that takes the first event only when told to
+        driver_free.wait()
+        reported.append(event)
+
+    send = Reporter(report)
+    start = time.perf_counter()
+    send({"event": "start", "key": 0})
+    for r in range(5):
+        send({"event": "rows", "key": None, "runs": {0: ([{"round": r}], [0.1 * r])}})
+    send({"event": "end", "key": 0})
+    assert time.perf_counter() - start < 0.5 and not reported  # nothing waited for the driver
+    driver_free.set()
+    send.close()
+    assert [event["event"] for event in reported] == ["start", "rows", "end"]
+    rows, seconds = reported[1]["runs"][0]
+    assert rows == [{"round": r} for r in range(5)] and seconds == [0.1 * r for r in range(5)]
+
+
+def test_what_reporting_raised_is_raised_by_close():
+    from sweeps.execute import Reporter
+
+    def report(event):
+        raise ConnectionError("the driver went away")
+
+    send = Reporter(report)
+    send({"event": "start", "key": 0})
+    with pytest.raises(ConnectionError, match="went away"):
+        send.close()
