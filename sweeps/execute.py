@@ -197,7 +197,8 @@ class Reporter:
     `tune.report` holds its caller until the driver has taken the event and acted on it (its store writes
     included; a function trainable reports synchronously), tens to hundreds of ms on a busy machine: a trial's
     rounds must not wait for that every STREAM_SECONDS. Rows events queued behind one another while the driver
-    was busy go as one. `close()` waits for every event to be reported and raises what reporting raised."""
+    was busy go as one. What reporting raised is raised by the next event sent (the trial stops, as it did when it
+    reported itself) and by `close()`, which waits for every event to be reported."""
 
     _CLOSE, _NOTHING = object(), object()
 
@@ -209,6 +210,8 @@ class Reporter:
         self.thread.start()
 
     def __call__(self, event: dict[str, Any]) -> None:
+        if self.error is not None:
+            raise self.error
         self.events.put(event)
 
     def _send(self) -> None:

@@ -201,7 +201,7 @@ def test_a_trial_reports_from_its_own_thread_in_order_merging_queued_rows():
     assert rows == [{"round": r} for r in range(5)] and seconds == [0.1 * r for r in range(5)]
 
 
-def test_what_reporting_raised_is_raised_by_close():
+def test_what_reporting_raised_is_raised_by_the_next_event_and_by_close():
     from sweeps.execute import Reporter
 
     def report(event):
@@ -209,5 +209,8 @@ def test_what_reporting_raised_is_raised_by_close():
 
     send = Reporter(report)
     send({"event": "start", "key": 0})
+    send.thread.join(timeout=10)  # the sender stops at the error
+    with pytest.raises(ConnectionError, match="went away"):  # the trial's next event stops it
+        send({"event": "end", "key": 0})
     with pytest.raises(ConnectionError, match="went away"):
         send.close()
