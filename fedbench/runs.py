@@ -414,10 +414,13 @@ class RunBatch:
         rnd = Round(clients, sim.rounds_done, steps, sim.iterations, streams=self._streams(ids))
         local = algorithm.client_init(server, gathered, rnd, hp)
         names, noise, sampled = list(rows), self._noise(ids), clients.shape[1]
-        # each step's rows `[R, S, b]` (or `[R·S, b]`, `_layout`), sliced in one call per minibatch
+        # each step's rows `[R, S, b]` (or `[R·S, b]`, `_layout`), sliced in one call per minibatch. A step's
+        # oracles are freed as the step ends, before the next step gathers its minibatch: the allocator then hands
+        # the next gather the block still in cache (a Lasso step at p = 1024 gathers 800 KB; its gathers took ~10%
+        # longer otherwise)
         for step, step_rows in enumerate(zip(*[v.unbind(0) for v in self._layout(rows).values()])):
-            batches = self._batches(dict(zip(names, step_rows)), runs, sampled, noise)
-            local = algorithm.client_step(local, batches, rnd.at(step), hp)
+            local = algorithm.client_step(local, self._batches(dict(zip(names, step_rows)), runs, sampled, noise),
+                                          rnd.at(step), hp)
         message, updated = algorithm.client_final(local, rnd, hp)
         server = algorithm.server_update(server, message, self._weights(clients), rnd, hp)
         # The scatter comes last, after everything that may raise: a replayed chunk finds its rows as they were.
