@@ -88,9 +88,9 @@ def table_row(row: str, scaling: str = "raw") -> dict[str, Measured]:
     return measured
 
 
-def gap(row: str, better: str, worse: str, scaling: str = "raw") -> float:
+def gap(row: str, better: str, worse: str) -> float:
     """How far `better` is above `worse` beyond both CIs (positive: separated)."""
-    measured = table_row(row, scaling)
+    measured = table_row(row)
     high, low = measured[better], measured[worse]
     return (high.mean - high.ci) - (low.mean + low.ci)
 

@@ -145,19 +145,21 @@ class LeastSquares(Problem):
     # `matmul` of 4-D operands reaches through extra reshapes (+4-7 µs a product, ~10% of a Lasso step at p = 1024).
     def loss(self, w: Tensor, batch: tuple[Tensor, Tensor]) -> Tensor:
         x, y = batch
-        residual = torch.bmm(_points(w, x), _rows_t(x)).view(y.shape) - y
+        residual = torch.bmm(_points(w, x), _rows(x).transpose(1, 2)).view(y.shape) - y
         return 0.5 * residual.square().mean(-1)
 
     def grad(self, w: Tensor, batch: tuple[Tensor, Tensor]) -> Tensor:
         """(1/b) Xᵀ(Xw − y) per client."""
         x, y = batch
-        residual = torch.bmm(_points(w, x), _rows_t(x)) - y.view(-1, 1, y.shape[-1])
-        return _per_client(torch.bmm(residual, _rows(x)), x) / x.shape[-2]
+        rows = _rows(x)
+        residual = torch.bmm(_points(w, x), rows.transpose(1, 2)) - y.view(-1, 1, y.shape[-1])
+        return _per_client(torch.bmm(residual, rows), x) / x.shape[-2]
 
     def hvp(self, w: Tensor, v: Tensor, batch: tuple[Tensor, Tensor]) -> Tensor:
         """(1/b) Xᵀ X v: the Hessian of the ½-MSE does not depend on w."""
         x, _ = batch
-        return _per_client(torch.bmm(torch.bmm(_points(v, x), _rows_t(x)), _rows(x)), x) / x.shape[-2]
+        rows = _rows(x)
+        return _per_client(torch.bmm(torch.bmm(_points(v, x), rows.transpose(1, 2)), rows), x) / x.shape[-2]
 
     # -- the centralized objective -------------------------------------------------------------
     def quadratic(self) -> tuple[Tensor, Tensor, Tensor]:
@@ -226,10 +228,6 @@ def _rows(x: Tensor) -> Tensor:
     return x.view(-1, x.shape[-2], x.shape[-1])
 
 
-def _rows_t(x: Tensor) -> Tensor:
-    return _rows(x).transpose(1, 2)
-
-
 def _points(w: Tensor, x: Tensor) -> Tensor:
     """Each client's point `[C, 1, d]` from `w` `[..., d]`, given per client or shared (`[R, 1, d]`)."""
     if w.shape[:-1] != x.shape[:-2]:
@@ -256,8 +254,8 @@ def ar1_gaussian(e: Tensor, rho: float) -> Tensor:
 
 class LeastSquaresOracle(RunAxisOracle):
     """One local step's minibatch of the sampled clients, rows `[S, b]` or `[R, S, b]` of R runs
-    (`Problem.oracles_take_runs`): the closed forms broadcast a point the clients share over them, so only torch's
-    derivatives (`autograd_hvp`) need it copied to each client."""
+    (`Problem.oracles_take_runs`): the closed forms take a point the clients share as it is (they copy it to each
+    client themselves, `_points`), so only torch's derivatives (`autograd_hvp`) need the oracle to copy it."""
 
     def __init__(self, problem: LeastSquares, rows: Tensor):
         super().__init__(problem, problem.gather(rows))
