@@ -66,7 +66,8 @@ def solve(problem, tol: float = 1e-10, max_iter: int = 200_000, use_disk: bool =
 def minimize(problem, tol: float = 1e-10, max_iter: int = 200_000) -> Solution:
     if hasattr(problem, "flat_objective"):
         return minimize_smooth(problem.flat_objective, problem.flat_gradient, problem.flat_hessian,
-                               problem.dim_w + problem.num_clients * problem.dim_beta, problem.dtype, tol)
+                               problem.dim_w + problem.num_clients * problem.dim_beta, problem.dtype, tol,
+                               device=problem.device)
     hessian, linear, constant = problem.quadratic()
     reg = problem.regularizer
     lipschitz = float(torch.linalg.eigvalsh(hessian)[-1])
@@ -103,12 +104,12 @@ def minimize(problem, tol: float = 1e-10, max_iter: int = 200_000) -> Solution:
 
 
 def minimize_smooth(objective, grad, hessian_of, size: int, dtype, tol: float = 1e-10,
-                    max_iter: int = 100) -> Solution:
+                    max_iter: int = 100, device: torch.device | str = "cpu") -> Solution:
     """Damped Newton (Armijo backtracking) on a smooth strongly convex objective of a flat vector, from 0.
     It stops when ‖∇F‖²/(2 λ_min(∇²F)) ≤ tol·max(1, |F|): the gap F − F* bound of a function that is
     λ_min-strongly convex around the iterate (Newton converges quadratically there, so the bound is far
-    below tol by the time it is checked twice)."""
-    z = torch.zeros(size, dtype=dtype)
+    below tol by the time it is checked twice). It runs on `device`, the problem's data's."""
+    z = torch.zeros(size, dtype=dtype, device=device)
     for iteration in range(1, max_iter + 1):
         value, gradient, hessian = float(objective(z)), grad(z), hessian_of(z)
         hessian = (hessian + hessian.T) / 2

@@ -3,6 +3,7 @@ fedbench_sweeps.cli; in a checkout `python cli.py`, which imports it as sweeps.c
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import math
 import os
@@ -32,6 +33,7 @@ WithOption = typer.Option(None, "--with", metavar="PLUGIN", help="A plugin (my_m
                           "algorithms join the recipe's, with default hyperparameters (--set gives them a grid)")
 DataOption = typer.Option(None, "--data-dir", envvar="FEDBENCH_DATA",
                           help="Root of real datasets (sets FEDBENCH_DATA for this run and its Ray workers)")
+DeviceOption = typer.Option(None, "--device", help="auto, cpu, cuda or cuda:N (default: the recipe's device:)")
 TrackingOption = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI",
                               help="MLflow store (default sqlite:///mlflow.db in this directory)")
 
@@ -105,6 +107,12 @@ def load_recipe(path: Path, sets: Optional[List[str]], algorithm: Optional[str] 
         fail(str(err), err.detail)
 
 
+def on_device(recipe, device: Optional[str]):
+    """The recipe with its runs on `device` (--device): where runs go is not what they are, so the recipe's hash,
+    by which a sweep is found again and resumed, stays the same."""
+    return recipe if device is None else dataclasses.replace(recipe, device=device)
+
+
 def check_builds(recipe, trials=None, **options) -> None:
     """Refuse, before anything runs, what building the recipe's runs (or `trials`) would refuse, and command-line
     options (`--max-concurrent`, ...) that break the rules of the recipe fields they stand for."""
@@ -130,7 +138,7 @@ def run(
     with_plugins: Optional[List[str]] = WithOption,
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write every evaluated row to this JSON file "
                                              "(with several seeds: an object of rows by seed)"),
-    device: Optional[str] = typer.Option(None, "--device", help="auto, cpu or cuda (default: the recipe's)"),
+    device: Optional[str] = DeviceOption,
     tracking_uri: Optional[str] = TrackingOption,
     track: bool = typer.Option(True, "--track/--no-track", help="Log the run(s) to MLflow"),
     resume: bool = typer.Option(False, "--resume", help="Go on from the checkpoint an interrupted run of this "
@@ -265,6 +273,7 @@ def sweep(
     tracking_uri: Optional[str] = TrackingOption,
     max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent",
                                                  help="At most this many Ray trials at once (>= 1)"),
+    device: Optional[str] = DeviceOption,
     data_dir: Optional[Path] = DataOption,
     write_report: bool = typer.Option(True, "--report/--no-report", help="At the end, write the report "
                                       "(reports/<recipe name>/ beside the MLflow store) and log it on the parent run"),
@@ -276,7 +285,8 @@ def sweep(
 
     recipes = [load_recipe(path, sets, with_plugins=with_plugins) for path in recipe_paths]
     for recipe in recipes:
-        check_builds(recipe, **{"--max-concurrent": max_concurrent})
+        check_builds(recipe, **{"--max-concurrent": max_concurrent, "--device": device})
+    recipes = [on_device(recipe, device) for recipe in recipes]
     if len(recipes) == 1:
         ok = sweep_one(recipes[0], recipe_paths[0], sets, address, tracking_uri, max_concurrent, write_report)
     else:
@@ -356,6 +366,7 @@ def tune(
     rerun_best: Optional[int] = typer.Option(None, "--rerun-best",
                                              help="Re-run each best configuration on N >= 0 fresh seeds (default: "
                                              "tune.rerun_best)"),
+    device: Optional[str] = DeviceOption,
     data_dir: Optional[Path] = DataOption,
 ) -> None:
     """Optuna search of the recipe's tune: space, the same budget for every algorithm, on Ray Tune."""
@@ -372,7 +383,8 @@ def tune(
     for name in chosen:
         if name not in recipe.algorithms:
             fail(f"{recipe_path}: --algorithm: found {name!r}, expected one of {', '.join(recipe.algorithms)}")
-    check_builds(recipe, **{"--max-concurrent": max_concurrent, "--rerun-best": rerun_best})
+    check_builds(recipe, **{"--max-concurrent": max_concurrent, "--rerun-best": rerun_best, "--device": device})
+    recipe = on_device(recipe, device)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[detail]}"),
                TimeElapsedColumn())
     with Progress(*columns, console=console) as bar:

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import fedbench
-from fedbench.algorithms.xrisk import fedxl2_surrogate, local_pair_surrogate, pair_means
+from fedbench.algorithms.xrisk import fedxl2_surrogate, local_pair_surrogate, pair_means, scatter_last
 from fedbench.rng import generator
 from fedbench.simulate import Federation, RoundSampler, Simulation
 
@@ -219,3 +219,18 @@ def test_codasca_learns_and_counts_its_communication():
     assert rows[-1]["comm_up"] == 8 * s * (2 * d + 6)  # v = (w, a, b), α, Δc_i = (w, a, b, α)
     assert rows[-1]["comm_down"] == 8 * s * (3 * d + 8)  # v, α, c, v_ref
     assert rows[-1]["test_auc"] > rows[0]["test_auc"] + 0.1
+
+
+def test_a_positive_drawn_twice_keeps_its_last_fresh_u():
+    """Positives are drawn with replacement and a repeated one has a fresh u per draw (its own feature noise): the
+    table keeps the last, as a loop writing the draws in order does. `scatter_last` makes every occurrence write that
+    value, so a CUDA scatter (no defined order among repeats) gives the same table (tests/test_gpu.py)."""
+    gen = torch.Generator().manual_seed(0)
+    u = torch.rand(3, 4, 6, generator=gen)
+    index = torch.randint(6, (3, 4, 5), generator=gen)  # 5 draws of 6 positives: repeats on every client
+    fresh = torch.rand(3, 4, 5, generator=gen)
+    expected = u.clone()
+    for run, client, draw in torch.cartesian_prod(torch.arange(3), torch.arange(4), torch.arange(5)).tolist():
+        expected[run, client, index[run, client, draw]] = fresh[run, client, draw]
+    assert (index.unsqueeze(-1) == index.unsqueeze(-2)).sum() > index.numel()  # the draws do repeat
+    assert torch.equal(scatter_last(u, index, fresh), expected)

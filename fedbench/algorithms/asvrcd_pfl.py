@@ -58,9 +58,10 @@ class ASVRCDPFL(BlockMethod):
     @staticmethod
     def coin(rnd, probability) -> bool:
         """A `probability`-coin on the run's own stream (the draw in float32, as `torch.rand` gives it). The
-        engine draws these one run at a time (`draws_at_round_end`, `draws_in_steps`): `probability` is `[1, 1, 1]`."""
+        engine draws these one run at a time (`draws_at_round_end`, `draws_in_steps`): `probability` is `[1, 1, 1]`,
+        on the problem's device, brought to the host draw's (the branch on it is in Python anyway)."""
         u = rnd.draw(lambda gen: torch.rand((), generator=gen))
-        return bool(u < probability.view(-1).to(u.dtype))
+        return bool(u < probability.view(-1).to(u))
 
     def coins(self, rnd, hp) -> tuple[bool, bool]:
         """(refresh, ζ = w) of this iteration. Counting refreshes, only the round's last iteration has an event,

@@ -23,8 +23,8 @@ import torch
 
 from fedbench.algorithms.base import CLIENT_LR, aggregate, broadcast
 from fedbench.algorithms.xrisk import (BETA, DECAY, DECAY_EVERY, GAMMA, HISTORY_ROUNDS, U_INIT, StaleScores,
-                                       client_tables, fedxl2_surrogate, moving_average_rates, pair_means, step_size,
-                                       updated_u)
+                                       client_tables, fedxl2_surrogate, moving_average_rates, pair_means, scatter_last,
+                                       step_size, updated_u)
 from fedbench.hparams import Param
 
 
@@ -71,7 +71,7 @@ class FeDXL2(StaleScores):
         momentum = hp.one_minus_beta * local["G"] + hp.beta * direction
         lr = step_size(hp.client_lr, hp.decay, hp.decay_every, rnd)
         return {**local, "w": local["w"] - lr * momentum, "G": momentum,
-                "u": local["u"].scatter(-1, oracle.positive_index, fresh["u"]),
+                "u": scatter_last(local["u"], oracle.positive_index, fresh["u"]),
                 **self.record(local, scores, positives, fresh["u"])}
 
     def client_final(self, local, rnd, hp):

@@ -14,7 +14,8 @@ import torch
 
 from fedbench.algorithms.base import CLIENT_LR, Algorithm, aggregate, broadcast
 from fedbench.algorithms.xrisk import (BETA, DECAY, DECAY_EVERY, GAMMA, U_INIT, client_tables, local_pair_surrogate,
-                                       moving_average_rates, pair_means, step_size, updated_u)
+                                       moving_average_rates, pair_means, scatter_last, step_size,
+                                       updated_u)
 from fedbench.hparams import Param
 
 
@@ -57,7 +58,7 @@ class LocalPair(Algorithm):
         momentum = hp.one_minus_beta * local["G"] + hp.beta * direction
         lr = step_size(hp.client_lr, hp.decay, hp.decay_every, rnd)
         return {"w": local["w"] - lr * momentum, "G": momentum,
-                "u": local["u"].scatter(-1, oracle.positive_index, fresh["u"])}
+                "u": scatter_last(local["u"], oracle.positive_index, fresh["u"])}
 
     def client_final(self, local, rnd, hp):
         if hp.average_momentum:

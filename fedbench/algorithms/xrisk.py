@@ -50,6 +50,17 @@ def updated_u(u_table: Tensor, index: Tensor, inner: Tensor, hp: HParams) -> Ten
     return hp.one_minus_gamma * u_table.gather(-1, index) + hp.gamma * inner.detach()
 
 
+def scatter_last(u_table: Tensor, index: Tensor, fresh: Tensor) -> Tensor:
+    """`u_table` with the sampled positives' fresh u (spec 001 eq. (11)) written at `index` along the last axis. The
+    positives are drawn with replacement and each draw has its own feature noise, so a positive drawn twice has two
+    fresh values: the last one is kept, on every device. A CPU scatter writes in order (the last wins) but a CUDA
+    one in no defined order, so each occurrence first takes the value of its index's last occurrence."""
+    same = index.unsqueeze(-1) == index.unsqueeze(-2)  # [..., b₁, b₁]
+    positions = torch.arange(index.shape[-1], device=index.device)
+    last = torch.where(same, positions, -1).amax(-1)
+    return u_table.scatter(-1, index, fresh.gather(-1, last))
+
+
 def moving_average_rates(hp: HParams) -> dict[str, float]:
     """1 − β and 1 − γ of the momentum and u averages, derived once per run (`Algorithm.derive`)."""
     return {"one_minus_beta": 1 - hp.beta, "one_minus_gamma": 1 - hp.gamma}
