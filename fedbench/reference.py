@@ -46,8 +46,9 @@ def cache_dir() -> Path:
 
 def solve(problem, tol: float = 1e-10, max_iter: int = 200_000, use_disk: bool = True) -> Solution:
     key = f"v{SOLVER_VERSION}-{problem.instance_key()}-{tol:g}"
-    if key in _MEMORY:
-        return _MEMORY[key]
+    held = f"{key}@{problem.device}"  # in memory, one per device (on disk, one loaded onto the problem's)
+    if held in _MEMORY:
+        return _MEMORY[held]
     path = cache_dir() / f"{key}.pt"
     if use_disk and path.exists():
         stored = torch.load(path, map_location=problem.device)
@@ -59,7 +60,7 @@ def solve(problem, tol: float = 1e-10, max_iter: int = 200_000, use_disk: bool =
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             torch.save(vars(solution), tmp)
             tmp.replace(path)  # atomic: parallel trials never read a half-written file
-    _MEMORY[key] = solution
+    _MEMORY[held] = solution
     return solution
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import fedbench
+from fedbench.reference import minimize
 from fedbench.runs import run_seeds
 from test_runs import CASES, FLOAT32, SEEDS, assert_same, curves_alone
 
@@ -35,3 +37,17 @@ def test_a_batch_of_seeds_on_the_gpu_gives_each_run_its_curve_alone(name):
     problem, algorithm = make(device="cuda"), name.partition(":")[0]
     assert_same(curves_alone(problem, algorithm, federation, hp, SEEDS),
                 run_seeds(problem, algorithm, federation, SEEDS, eval_every=3, **hp), tolerance)
+
+
+SOLVED = [("pfl_synthetic", {"preset": "s1", "sigma_h": 1.0}),  # damped Newton
+          ("lasso", {"clients": 8, "samples_per_client": 20, "dim": 30, "support": 10, "lam": 0.05})]  # FISTA
+
+
+@pytest.mark.parametrize("problem, config", SOLVED)
+def test_the_reference_optimum_is_found_on_the_gpu_as_on_the_cpu(problem, config):
+    """The objective gap's F*: the solver runs on the problem's device (its data there), to the same optimum."""
+    cpu = minimize(fedbench.make_problem(problem, seed=0, **config))
+    gpu = minimize(fedbench.make_problem(problem, seed=0, device="cuda", **config))
+    assert gpu.w.device.type == "cuda"
+    assert gpu.objective == pytest.approx(cpu.objective, rel=1e-10)
+    assert (gpu.w.cpu() - cpu.w).abs().max() < 1e-6

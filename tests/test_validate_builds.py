@@ -188,6 +188,7 @@ def small(tmp_path) -> Path:
     (["run", "--no-track", "--seed", "3", "--seed", "-2"], "--seed", "found -2, expected an integer >= 0"),
     (["run", "--no-track", "--device", "tpu"], "--device", "found 'tpu', expected auto, cpu or cuda[:N]"),
     (["sweep", "--max-concurrent", "0"], "--max-concurrent", "found 0, expected"),
+    (["sweep", "--device", "gpu"], "--device", "found 'gpu', expected auto, cpu or cuda[:N]"),
 ])
 def test_options_obey_the_rules_of_their_recipe_fields(small, args, option, fragment):
     result = invoke(args[0], small, *args[1:])

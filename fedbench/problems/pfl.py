@@ -265,11 +265,11 @@ class BlockProblem(Problem):
         depends on (w, β_m) only, so a direction e_i in every β_m at once gives each device's diagonal block
         H_{β_m β_m} e_i at its own rows, and the w-directions give H_ww and H_{β_m w} (H_{w β_m} by symmetry)."""
         d_w, devices, d_beta = self.dim_w, self.num_clients, self.dim_beta
-        directions = torch.zeros(d_w + d_beta, len(z), dtype=z.dtype)
-        directions[:d_w, :d_w] = torch.eye(d_w, dtype=z.dtype)
-        directions[d_w:, d_w:] = torch.eye(d_beta, dtype=z.dtype).repeat(1, devices)
+        directions = torch.zeros(d_w + d_beta, len(z), dtype=z.dtype, device=z.device)
+        directions[:d_w, :d_w] = torch.eye(d_w, dtype=z.dtype, device=z.device)
+        directions[d_w:, d_w:] = torch.eye(d_beta, dtype=z.dtype, device=z.device).repeat(1, devices)
         columns = torch.vmap(lambda v: torch.func.jvp(self.flat_gradient, (z,), (v,))[1])(directions)
-        hessian = torch.zeros(len(z), len(z), dtype=z.dtype)
+        hessian = torch.zeros(len(z), len(z), dtype=z.dtype, device=z.device)
         hessian[:, :d_w] = columns[:d_w].T
         hessian[:d_w, d_w:] = columns[:d_w, d_w:]
         beta_blocks = columns[d_w:, d_w:].view(d_beta, devices, d_beta).permute(1, 2, 0)  # [M, row, column]
