@@ -446,7 +446,7 @@ def open_cluster(recipe: Recipe, address: str | None, max_concurrent: int | None
     resources = recipe.resources
     if recipe.device.startswith("cuda") and not resources.gpus_per_trial:
         raise ClusterError(f"{recipe.source}: resources.gpus_per_trial: found 0 with device {recipe.device}; "
-                           "expected a GPU share > 0")
+                           "expected a GPU share > 0 (e.g. --set resources.gpus_per_trial=0.25: four trials a GPU)")
     started = connect(address, recipes or [recipe])
     for name in ("ray", "ray.tune", "mlflow"):  # the progress display says what matters
         logging.getLogger(name).setLevel(logging.INFO if verbose() else logging.ERROR)

@@ -198,11 +198,12 @@ def test_options_obey_the_rules_of_their_recipe_fields(small, args, option, frag
     assert f"{small}: {option}: " in message and fragment in message, message
 
 
-def test_tune_rerun_best_obeys_the_rule_of_tune_rerun_best(small):
+@pytest.mark.parametrize("option, value", [("--rerun-best", "-1"), ("--device", "gpu")])
+def test_tune_options_obey_the_rules_of_their_recipe_fields(small, option, value):
     small.write_text(small.read_text() + "tune: {space: {client_lr: {log_uniform: [1.0e-3, 1.0]}}, metric: objective}\n")
-    result = invoke("tune", small, "--rerun-best", "-1")
+    result = invoke("tune", small, option, value)
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
-    assert f"{small}: --rerun-best: found -1" in result.output, result.output
+    assert f"{small}: {option}: found {value if value.startswith('-') else repr(value)}" in result.output, result.output
 
 
 # -- property: what validates, builds ---------------------------------------------------------------------------
