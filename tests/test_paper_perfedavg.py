@@ -21,14 +21,18 @@ methods tie within ±1.5 points (HF below FedAvg on 4 seeds of 5): O1 and O2 do 
 both Per-FedAvg variants beat FedAvg on every seed at both tau, but HF and FO tie (O2 does not hold).
 Cost: M1 about 50 and M2 about 25 minutes on 2 cores for both scalings' 30 runs each (in-trial seconds, 2 trials).
 
-CIFAR-10, C1 (tau = 10, alpha = 0.001), 3 seeds from the sweep of 2026-11-26 (paper in brackets):
-  66.44 ± 0.86 [40.49] / 64.86 ± 1.34 [46.98] / 65.48 ± 0.26 [50.44]; before adaptation 26.6 / 17.1 / 12.8.
-Every method is 16-26 points above the paper and above each user predicting its own most frequent test label
-(50.0 % on every seed); the methods tie (HF below FedAvg on all three seeds, by 0.4-1.9 points), so O1, O2 and O4
-do not hold at C1; O8 holds by 40-53 points: the under-trained models' logits are nearly tied, and one step on 35
-of the very test images they are scored on (the paper's literal protocol) moves them to each user's labels.
-C2-C4 are still running (about 37 minutes per row for 3 seeds on 2 cores); until their rows exist, their tests
-assert the paper's claims (spec §5.3) as expectations.
+CIFAR-10, 3 seeds (the tests run those 3; C1 from the sweep of 2026-11-26, C2-C4 of 2026-11-27; paper in brackets):
+  C1 (tau = 10, alpha = 0.001): 66.44 ± 0.86 [40.49] / 64.86 ± 1.34 [46.98] / 65.48 ± 0.26 [50.44]
+  C2 (tau = 4,  alpha = 0.001): 32.66 ± 1.40 [38.38] / 36.03 ± 2.17 [34.04] / 41.98 ± 4.81 [43.73]
+  C3 (tau = 4,  alpha = 0.01):  61.43 ± 2.12 [35.97] / 59.40 ± 0.79 [25.32] / 59.79 ± 0.80 [46.32]
+  C4 (C3, diff. hetero.):       67.07 ± 2.26 [58.59] / 67.08 ± 0.27 [37.71] / 67.29 ± 0.89 [71.25]
+C2 reproduces the paper (FO and HF within 2 points, FedAvg 6 under; O1, O2, O8 hold; FO above FedAvg, where the
+paper has it below). C1, C3 and C4 are another regime: raw CIFAR-10 images are nearly collinear (mean cosine
+0.82), so one adaptation step moves every image's activations alike, towards the user's own labels; every method
+lands at or above what each user scores by predicting its most frequent test label (50 % C1-C3, 60 % C4) and the
+three tie (O1, O2, O5, O7 do not hold there; O6 and O8 do). At alpha = 0.01 one step from the untrained initial
+model already reaches that baseline. Adapting on training samples instead (C1, FedAvg, seed 0: 63.9 %) shows the
+test-sample leak of the literal protocol is not the cause.
 Checks: O1 (HF above FedAvg + update), O2 (HF >= FO), O8 (adaptation helps Per-FedAvg), O6 (tau = 10 beats
 tau = 4 for every method), O5 (raising alpha hurts FO and not HF), O7 (diff. hetero. widens HF's lead).
 """
@@ -47,6 +51,7 @@ from sweeps.recipe import load
 pytestmark = pytest.mark.slow
 PAPERS = Path(__file__).resolve().parents[1] / "recipes" / "papers"
 METHODS = ("fedavg", "fo", "hf")
+CIFAR_SEEDS = 3
 PAPER = {  # Table 1, % (mean; the CIs are 0.02–0.23)
     "m1": (75.96, 78.00, 79.85), "m2": (60.18, 64.55, 70.94), "c1": (40.49, 46.98, 50.44),
     "c2": (38.38, 34.04, 43.73), "c3": (35.97, 25.32, 46.32), "c4": (58.59, 37.71, 71.25)}
@@ -73,7 +78,8 @@ class Measured:
 @lru_cache(maxsize=None)
 def table_row(row: str, scaling: str = "raw") -> dict[str, Measured]:
     """The row's methods at one input scaling (the digits rows run both: `input_scaling`)."""
-    recipe = load(PAPERS / f"fallah2020_{row}.yaml")
+    # The CIFAR-10 rows run the 3 seeds measured (the recipes' 5 take about twice as long: ~1 h for C1 alone)
+    recipe = load(PAPERS / f"fallah2020_{row}.yaml", [f"seeds={CIFAR_SEEDS}"] if row.startswith("c") else None)
     found: dict[str, tuple[list, list, list]] = {method: ([], [], []) for method in METHODS}
     for trial in recipe.trials():
         if trial.problem_config["input_scaling"] != scaling:
@@ -161,32 +167,47 @@ def test_c1_the_methods_tie_above_the_paper_and_adaptation_lifts_them_from_near_
     assert abs(paired("c1", "hf", "fedavg").mean()) < 3 and abs(paired("c1", "hf", "fo").mean()) < 3
 
 
-# C2-C4 are not measured yet: the paper's expectations (spec §5.3)
-@pytest.mark.parametrize("row", ("c2", "c3", "c4"))
-def test_cifar_hf_beats_fedavg_and_fo_and_adaptation_helps(row):
-    """O1, O2, O8 in the other CIFAR-10 rows (paper: all hold)."""
-    measured = table_row(row)
-    assert gap(row, "hf", "fedavg") > 0, "O1"
-    assert measured["hf"].mean >= measured["fo"].mean, "O2"
+def test_c2_hf_beats_fo_beats_fedavg_on_every_seed_near_the_paper():
+    """C2 (tau = 4, alpha = 0.001) is the row in the paper's regime and reproduces it: measured FedAvg / FO / HF
+    32.66 ± 1.40 / 36.03 ± 2.17 / 41.98 ± 4.81 against the paper's 38.38 / 34.04 / 43.73. O1 beyond both CIs
+    (HF - FedAvg +6.8, +8.5, +12.7 points by seed), O2 on every seed (HF - FO +4.6, +4.5, +8.8), O8 (+7.1 FO, +12.7
+    HF). Where it differs from the paper: FO beats FedAvg + update on every seed (+2.2, +4.0, +3.9; the paper has
+    it 4.3 points below, spec §4.2 claim 6)."""
+    measured = table_row("c2")
+    assert gap("c2", "hf", "fedavg") > 0, "O1"
+    assert (paired("c2", "hf", "fo") > 0).all(), "O2"
+    assert (paired("c2", "fo", "fedavg") > 0).all(), "FO above FedAvg (the paper: below)"
     for method in ("fo", "hf"):
-        assert measured[method].mean > measured[method].before.mean(), ("O8", method)
+        assert measured[method].mean > measured[method].before.mean() + 3, ("O8", method)
+        assert abs(measured[method].mean - PAPER["c2"][METHODS.index(method)]) < 5, method
+
+
+@pytest.mark.parametrize("row", ("c3", "c4"))
+def test_at_the_larger_alpha_one_step_teaches_each_user_its_labels_and_the_methods_tie(row):
+    """C3 and C4 (alpha = 0.01): one adaptation step on raw CIFAR-10 pixels (two images' mean cosine 0.82) shifts
+    every image's activations alike, towards the user's own labels: from the untrained initial model it already
+    scores each row's majority-label baseline (50 % C3, 60 % C4), and after training the three methods tie at or
+    above it (measured C3 61.43 / 59.40 / 59.79, C4 67.07 / 67.08 / 67.29; the paper 35.97 / 25.32 / 46.32 and
+    58.59 / 37.71 / 71.25). O1 does not hold (HF - FedAvg -1.64 and +0.21 points on average), nor "FO stays poor"
+    (O5, O7). O8 holds by far (FO 12.0 and 10.0 % before its step)."""
+    measured = table_row(row)
+    baseline = {"c3": 50.0, "c4": 60.0}[row]
+    for method in METHODS:
+        assert measured[method].mean > baseline + 5, method
+        assert measured[method].mean > measured[method].before.mean() + 30, ("O8", method)
+    assert abs(paired(row, "hf", "fedavg").mean()) < 3 and abs(paired(row, "hf", "fo").mean()) < 3
 
 
 def test_cifar_fewer_local_steps_lower_every_method():
-    """O6 on CIFAR-10: tau = 10 (C1) beats tau = 4 (C2)."""
+    """O6 on CIFAR-10 holds: tau = 10 (C1) above tau = 4 (C2) for every method, by 23-34 points, but for C1's
+    regime's reason (its adaptation step shifts each user's label prior) rather than more training."""
     for method in METHODS:
-        assert table_row("c1")[method].mean > table_row("c2")[method].mean, method
+        assert table_row("c1")[method].mean > table_row("c2")[method].mean + 15, method
 
 
-def test_larger_alpha_hurts_fo_not_hf():
-    """O5 on CIFAR-10, tau = 4: alpha 0.001 (C2) -> 0.01 (C3)."""
+def test_a_larger_alpha_lifts_fo_where_the_paper_has_it_fall():
+    """O5 does not hold: from alpha = 0.001 (C2) to 0.01 (C3) FO goes from 36.0 to 59.4 % (the paper: 34.04 ->
+    25.32), and so do FedAvg + update (32.7 -> 61.4) and HF (42.0 -> 59.8); HF does not degrade, as O5 says."""
     small, large = table_row("c2"), table_row("c3")
-    assert large["fo"].mean < small["fo"].mean
-    assert large["hf"].mean >= small["hf"].mean - small["hf"].ci - large["hf"].ci
-
-
-def test_more_heterogeneity_widens_hf_lead():
-    """O7: diff. hetero. (C4) against the base partition (C3)."""
-    base, diff = table_row("c3"), table_row("c4")
-    assert diff["hf"].mean - diff["fedavg"].mean > base["hf"].mean - base["fedavg"].mean
-    assert diff["fo"].mean < diff["hf"].mean
+    for method in METHODS:
+        assert large[method].mean > small[method].mean + 15, method
