@@ -33,8 +33,9 @@ lands at or above what each user scores by predicting its most frequent test lab
 three tie (O1, O2, O5, O7 do not hold there; O6 and O8 do). At alpha = 0.01 one step from the untrained initial
 model already reaches that baseline. Adapting on training samples instead (C1, FedAvg, seed 0: 63.9 %) shows the
 test-sample leak of the literal protocol is not the cause.
-Checks: O1 (HF above FedAvg + update), O2 (HF >= FO), O8 (adaptation helps Per-FedAvg), O6 (tau = 10 beats
-tau = 4 for every method), O5 (raising alpha hurts FO and not HF), O7 (diff. hetero. widens HF's lead).
+The checks of spec §5.3 named here: O1 (HF above FedAvg + update), O2 (HF >= FO), O8 (adaptation helps
+Per-FedAvg), O6 (tau = 10 beats tau = 4 for every method), O5 (raising alpha hurts FO and not HF), O7 (diff.
+hetero. widens HF's lead); each test says which hold and which do not.
 """
 from __future__ import annotations
 
@@ -55,6 +56,9 @@ CIFAR_SEEDS = 3
 PAPER = {  # Table 1, % (mean; the CIs are 0.02–0.23)
     "m1": (75.96, 78.00, 79.85), "m2": (60.18, 64.55, 70.94), "c1": (40.49, 46.98, 50.44),
     "c2": (38.38, 34.04, 43.73), "c3": (35.97, 25.32, 46.32), "c4": (58.59, 37.71, 71.25)}
+# Each user predicting its own most frequent test label, averaged over users (%): a type A user's five labels are
+# equally frequent (20 %), a type B user's majority label is 80 % of its test images (C4's diff. hetero.: 100 %)
+MAJORITY_LABEL = {"c1": 50.0, "c2": 50.0, "c3": 50.0, "c4": 60.0}
 
 
 class Measured:
@@ -169,7 +173,7 @@ def test_c1_the_methods_tie_above_the_paper_and_adaptation_lifts_them_from_near_
     measured = table_row("c1")
     for method in METHODS:
         assert measured[method].mean > measured[method].before.mean() + 30, ("O8", method)
-        assert measured[method].mean > 55, method
+        assert measured[method].mean > MAJORITY_LABEL["c1"] + 5, method
     assert abs(paired("c1", "hf", "fedavg").mean()) < 3 and abs(paired("c1", "hf", "fo").mean()) < 3
 
 
@@ -197,9 +201,8 @@ def test_at_the_larger_alpha_one_step_teaches_each_user_its_labels_and_the_metho
     58.59 / 37.71 / 71.25). O1 does not hold (HF - FedAvg -1.64 and +0.21 points on average), nor "FO stays poor"
     (O5, O7). O8 holds by far (FO 12.0 and 10.0 % before its step)."""
     measured = table_row(row)
-    baseline = {"c3": 50.0, "c4": 60.0}[row]
     for method in METHODS:
-        assert measured[method].mean > baseline + 5, method
+        assert measured[method].mean > MAJORITY_LABEL[row] + 5, method
         assert measured[method].mean > measured[method].before.mean() + 30, ("O8", method)
     assert abs(paired(row, "hf", "fedavg").mean()) < 3 and abs(paired(row, "hf", "fo").mean()) < 3
 
