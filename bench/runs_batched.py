@@ -6,8 +6,9 @@ the R runs as one program (`run_batch`), measured in the same process, with eval
              iteration-wise batch (`IterationBatch`); 100 communication rounds, metrics every 10;
   fedmid     FedMiD on spec 002's Lasso (p = 1024, 64 clients, S = 10, E = 10, b = 10), the data fixed
              (`data_seed: 0`) so that the seeds share them; 60 rounds, metrics every 10. Its steps gather 800 KB
-             a run, beyond `fedbench.runs.MEMORY_BOUND_RUN_BYTES`: memory-bound, so `run_batch` runs them one
-             after another (a round-synchronous batch measured 0.91-1.05x here, whatever its chunking);
+             a run, beyond `fedbench.runs.MEMORY_BOUND_RUN_BYTES`: memory-bound on the CPU, so there `run_batch`
+             runs them one after another (a round-synchronous batch measured 0.91-1.05x here, whatever its
+             chunking); on a GPU they form one program (2.5-3.4x on an H200);
   fedxl2     FeDXL2 on FeDXL's synthetic pAUC with recipes/papers/guo2023_pauc_synthetic.yaml's federation and
              step size (16 clients all sampled, K = 32, b = 32, float32; metrics every 6 rounds, the paper code's
              ~200 iterations), the data fixed (`data_seed: 0`); each run's feature noise and passive-score draws on

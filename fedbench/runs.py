@@ -46,10 +46,11 @@ from fedbench.simulate import Simulation, evaluate_rows, step_oracles
 
 
 GATHER_BUDGET = 4 * 2**20  # bytes of minibatch rows one batched local step gathers (see RunBatch.chunk)
-# Bytes of minibatch rows a run gathers per local step beyond which its runs go one after another (`plan`): the
-# step is then bound by memory traffic, which a batch does not reduce, and the batch's bookkeeping costs ~5%.
-# Measured here (FedMiD, Lasso with S·b = 100 rows, R = 16): 50 KB a run 1.7x, 200 KB 1.15x, 800 KB (spec 002's
-# p = 1024) 0.91-1.05x whatever the chunk size.
+# Bytes of minibatch rows a run gathers per local step beyond which its runs go one after another on the CPU
+# (`plan`): the step is then bound by memory traffic, which a batch does not reduce, and the batch's bookkeeping
+# costs ~5%. Measured on 2 CPU cores (FedMiD, Lasso with S·b = 100 rows, R = 16): 50 KB a run 1.7x, 200 KB 1.15x,
+# 800 KB (spec 002's p = 1024) 0.91-1.05x whatever the chunk size. A GPU step of that size is bound by kernel
+# launches, which a batch shares: there the runs always form one program.
 MEMORY_BOUND_RUN_BYTES = 512 * 2**10
 STREAM_BYTES = 2**20  # rows of the iterations an iteration-wise batch draws ahead for all its runs at a time
 HP_RANK = 3  # float hyperparameters are [R, 1, 1]: they broadcast against [R, 1, d] and [R, S, d]
@@ -718,8 +719,9 @@ class IterationBatch(RunBatch):
 
 def one_program(sims: list[Simulation]) -> bool:
     """Whether these (batchable) simulations run as one program rather than one after another: more than one,
-    and not memory-bound (`MEMORY_BOUND_RUN_BYTES`)."""
-    return len(sims) > 1 and step_bytes(sims[0]) <= MEMORY_BOUND_RUN_BYTES
+    and on a GPU or not memory-bound (`MEMORY_BOUND_RUN_BYTES`)."""
+    first = sims[0]
+    return len(sims) > 1 and (first.problem.device.type != "cpu" or step_bytes(first) <= MEMORY_BOUND_RUN_BYTES)
 
 
 def program(sims: list[Simulation]) -> RunBatch:

@@ -12,7 +12,10 @@ import torch
 import fedbench
 from fedbench.reference import minimize
 from fedbench.runs import run_seeds
-from test_runs import CASES, FLOAT32, SEEDS, assert_same, curves_alone
+from fedbench.simulate import Federation, Simulation
+from small_problems import small_lasso
+from sweeps.execute import drive_batch
+from test_runs import CASES, FLOAT32, SEEDS, assert_same, curves_alone, rows_by_run
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
@@ -37,6 +40,21 @@ def test_a_batch_of_seeds_on_the_gpu_gives_each_run_its_curve_alone(name):
     problem, algorithm = make(device="cuda"), name.partition(":")[0]
     assert_same(curves_alone(problem, algorithm, federation, hp, SEEDS),
                 run_seeds(problem, algorithm, federation, SEEDS, eval_every=3, **hp), tolerance)
+
+
+def test_memory_bound_runs_on_the_gpu_still_form_one_program(monkeypatch):
+    """MEMORY_BOUND_RUN_BYTES is a CPU rule (a step bound by memory traffic gains nothing from a batch); a GPU step
+    that size is bound by kernel launches, which the batch shares (FedMiD on spec 002's Lasso, R = 16: see
+    docs/how-to/gpu.md). So the runs form one program, each with its curve alone."""
+    problem, federation = small_lasso(device="cuda"), Federation(6, 3, 2, 5)
+    monkeypatch.setattr(fedbench.runs, "MEMORY_BOUND_RUN_BYTES", 0)  # every step "memory-bound"
+
+    def sims():
+        return [Simulation(problem, fedbench.make_algorithm("fedmid", problem), federation, seed, 2) for seed in SEEDS]
+
+    assert [outcome.runs_in_batch for outcome in drive_batch(sims())] == [len(SEEDS)] * len(SEEDS)
+    assert_same(curves_alone(problem, "fedmid", federation, {}, SEEDS, eval_every=2),
+                rows_by_run(fedbench.runs.run_batch(sims()), len(SEEDS)), CASES["fedmid"][3])
 
 
 SOLVED = [("pfl_synthetic", {"preset": "s1", "sigma_h": 1.0}),  # damped Newton
