@@ -368,6 +368,8 @@ class RunBatch:
             rows.append(r)
         if len(set(lengths)) > 1:
             raise NotBatchable("runs of one round-wise program drew rounds of different lengths")
+        if len(clients) == 1:  # a run alone: its draws as views, without a copy
+            return clients[0].unsqueeze(0), {k: v.unsqueeze(1) for k, v in rows[0].items()}, lengths[0]
         rows = {k: torch.stack([r[k] for r in rows], 1) for k in rows[0]}  # [steps, R, S, b]
         return torch.stack(clients), rows, lengths[0]
 
@@ -408,8 +410,8 @@ class RunBatch:
         live = None if whole else torch.tensor(ids, device=self.device)
         server = start[0] if whole else {k: v.index_select(0, live) for k, v in start[0].items()}
         state = start[1] if whole else {k: v.index_select(0, live) for k, v in start[1].items()}
-        run_index = torch.arange(runs, device=self.device)[:, None]
-        gathered = state if self.everyone else {k: v[run_index, clients] for k, v in state.items()}
+        run_index = torch.arange(runs, device=self.device)[:, None] if state and not self.everyone else None
+        gathered = state if run_index is None else {k: v[run_index, clients] for k, v in state.items()}
         hp = self._hp_of(ids, live)
         sim = self.sims[ids[0]]
         rnd = Round(clients, sim.rounds_done, steps, sim.iterations, streams=self._streams(ids))
