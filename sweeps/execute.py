@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -191,6 +191,12 @@ class RowStream:
             self.send({"event": "rows", "key": None, "runs": self.held})
             self.held, self.count, self.sent_at = {}, 0, time.monotonic()
 
+    def take(self, i: int) -> tuple[list, list]:
+        """Run i's rows not sent yet and their seconds, no longer held: what its end event carries."""
+        rows, by_row = self.held.pop(self.keys[i], ([], []))
+        self.count -= len(rows)
+        return rows, by_row
+
 
 class Reporter:
     """A Ray trial's events handed to the driver (`report`, `tune.report`) by a thread of their own, in order.
@@ -285,8 +291,11 @@ def run_pack(config: dict[str, Any], packs: list[list[Unit]], checkpoints: Polic
                 wall = (time.perf_counter() - start) / len(unit)
                 outcomes = [Outcome([], "failed", trial.device, wall_seconds=wall, error=traceback.format_exc(),
                                     runs_in_batch=len(unit)) for _, trial in unit]
-            for (key, _), outcome in zip(unit, outcomes):
-                send({"event": "end", "key": key, "outcome": asdict(outcome)})
+            for j, ((key, _), outcome) in enumerate(zip(unit, outcomes)):
+                # the rows streamed already are not sent twice (the curve of a run evaluated every round is most
+                # of what a trial sends)
+                rows, seconds = stream.take(j)
+                send({"event": "end", "key": key, "outcome": asdict(replace(outcome, rows=rows, seconds=seconds))})
     finally:
         send.close()
 

@@ -379,15 +379,17 @@ class Store:
                 for run_id, (rows, _, after) in runs.items()}
 
     def finish_trial(self, run_id: str, outcome: dict[str, Any], after: int = -1) -> None:
-        """The curve beyond round `after` (the rows streamed while the run went, `log_rows`, are stored already),
-        the summary and the final status, the metrics in one write."""
+        """The curve beyond round `after` (the rows streamed while the run went, `log_rows`, are stored already; a
+        Ray trial's outcome carries only the rows it had not streamed), the summary and the final status, the
+        metrics in one write."""
         stamp = now_ms()
         rows = outcome["rows"]
         seconds = outcome.get("seconds") or []  # train_seconds by each row: a history whose last point is the total
-        last_round = int(rows[-1]["round"]) if rows else 0
+        last_round = max(after, int(rows[-1]["round"]) if rows else 0)
         metrics = curve(rows, seconds, after, stamp)
+        has_history = bool(seconds) or after >= 0  # train_seconds by row, in this outcome or streamed
         metrics += [Metric(key, float(outcome[key]), stamp, last_round)
-                    for key in SUMMARY_METRICS if not (key == "train_seconds" and seconds)]
+                    for key in SUMMARY_METRICS if not (key == "train_seconds" and has_history)]
         tags = [RunTag("status", outcome["status"]), RunTag("device", outcome["device"]),
                 RunTag("runs_in_batch", str(outcome.get("runs_in_batch", 1)))]  # as run: memory-bound ones alone
         if outcome.get("error"):

@@ -128,3 +128,43 @@ def test_a_half_migrated_store_is_refused_in_one_line(tracking_uri, damage, foun
     message = str(refused.value)
     assert message == f"{path}: MLflow store half-migrated ({found}); move it aside (or restore a backup) and run again"
     assert "\n" not in message and len(message.replace(str(path), "mlflow.db")) < 160
+
+
+def test_a_streamed_run_ends_with_the_rows_it_had_not_sent_each_round_once(tracking_uri, monkeypatch):
+    """A Ray trial streams a run's rows (`RowStream`) and its end event carries only those still held: the store
+    then has every round's metrics and train_seconds once, and the summary's wall_seconds at the last round."""
+    import time
+    from dataclasses import asdict, replace
+
+    from mlflow.tracking import MlflowClient
+    import sweeps.execute
+    from sweeps.execute import Outcome, RowStream
+    from sweeps.recipe import load
+    from sweeps.tracking import Store
+
+    recipe_path = Path(tracking_uri.removeprefix("sqlite:///")).with_name("race.yaml")
+    recipe_path.write_text(RECIPE)
+    recipe = load(recipe_path)
+    store = Store(tracking_uri)
+    run_id = store.start_trial(store.experiment(recipe.name), recipe.trials()[0], None, time.time(), {}, role="run")
+    rows = [{"round": r, "objective": 1.0 / (1 + r)} for r in range(0, 13, 4)]
+    seconds = [0.1 * (r + 1) for r in range(len(rows))]
+    sent = []
+    stream = RowStream(sent.append, ["key"])
+    monkeypatch.setattr(sweeps.execute, "STREAM_ROWS", 3)  # the third row sends the first three
+    for row, by_then in zip(rows[:3], seconds[:3]):
+        stream.add(0, row, by_then)
+    assert len(sent) == 1
+    stored = store.log_rows({run_id: (*sent[-1]["runs"]["key"], -1)})[run_id]
+    stream.add(0, rows[3], seconds[3])
+    held_rows, held_seconds = stream.take(0)
+    assert (held_rows, held_seconds, stream.count) == ([rows[3]], [seconds[3]], 0)
+    outcome = replace(Outcome(rows, "finished", "cpu", seconds=seconds, wall_seconds=2.5), rows=held_rows,
+                      seconds=held_seconds)
+    store.finish_trial(run_id, asdict(outcome), stored)
+    client = MlflowClient(tracking_uri)
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "objective")] == [
+        (row["round"], row["objective"]) for row in rows]
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train_seconds")] == [
+        (row["round"], by_then) for row, by_then in zip(rows, seconds)]
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "wall_seconds")] == [(12, 2.5)]
