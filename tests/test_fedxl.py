@@ -223,8 +223,9 @@ def test_codasca_learns_and_counts_its_communication():
 
 def test_a_positive_drawn_twice_keeps_its_last_fresh_u():
     """Positives are drawn with replacement and a repeated one has a fresh u per draw (its own feature noise): the
-    table keeps the last, as a loop writing the draws in order does. `scatter_last` makes every occurrence write that
-    value, so a CUDA scatter (no defined order among repeats) gives the same table (tests/test_gpu.py)."""
+    table keeps the last, as a loop writing the draws in order does: a CPU scatter writes in order; on CUDA (no
+    defined order among repeats) `scatter_last` makes every occurrence write that value first, and the curves agree
+    between the devices (tests/test_gpu.py)."""
     gen = torch.Generator().manual_seed(0)
     u = torch.rand(3, 4, 6, generator=gen)
     index = torch.randint(6, (3, 4, 5), generator=gen)  # 5 draws of 6 positives: repeats on every client
