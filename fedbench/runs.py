@@ -368,8 +368,6 @@ class RunBatch:
             rows.append(r)
         if len(set(lengths)) > 1:
             raise NotBatchable("runs of one round-wise program drew rounds of different lengths")
-        if len(clients) == 1:  # a run alone: its draws as views, without a copy
-            return clients[0].unsqueeze(0), {k: v.unsqueeze(1) for k, v in rows[0].items()}, lengths[0]
         rows = {k: torch.stack([r[k] for r in rows], 1) for k in rows[0]}  # [steps, R, S, b]
         return torch.stack(clients), rows, lengths[0]
 

@@ -11,7 +11,7 @@ import torch
 
 import fedbench
 from fedbench.reference import minimize
-from fedbench.runs import run_seeds
+from fedbench.runs import run_batch, run_seeds
 from fedbench.simulate import Federation, Simulation
 from small_problems import small_lasso
 from sweeps.execute import drive_batch
@@ -54,7 +54,7 @@ def test_memory_bound_runs_on_the_gpu_still_form_one_program(monkeypatch):
 
     assert [outcome.runs_in_batch for outcome in drive_batch(sims())] == [len(SEEDS)] * len(SEEDS)
     assert_same(curves_alone(problem, "fedmid", federation, {}, SEEDS, eval_every=2),
-                rows_by_run(fedbench.runs.run_batch(sims()), len(SEEDS)), CASES["fedmid"][3])
+                rows_by_run(run_batch(sims()), len(SEEDS)), CASES["fedmid"][3])
 
 
 SOLVED = [("pfl_synthetic", {"preset": "s1", "sigma_h": 1.0}),  # damped Newton

@@ -5,10 +5,18 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
+import time
 from contextlib import closing
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from mlflow.tracking import MlflowClient
+
+import sweeps.execute
+from sweeps.execute import Outcome, RowStream
+from sweeps.recipe import load
+from sweeps.tracking import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = """\
@@ -90,8 +98,6 @@ def tell(workers: list[subprocess.Popen], line: str) -> list[str]:
 
 def recorded(uri: str, expected: int) -> list[str]:
     """What is wrong with the store after a race: it does not open, or does not hold `expected` finished runs."""
-    from sweeps.tracking import Store
-
     try:
         store = Store(uri)
         found = store.client.get_experiment_by_name("race")
@@ -133,15 +139,6 @@ def test_a_half_migrated_store_is_refused_in_one_line(tracking_uri, damage, foun
 def test_a_streamed_run_ends_with_the_rows_it_had_not_sent_each_round_once(tracking_uri, monkeypatch):
     """A Ray trial streams a run's rows (`RowStream`) and its end event carries only those still held: the store
     then has every round's metrics and train_seconds once, and the summary's wall_seconds at the last round."""
-    import time
-    from dataclasses import asdict, replace
-
-    from mlflow.tracking import MlflowClient
-    import sweeps.execute
-    from sweeps.execute import Outcome, RowStream
-    from sweeps.recipe import load
-    from sweeps.tracking import Store
-
     recipe_path = Path(tracking_uri.removeprefix("sqlite:///")).with_name("race.yaml")
     recipe_path.write_text(RECIPE)
     recipe = load(recipe_path)
@@ -159,8 +156,7 @@ def test_a_streamed_run_ends_with_the_rows_it_had_not_sent_each_round_once(track
     stream.add(0, rows[3], seconds[3])
     held_rows, held_seconds = stream.take(0)
     assert (held_rows, held_seconds, stream.count) == ([rows[3]], [seconds[3]], 0)
-    outcome = replace(Outcome(rows, "finished", "cpu", seconds=seconds, wall_seconds=2.5), rows=held_rows,
-                      seconds=held_seconds)
+    outcome = Outcome(held_rows, "finished", "cpu", seconds=held_seconds, wall_seconds=2.5)  # as `run_pack` sends it
     store.finish_trial(run_id, asdict(outcome), stored)
     client = MlflowClient(tracking_uri)
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "objective")] == [

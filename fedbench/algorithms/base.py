@@ -218,7 +218,7 @@ def broadcast(w: Tensor, rnd: Round) -> Tensor:
 def aggregate(values: Tensor, weights: Tensor) -> Tensor:
     """Σ_k π̂_k values_k over the clients: values `[R, S, ...]`, weights `[R, S]` (summing to 1) -> `[R, 1, ...]`."""
     if values.shape[0] == 1:  # a run alone: one vector-matrix product (~10 µs less than a batched one of one)
-        return (weights.view(-1) @ values.reshape(values.shape[1], -1)).view(values.shape[0], 1, *values.shape[2:])
+        return (weights[0] @ values[0].flatten(1)).view(1, 1, *values.shape[2:])
     return torch.matmul(weights.unsqueeze(1), values.flatten(2)).view(values.shape[0], 1, *values.shape[2:])
 
 
