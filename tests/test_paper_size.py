@@ -7,6 +7,9 @@
 * EMNIST-10 (Figure 3) on the shipped 10% writer sample, CPU-sized (1,500 rounds): Fast-FedDA ends with
   a lower training loss than FedMiD and FedDA, and final test accuracies lie in the 0.84–0.90 window of
   the paper's plots (spec 002 §4.4).
+* EMNIST-62 (Figure 4), CPU-sized (3,000 of the paper's 75,000 rounds): Fast-FedDA and MC-FedDA end with a
+  lower training loss and a higher test accuracy than FedMiD and FedDA, and Fast-FedDA leads at every evaluated
+  round (spec 002 §4.5).
 """
 from __future__ import annotations
 
@@ -69,20 +72,49 @@ def test_full_size_lowrank_only_fedmid_misses_rank_16(seed):
         assert finals[algorithm]["rank"] == 16, algorithm
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_cpu_sized_emnist10_fast_fedda_trains_lowest(seed):
+def needs_the_femnist_sample():
     if not (Path(os.environ.get("FEDBENCH_DATA", "/nonexistent")) / "femnist" / "femnist_sample10.npz").is_file():
         pytest.skip("needs $FEDBENCH_DATA/femnist/femnist_sample10.npz")
+
+
+def print_emnist_final(name, seed, algorithm, final, wall):
+    print(f"\n{name} seed {seed} {algorithm:10s}: final train loss {final['train_loss']:.4f} test loss "
+          f"{final['test_loss']:.4f} train acc {final['train_accuracy']:.4f} test acc {final['test_accuracy']:.4f} "
+          f"nonzeros {final['nonzeros']:.0f}; {wall:.1f} s")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cpu_sized_emnist10_fast_fedda_trains_lowest(seed):
+    needs_the_femnist_sample()
     finals = {}
     for algorithm in ("fast_fedda",) + BASELINES:
         outcome, wall = run_recipe("bao2022_emnist10_cpu.yaml", algorithm, seed)
-        finals[algorithm] = final = outcome.rows[-1]
-        print(f"\nemnist10 seed {seed} {algorithm:10s}: final train loss {final['train_loss']:.4f} test loss "
-              f"{final['test_loss']:.4f} train acc {final['train_accuracy']:.4f} test acc {final['test_accuracy']:.4f} "
-              f"nonzeros {final['nonzeros']:.0f}; {wall:.1f} s")
+        finals[algorithm] = outcome.rows[-1]
+        print_emnist_final("emnist10", seed, algorithm, outcome.rows[-1], wall)
     assert finals["fast_fedda"]["train_loss"] < min(finals[a]["train_loss"] for a in BASELINES)
     for algorithm, final in finals.items():
         assert 0.84 <= final["test_accuracy"] <= 0.90, algorithm
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cpu_sized_emnist62_fast_fedda_and_mc_fedda_beat_the_baselines(seed):
+    """The paper's claim for Figure 4 (the two methods it singles out; C-FedDA is left out to save 4 minutes a
+    seed). Its plot windows (loss 1.35-1.60, accuracy 0.60-0.66) are for 75,000 rounds: at 3,000 the proposed
+    methods' training loss is inside and their test accuracy at the lower edge (0.599-0.605 in the sweep of
+    2026-11-27), so only the loss window is asserted, the accuracy one from 0.59."""
+    needs_the_femnist_sample()
+    curves, finals = {}, {}
+    for algorithm in ("fast_fedda", "mc_fedda") + BASELINES:
+        outcome, wall = run_recipe("bao2022_emnist62_cpu.yaml", algorithm, seed)
+        curves[algorithm] = [row["train_loss"] for row in outcome.rows[1:]]  # round 0 is W0 = 0 for all
+        finals[algorithm] = outcome.rows[-1]
+        print_emnist_final("emnist62", seed, algorithm, outcome.rows[-1], wall)
+    for algorithm in ("fast_fedda", "mc_fedda"):
+        assert finals[algorithm]["train_loss"] < min(finals[a]["train_loss"] for a in BASELINES), algorithm
+        assert finals[algorithm]["test_accuracy"] > max(finals[a]["test_accuracy"] for a in BASELINES), algorithm
+        assert 1.35 <= finals[algorithm]["train_loss"] <= 1.60 and finals[algorithm]["test_accuracy"] >= 0.59
+    for algorithm in ("mc_fedda",) + BASELINES:
+        assert all(fast < other for fast, other in zip(curves["fast_fedda"], curves[algorithm])), algorithm
 
 
 # -- Guo, Jin, Luo, Yang (ICML 2023) "FeDXL", spec 001 §4, §5.3: every run of a recipe, final test metrics ---

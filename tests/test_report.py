@@ -325,7 +325,8 @@ def test_configurations_are_named_as_the_declarations_say():
     settings = Settings([], SelectSpec(metric="accuracy", mode="max"), {}, "rounds", {}, {"fedavg": "FedAvg + update"},
                         1, {})
     assert settings.label("per_fedavg") == "Per-FedAvg"
-    assert settings.label("fedavg") == "FedAvg + update" and settings.label("fedmid") == "fedmid"
+    assert settings.label("fedavg") == "FedAvg + update" and settings.label("fedmid") == "FedMiD"
+    assert settings.label("not_installed") == "not_installed"
     assert [shown_value("per_fedavg", "algorithm.variant", v) for v in ("hf", "fo", "exact")] == ["HF", "FO",
                                                                                                   "exact HVP"]
     assert shown_value("per_fedavg", "algorithm.alpha", "0.0010000") == "alpha=0.001"

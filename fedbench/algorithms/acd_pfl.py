@@ -30,6 +30,7 @@ from fedbench.hparams import Param
 
 class ACDPFL(BlockMethod):
     name = "acd_pfl"
+    title = "ACD-PFL"
     requires = frozenset({"block_objective", "full_data"})
     hparams = (Param("unsampled_y", "choice", "x", "y of the block not updated: its x (textbook ACD) or kept",
                      choices=("x", "keep")),)

@@ -23,6 +23,7 @@ from fedbench.hparams import Param
 
 class ASCDPFL(BlockMethod):
     name = "ascd_pfl"
+    title = "ASCD-PFL"
     hparams = (P_W, ETA, RHO, Param("theta", "float", None, "coupling θ; None: min{0.8, 1/η}", low=0, high=1,
                                     nullable=True))
 

@@ -34,6 +34,7 @@ BETA_BLOCK = ("beta", "beta_z", "beta_v", "beta_gv")
 
 class ASVRCDPFL(BlockMethod):
     name = "asvrcd_pfl"
+    title = "ASVRCD-PFL"
     requires = frozenset({"block_objective", "full_data"})
     hparams = (P_W, ETA, RHO, Param("count_refresh", "bool", True, "a refresh of v ends a communication round (the "
                                     "synthetic code, §3.0) or happens inside one (the CV code)"))

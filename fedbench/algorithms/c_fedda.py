@@ -36,6 +36,7 @@ CONSTRAINED_PROX = Param("constrained_prox", "choice", "sequential",
 
 class CFedDA(DualAveraging):
     name = "c_fedda"
+    title = "C-FedDA"
     hparams = (
         MU,
         Param("gamma", "float", 600.0, "anchor weight γ (see gamma_convention)", low=0, low_open=True, log=True),

@@ -11,4 +11,5 @@ from fedbench.algorithms.local_pair import LocalPair
 
 class Centralized(LocalPair):
     name = "centralized"
+    title = "Centralized"
     requires = frozenset({"pair_scores", "one_client"})  # pauc with pooled: true

@@ -37,6 +37,7 @@ ALPHA_MAX = 999.0  # LibAUC's clip of the dual variable
 
 class CODASCA(Algorithm):
     name = "codasca"
+    title = "CODASCA"
     requires = frozenset({"pair_scores"})
     hparams = (
         CLIENT_LR,

@@ -20,6 +20,7 @@ from fedbench.hparams import Param
 
 class Ditto(Algorithm):
     name = "ditto"
+    title = "Ditto"
     personalized = True
     hparams = (
         CLIENT_LR,

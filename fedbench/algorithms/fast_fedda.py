@@ -29,6 +29,7 @@ from fedbench.hparams import Param
 
 class FastFedDA(DualAveraging):
     name = "fast_fedda"
+    title = "Fast-FedDA"
     hparams = (
         MU,
         Param("gamma", "float", 550.0, "anchor weight γ (paper convention)", low=0, low_open=True, log=True),

@@ -14,6 +14,7 @@ from fedbench.hparams import Param
 
 class FedAvg(Algorithm):
     name = "fedavg"
+    title = "FedAvg"
     hparams = (
         CLIENT_LR,
         SERVER_LR,

@@ -40,6 +40,7 @@ def step_offsets(local_steps: int, o: int, dtype: torch.dtype, device) -> torch.
 
 class FedDA(Algorithm):
     name = "fedda"
+    title = "FedDA"
     hparams = (
         CLIENT_LR,
         SERVER_LR,

@@ -17,6 +17,7 @@ from fedbench.hparams import Param
 
 class FedMiD(Algorithm):
     name = "fedmid"
+    title = "FedMiD"
     hparams = (
         CLIENT_LR,
         SERVER_LR,

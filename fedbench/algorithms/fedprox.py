@@ -19,6 +19,7 @@ from fedbench.hparams import Param
 
 class FedProx(Algorithm):
     name = "fedprox"
+    title = "FedProx"
     personalized = True
     hparams = (
         CLIENT_LR,

@@ -19,6 +19,7 @@ from fedbench.algorithms.xrisk import DECAY, DECAY_EVERY, HISTORY_ROUNDS, StaleS
 
 class FeDXL1(StaleScores):
     name = "fedxl1"
+    title = "FeDXL1"
     requires = frozenset({"pair_scores", "linear_outer"})  # a nonlinear f needs FeDXL2's u estimates
     hparams = (CLIENT_LR, HISTORY_ROUNDS, DECAY_EVERY, DECAY)
     downloads = ("w", "pool_pos", "pool_neg")

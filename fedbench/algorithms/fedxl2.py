@@ -30,6 +30,7 @@ from fedbench.hparams import Param
 
 class FeDXL2(StaleScores):
     name = "fedxl2"
+    title = "FeDXL2"
     with_u = True
     hparams = (
         CLIENT_LR,

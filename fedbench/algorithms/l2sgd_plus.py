@@ -30,6 +30,7 @@ from fedbench.oracle import Minibatch
 
 class L2SGDPlus(Algorithm):
     name = "l2sgd_plus"
+    title = "L2SGD+"
     personalized = True
     requires = frozenset({"mixture", "linear_model"})
     participation = "all"

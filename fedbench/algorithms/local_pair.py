@@ -21,6 +21,7 @@ from fedbench.hparams import Param
 
 class LocalPair(Algorithm):
     name = "local_pair"
+    title = "Local Pair"
     requires = frozenset({"pair_scores"})
     hparams = (
         CLIENT_LR,

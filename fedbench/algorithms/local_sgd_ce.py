@@ -13,6 +13,7 @@ from fedbench.algorithms.xrisk import DECAY, DECAY_EVERY, step_size
 
 class LocalSGDCE(FedAvg):
     name = "local_sgd_ce"
+    title = "Local SGD (CE)"
     hparams = (CLIENT_LR, DECAY_EVERY, DECAY)
 
     def client_step(self, local, batches, rnd, hp):

@@ -19,6 +19,7 @@ from fedbench.hparams import Param
 
 class LSGDPFL(BlockMethod):
     name = "lsgd_pfl"
+    title = "LSGD-PFL"
     hparams = (
         Param("client_lr", "float", 0.01, "step size η (None: ASVRCD's 1/(4𝓛), as the real-data code)", low=0,
               low_open=True, log=True, nullable=True),

@@ -24,6 +24,7 @@ from fedbench.hparams import Param, ParamError
 
 class MCFedDA(CFedDA):
     name = "mc_fedda"
+    title = "MC-FedDA"
     requires = frozenset({"norm_ball"})  # the homotopy replaces λ of h = λ·ℛ and restricts to ℛ-balls
     hparams = tuple(p for p in CFedDA.hparams if p.name != "radius") + (
         Param("stage_rounds", "floats", [250, 250, 1500], "rounds R_m of each stage", low=1),

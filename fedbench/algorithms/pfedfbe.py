@@ -39,6 +39,7 @@ FINITE_DIFF_EPS = {torch.float32: 1e-3, torch.float64: 1e-6}
 
 class PFedFBE(Algorithm):
     name = "pfedfbe"
+    title = "pFedFBE"
     personalized = True
     hparams = (
         CLIENT_LR,

@@ -41,6 +41,7 @@ HIDDEN_DECAY = 1e-3  # pFedMeOptimizer's default weight decay inside the inner s
 
 class PFedMe(Algorithm):
     name = "pfedme"
+    title = "pFedMe"
     personalized = True
     hparams = (
         Param("client_lr", "float", 0.005, "step η of the local copy toward θ", low=0, low_open=True, log=True),

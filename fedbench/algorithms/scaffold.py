@@ -22,6 +22,7 @@ from fedbench.hparams import Param
 
 class SCAFFOLD(Algorithm):
     name = "scaffold"
+    title = "SCAFFOLD"
     hparams = (
         CLIENT_LR,
         SERVER_LR,

@@ -16,6 +16,7 @@ from fedbench.algorithms.pfl_rules import ETA, P_W, rules
 
 class SCDPFL(ASCDPFL):
     name = "scd_pfl"
+    title = "SCD-PFL"
     hparams = (P_W, ETA)
 
     def derive(self, hp):

@@ -17,6 +17,7 @@ from fedbench.algorithms.asvrcd_pfl import ASVRCDPFL
 
 class SVRCDPFL(ASVRCDPFL):
     name = "svrcd_pfl"
+    title = "SVRCD-PFL"
 
     def couple(self, y, z, v, hp):
         return y
