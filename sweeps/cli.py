@@ -336,6 +336,9 @@ def sweep_one(recipe, recipe_path: Path, sets: Optional[List[str]], address: Opt
     from .tracking import tracking_uri as resolve_uri
 
     say(f"tracked in {resolve_uri(tracking_uri)} (experiment {recipe.name!r}, parent run {summary.parent_run_id})")
+    if summary.elsewhere_runs:
+        say(f"{summary.elsewhere_runs} runs left to another sweep of this recipe that is computing them "
+            f"({', '.join(summary.elsewhere)}); run the same command after it ends to report them all")
     for error in summary.tracking_errors:
         errors.print(f"tracking error: {error}", highlight=False)
     if summary.interrupted:

@@ -314,6 +314,8 @@ class SweepSummary:
     tracking_errors: list[str] = field(default_factory=list)
     parent_run_id: str = ""
     experiment_id: str = ""
+    elsewhere_runs: int = 0  # runs another live sweep of the recipe holds (`sweeps.claims`): left to it
+    elsewhere: list[str] = field(default_factory=list)  # those sweeps
 
     @property
     def ok(self) -> bool:
@@ -493,23 +495,51 @@ def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | No
     recipe names that the problem does not evaluate, and a run that building would refuse (`Recipe.check_builds`),
     are refused (RecipeError) before anything runs."""
     import ray
-    from ray import tune
 
-    from .relay import Relay
-    from .tracking import INTERRUPTED, Store, SweepLog, headline_metrics
+    from .claims import Lease
+    from .tracking import Store, headline_metrics
 
-    resources = recipe.resources
     trials = recipe.trials()
     recipe.check_builds(trials)  # what building a run would refuse: refused before Ray starts or the store is made
     store = Store(tracking)
     experiment_id = store.experiment(recipe.name, headline_metrics(recipe))
     done = store.completed(experiment_id)
-    pending = [(key, trial) for key, trial in enumerate(trials) if (trial.config_hash, trial.seed) not in done]
-    summary = SweepSummary(total=len(trials), skipped=len(trials) - len(pending), experiment_id=experiment_id)
-    started_ray, slot_count = open_cluster(recipe, address, max_concurrent) if pending else (False, 1)
-    parent_id = store.open_sweep(experiment_id, recipe, overrides or [], parent_tags)
-    summary.parent_run_id = parent_id
-    store.fail_stale(experiment_id, parent_id)
+    to_run = any((trial.config_hash, trial.seed) not in done for trial in trials)
+    started_ray, slot_count = open_cluster(recipe, address, max_concurrent) if to_run else (False, 1)
+    try:
+        parent_id = store.open_sweep(experiment_id, recipe, overrides or [], parent_tags)
+        lease = Lease(store, experiment_id, parent_id, recipe.recipe_hash)
+        try:
+            return sweep_claimed(recipe, trials, store, experiment_id, parent_id, lease, tracking, slot_count,
+                                 max_concurrent, progress)
+        finally:
+            lease.release()
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+
+def sweep_claimed(recipe: Recipe, trials: list[Trial], store, experiment_id: str, parent_id: str, lease,
+                  tracking: str | None, slot_count: int, max_concurrent: int | None,
+                  progress: Callable[[str, dict[str, int]], None] | None) -> SweepSummary:
+    """The runs of the sweep not finished in the store that this sweep could claim (`sweeps.claims`), on Ray Tune;
+    those that another live sweep holds are left to it (`SweepSummary.elsewhere`)."""
+    from ray import tune
+
+    from .relay import Relay
+    from .tracking import INTERRUPTED, SweepLog
+
+    resources = recipe.resources
+    done = store.completed(experiment_id)
+    mine, elsewhere = lease.claim([(trial.config_hash, trial.seed) for trial in trials
+                                   if (trial.config_hash, trial.seed) not in done])
+    done = store.completed(experiment_id)  # finished by a sweep that released its claim meanwhile
+    claimed = set(mine) - done
+    pending = [(key, trial) for key, trial in enumerate(trials) if (trial.config_hash, trial.seed) in claimed]
+    summary = SweepSummary(total=len(trials), skipped=len(trials) - len(pending) - len(elsewhere),
+                           experiment_id=experiment_id, parent_run_id=parent_id,
+                           elsewhere=sorted(set(elsewhere.values())), elsewhere_runs=len(elsewhere))
+    store.fail_stale(experiment_id, parent_id, claimed)
     unfinished = store.unfinished(experiment_id, parent_id)  # resumed as the same MLflow runs
     checkpoints = checkpoint_policy(recipe, tracking)
     if not pending:
@@ -590,6 +620,4 @@ def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | No
         summary.wall_seconds = time.perf_counter() - start
         status = "FINISHED" if summary.ok else ("KILLED" if summary.interrupted else "FAILED")
         store.close_sweep(parent_id, status, {**summary.counts, "skipped": summary.skipped})
-        if started_ray:
-            ray.shutdown()
     return summary

@@ -67,6 +67,8 @@ VIEW_KEY = "fedbench"
 VIEW = {"searchFilter": "tags.role != 'sweep' and tags.role != 'tune'",
         "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": "configuration"}]},
         "useGroupedValuesInCharts": True}
+# How long a new sweep parent waits for one that another sweep of the recipe wrote at the same moment (`open_sweep`)
+SETTLE_SECONDS = 1.0
 HEADLINE_TAG = "fedbench.headline"  # the metrics the view charts first (json list), for `fedbench ui` to keep them
 SUMMARY_METRICS = ("train_seconds", "eval_seconds", "wall_seconds")  # per run, at its last round (train_seconds also
 # by every evaluated round where the run recorded it)
@@ -258,9 +260,12 @@ class Store:
         return {(run.data.tags["config_hash"], int(run.data.tags["seed"]))
                 for run in runs if PARENT_TAG in run.data.tags}
 
-    def fail_stale(self, experiment_id: str, parent_id: str) -> int:
-        """Runs of an earlier attempt of this sweep left RUNNING (the sweep was killed) become FAILED."""
-        stale = self.search(experiment_id, f"tags.`{PARENT_TAG}` = '{parent_id}' and attributes.status = 'RUNNING'")
+    def fail_stale(self, experiment_id: str, parent_id: str, claimed: set[tuple[str, int]]) -> int:
+        """Runs of an earlier attempt of this sweep left RUNNING (the sweep was killed) become FAILED: those of the
+        `claimed` (config hash, seed), whose owner is gone; a live sweep's runs are its own."""
+        stale = [run for run in self.search(experiment_id, f"tags.`{PARENT_TAG}` = '{parent_id}' and "
+                                                           "attributes.status = 'RUNNING'")
+                 if (run.data.tags.get("config_hash"), int(run.data.tags.get("seed", -1))) in claimed]
         for run in stale:
             self.fail_run(run.info.run_id, INTERRUPTED)
         return len(stale)
@@ -272,16 +277,27 @@ class Store:
 
     def open_sweep(self, experiment_id: str, recipe: Recipe, overrides: list[str],
                    tags: dict[str, str] | None = None) -> str:
-        """The sweep's parent run: the one of an earlier attempt of the same recipe (its `attempts` tag counted
-        up), or a new one."""
-        previous = self.search(experiment_id, f"tags.role = 'sweep' and tags.recipe_hash = '{recipe.recipe_hash}'")
-        if previous:
-            run_id = previous[0].info.run_id
-            self.client.update_run(run_id, status="RUNNING")
-            self.client.set_tag(run_id, "attempts", str(int(previous[0].data.tags.get("attempts", "1")) + 1))
-            return run_id
-        return self.open_parent(experiment_id, recipe, overrides, f"sweep {recipe.name}",
-                                {"role": "sweep", "attempts": "1", **(tags or {})})
+        """The sweep's parent run: the earliest of an earlier attempt of the same recipe (its `attempts` tag counted
+        up), or a new one. Sweeps of one recipe started together on one store must agree on it, for their claims
+        are its params (`sweeps.claims`): a new parent is kept only if, `SETTLE_SECONDS` after it was written, no
+        earlier one has appeared; otherwise it is deleted and the earliest used."""
+        previous = self.sweep_parents(experiment_id, recipe.recipe_hash)
+        if not previous:
+            made = self.open_parent(experiment_id, recipe, overrides, f"sweep {recipe.name}",
+                                    {"role": "sweep", "attempts": "0", **(tags or {})})
+            time.sleep(SETTLE_SECONDS)
+            previous = self.sweep_parents(experiment_id, recipe.recipe_hash)
+            if previous[0].info.run_id != made:
+                self.client.delete_run(made)
+        run_id = previous[0].info.run_id
+        self.client.update_run(run_id, status="RUNNING")
+        self.client.set_tag(run_id, "attempts", str(int(previous[0].data.tags.get("attempts", "0")) + 1))
+        return run_id
+
+    def sweep_parents(self, experiment_id: str, recipe_hash: str) -> list:
+        """The sweep parent runs of a recipe, earliest first (ties broken by run id, as every process sees them)."""
+        runs = self.search(experiment_id, f"tags.role = 'sweep' and tags.recipe_hash = '{recipe_hash}'")
+        return sorted(runs, key=lambda run: (run.info.start_time, run.info.run_id))
 
     def open_parent(self, experiment_id: str, recipe: Recipe, overrides: list[str], name: str,
                     tags: dict[str, str]) -> str:
