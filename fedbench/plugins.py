@@ -5,7 +5,9 @@ importable module (`my_pkg.methods` or `my_pkg.methods:MyMethod`), or from an in
 A component is a subclass of `Algorithm` or `Problem` with its own `name`; it is then found by name in
 `ALGORITHMS` / `PROBLEMS` like a built-in one. Where its code came from is its `Source` (`ORIGINS`): a file's
 text travels with each run that uses it (`Source.text`, so that a worker on another machine loads the same code,
-`ensure`) and its sha256 enters the run's configuration, so that an edit re-runs the runs that use it.
+`ensure`) and its sha256 enters the run's configuration, so that an edit re-runs the runs that use it. The modules
+a file imports from its own folder (`from helpers import step` beside `my_method.py`) are part of its code: found
+statically (`siblings`), hashed with it and carried with it (`Source.modules`).
 
 What cannot be registered raises `PluginError`, whose message is one line naming the plugin and the cause: a
 name given to a built-in or to another plugin, a file or module that does not import (the import's own error),
@@ -13,12 +15,18 @@ a file that defines no component, a class that is no component or lacks a method
 """
 from __future__ import annotations
 
+import ast
+import atexit
+import functools
 import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
 import inspect
+import os
+import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -46,11 +54,13 @@ class PluginError(ValueError):
 class Source:
     """Where a plugin component's code is. `spec` as it was named (a file's absolute path, `module[:Class]`, or
     `entry point <group>:<name> (<package>)`), `path` the file whose text `sha256` hashes, and for a file plugin
-    that text itself (`text`), which a run carries to wherever it runs."""
+    that text itself (`text`) and the modules it imports from its folder (`modules`: path relative to the folder,
+    text; `siblings`), which `sha256` covers too and a run carries to wherever it runs."""
     spec: str
     path: str | None
     sha256: str
     text: str | None = None
+    modules: tuple[tuple[str, str], ...] = ()
 
     @property
     def shown(self) -> str:
@@ -113,7 +123,8 @@ def load(spec: str, base: Path | None = None) -> list[tuple[str, str]]:
         if not path.is_file():
             raise PluginError(f"plugin {spec}: no such file ({path})")
         text = path.read_text()
-        return load_source(Source(str(path), str(path), sha256(text.encode()), text))
+        modules = siblings(path, text)
+        return load_source(Source(str(path), str(path), file_sha256(text, modules), text, modules))
     module_name, _, attribute = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -131,6 +142,7 @@ def load_source(source: Source) -> list[tuple[str, str]]:
     """Register the components of a file plugin's text (imported once per content, as `source.module`)."""
     module = sys.modules.get(source.module)
     if module is None:
+        provide(source)
         module = ModuleType(source.module)
         module.__file__ = source.path
         sys.modules[source.module] = module  # before running it: dataclasses and pickling look it up there
@@ -152,6 +164,99 @@ def ensure(needed: tuple[Source, ...]) -> None:
             discover()
         else:
             load(source.spec)
+
+
+def siblings(path: Path, text: str) -> tuple[tuple[str, str], ...]:
+    """The modules a file plugin imports from its own folder, and those they import from it, transitively: (path
+    relative to the folder, text) of each, sorted. Found statically (`ast`) from `import x` and `from x import y`
+    wherever they are (a function's own imports too), where the folder holds a module `x.py` or a package `x/`; of
+    a package every `.py` file is taken, so that its relative imports need no resolving. The plugin's own relative
+    imports need none either: it is imported as a top-level module, where Python refuses them. Not taken: what an
+    import names only at run time (`importlib.import_module`), data files, and a name of Python's own or of an
+    installed package (every node has those; a copy of fedbench beside the plugin is not the plugin's code)."""
+    folder, found, seen, pending = path.parent, {}, set(), [text]
+    while pending:
+        for name in sorted(imported_names(pending.pop()) - seen - installed_names()):
+            seen.add(name)
+            for file in module_files(folder, name):
+                relative = file.relative_to(folder).as_posix()
+                if relative not in found:
+                    found[relative] = file.read_text()
+                    pending.append(found[relative])
+    return tuple(sorted(found.items()))
+
+
+def imported_names(text: str) -> set[str]:
+    """The top-level names of the absolute imports in a module's text (none where it does not parse: importing it
+    then says why, with the line)."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return set()
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.partition(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.partition(".")[0])
+    return names
+
+
+def module_files(folder: Path, name: str) -> list[Path]:
+    """The files of the module `name` that an import finds in `folder`, in Python's order: a package (`name/` with
+    an `__init__.py`), else a module `name.py`, else a namespace package (a folder `name/`); none if neither."""
+    package, module = folder / name, folder / f"{name}.py"
+    if (package / "__init__.py").is_file() or (package.is_dir() and not module.is_file()):
+        return sorted(package.rglob("*.py"))
+    return [module] if module.is_file() else []
+
+
+@functools.cache
+def installed_names() -> frozenset[str]:
+    """Top-level names no plugin folder provides: Python's own modules and those of installed distributions."""
+    return frozenset(sys.stdlib_module_names) | frozenset(importlib.metadata.packages_distributions())
+
+
+def file_sha256(text: str, modules: tuple[tuple[str, str], ...]) -> str:
+    """A file plugin's sha256: of its text and each sibling module's path and text. A plugin that imports nothing
+    from its folder hashes as its text alone, as before modules were hashed: its runs keep their config hash."""
+    digest = hashlib.sha256(text.encode())
+    for relative, module_text in modules:
+        digest.update(b"\0" + relative.encode() + b"\0" + module_text.encode())
+    return digest.hexdigest()
+
+
+_PROVIDED: dict[str, str] = {}  # a file plugin's sha256 -> the private folder its sibling modules were written to
+
+
+def provide(source: Source) -> None:
+    """Make a file plugin's imports of its sibling modules find the texts it carries (those its sha256 covers):
+    written to a private folder of this process (removed at its exit) first on sys.path. Not the plugin's own
+    folder: a worker on another machine has none, and the driver's may have changed since the plugin was read.
+    The folder stays on sys.path, as a script's folder does, for imports inside functions."""
+    if not source.modules:
+        return
+    folder = _PROVIDED.get(source.sha256)
+    if folder is None:
+        folder = tempfile.mkdtemp(prefix=f"fedbench_plugin_{Path(source.path or 'plugin').stem}_")
+        atexit.register(shutil.rmtree, folder, True)
+        for relative, text in source.modules:
+            file = Path(folder, relative)
+            file.parent.mkdir(parents=True, exist_ok=True)
+            file.write_text(text)
+        _PROVIDED[source.sha256] = folder
+    if folder in sys.path:
+        sys.path.remove(folder)
+    sys.path.insert(0, folder)
+    importlib.invalidate_caches()  # the import system's cached folder listings predate these files
+    # A module of one of these names imported already (an older version of the helper, the same name beside
+    # another plugin, the plugin's own folder on sys.path) would be used instead: imported again from here.
+    names = {Path(relative).parts[0].removesuffix(".py") for relative, _ in source.modules}
+    for name in [name for name in sys.modules if name.partition(".")[0] in names]:
+        module = sys.modules[name]
+        files = [getattr(module, "__file__", None) or "", *getattr(module, "__path__", [])]
+        if not any(str(file).startswith(folder + os.sep) for file in files):
+            del sys.modules[name]
 
 
 def register_module(module: ModuleType, source: Source) -> list[tuple[str, str]]:
@@ -240,10 +345,6 @@ def module_source(spec: str, module: ModuleType) -> Source:
     for name, file in entries:
         digest.update(name.encode() + b"\0" + file.read_bytes())
     return Source(spec, path, digest.hexdigest() if entries else "")
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def describe(err: BaseException) -> str:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -209,3 +211,93 @@ tune: {space: {client_lr: {log_uniform: [1.0e-3, 1.0e-1]}}, metric: objective, m
               if run.data.tags.get("role") == "tune_trial"]
     counts = {name: sum(run.data.tags["algorithm"] == name for run in trials) for name in ("fedavg", "my_method")}
     assert counts == {"fedavg": 3, "my_method": 3}
+
+
+# -- a file plugin's sibling modules: hashed and shipped (issue 44) ---------------------------------------
+
+# MY_METHOD with its server step in a helper module beside it, which imports another one (transitively found).
+HELPED = MY_METHOD.replace('"my_method"', '"helped"').replace(
+    "from fedbench.hparams import Param\n", "from fedbench.hparams import Param\nfrom helped_steps import momentum\n"
+).replace('m = hp.beta * server["m"] + (server["w"] - aggregate(message["u"], weights))',
+          'm = momentum(hp.beta, server["m"], server["w"] - aggregate(message["u"], weights))')
+STEPS = "import helped_scale\n\n\ndef momentum(beta, m, delta):\n    return beta * m + helped_scale.SCALE * delta\n"
+HELPED_RECIPE = "name: helped\nplugins: [helped.py]\n" + PROBLEM + """\
+algorithms: {fedavg: {client_lr: 0.02}, helped: {client_lr: [0.02], beta: [0.5]}}
+seeds: 1
+"""
+
+
+@pytest.fixture
+def helped(tmp_path, monkeypatch):
+    """A plugin folder; sys.path and the sibling modules this test imports are restored after it."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = set(sys.modules)
+    folder = tmp_path / "plugin"
+    folder.mkdir()
+    (folder / "helped.py").write_text(HELPED)
+    (folder / "helped_steps.py").write_text(STEPS)
+    (folder / "helped_scale.py").write_text("SCALE = 1.0\n")
+    (folder / "notes.py").write_text("NOTE = 1\n")  # in the folder, imported by nothing
+    (folder / "r.yaml").write_text(HELPED_RECIPE)
+    yield folder
+    for name in set(sys.modules) - before:
+        if name.partition(".")[0] in ("helped_steps", "helped_scale"):
+            del sys.modules[name]
+
+
+def helped_trial(folder):
+    from sweeps.recipe import load as load_recipe
+
+    [trial] = [trial for trial in load_recipe(folder / "r.yaml").trials() if trial.algorithm == "helped"]
+    return trial
+
+
+def test_editing_a_file_plugins_sibling_module_changes_its_hash(helped, monkeypatch):
+    """The issue's case: the plugin's folder importable in the driver (its working directory, PYTHONPATH), a helper
+    edited between two sweeps: the plugin's sha256, and so its runs' config hash, must change (its runs re-run);
+    an edit of a file the plugin does not import changes neither."""
+    from fedbench import plugins
+
+    monkeypatch.syspath_prepend(str(helped))
+    first = helped_trial(helped)
+    (helped / "notes.py").write_text("NOTE = 2\n")
+    (helped / "other.txt").write_text("unrelated\n")
+    assert helped_trial(helped).config_hash == first.config_hash
+    (helped / "helped_scale.py").write_text("SCALE = 2.0\n")  # imported by helped_steps, not by the plugin
+    second = helped_trial(helped)
+    assert second.config_hash != first.config_hash
+    assert second.plugins[0].sha256 != first.plugins[0].sha256
+    # ... and the plugin runs the edited helper, not the one this process imported first
+    assert sys.modules[second.plugins[0].module].momentum(0.5, 2.0, 1.0) == 3.0
+    (helped / "helped_steps.py").write_text(STEPS.replace("beta * m", "beta * m * 1"))
+    assert helped_trial(helped).config_hash not in (first.config_hash, second.config_hash)
+    assert plugins.sources("algorithm", "helped")[0].sha256 == helped_trial(helped).plugins[0].sha256
+
+
+def test_a_file_plugins_sibling_modules_travel_to_a_worker(helped, tmp_path, monkeypatch):
+    """A worker-like process (another working directory, the plugin's folder on no sys.path) given the pickled
+    trial loads the plugin and runs it, helpers included, to the driver's numbers."""
+    import pickle
+    import subprocess
+
+    from sweeps.execute import build_simulation, drive
+
+    monkeypatch.syspath_prepend(str(helped))  # as in the issue: the driver imports the helper, a worker cannot
+    trial = helped_trial(helped)
+    expected = [row["objective"] for row in drive(build_simulation(trial)).rows]
+    (tmp_path / "trial.pkl").write_bytes(pickle.dumps(trial))
+    elsewhere = tmp_path / "worker"
+    elsewhere.mkdir()
+    worker = f"""
+import json, pickle, sys
+from sweeps.execute import build_simulation, drive
+assert not any(path and path.startswith({str(helped)!r}) for path in sys.path), sys.path
+trial = pickle.loads(open({str(tmp_path / 'trial.pkl')!r}, "rb").read())
+print(json.dumps([row["objective"] for row in drive(build_simulation(trial)).rows]))
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FEDBENCH_VERBOSE")}
+    env["PYTHONPATH"] = str(ROOT)  # fedbench and sweeps, as every node has them; not the plugin's folder
+    done = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-c", worker], cwd=elsewhere, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == pytest.approx(expected, rel=1e-12)
