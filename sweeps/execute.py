@@ -303,6 +303,24 @@ def run_pack(config: dict[str, Any], packs: list[list[Unit]], checkpoints: Polic
 # -- on the driver ----------------------------------------------------------------------------------
 
 @dataclass
+class Failure:
+    """A run of a sweep that failed: its configuration and seed, the line of its error that says what went wrong
+    (a traceback's last), and its MLflow run (None if it was never stored), whose tag `error` holds the whole."""
+    algorithm: str
+    hyperparameters: dict[str, Any]
+    seed: int
+    line: str
+    run_id: str | None
+
+
+def error_line(error: str, limit: int = 160) -> str:
+    """What a traceback says went wrong: its last line, cut to `limit` characters."""
+    lines = [line for line in error.strip().splitlines() if line.strip()]
+    line = lines[-1].strip() if lines else "no error text"
+    return line if len(line) <= limit else line[:limit - 1] + "…"
+
+
+@dataclass
 class SweepSummary:
     total: int
     skipped: int
@@ -316,6 +334,7 @@ class SweepSummary:
     experiment_id: str = ""
     elsewhere_runs: int = 0  # runs another live sweep of the recipe holds (`sweeps.claims`): left to it
     elsewhere: list[str] = field(default_factory=list)  # those sweeps
+    failures: list[Failure] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -550,10 +569,11 @@ def sweep_claimed(recipe: Recipe, trials: list[Trial], store, experiment_id: str
     log = SweepLog(store, experiment_id, parent_id)
     state: dict[str, set[int]] = {"running": set(), "ended": set()}
     reached: dict[int, float] = {}  # the last round each in-flight run has reported
+    failed: dict[int, str] = {}  # the runs that failed, each with the line that says why
+    by_key = dict(pending)
     try:
         packs = plan_packs(pending, resources.pack, slot_count, resources.batch_runs,
                            saved_programs(checkpoints.folder))
-        by_key = dict(pending)
         summary.ray_trials = len(packs)
 
         def on_result(trial, result: dict[str, Any]) -> None:
@@ -573,6 +593,8 @@ def sweep_claimed(recipe: Recipe, trials: list[Trial], store, experiment_id: str
                 reached.pop(key, None)
                 outcome = result["outcome"]
                 summary.counts[outcome["status"]] += 1
+                if outcome["status"] == "failed":
+                    failed[key] = error_line(outcome["error"] or "")
                 summary.compute_seconds += outcome["wall_seconds"]
                 log.ended(key, outcome)
             if progress is not None:
@@ -591,6 +613,7 @@ def sweep_claimed(recipe: Recipe, trials: list[Trial], store, experiment_id: str
                 if key not in state["ended"]:
                     state["ended"].add(key)
                     summary.counts["failed"] += 1
+                    failed[key] = f"the Ray trial running it died ({trial.error_file or 'no error file'})"
 
         if progress is not None:
             progress("start", {"total": len(pending), "skipped": summary.skipped})
@@ -617,6 +640,8 @@ def sweep_claimed(recipe: Recipe, trials: list[Trial], store, experiment_id: str
         for key in state["running"]:
             log.abandoned(key, INTERRUPTED)
         summary.tracking_errors = log.close()
+        summary.failures = [Failure(by_key[key].algorithm, by_key[key].hyperparameters, by_key[key].seed, line,
+                                    log.run_ids.get(key)) for key, line in sorted(failed.items())]
         summary.wall_seconds = time.perf_counter() - start
         status = "FINISHED" if summary.ok else ("KILLED" if summary.interrupted else "FAILED")
         store.close_sweep(parent_id, status, {**summary.counts, "skipped": summary.skipped})

@@ -19,6 +19,7 @@ import importlib.metadata
 import itertools
 import json
 import os
+import pickle
 import platform
 import queue
 import sqlite3
@@ -93,47 +94,100 @@ class StoreError(ValueError):
     """A tracking store that cannot be used as it is; the message is one line: the file, what is wrong, what to do."""
 
 
-_READY: set[Path] = set()  # SQLite stores this process has seen created and migrated: opened again without the lock
+_READY: set[Path] = set()  # SQLite stores this process has checked: opened again without a check
 
 
-def open_sqlite(path: Path, uri: str) -> MlflowClient:
-    """A client of a SQLite store, made the first time in this process holding the lock file `<store>.lock`. MLflow
-    creates and migrates a new store's schema the first time it opens it, unguarded: processes opening one new
-    store at once (a sweep and a `fedbench run`, or several runs) each run the migrations, and all but one fail
-    (`table experiments already exists`, `duplicate column name`), possibly leaving the store half-migrated, as
-    SQLite commits each DDL statement of a migration on its own. Under the lock the first process creates the
-    store and the others, once it is done, find it complete."""
+def open_sqlite(path: Path, uri: str, write: bool = True) -> MlflowClient:
+    """A client of a SQLite store, checked the first time in this process (`check_sqlite`), and made first if new
+    (`make_sqlite`): under the lock file `<store>.lock`, so that processes opening one new store at once make it
+    once; where the lock file cannot be made (a folder without write permission), a store that exists is read
+    without it."""
     key = path.resolve()
-    if key in _READY:
-        return MlflowClient(uri)
-    with open(path.with_name(path.name + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies holding it
-        refuse_half_migrated(path)
-        client = MlflowClient(uri)
-        # MLflow builds the store, creating or migrating it, when the client is made (MLflow 3) or first used
-        client.search_experiments(max_results=1)
-    _READY.add(key)
-    return client
+    if key not in _READY:
+        if not made(path):
+            with open(path.with_name(path.name + ".lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies holding it
+                if not made(path):
+                    make_sqlite(path)
+        check_sqlite(path, write)
+        _READY.add(key)
+    return MlflowClient(uri)
 
 
-def refuse_half_migrated(path: Path) -> None:
-    """A store whose creation or migration stopped part way (the process was killed, or raced without the lock)
-    fails every later command with errors that do not say so (`table _alembic_tmp_experiments already exists`):
-    refused here, in one line. Its marks: a table Alembic's batch migrations copy through left behind, or MLflow's
-    tables without the version Alembic records once a migration is complete."""
-    if not path.is_file() or path.stat().st_size == 0:  # new: MLflow creates it
-        return
-    with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
-        tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        versioned = "alembic_version" in tables and db.execute("SELECT count(*) FROM alembic_version").fetchone()[0]
+def made(path: Path) -> bool:
+    return path.is_file() and path.stat().st_size > 0
+
+
+def make_sqlite(path: Path) -> None:
+    """A new store made whole in a file beside `path`, then moved into place: MLflow creates and migrates a store's
+    schema the first time it opens it, ~7 s of DDL statements that SQLite commits one by one, so a process killed
+    meanwhile would leave a half-made store (`table logged_models already exists` ever after). What a killed maker
+    left is removed first: the caller holds the lock, so no one is making it now."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    for left in path.parent.glob(f".{path.name}.new-*"):
+        left.unlink(missing_ok=True)
+    temporary = path.with_name(f".{path.name}.new-{os.getpid()}")
+    uri = f"sqlite:///{temporary}"
+    try:
+        store = SqlAlchemyStore(uri, (path.resolve().parent / "mlartifacts").as_uri())
+    except MlflowException as error:
+        raise StoreError(f"{path}: a new MLflow store could not be made ({first_line(error)}); "
+                         "check the folder's free space and permissions") from None
+    # Its connections closed before the file moves: SQLite names a journal after the file it opened.
+    store.engine.dispose()
+    SqlAlchemyStore._engine_map.pop(uri, None)
+    os.replace(temporary, path)
+
+
+def check_sqlite(path: Path, write: bool) -> None:
+    """Refuse, in one line, a store that every later step would answer with a traceback: damaged (truncated,
+    overwritten), half-migrated, or, for a command that writes (`write`), one it cannot write (a read-only file or
+    folder, a full disk). Opened for writing where it can be, so that SQLite itself rolls back a hot journal a
+    killed writer left (read-only it cannot: 'attempt to write a readonly database')."""
+    try:
+        with closing(sqlite3.connect(path, timeout=60)) as db:
+            problem = db.execute("PRAGMA quick_check(1)").fetchone()[0]
+            tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            versioned = "alembic_version" in tables and db.execute("SELECT count(*) FROM alembic_version").fetchone()[0]
+            if write:
+                db.execute("BEGIN IMMEDIATE")  # the write lock, as a transaction takes it; nothing is written
+                db.execute("ROLLBACK")
+    except sqlite3.DatabaseError as error:
+        what = str(error)
+        if "readonly" in what or "unable to open" in what or "disk I/O" in what or "full" in what:
+            raise StoreError(f"{path}: the MLflow store cannot be written ({what}); make the file and its folder "
+                             "writable, free some space, or give another --tracking-uri") from None
+        raise StoreError(f"{path}: not a usable MLflow store ({what}); move it aside (or restore a backup) "
+                         "and run again") from None
+    if problem != "ok":
+        raise StoreError(f"{path}: the MLflow store is damaged ({problem[:80]}); move it aside (or restore a "
+                         "backup) and run again")
     left = sorted(name for name in tables if name.startswith("_alembic_tmp_"))
-    if left:
-        found = f"table {left[0]} left over"
-    elif "experiments" in tables and not versioned:
-        found = "no schema version"
-    else:
-        return
-    raise StoreError(f"{path}: MLflow store half-migrated ({found}); move it aside (or restore a backup) and run again")
+    if "experiments" not in tables and not left:
+        raise StoreError(f"{path}: not an MLflow store (an SQLite file without MLflow's tables); give another "
+                         "--tracking-uri or move it aside")
+    if left or not versioned:
+        found = f"table {left[0]} left over" if left else "no schema version"
+        raise StoreError(f"{path}: MLflow store half-migrated ({found}); move it aside (or restore a backup) "
+                         "and run again")
+    if write:
+        writable_folder(path)
+
+
+def writable_folder(path: Path) -> None:
+    """SQLite writes its journal beside the store: a folder it cannot write fails the first write, after a run."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.probe-"):
+            pass
+    except OSError as error:
+        raise StoreError(f"{path.parent}: the MLflow store's folder cannot be written ({error.strerror}); make it "
+                         "writable or give another --tracking-uri") from None
+
+
+def first_line(error: BaseException, limit: int = 160) -> str:
+    line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return line if len(line) <= limit else line[:limit - 1] + "…"
 
 
 def tool_commit() -> str:
@@ -210,13 +264,15 @@ def chunks(items: list, size: int) -> Iterable[list]:
 class Store:
     """One MLflow tracking store (SQLite file or server) and the fedbench layout inside it."""
 
-    def __init__(self, uri: str | None = None):
+    def __init__(self, uri: str | None = None, write: bool = True):
+        """`write`: the command writes to the store (a sweep, a run), which is then checked writable first."""
         self.uri = tracking_uri(uri)
         path = sqlite_path(self.uri)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-        self.client = MlflowClient(self.uri) if path is None else open_sqlite(path, self.uri)
+        self.client = MlflowClient(self.uri) if path is None else open_sqlite(path, self.uri, write)
         self.fast = mlflow_fast.probe(self.client)  # None: MLflow's public API only, for the life of this Store
+        self.recovered = self.store_spilled() if write else []
 
     def folder(self) -> Path:
         return store_folder(self.uri)
@@ -358,11 +414,34 @@ class Store:
         params = [Param(k, str(v)) for k, v in trial.params().items()]
         for part in chunks(params, 100):
             self.client.log_batch(run_id, params=part)
-        for source in trial.plugins:  # the plugin's code as the run ran it (its sha256 is the tag plugin_sha256)
+        for source in trial.plugins:  # the plugin's code as the run ran it (its sha256 is the tag plugin_sha256),
+            # with the modules it imports from its folder, which that sha256 covers
             text = source.text if source.text is not None else Path(source.path).read_text() if source.path else None
             if text is not None:
                 self.client.log_text(run_id, text, f"plugins/{Path(source.path).name}")
+            for relative, module_text in source.modules:
+                self.client.log_text(run_id, module_text, f"plugins/{relative}")
         return run_id
+
+    def log_run(self, experiment: str, headline: list[str], trial: Trial, outcome: dict[str, Any],
+                tags: dict[str, str]) -> str:
+        """A run of `fedbench run` that has ended, stored whole: its MLflow run id."""
+        experiment_id = self.experiment(experiment, headline)
+        start_time = outcome["end_time"] - outcome["wall_seconds"]
+        run_id = self.start_trial(experiment_id, trial, None, start_time, tags, role="run")
+        self.finish_trial(run_id, outcome)
+        return run_id
+
+    def store_spilled(self) -> list[str]:
+        """Store the results that commands kept beside this store when it failed them (`spill`), oldest first; the
+        ids of the runs made. A file is removed once its run is stored."""
+        stored = []
+        for path in sorted((self.folder() / SPILLED).glob("*.pickle")):
+            with path.open("rb") as file:
+                kept = pickle.load(file)
+            stored.append(self.log_run(**kept))
+            path.unlink()
+        return stored
 
     def unfinished(self, experiment_id: str, parent_id: str) -> dict[tuple[str, int], str]:
         """The run of each (config hash, seed) of this sweep that an interruption stopped (a kill, Ctrl-C: marked
@@ -447,6 +526,22 @@ class Store:
                 if not isinstance(error.__cause__, sqlalchemy.exc.SQLAlchemyError):
                     raise
         return public()
+
+
+SPILLED = "unstored"  # the folder beside a store of results it failed to take (`spill`)
+
+
+def spill(folder: Path, experiment: str, headline: list[str], trial: Trial, outcome: dict[str, Any],
+          tags: dict[str, str]) -> Path:
+    """A run's result that the store refused (full, damaged, gone), kept in a file beside it for
+    `Store.store_spilled`, which the next command that opens the store for writing calls: the path."""
+    path = folder / SPILLED / f"{time.strftime('%Y%m%d-%H%M%S')}-{trial.config_hash}-{trial.seed}-{os.getpid()}.pickle"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as file:  # whole or not at all
+        pickle.dump({"experiment": experiment, "headline": headline, "trial": trial, "outcome": outcome,
+                     "tags": tags}, file)
+    os.replace(file.name, path)
+    return path
 
 
 CURVE_KEY = "comm_up"  # an engine column: every row of every run has it (the rounds of a stored curve)

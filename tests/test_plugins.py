@@ -301,3 +301,24 @@ print(json.dumps([row["objective"] for row in drive(build_simulation(trial)).row
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_plugin_that_fails_only_in_the_workers_is_named_on_the_console(ray_local, folder, tracking_uri,
+                                                                        monkeypatch):
+    """Runs that raise in a Ray worker (here: a plugin whose set-up fails in any process but the driver, as one
+    whose helper is missing there) are each named on stderr with their error's line and where the rest is; before,
+    the console said `failed 2` and nothing else."""
+    monkeypatch.setenv("DRIVER_PID", str(os.getpid()))
+    (folder / "my_method.py").write_text(MY_METHOD.replace(
+        "    def init_server(self, w0):\n",
+        "    def init_server(self, w0):\n        import os\n"
+        "        if os.environ.get('DRIVER_PID') != str(os.getpid()):\n"
+        "            raise RuntimeError('the helper is missing on this worker')\n"))
+    result = invoke("sweep", folder / "r.yaml", "--tracking-uri", tracking_uri, "--no-report")
+    assert result.exit_code == 1, result.output
+    named = [line for line in result.output.splitlines() if line.startswith("failed: my_method")]
+    assert len(named) == 4, result.output
+    run_ids = {line.rpartition("MLflow run ")[2] for line in named}
+    assert all("RuntimeError: the helper is missing on this worker" in line for line in named)
+    client = MlflowClient(tracking_uri)
+    assert all("the helper is missing" in client.get_run(run_id).data.tags["error"] for run_id in run_ids)

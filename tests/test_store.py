@@ -164,3 +164,78 @@ def test_a_streamed_run_ends_with_the_rows_it_had_not_sent_each_round_once(track
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train_seconds")] == [
         (row["round"], by_then) for row, by_then in zip(rows, seconds)]
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "wall_seconds")] == [(12, 2.5)]
+
+
+# A process that opens a new store, as every fedbench command does first; killed at a moment of the test's choosing.
+OPEN = "import sys; from sweeps.tracking import Store; print('imported', flush=True); Store(sys.argv[1])"
+
+
+@pytest.mark.parametrize("after", [0.5, 2.0, 4.0])
+def test_a_kill_while_a_new_store_is_made_leaves_a_store_the_next_command_opens(tmp_path, after):
+    """SIGKILL `after` seconds into a new store's creation (~7 s of MLflow's migrations): the next command opens it
+    (made complete, or made again), never a half-made store nor a hot journal it cannot recover."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    opening = subprocess.Popen([sys.executable, "-c", OPEN, uri], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert opening.stdout.readline().strip() == "imported"
+    time.sleep(after)
+    opening.kill()
+    opening.wait()
+    store = Store(uri)
+    experiment = store.experiment("after-a-kill")
+    run_id = store.start_trial(experiment, load_race(tmp_path).trials()[0], None, time.time(), {}, role="run")
+    store.finish_trial(run_id, asdict(Outcome([{"round": 0, "objective": 1.0}], "finished", "cpu")))
+    assert MlflowClient(uri).get_run(run_id).info.status == "FINISHED"
+
+
+def load_race(folder: Path):
+    path = folder / "race.yaml"
+    path.write_text(RECIPE)
+    return load(path)
+
+
+def test_a_hot_journal_is_recovered_by_sqlite_not_refused(tracking_uri):
+    """A store whose writer died mid-transaction keeps a hot journal (`mlflow.db-journal`): SQLite rolls it back when
+    the store is next opened for writing; opened read-only first, it answered 'attempt to write a readonly
+    database'."""
+    from sweeps.tracking import sqlite_path
+
+    path = sqlite_path(tracking_uri)
+    writer = subprocess.Popen([sys.executable, "-c", (
+        "import sqlite3, sys, os, signal\n"
+        "db = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+        "db.execute('PRAGMA cache_size = 1')\n"  # pages spill to the file before the commit
+        "db.execute('BEGIN')\n"
+        "db.execute(\"UPDATE experiments SET name = name || 'x'\")\n"
+        "db.execute('CREATE TABLE filler (x)')\n"
+        "db.executemany('INSERT INTO filler VALUES (?)', [('y' * 1000,)] * 5000)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"), str(path)])
+    writer.wait()
+    assert path.with_name(path.name + "-journal").is_file()
+    store = Store(tracking_uri)
+    assert store.client.get_experiment("0").name == "Default"  # the dead writer's change rolled back
+
+
+def damaged(path: Path, how: str) -> None:
+    data = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(data[:len(data) // 3])
+    elif how == "garbage":
+        path.write_bytes(bytes(range(256)) * (len(data) // 256))
+    else:  # partly overwritten: pages in the middle
+        path.write_bytes(data[:8192] + b"\xff" * 65536 + data[8192 + 65536:])
+
+
+@pytest.mark.parametrize("how", ["truncated", "garbage", "overwritten"])
+@pytest.mark.parametrize("command", ["run", "sweep", "report"])
+def test_a_damaged_store_is_refused_in_one_line_before_anything_runs(tmp_path, tracking_uri, how, command):
+    from sweeps.tracking import sqlite_path
+
+    path = sqlite_path(tracking_uri)
+    damaged(path, how)
+    recipe = load_race(tmp_path)
+    result = subprocess.run([sys.executable, "-m", "cli", command, recipe.source, "--tracking-uri", tracking_uri],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stdout + result.stderr
+    assert str(path) in lines[0] and "Traceback" not in result.stdout + result.stderr
+    assert "round" not in result.stdout  # nothing computed: refused first
