@@ -239,3 +239,28 @@ def test_a_damaged_store_is_refused_in_one_line_before_anything_runs(tmp_path, t
     assert result.returncode == 2 and len(lines) == 1, result.stdout + result.stderr
     assert str(path) in lines[0] and "Traceback" not in result.stdout + result.stderr
     assert "round" not in result.stdout  # nothing computed: refused first
+
+
+def test_a_result_the_store_refuses_is_kept_and_stored_by_the_next_command(tmp_path, tracking_uri, monkeypatch):
+    """`fedbench run` computes, then the store fails (full, damaged meanwhile): the run's result is kept in a file
+    beside the store, the one line says where, and the next command that opens the store stores it."""
+    from typer.testing import CliRunner
+
+    from cli import app
+    from sweeps.tracking import SPILLED, sqlite_path
+
+    recipe = load_race(tmp_path)
+
+    def full(*args, **kwargs):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Store, "log_run", full)
+        refused = CliRunner().invoke(app, ["run", recipe.source, "--tracking-uri", tracking_uri])
+    assert refused.exit_code == 2 and "database or disk is full" in refused.output, refused.output
+    kept = list((sqlite_path(tracking_uri).parent / SPILLED).glob("*.pickle"))
+    assert len(kept) == 1 and kept[0].name in refused.output.replace("\n", "")
+    store = Store(tracking_uri)
+    assert len(store.recovered) == 1 and not kept[0].exists()
+    run = store.client.get_run(store.recovered[0])
+    assert run.info.status == "FINISHED" and run.data.tags["seed"] == "0" and "objective" in run.data.metrics
