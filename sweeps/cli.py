@@ -58,22 +58,31 @@ def say(message: str) -> None:
     console.print(message, highlight=False, soft_wrap=True)
 
 
+LONGEST_ERROR = 500  # characters of a refusal's line at most, whatever it embeds (two absolute paths fit)
+
+
 def fail(message: str, detail: str = "") -> None:
     """Refuse: one line (kept short, ~160 characters), then with `fedbench -v` the detail that explains it."""
+    if len(message) > LONGEST_ERROR:  # a message that embeds what it found whole (a path, a store's own error)
+        message = message[:LONGEST_ERROR - 1] + "…"
     errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     if detail and os.environ.get("FEDBENCH_VERBOSE") == "1":
         errors.print(f"       {detail}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
-def open_store(uri: Optional[str]):
-    """The MLflow store; one that cannot be used as it is (e.g. half-migrated) is refused in one line."""
+def open_store(uri: Optional[str], write: bool = True):
+    """The MLflow store; one that cannot be used as it is (damaged, half-migrated; for a command that writes,
+    read-only or full) is refused in one line. Results that an earlier command could not store are stored now."""
     from .tracking import Store, StoreError
 
     try:
-        return Store(uri)
+        store = Store(uri, write)
     except StoreError as err:
         fail(str(err))
+    if store.recovered:
+        say(f"stored {len(store.recovered)} run(s) that an earlier command kept when the store failed it")
+    return store
 
 
 def use_data_dir(data_dir: Optional[Path]) -> None:
@@ -165,6 +174,7 @@ def run(
     except RecipeError as err:
         fail(str(err), err.detail)
     check_builds(recipe, trials, **{"--device": device})
+    store = open_store(tracking_uri) if track else None  # one that cannot take the result: refused before computing
     keep_freed_memory()
     try:
         together = bool(plan_batches(list(enumerate(trials)), cap=len(trials))[0])
@@ -206,18 +216,20 @@ def run(
         rows = outcomes[0].rows if len(trials) == 1 else {str(t.seed): o.rows for t, o in zip(trials, outcomes)}
         json_path.write_text(json.dumps(rows, indent=1))
         say(f"rows written to {json_path}")
-    if track:
+    if store is not None:
         from dataclasses import asdict
 
-        from .tracking import headline_metrics
+        from .tracking import first_line, headline_metrics, spill
 
-        store = open_store(tracking_uri)
-        experiment = store.experiment(recipe.name, headline_metrics(recipe))
         for t, outcome in zip(trials, outcomes):
-            start_time = outcome.end_time - outcome.wall_seconds
-            run_id = store.start_trial(experiment, t, None, start_time, {"recipe_hash": recipe.recipe_hash},
-                                       role="run")
-            store.finish_trial(run_id, asdict(outcome))
+            try:
+                run_id = store.log_run(recipe.name, headline_metrics(recipe), t, asdict(outcome),
+                                       {"recipe_hash": recipe.recipe_hash})
+            except Exception as error:  # the store failed after the run: its result is kept, not lost
+                kept = spill(store.folder(), recipe.name, headline_metrics(recipe), t, asdict(outcome),
+                             {"recipe_hash": recipe.recipe_hash})
+                fail(f"{store.uri}: the run could not be stored ({first_line(error, 100)}); its result is kept in "
+                     f"{kept} and stored by the next fedbench command on this store")
             say(f"logged to {store.uri} (experiment {recipe.name!r}, run {run_id})")
     if any(outcome.status == "diverged" for outcome in outcomes):
         raise typer.Exit(1)
@@ -277,6 +289,7 @@ def sweep(
     data_dir: Optional[Path] = DataOption,
     write_report: bool = typer.Option(True, "--report/--no-report", help="At the end, write the report "
                                       "(reports/<recipe name>/ beside the MLflow store) and log it on the parent run"),
+    yes: bool = typer.Option(False, "--yes", help="Run a recipe of more runs than its max_runs: (default 2000)"),
 ) -> None:
     """Run every (config, seed) of the recipe on Ray Tune; runs already finished in the store are skipped. Several
     recipes are all checked before the first runs (--set applies to each), and share one Ray."""
@@ -286,6 +299,9 @@ def sweep(
     recipes = [load_recipe(path, sets, with_plugins=with_plugins) for path in recipe_paths]
     for recipe in recipes:
         check_builds(recipe, **{"--max-concurrent": max_concurrent, "--device": device})
+        if recipe.runs() > recipe.max_runs and not yes:  # a grid grown by a slip (a zero too many) is not started
+            fail(f"{recipe.source}: max_runs: found {recipe.runs()} runs, above {recipe.max_runs}; pass --yes to run "
+                 f"them all, or raise max_runs:")
     recipes = [on_device(recipe, device) for recipe in recipes]
     if len(recipes) == 1:
         ok = sweep_one(recipes[0], recipe_paths[0], sets, address, tracking_uri, max_concurrent, write_report)
@@ -298,6 +314,9 @@ def sweep(
             fail(str(err))
     if not ok:
         raise typer.Exit(1)
+
+
+FAILURES_SHOWN = 5  # failed runs a sweep's console names, with the line that says why
 
 
 def sweep_one(recipe, recipe_path: Path, sets: Optional[List[str]], address: Optional[str],
@@ -339,6 +358,14 @@ def sweep_one(recipe, recipe_path: Path, sets: Optional[List[str]], address: Opt
     if summary.elsewhere_runs:
         say(f"{summary.elsewhere_runs} runs left to another sweep of this recipe that is computing them "
             f"({', '.join(summary.elsewhere)}); run the same command after it ends to report them all")
+    for failure in summary.failures[:FAILURES_SHOWN]:
+        hp = ", ".join(f"{k}={v}" for k, v in failure.hyperparameters.items())
+        where = (f"; the whole traceback: tag 'error' of MLflow run {failure.run_id}" if failure.run_id
+                 else "; set FEDBENCH_VERBOSE=1 (fedbench -v) to see the workers' output")
+        errors.print(f"failed: {failure.algorithm} ({hp}) seed {failure.seed}: {failure.line}{where}",
+                     highlight=False, soft_wrap=True)
+    if len(summary.failures) > FAILURES_SHOWN:
+        errors.print(f"... and {len(summary.failures) - FAILURES_SHOWN} more failed runs", highlight=False)
     for error in summary.tracking_errors:
         errors.print(f"tracking error: {error}", highlight=False)
     if summary.interrupted:
@@ -435,7 +462,7 @@ class XAxis(str, Enum):
 def make_report(tracking_uri: Optional[str], **source):
     from .report import report
 
-    return report(open_store(tracking_uri), **source)
+    return report(open_store(tracking_uri, write=False), **source)
 
 
 def show_report(result) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+pytest_plugins = ["servers"]  # fixtures of a PostgreSQL-backed MLflow tracking server (tests/servers.py)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -3,16 +3,16 @@ in flight, every (configuration, seed) is computed once, no (run, metric, step) 
 """
 from __future__ import annotations
 
-import sqlite3
 import subprocess
 import sys
 import time
 from collections import Counter
-from contextlib import closing
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+
+from servers import duplicated_metric_rows
 
 pytestmark = pytest.mark.ray
 
@@ -38,39 +38,34 @@ def trials(uri: str) -> list:
                                           if run.data.tags.get("role") == "trial"]
 
 
-def duplicated_rows(uri: str) -> list[tuple]:
-    """(run, metric, step) stored more than once in a SQLite store."""
-    with closing(sqlite3.connect(uri.removeprefix("sqlite:///"))) as db:
-        return db.execute("SELECT run_uuid, key, step, count(*) FROM metrics GROUP BY run_uuid, key, step "
-                          "HAVING count(*) > 1 LIMIT 5").fetchall()
-
 
 def sweep(path: Path, uri: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "cli", "sweep", str(path), "--tracking-uri", uri, "--no-report"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def check_once(uri: str, outputs: list[str]) -> None:
+def check_once(uri: str, outputs: list[str], database=None) -> None:
+    """Every run once, finished, each (run, metric, step) once (in the SQLite store, or the server's `database`)."""
     runs = trials(uri)
     keys = Counter((run.data.tags["config_hash"], run.data.tags["seed"]) for run in runs)
     assert len(keys) == RUNS and set(keys.values()) == {1}, (keys, outputs)
     assert all(run.info.status == "FINISHED" for run in runs), ([run.info.status for run in runs], outputs)
-    assert not duplicated_rows(uri)
+    assert not duplicated_metric_rows(database or uri)
     client = MlflowClient(uri)
     parents = [run for run in client.search_runs([runs[0].info.experiment_id]) if run.data.tags["role"] == "sweep"]
     assert len(parents) == 1, outputs
 
 
-def together(tmp_path: Path, uri: str) -> None:
+def together(tmp_path: Path, uri: str, database=None) -> None:
     path = tmp_path / "twice.yaml"
     path.write_text(RECIPE)
     both = [sweep(path, uri), sweep(path, uri)]
     outputs = [process.communicate(timeout=400)[0] for process in both]
     assert [process.returncode for process in both] == [0, 0], outputs
-    check_once(uri, outputs)
+    check_once(uri, outputs, database)
 
 
-def staggered(tmp_path: Path, uri: str) -> None:
+def staggered(tmp_path: Path, uri: str, database=None) -> None:
     path = tmp_path / "twice.yaml"
     path.write_text(RECIPE)
     first = sweep(path, uri)
@@ -81,7 +76,7 @@ def staggered(tmp_path: Path, uri: str) -> None:
     second = sweep(path, uri)
     outputs = [process.communicate(timeout=400)[0] for process in (first, second)]
     assert [first.returncode, second.returncode] == [0, 0], outputs
-    check_once(uri, outputs)
+    check_once(uri, outputs, database)
 
 
 def test_two_sweeps_started_together_compute_each_run_once(tmp_path):
@@ -90,6 +85,26 @@ def test_two_sweeps_started_together_compute_each_run_once(tmp_path):
 
 def test_a_second_sweep_started_while_runs_are_in_flight_computes_none_twice(tmp_path, tracking_uri):
     staggered(tmp_path, tracking_uri)
+
+
+def test_two_sweeps_together_on_a_tracking_server_compute_each_run_once(tmp_path, fresh_mlflow_server):
+    together(tmp_path, fresh_mlflow_server.uri, fresh_mlflow_server)
+
+
+def test_a_second_sweep_on_a_tracking_server_while_runs_are_in_flight(tmp_path, fresh_mlflow_server):
+    staggered(tmp_path, fresh_mlflow_server.uri, fresh_mlflow_server)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("repetition", range(10))
+def test_two_sweeps_together_10_times_on_a_tracking_server(tmp_path, fresh_mlflow_server, repetition):
+    together(tmp_path, fresh_mlflow_server.uri, fresh_mlflow_server)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("repetition", range(10))
+def test_two_sweeps_staggered_10_times_on_a_tracking_server(tmp_path, fresh_mlflow_server, repetition):
+    staggered(tmp_path, fresh_mlflow_server.uri, fresh_mlflow_server)
 
 
 @pytest.mark.slow

@@ -47,6 +47,7 @@ class Problem:
     caps_batches: ClassVar[bool] = False
     provides: ClassVar[frozenset[str]] = frozenset()  # capabilities (fedbench.contract), whatever the config
     row_elements: ClassVar[int | None] = None  # features per gathered sample (None: dim), for memory budgets
+    size_params: ClassVar[tuple[str, ...]] = ()  # config fields a run's memory grows with (`run_bytes`)
     evaluates_global_model: ClassVar[bool] = True  # False: a metric row needs per-client blocks too
     noisy_minibatches: ClassVar[bool] = False  # True: its minibatches carry noise (`minibatch_noise`)
     # True: `draw_minibatches` draws its steps one after another on the generator, so that drawing a + b steps
@@ -90,6 +91,13 @@ class Problem:
         """The number of clients a resolved config makes, where it is known without building the problem
         (synthetic data), so that a recipe is checked before anything runs; None where it is not."""
         return config.get("clients")
+
+    @classmethod
+    def run_bytes(cls, config: dict[str, Any]) -> int | None:
+        """About the bytes one run holds at its peak (its data and model state, in the dtype it uses), from a resolved
+        config's sizes (`size_params`, which a problem that estimates declares), so that a recipe whose runs no
+        machine holds is refused before anything runs; None: not estimated (data read from files, of their size)."""
+        return None
 
     @classmethod
     def check(cls, config: dict[str, Any]) -> None:

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from fedbench.hparams import Param, ParamError
 from fedbench.metrics import Metric
-from fedbench.problems.least_squares import COMMON_PARAMS, LeastSquares
+from fedbench.problems.least_squares import COMMON_PARAMS, SIZE_PARAMS, LeastSquares
 from fedbench.prox import L1
 
 
@@ -53,6 +53,11 @@ class Lasso(LeastSquares):
                 Metric("recall", "support recovery recall", "max"), Metric("f1", "support recovery F1 score", "max"),
                 Metric("density", "fraction of non-zero coordinates"),
                 Metric("support_accuracy", "support accuracy (zero/non-zero coordinates right)", "max"))
+    size_params = ("dim", *SIZE_PARAMS)
+
+    @classmethod
+    def declared_dim(cls, config):
+        return config["dim"]
 
     @classmethod
     def check(cls, config):

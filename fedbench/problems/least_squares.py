@@ -40,6 +40,7 @@ COMMON_PARAMS = (
     Param("data_seed", "int", None, "seed of the data (None: the trial's seed)", low=0, nullable=True),
 )
 
+SIZE_PARAMS = ("clients", "samples_per_client", "test_samples_per_client")  # and the subclass's dimensions
 TRAIN_MSE = Metric("train_mse", "training loss (mean squared error)", "min")
 TEST_MSE = Metric("test_mse", "test mean squared error (held-out samples)", "min")
 
@@ -53,6 +54,19 @@ class LeastSquares(Problem):
     @classmethod
     def declared_layout(cls, config, read_data=False):
         return Layout(config["clients"], config["samples_per_client"], "samples_per_client")
+
+    @classmethod
+    def declared_dim(cls, config: dict[str, Any]) -> int:
+        """The penalized coordinates a config makes (`feature_dim`), without building the problem."""
+        raise NotImplementedError
+
+    @classmethod
+    def run_bytes(cls, config):
+        d = cls.declared_dim(config) + config["intercept"]
+        rows = config["clients"] * (config["samples_per_client"] + config["test_samples_per_client"])
+        # float64: the samples' features and the draws they are made from (three copies at the peak, with the AR(1)
+        # transposes), the clients' shifts and truths, the objective's d × d Hessian and the reference solver's copy
+        return 8 * (3 * rows * d + 2 * config["clients"] * d + 2 * d * d)
 
     @classmethod
     def metrics(cls, config):

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from fedbench.hparams import Param, ParamError
 from fedbench.metrics import Metric
-from fedbench.problems.least_squares import COMMON_PARAMS, LeastSquares
+from fedbench.problems.least_squares import COMMON_PARAMS, SIZE_PARAMS, LeastSquares
 from fedbench.prox import Nuclear
 
 
@@ -47,6 +47,11 @@ class LowRank(LeastSquares):
 
     recovery = (Metric("fro_error", "Frobenius error ‖W − W*‖_F", "min"),
                 Metric("op_error", "operator-norm error ‖W − W*‖₂", "min"), Metric("rank", "numerical rank of W"))
+    size_params = ("rows", "cols", *SIZE_PARAMS)
+
+    @classmethod
+    def declared_dim(cls, config):
+        return config["rows"] * config["cols"]
 
     @classmethod
     def check(cls, config):

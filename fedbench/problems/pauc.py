@@ -133,9 +133,23 @@ class PartialAUC(Problem):
                             "clients": 16, "model": "mlp"},
     }
 
+    size_params = ("clients", "positives_per_client", "negatives_per_client", "features", "test_size", "val_size",
+                   "hidden")
+
     @classmethod
     def capabilities(cls, config):
         return super().capabilities(config) | ({"linear_outer"} if config["task"] == "auc" else set())
+
+    @classmethod
+    def run_bytes(cls, config):
+        if config["data"] != "synthetic":  # FEMNIST's writers, as many as the file holds
+            return None
+        d = config["features"]
+        rows = config["clients"] * (config["positives_per_client"] + config["negatives_per_client"])
+        parameters = (d + 1) * config["hidden"] + config["hidden"] + 1 if config["model"] == "mlp" else d + 1
+        # float32: the samples' features with the draws they are made from (two copies at the peak: a client's
+        # blocks, then all of them at once), the clean test and validation samples, the model
+        return 4 * (2 * rows * d + (config["test_size"] + config["val_size"]) * d + parameters)
 
     @classmethod
     def metrics(cls, config):

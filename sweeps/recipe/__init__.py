@@ -22,12 +22,12 @@ from fedbench import plugins
 from fedbench.algorithms import ALGORITHMS
 from fedbench.hparams import LIST_KINDS, Param
 from fedbench.problems import PROBLEMS
-from .grid import Recipe, grid_points
+from .grid import MAX_RUNS, Recipe, grid_points
 from .loading import (DuplicateKey, RecipeError, RecipeLoader, apply_overrides, closest, field_paths,
-                                   in_words, read_yaml, unknown, yaml_value)
+                                   in_words, read_yaml, shown, unknown, yaml_value)
 from .metrics import check_metrics, default_modes, metrics_of, named_metrics
-from .schema import (DISTRIBUTIONS, PHRASES, SAMPLERS, SECTIONS, X_AXES, Checkpoints, PrunerSpec, RecipeModel,
-                                  ReportSpec, Resources, SelectSpec, StrictModel, TuneSpec, is_seed, schema_error)
+from .schema import (DISTRIBUTIONS, NAME_RULE, PHRASES, SAMPLERS, SECTIONS, X_AXES, Checkpoints, PrunerSpec,
+                     RecipeModel, ReportSpec, Resources, SelectSpec, StrictModel, TuneSpec, is_seed, schema_error)
 from .space import Dimension, check_space
 from .trials import FEDERATION_NAMES, FEDERATION_PARAMS, Trial, stable_hash
 
@@ -53,8 +53,9 @@ def _check_values(source: str, path: str, param: Param, value: Any) -> list[Any]
     for i, v in enumerate(values):
         try:
             checked.append(param.check(v))
-        except ValueError as err:
-            raise RecipeError(source, f"{path}[{i}]" if is_grid else path, str(err)) from None
+        except ValueError as err:  # the engine's message holds the value whole: shown cut, as the recipe's checks do
+            message = str(err).replace(repr(v), shown(v))
+            raise RecipeError(source, f"{path}[{i}]" if is_grid else path, message) from None
     return checked
 
 
@@ -108,16 +109,24 @@ def parse(raw: dict[str, Any], source: str) -> Recipe:
         for section in [name for name in sections if name in hps]:
             given = hps.pop(section)
             if not isinstance(given, dict):
-                raise RecipeError(source, f"algorithms.{algo}.{section}", f"found {given!r}, expected a mapping of "
-                                  f"{section} parameters that replace the recipe's for {algo}")
+                raise RecipeError(source, f"algorithms.{algo}.{section}", f"found {shown(given)}, expected a mapping "
+                                  f"of {section} parameters that replace the recipe's for {algo}")
             overrides[algo][section] = _check_params(source, f"algorithms.{algo}.{section}", sections[section], given)
         algorithms[algo] = _check_params(source, f"algorithms.{algo}", ALGORITHMS[algo].hparams, hps)
 
     dimensions = check_space(source, model.tune, problem_name, algorithms) if model.tune else ()
     name = model.name or Path(source).stem
+    if model.name is None and name in (".", ".."):  # a file named `...yaml`: its reports would leave their folder
+        raise RecipeError(source, "name", f"found {name!r} (the file's name), expected {NAME_RULE}; set name:")
     recipe = Recipe(source, name, problem_name, problem_grid, federation_grid, algorithms, model.seeds,
                     model.eval_every, model.device, model.divergence_factor, model.resources, model.tune, raw,
-                    dimensions, model.report or ReportSpec(), overrides, checkpoints=model.checkpoints)
+                    dimensions, model.report or ReportSpec(), overrides, checkpoints=model.checkpoints,
+                    max_runs=model.max_runs)
+    runs = recipe.runs()  # counted, not built: a grid of millions is refused before it takes minutes and GBs
+    if runs > MAX_RUNS:
+        seeds = len(recipe.seeds)
+        raise RecipeError(source, "", f"found {runs // seeds} configurations × {seeds} seeds = {runs} runs, expected "
+                          f"at most {MAX_RUNS}")
     # Every grid point must make a valid trial (e.g. clients_per_round <= clients); their declared metrics are what
     # the tune and report blocks may name.
     declared = metrics_of(recipe.trials())

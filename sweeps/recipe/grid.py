@@ -5,7 +5,10 @@ by the rules building its run applies (`check`, `check_builds`).
 from __future__ import annotations
 
 import itertools
+import math
+import os
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any, Optional
 
 from fedbench import contract, plugins
@@ -14,11 +17,16 @@ from fedbench.hparams import ParamError, resolve
 from fedbench.metrics import Metric
 from fedbench.problems import PROBLEMS
 from fedbench.simulate import Federation, minibatch_sizes
-from .loading import RecipeError, closest
+from .loading import RecipeError, closest, in_bytes
 from .metrics import metrics_of
 from .schema import Checkpoints, ReportSpec, Resources, TuneSpec, is_seed
 from .space import Dimension
 from .trials import FEDERATION_NAMES, Trial, stable_hash
+
+
+# Runs of one recipe, whatever max_runs: building and checking each takes ~60 µs and ~2 KB here, so that validating
+# this many takes seconds; a grid above it is refused from its count (`Recipe.runs`) before any trial is built.
+MAX_RUNS = 100_000
 
 
 @dataclass
@@ -43,13 +51,21 @@ class Recipe:
     # it calls (`execute.sweep`, `tuning.tune_recipe`) check again for callers from Python; the data index is read once
     built: set[str] = field(default_factory=set, repr=False, compare=False)
     checkpoints: Checkpoints = field(default_factory=Checkpoints)
+    max_runs: int = 2000  # the most runs `fedbench sweep` starts without --yes
 
     @property
     def recipe_hash(self) -> str:
-        """Of what runs: the report block only changes how results are drawn, and the checkpoints block how often
-        runs save their state, so a sweep is found again (and resumed) after either is edited."""
+        """Of what runs: the report block only changes how results are drawn, the checkpoints block how often
+        runs save their state and max_runs how many a sweep starts unasked, so a sweep is found again (and resumed)
+        after any of them is edited."""
         return stable_hash({key: value for key, value in self.document.items()
-                            if key not in ("report", "checkpoints")})
+                            if key not in ("report", "checkpoints", "max_runs")})
+
+    def runs(self) -> int:
+        """How many trials `trials` makes, counted from the grids' lengths without building them."""
+        configurations = sum(math.prod(len(values) for grid in (*self.grids(algo), hp_grid) for values in grid.values())
+                             for algo, hp_grid in self.algorithms.items())
+        return configurations * len(self.seeds)
 
     def trials(self) -> list[Trial]:
         """The grid expanded: algorithm × problem point × federation point × hyperparameter point × seed."""
@@ -127,6 +143,7 @@ class Recipe:
             problem.check(trial.problem_config)
         except ParamError as err:
             raise RecipeError(self.source, self.field(trial.algorithm, "problem", err.name), err.message) from None
+        self.check_memory(trial)
         try:
             algorithm.check(hp)
         except ParamError as err:
@@ -157,6 +174,18 @@ class Recipe:
                 self.check(trial, read_data=True)
                 self.built.add(trial.config_hash)
 
+    def check_memory(self, trial: Trial) -> None:
+        """Refuse a run whose estimate (`Problem.run_bytes`) exceeds this machine's memory, naming the size parameter
+        whose default would lower it most (the one to lower): building it would die allocating, at run time."""
+        problem, config = PROBLEMS[trial.problem], trial.problem_config
+        needed, available = problem.run_bytes(config), machine_memory()
+        if needed is None or available is None or needed <= available:
+            return
+        defaults = {p.name: p.default for p in problem.params}
+        name = min(problem.size_params, key=lambda size: problem.run_bytes({**config, size: defaults[size]}))
+        raise RecipeError(self.source, self.field(trial.algorithm, "problem", name), f"found {config[name]}: a run "
+                          f"needs ~{in_bytes(needed)}, this machine has {in_bytes(available)}")
+
     def field(self, algorithm: str, section: str, name: str) -> str:
         """The path of a problem or federation parameter in the runs of `algorithm`: its own entry, if it has one."""
         own = name in self.overrides.get(algorithm, {}).get(section, {})
@@ -165,6 +194,16 @@ class Recipe:
     def metrics(self) -> dict[str, Metric]:
         """Every metric the recipe's runs evaluate, by name (the union over its algorithms and grid points)."""
         return metrics_of(self.trials())
+
+
+@cache
+def machine_memory() -> int | None:
+    """This machine's memory in bytes (None where the system does not say): what a run's estimate is held to. On a
+    Ray cluster it is the driver's, where a recipe is checked; a GPU run's data pass through it too."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows), or no such name
+        return None
 
 
 def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:

@@ -1,11 +1,13 @@
-"""Reading a recipe: YAML (safe_load only, `1e-3` a float, a key given twice refused), `--set path=value`
-overrides, and `RecipeError`, the one-line refusal every check of the package raises (with `closest`, the
-valid name nearest a misspelt one, and `in_words`, what a YAML value is, for its `found ...`).
+"""Reading a recipe: YAML (safe_load only, `1e-3` a float, a key given twice refused, its size bounded),
+`--set path=value` overrides, and `RecipeError`, the one-line refusal every check of the package raises (with
+`closest`, the valid name nearest a misspelt one, and `in_words` and `shown`, what a YAML value is, for its
+`found ...`).
 """
 from __future__ import annotations
 
 import difflib
 import re
+import sys
 from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
@@ -21,10 +23,81 @@ class DuplicateKey(yaml.YAMLError):
         super().__init__(f"{path}: given {len(lines)} times")
 
 
+# What one recipe document may hold. A recipe is a few KB; these bound what reading one costs, whatever it holds:
+# aliases are counted each time they are expanded, since what is built from the document (pydantic's checks, a
+# refusal's `found ...`, the hashes of trials) expands them, so that an alias bomb (ten aliases of ten aliases ...
+# of a string: 10^9 strings from 100 lines) is refused as soon as it is read, before anything expands it.
+MAX_BYTES = 1 << 20  # the file
+MAX_NODES = 100_000  # scalars, lists and mappings, aliases expanded (a seeds list of the most seeds takes 10,000)
+MAX_TEXT = MAX_BYTES  # characters of the scalars, aliases expanded: a string repeated by aliases is as large
+MAX_DEPTH = 32  # lists and mappings inside each other (a recipe nests 5 deep; PyYAML composes by recursion)
+
+
+class TooLarge(yaml.YAMLError):
+    """A document beyond what a recipe may hold, found while it is composed: at field `path`, what was found."""
+
+    def __init__(self, path: str, message: str):
+        self.path, self.message = path, message
+        super().__init__(f"{path}: {message}" if path else message)
+
+
 class RecipeLoader(yaml.SafeLoader):
     """SafeLoader (no tags that build Python objects) that also reads `1e-3` as a float, as YAML 1.2
-    does (YAML 1.1 wants `1.0e-3` and would hand the researcher a string), and refuses a key given twice
-    in one mapping (DuplicateKey)."""
+    does (YAML 1.1 wants `1.0e-3` and would hand the researcher a string), refuses a key given twice
+    in one mapping (DuplicateKey), and a document beyond the bounds above (TooLarge) while composing it."""
+
+    def compose_document(self):
+        self.expanded: dict[int, tuple[int, int]] = {}  # node id -> (nodes, characters), aliases expanded
+        self.composed = 0
+        self.at: list[str] = []  # the field path of the node being composed, one part per level
+        return super().compose_document()
+
+    def compose_node(self, parent, index):
+        """The node, its expanded size measured from its children's (an alias's is its anchor's): each node is
+        measured once, so that measuring costs what composing does, however far aliases would expand."""
+        self.at.append(f"[{index}]" if isinstance(index, int) else f".{index.value}"
+                       if isinstance(index, yaml.ScalarNode) else "")
+        if len(self.at) > MAX_DEPTH:
+            raise self.too_large(f"found values nested more than {MAX_DEPTH} levels deep, expected at most "
+                                 f"{MAX_DEPTH}")
+        alias = self.check_event(yaml.AliasEvent)
+        node = super().compose_node(parent, index)
+        if alias:
+            if id(node) not in self.expanded:  # its anchor is still being composed: it holds itself
+                raise self.too_large("found an alias inside its own anchor (a recursive value), expected a tree")
+        else:
+            self.composed += 1  # a long document without aliases is refused before it is all composed
+            if self.composed > MAX_NODES:
+                raise self.too_large(f"found more than {MAX_NODES} nodes, expected at most {MAX_NODES}")
+            self.expanded[id(node)] = self.measure(node)
+        nodes, characters = self.expanded[id(node)]
+        if nodes > MAX_NODES:
+            raise self.too_large(f"found {nodes} nodes with its aliases expanded, expected at most {MAX_NODES}")
+        if characters > MAX_TEXT:
+            raise self.too_large(f"found {in_bytes(characters)} of text with its aliases expanded, expected at "
+                                 f"most {in_bytes(MAX_TEXT)}")
+        self.at.pop()
+        return node
+
+    def measure(self, node: yaml.Node) -> tuple[int, int]:
+        if isinstance(node, yaml.ScalarNode):
+            return 1, len(node.value)
+        children = node.value if isinstance(node, yaml.SequenceNode) else [n for pair in node.value for n in pair]
+        sizes = [self.expanded[id(child)] for child in children]
+        return 1 + sum(n for n, _ in sizes), sum(c for _, c in sizes)
+
+    def too_large(self, message: str) -> TooLarge:
+        path = "".join(self.at).lstrip(".")
+        return TooLarge(path if len(path) <= 60 else path[:60] + "…", message)  # a path 32 levels deep is long
+
+    def construct_yaml_int(self, node):
+        """An integer, or the refusal of one longer than Python reads (its ValueError would be a traceback)."""
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"found an integer of {len(node.value)} digits, expected at most "
+                f"{sys.get_int_max_str_digits()}", node.start_mark) from None
 
     def construct_document(self, node):
         self.paths = field_paths(node)
@@ -62,6 +135,7 @@ def field_paths(root: yaml.Node) -> dict[int, str]:
     return paths
 
 
+RecipeLoader.add_constructor("tag:yaml.org,2002:int", RecipeLoader.construct_yaml_int)
 RecipeLoader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 RecipeLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
@@ -74,11 +148,18 @@ def yaml_value(text: str) -> Any:
     return yaml.load(text, Loader=RecipeLoader)
 
 
+# Characters of a refusal's message. A found value is cut to 40 where the package shows one (`shown`), which keeps a
+# line near 160; this cut, the last resort, leaves room for what a message must say whole: two absolute paths.
+LONGEST_MESSAGE = 400
+
+
 class RecipeError(ValueError):
     """One line (file, field path, what was found, what was expected), short enough to read at a glance;
     `detail`, what explains it further, is shown on a second line by `fedbench -v`."""
 
     def __init__(self, source: str, path: str, message: str, detail: str = ""):
+        if len(message) > LONGEST_MESSAGE:  # a value the engine's own checks put in whole (`found {value!r}`)
+            message = f"{message[:LONGEST_MESSAGE]}… ({in_bytes(len(message))})"
         self.source, self.path, self.message, self.detail = source, path, message, detail
         super().__init__(f"{source}: {path}: {message}" if path else f"{source}: {message}")
 
@@ -97,11 +178,22 @@ def unknown(source: str, path: str, message: str, options) -> RecipeError:
 def read_yaml(path: str | Path) -> dict[str, Any]:
     source = str(path)
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as file:
+            data = file.read(MAX_BYTES + 1)  # no more: the file may be endless (a FIFO, /dev/zero)
     except OSError as err:
         raise RecipeError(source, "", f"cannot read the file ({err.strerror})") from None
+    if len(data) > MAX_BYTES:
+        raise RecipeError(source, "", f"the file holds more than {in_bytes(MAX_BYTES)}, expected a recipe of at "
+                          f"most {in_bytes(MAX_BYTES)}")
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as err:
+        raise RecipeError(source, "", f"the file is not UTF-8 text (byte {data[err.start]:#x} at offset "
+                          f"{err.start})") from None
     try:
         raw = yaml_value(text)
+    except TooLarge as err:
+        raise RecipeError(source, err.path, err.message) from None
     except DuplicateKey as err:
         lines = sorted(set(err.lines))  # one line when a flow mapping ({a: 1, a: 2}) repeats it
         where = f"line {lines[0]}" if len(lines) == 1 else f"lines {', '.join(map(str, lines[:-1]))} and {lines[-1]}"
@@ -129,10 +221,26 @@ def in_words(value: Any) -> str:
     if isinstance(value, (int, float)):
         return f"the number {value}"
     if isinstance(value, str):
-        return f"the string {value if len(value) <= 40 else value[:40] + '…'!r}"
+        return f"the string {shown(value)}"
     if isinstance(value, list):
         return "a list"
     return f"the {type(value).__name__} {value}"  # a date or a timestamp
+
+
+def shown(value: Any, limit: int = 40) -> str:
+    """A found value as YAML wrote it (its repr), cut after `limit` characters with its whole size, so that a
+    refusal stays one short line whatever was found (the bounds of a document keep the whole repr small)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}… ({in_bytes(len(text))})"
+
+
+def in_bytes(count: int) -> str:
+    """A size in bytes (or characters) in binary units: 391 KiB, 1 MiB, 64 TiB."""
+    value, units = float(count), ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB"]
+    while value >= 1024 and len(units) > 1:
+        value /= 1024
+        units.pop(0)
+    return f"{value:.0f} {units[0]}" if value >= 10 or value.is_integer() else f"{value:.1f} {units[0]}"
 
 
 def apply_overrides(raw: dict[str, Any], assignments: list[str], source: str, algorithm: str | None = None) -> dict:
@@ -140,7 +248,7 @@ def apply_overrides(raw: dict[str, Any], assignments: list[str], source: str, al
     for assignment in assignments:
         path, sep, text = assignment.partition("=")
         if not sep or not path:
-            raise RecipeError(source, "--set", f"expected path=value, found {assignment!r}")
+            raise RecipeError(source, "--set", f"expected path=value, found {shown(assignment)}")
         keys = path.split(".")
         if keys[0] == "algorithm":
             listed = raw.get("algorithms")
@@ -151,8 +259,10 @@ def apply_overrides(raw: dict[str, Any], assignments: list[str], source: str, al
             keys = ["algorithms", algorithm, *keys[1:]]
         try:
             value = yaml_value(text)
+        except TooLarge as err:
+            raise RecipeError(source, "--set", f"{path}: {err.message}") from None
         except yaml.YAMLError:
-            raise RecipeError(source, "--set", f"cannot parse the value of {path!r}: {text!r}") from None
+            raise RecipeError(source, "--set", f"cannot parse the value of {path!r}: {shown(text)}") from None
         node = raw
         for key in keys[:-1]:
             node = node.setdefault(key, {})

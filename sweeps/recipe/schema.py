@@ -5,12 +5,13 @@ against the engine's declarations.
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fedbench.simulate import DIVERGENCE_FACTOR
-from .loading import RecipeError, closest, unknown
+from .loading import RecipeError, closest, shown, unknown
 
 
 class StrictModel(BaseModel):
@@ -37,7 +38,7 @@ class Resources(StrictModel):
     @classmethod
     def _pack(cls, value: Any) -> Any:
         if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"found {value!r}, expected 'auto' or an integer >= 1 (runs per Ray trial)")
+            raise ValueError(f"found {shown(value)}, expected 'auto' or an integer >= 1 (runs per Ray trial)")
         return value
 
 
@@ -146,6 +147,24 @@ def _one_of(value: str, options: tuple[str, ...]) -> str:
 
 
 
+MAX_SEEDS = 10_000  # seeds of one recipe: checked before a count is listed (`seeds: 100000000` would be 5 GB)
+MAX_NAME = 500  # characters of a name: MLflow's limit on an experiment's and a run's name
+# A name is a folder's (reports/, checkpoints/) and a file's (optuna-NAME.db) as well as MLflow's: parts of letters,
+# digits, `-`, `_` and `.` between single `/`, none of them `.` or `..` (no part of a path may leave its folder).
+NAME_PART = re.compile(r"[\w.-]+")
+NAME_RULE = "letters, digits, - _ . in parts between single /, none . or .."
+
+
+def check_name(name: str) -> str:
+    """A recipe's `name:` as it is, or ValueError saying what was found and what is expected."""
+    if len(name) > MAX_NAME:
+        raise ValueError(f"found {name[:20]!r}… of {len(name)} characters, expected at most {MAX_NAME} (MLflow's "
+                         f"limit)")
+    if not all(NAME_PART.fullmatch(part) and part not in (".", "..") for part in name.split("/")):
+        raise ValueError(f"found {shown(name)}, expected {NAME_RULE}")
+    return name
+
+
 class RecipeModel(StrictModel):
     name: Optional[str] = Field(None, min_length=1)  # default: the recipe file's name without .yaml
     plugins: list[str] = Field(default_factory=list)  # files (relative to the recipe) or modules of own components
@@ -155,7 +174,7 @@ class RecipeModel(StrictModel):
     federation: dict[str, Any] = Field(default_factory=dict)
     # the algorithms to compare, each mapped to its hyperparameters (a list is a grid axis)
     algorithms: dict[str, Optional[dict[str, Any]]] = Field(min_length=1)
-    # a count n (seeds 0..n-1) or a list of seeds; every configuration runs on each
+    # a count n (seeds 0..n-1) or a list of seeds, at most 10,000; every configuration runs on each
     seeds: Any = Field(1, validate_default=True)
     eval_every: int = Field(10, ge=1)  # evaluate every this many rounds (communication rounds)
     device: str = "auto"  # auto (CUDA where available), cpu, cuda or cuda:N
@@ -166,17 +185,27 @@ class RecipeModel(StrictModel):
     checkpoints: Checkpoints = Field(default_factory=Checkpoints)
     tune: Optional[TuneSpec] = None  # an Optuna search per algorithm (`tune:` below); absent: none
     report: Optional[ReportSpec] = None  # what `fedbench report` draws (`report:` below); absent: the defaults
+    # the most runs (configurations × seeds) `fedbench sweep` starts without --yes
+    max_runs: int = Field(2000, ge=1)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: Optional[str]) -> Optional[str]:
+        return value if value is None else check_name(value)
 
     @field_validator("seeds")
     @classmethod
     def _seeds(cls, value: Any) -> list[int]:
-        if is_seed(value) and value >= 1:
+        expected = f"expected a count from 1 to {MAX_SEEDS} or a list of at most {MAX_SEEDS} distinct integers >= 0"
+        if is_seed(value) and 1 <= value <= MAX_SEEDS:
             return list(range(value))
-        if isinstance(value, list) and value and all(map(is_seed, value)):
+        if isinstance(value, list) and 0 < len(value) <= MAX_SEEDS and all(map(is_seed, value)):
             if len(set(value)) != len(value):
-                raise ValueError(f"found repeated seeds {value}")
+                raise ValueError(f"found repeated seeds {shown(value)}")
             return value
-        raise ValueError(f"found {value!r}, expected a count >= 1 or a non-empty list of integers >= 0")
+        if isinstance(value, list) and len(value) > MAX_SEEDS:
+            raise ValueError(f"found a list of {len(value)} seeds, {expected}")
+        raise ValueError(f"found {shown(value)}, {expected}")
 
     @field_validator("device")
     @classmethod
@@ -209,7 +238,7 @@ def schema_error(source: str, err: ValidationError) -> RecipeError:
     if kind == "value_error":
         return RecipeError(source, path, error["msg"].removeprefix("Value error, "))
     expected = PHRASES.get(kind) or error["msg"].removeprefix("Input should be ")
-    return RecipeError(source, path, f"found {error['input']!r}, expected {expected}")
+    return RecipeError(source, path, f"found {shown(error['input'])}, expected {expected}")
 
 
 PHRASES = {"dict_type": "a mapping", "string_type": "a string", "string_too_short": "a non-empty string",

@@ -72,7 +72,7 @@ def write_report(store: Store, source: Source, out: Optional[Path] = None, x: Op
         colors.setdefault(config.algorithm, f"C{len(colors) % 10}")
     drawn = [config for config in configs if config.rank < settings.curves]
 
-    out = out or store.folder() / "reports" / re.sub(r"[^\w.-]+", "_", source.name)
+    out = out or default_folder(store, source.name)
     out.mkdir(parents=True, exist_ok=True)
     files = []
     metric_pngs = []
@@ -96,6 +96,17 @@ def write_report(store: Store, source: Source, out: Optional[Path] = None, x: Op
         for path in files:
             store.client.log_artifact(source.parent_id, str(path), "report")
     return Report(out, files, configs, settings, source)
+
+
+def default_folder(store: Store, name: str) -> Path:
+    """reports/<name>/ beside the store, refused (ReportError) where the name would leave reports/: an experiment
+    that no recipe made may be named `..` (a recipe's name is checked), whose report would overwrite the store's
+    folder's files."""
+    reports = store.folder() / "reports"
+    folder = reports / re.sub(r"[^\w.-]+", "_", name)
+    if reports.resolve() not in folder.resolve().parents:
+        raise ReportError(f"{folder}: not inside {reports} (the experiment is named {name!r}); pass --out FOLDER")
+    return folder
 
 
 def make_page(store: Store, source: Source, configs: list[Configuration], settings: Settings, figures: list[str],
