@@ -345,6 +345,10 @@ def sweep_one(recipe, recipe_path: Path, sets: Optional[List[str]], address: Opt
         except (ClusterError, RecipeError, StoreError) as err:
             bar.stop()
             fail(str(err), getattr(err, "detail", ""))
+        except KeyboardInterrupt:  # pressed again while Ray stopped: what was stored stays, the rest runs again
+            bar.stop()
+            errors.print("the sweep was interrupted; run the same command again to finish it", highlight=False)
+            raise typer.Exit(130) from None
     table = Table(title=f"sweep {recipe.name}", show_header=True)
     for column in ("runs", "skipped (done before)", "finished", "diverged", "failed", "wall s", "compute s"):
         table.add_column(column, justify="right")
@@ -368,6 +372,9 @@ def sweep_one(recipe, recipe_path: Path, sets: Optional[List[str]], address: Opt
         errors.print(f"... and {len(summary.failures) - FAILURES_SHOWN} more failed runs", highlight=False)
     for error in summary.tracking_errors:
         errors.print(f"tracking error: {error}", highlight=False)
+    if summary.unstored:
+        errors.print(f"{summary.unstored} of the runs counted above were computed but are not in the store; run the "
+                     "same command again to compute them again", highlight=False)
     if summary.interrupted:
         errors.print("the sweep was interrupted; run the same command again to finish it", highlight=False)
     elif write_report:

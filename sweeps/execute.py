@@ -335,6 +335,8 @@ class SweepSummary:
     elsewhere_runs: int = 0  # runs another live sweep of the recipe holds (`sweeps.claims`): left to it
     elsewhere: list[str] = field(default_factory=list)  # those sweeps
     failures: list[Failure] = field(default_factory=list)
+    unstored: int = 0  # runs computed whose end the store did not take (`tracking_errors` says why): run again
+    ray_seconds: float = 0.0  # from the start of the runs until Ray Tune ended (`wall_seconds`: until all is stored)
 
     @property
     def ok(self) -> bool:
@@ -570,6 +572,7 @@ def sweep_claimed(recipe: Recipe, trials: list[Trial], store, experiment_id: str
     state: dict[str, set[int]] = {"running": set(), "ended": set()}
     reached: dict[int, float] = {}  # the last round each in-flight run has reported
     failed: dict[int, str] = {}  # the runs that failed, each with the line that says why
+    ends: list[int] = []  # the runs that ended, in the order they did
     by_key = dict(pending)
     try:
         packs = plan_packs(pending, resources.pack, slot_count, resources.batch_runs,
@@ -592,6 +595,7 @@ def sweep_claimed(recipe: Recipe, trials: list[Trial], store, experiment_id: str
                 state["ended"].add(key)
                 reached.pop(key, None)
                 outcome = result["outcome"]
+                ends.append(key)
                 summary.counts[outcome["status"]] += 1
                 if outcome["status"] == "failed":
                     failed[key] = error_line(outcome["error"] or "")
@@ -635,11 +639,18 @@ def sweep_claimed(recipe: Recipe, trials: list[Trial], store, experiment_id: str
             summary.interrupted = True
         finally:
             shutil.rmtree(storage, ignore_errors=True)
+            summary.ray_seconds = time.perf_counter() - start
         summary.interrupted = summary.interrupted or len(state["ended"]) < len(pending)
     finally:
         for key in state["running"]:
             log.abandoned(key, INTERRUPTED)
-        summary.tracking_errors = log.close()
+        try:
+            summary.tracking_errors = log.close()
+        except KeyboardInterrupt:  # Ctrl-C again while the queued writes are stored: stop waiting for them
+            summary.interrupted = True
+            summary.tracking_errors = [*log.errors, f"{log.queue.qsize()} queued writes were not stored "
+                                                    "(Ctrl-C while they were): run the same command again"]
+        summary.unstored = len(ends) - log.ends_stored
         summary.failures = [Failure(by_key[key].algorithm, by_key[key].hyperparameters, by_key[key].seed, line,
                                     log.run_ids.get(key)) for key, line in sorted(failed.items())]
         summary.wall_seconds = time.perf_counter() - start

@@ -50,6 +50,7 @@ from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 from . import mlflow_fast
+from .mlflow_fast import EndedRun, NewRun
 from .recipe import Recipe, Trial
 
 DEFAULT_URI = "sqlite:///mlflow.db"
@@ -400,27 +401,29 @@ class Store:
                     tags: dict[str, str], role: str = "trial") -> str:
         """A run of one (config, seed): role `trial` in a sweep, `tune_trial` in a tuning session, `run`
         for `fedbench run`."""
-        hp = ", ".join(f"{k}={v}" for k, v in trial.hyperparameters.items())
-        configuration = f"{trial.algorithm} ({hp})"  # what the UI's runs view groups the seeds by
-        run_tags = {"role": role, "problem": trial.problem, "algorithm": trial.algorithm, "seed": str(trial.seed),
-                    "config_hash": trial.config_hash, "configuration": configuration, "status": "running", **tags}
-        if trial.plugins:
-            run_tags["plugin_sha256"] = " ".join(source.sha256 for source in trial.plugins)
-        if parent_id:
-            run_tags[PARENT_TAG] = parent_id
-        run = self.client.create_run(experiment_id, start_time=int(start_time * 1000),
-                                     run_name=f"{configuration} seed {trial.seed}", tags=run_tags)
-        run_id = run.info.run_id
-        params = [Param(k, str(v)) for k, v in trial.params().items()]
-        for part in chunks(params, 100):
+        return self.start_trials(experiment_id, [(trial, new_run(trial, parent_id, start_time, tags, role))])[0]
+
+    def start_trials(self, experiment_id: str, starts: list[tuple[Trial, NewRun]]) -> list[str]:
+        """Runs of trials begun (`new_run`), in one transaction where the store allows (`mlflow_fast`), with each
+        plugin's code as the run ran it: their ids."""
+        runs = [run for _, run in starts]
+        ids = self._fast_or(lambda fast: fast.create_runs(experiment_id, runs),
+                            lambda: [self._create_run(experiment_id, run) for run in runs])
+        for (trial, _), run_id in zip(starts, ids):
+            for source in trial.plugins:  # the plugin's code (its sha256 is the tag plugin_sha256), with the modules
+                # it imports from its folder, which that sha256 covers
+                text = source.text if source.text is not None else Path(source.path).read_text() if source.path else None
+                if text is not None:
+                    self.client.log_text(run_id, text, f"plugins/{Path(source.path).name}")
+                for relative, module_text in source.modules:
+                    self.client.log_text(run_id, module_text, f"plugins/{relative}")
+        return ids
+
+    def _create_run(self, experiment_id: str, run: NewRun) -> str:
+        run_id = self.client.create_run(experiment_id, start_time=run.start_time, run_name=run.name,
+                                        tags=run.tags).info.run_id
+        for part in chunks([Param(k, v) for k, v in run.params.items()], 100):
             self.client.log_batch(run_id, params=part)
-        for source in trial.plugins:  # the plugin's code as the run ran it (its sha256 is the tag plugin_sha256),
-            # with the modules it imports from its folder, which that sha256 covers
-            text = source.text if source.text is not None else Path(source.path).read_text() if source.path else None
-            if text is not None:
-                self.client.log_text(run_id, text, f"plugins/{Path(source.path).name}")
-            for relative, module_text in source.modules:
-                self.client.log_text(run_id, module_text, f"plugins/{relative}")
         return run_id
 
     def log_run(self, experiment: str, headline: list[str], trial: Trial, outcome: dict[str, Any],
@@ -474,25 +477,19 @@ class Store:
                 for run_id, (rows, _, after) in runs.items()}
 
     def finish_trial(self, run_id: str, outcome: dict[str, Any], after: int = -1) -> None:
-        """The curve beyond round `after` (the rows streamed while the run went, `log_rows`, are stored already; a
-        Ray trial's outcome carries only the rows it had not streamed), the summary and the final status, the
-        metrics in one write."""
-        stamp = now_ms()
-        rows = outcome["rows"]
-        seconds = outcome.get("seconds") or []  # train_seconds by each row: a history whose last point is the total
-        last_round = max(after, int(rows[-1]["round"]) if rows else 0)
-        metrics = curve(rows, seconds, after, stamp)
-        has_history = bool(seconds) or after >= 0  # train_seconds by row, in this outcome or streamed
-        metrics += [Metric(key, float(outcome[key]), stamp, last_round)
-                    for key in SUMMARY_METRICS if not (key == "train_seconds" and has_history)]
-        tags = [RunTag("status", outcome["status"]), RunTag("device", outcome["device"]),
-                RunTag("runs_in_batch", str(outcome.get("runs_in_batch", 1)))]  # as run: memory-bound ones alone
-        if outcome.get("error"):
-            tags.append(RunTag("error", outcome["error"][-5000:]))
-        self.log_metrics({run_id: metrics})
-        self.client.log_batch(run_id, tags=tags)
-        self.client.set_terminated(run_id, "FAILED" if outcome["status"] == "failed" else "FINISHED",
-                                   end_time=int(outcome["end_time"] * 1000))
+        self.finish_trials([ended_run(run_id, outcome, after)])
+
+    def finish_trials(self, ended: list[EndedRun]) -> None:
+        """Runs' ends (`ended_run`): in one transaction where the store allows (`mlflow_fast`), else run by run,
+        their metrics in one write each."""
+        def public() -> None:
+            for run in ended:
+                for part in chunks(run.metrics, BATCH):
+                    self.client.log_batch(run.run_id, metrics=part)
+                self.client.log_batch(run.run_id, tags=[RunTag(k, v) for k, v in run.tags.items()])
+                self.client.set_terminated(run.run_id, run.status, end_time=run.end_time)
+
+        self._fast_or(lambda fast: fast.end_runs(ended), public)
 
     def log_metrics(self, by_run: dict[str, list[Metric]]) -> None:
         """Runs' metrics, as `log_batch` would store them: into a SQL store (SQLite by default) in one statement for
@@ -560,60 +557,133 @@ def curve(rows: list[dict[str, float]], seconds: list[float], after: int, stamp:
     return metrics
 
 
+def new_run(trial: Trial, parent_id: str | None, start_time: float, tags: dict[str, str], role: str) -> NewRun:
+    """The MLflow run of a trial as it begins: its name, tags and params."""
+    hp = ", ".join(f"{k}={v}" for k, v in trial.hyperparameters.items())
+    configuration = f"{trial.algorithm} ({hp})"  # what the UI's runs view groups the seeds by
+    run_tags = {"role": role, "problem": trial.problem, "algorithm": trial.algorithm, "seed": str(trial.seed),
+                "config_hash": trial.config_hash, "configuration": configuration, "status": "running", **tags}
+    if trial.plugins:
+        run_tags["plugin_sha256"] = " ".join(source.sha256 for source in trial.plugins)
+    if parent_id:
+        run_tags[PARENT_TAG] = parent_id
+    return NewRun(f"{configuration} seed {trial.seed}", int(start_time * 1000), run_tags,
+                  {k: str(v) for k, v in trial.params().items()})
+
+
+def ended_run(run_id: str, outcome: dict[str, Any], after: int = -1) -> EndedRun:
+    """A run's end from its outcome: the curve beyond round `after` (the rows streamed while the run went, `log_rows`,
+    are stored already; a Ray trial's outcome carries only the rows it had not streamed), the summary metrics, the
+    tags and the final status."""
+    stamp = now_ms()
+    rows = outcome["rows"]
+    seconds = outcome.get("seconds") or []  # train_seconds by each row: a history whose last point is the total
+    last_round = max(after, int(rows[-1]["round"]) if rows else 0)
+    metrics = curve(rows, seconds, after, stamp)
+    has_history = bool(seconds) or after >= 0  # train_seconds by row, in this outcome or streamed
+    metrics += [Metric(key, float(outcome[key]), stamp, last_round)
+                for key in SUMMARY_METRICS if not (key == "train_seconds" and has_history)]
+    tags = {"status": outcome["status"], "device": outcome["device"],
+            "runs_in_batch": str(outcome.get("runs_in_batch", 1))}  # as run: memory-bound ones alone
+    if outcome.get("error"):
+        tags["error"] = outcome["error"][-5000:]
+    return EndedRun(run_id, metrics, tags, "FAILED" if outcome["status"] == "failed" else "FINISHED",
+                    int(outcome["end_time"] * 1000))
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+DRAIN = 500  # events one write of `SweepLog` takes at most: its transactions grow with it
+
+
 class SweepLog:
-    """Every write of a running sweep, made in submission order by one background thread."""
+    """Every write of a running sweep, by one background thread, in the order given. What is queued when the thread is
+    free is written together: its starts in one transaction, its rows in one, its ends in one (`Store.start_trials`,
+    `log_rows`, `finish_trials`), so that the store keeps pace however many runs Ray ends at once. A run's events
+    keep their order: each drained set is written starts first, then rows, then ends."""
 
     def __init__(self, store: Store, experiment_id: str, parent_id: str):
         self.store, self.experiment_id, self.parent_id = store, experiment_id, parent_id
         self.run_ids: dict[Any, str] = {}
         self.stored: dict[Any, int] = {}  # the last round of each run's curve in the store
+        self.ends_stored = 0  # runs whose end the store holds
         self.errors: list[str] = []
-        self.queue: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self.queue: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._work, name="fedbench-mlflow", daemon=True)
         self.thread.start()
 
     def _work(self) -> None:
-        while (job := self.queue.get()) is not None:
-            try:
-                job()
-            except Exception as err:  # keep the sweep going; the summary reports tracking errors
-                self.errors.append(f"{type(err).__name__}: {err}")
+        closing = False
+        while not closing:
+            events = [self.queue.get()]
+            while len(events) < DRAIN and not self.queue.empty():
+                events.append(self.queue.get())
+            closing = events[-1] is None  # `close` puts None last
+            self._write([event for event in events if event is not None])
+
+    def _write(self, events: list[tuple]) -> None:
+        for kind, write in (("start", self._starts), ("rows", self._rows), ("end", self._ends),
+                            ("abandon", self._abandons)):
+            batch = [event[1:] for event in events if event[0] == kind]
+            if batch:
+                try:
+                    write(batch)
+                except Exception as err:  # keep the sweep going; the summary reports tracking errors
+                    self.errors.append(f"{type(err).__name__}: {first_line(err, 300)}")
+
+    def _starts(self, starts: list[tuple]) -> None:
+        fresh = [(key, trial, new_run(trial, self.parent_id, start_time, tags, role))
+                 for key, trial, start_time, tags, role, reopen in starts if reopen is None]
+        ids = self.store.start_trials(self.experiment_id, [(trial, run) for _, trial, run in fresh])
+        for (key, _, _), run_id in zip(fresh, ids):
+            self.run_ids[key], self.stored[key] = run_id, -1
+        for key, _, _, tags, _, reopen in starts:
+            if reopen is not None:
+                self.run_ids[key], self.stored[key] = reopen, self.store.reopen_trial(reopen, tags)
+
+    def _rows(self, batches: list[tuple]) -> None:
+        runs: dict[Any, tuple[list, list]] = {}
+        for (held,) in batches:
+            for key, (rows, seconds) in held.items():
+                if key in self.run_ids:  # else its start was not stored (a tracking error says why)
+                    runs.setdefault(key, ([], []))
+                    runs[key][0].extend(rows)
+                    runs[key][1].extend(seconds)
+        ids = {self.run_ids[key]: key for key in runs}
+        stored = self.store.log_rows({self.run_ids[key]: (rows, seconds, self.stored[key])
+                                      for key, (rows, seconds) in runs.items()})
+        self.stored.update({ids[run_id]: last for run_id, last in stored.items()})
+
+    def _ends(self, ends: list[tuple]) -> None:
+        self.store.finish_trials([ended_run(self.run_ids[key], outcome, self.stored.get(key, -1))
+                                  for key, outcome in ends if key in self.run_ids])
+        self.ends_stored += sum(key in self.run_ids for key, _ in ends)
+
+    def _abandons(self, abandoned: list[tuple]) -> None:
+        for key, reason in abandoned:
+            if key in self.run_ids:
+                self.store.fail_run(self.run_ids[key], reason)
 
     def started(self, key: Any, trial: Trial, start_time: float, tags: dict[str, str], role: str = "trial",
                 reopen: str | None = None) -> None:
         """A run begins: a new MLflow run, or the unfinished one `reopen` of an earlier attempt going again."""
-        def job():
-            if reopen is None:
-                self.run_ids[key] = self.store.start_trial(self.experiment_id, trial, self.parent_id, start_time,
-                                                           tags, role)
-                self.stored[key] = -1
-            else:
-                self.run_ids[key], self.stored[key] = reopen, self.store.reopen_trial(reopen, tags)
-        self.queue.put(job)
+        self.queue.put(("start", key, trial, start_time, tags, role, reopen))
 
     def rows(self, runs: dict[Any, tuple[list[dict[str, float]], list[float]]]) -> None:
         """Rows of in-flight runs, by key, beyond those each has stored (a resumed run hands over its checkpoint's
-        again), in one write: a trial's runs stream together."""
-        def job():
-            ids = {self.run_ids[key]: key for key in runs}
-            stored = self.store.log_rows({self.run_ids[key]: (rows, seconds, self.stored[key])
-                                          for key, (rows, seconds) in runs.items()})
-            self.stored.update({ids[run_id]: last for run_id, last in stored.items()})
-        self.queue.put(job)
+        again): a trial's runs stream together."""
+        self.queue.put(("rows", runs))
 
     def ended(self, key: Any, outcome: dict[str, Any]) -> None:
-        self.queue.put(lambda: self.store.finish_trial(self.run_ids[key], outcome, self.stored.get(key, -1)))
+        self.queue.put(("end", key, outcome))
 
     def abandoned(self, key: Any, reason: str) -> None:
         """A run that started but will not end (its Ray trial died, or the sweep was interrupted)."""
-        self.queue.put(lambda: self.store.fail_run(self.run_ids[key], reason))
+        self.queue.put(("abandon", key, reason))
 
     def close(self) -> list[str]:
         self.queue.put(None)
         self.thread.join()
         return self.errors
-

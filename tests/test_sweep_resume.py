@@ -3,6 +3,7 @@ lost runs; the runs the kill interrupted go on as the same MLflow runs (from the
 `tests/test_sweep_checkpoints.py`), none left RUNNING or FAILED."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -90,3 +91,41 @@ def test_sigkill_then_rerun_completes_the_sweep(tmp_path, tracking_uri, recipe, 
     assert len(trials) == total  # nothing RUNNING, nothing else
     parents = by_role(tracking_uri, "sweep")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED" and parents[0].data.tags["attempts"] == "2"
+
+
+def interrupt_while_running(tmp_path: Path, tracking_uri: str, presses: int) -> tuple[subprocess.CompletedProcess, float]:
+    """Ctrl-C (SIGINT to the sweep's process group, as a terminal sends it) `presses` times, 0.5 s apart, once runs
+    are going: the sweep's output and the seconds from the first press to its exit."""
+    path = tmp_path / "resume.yaml"
+    path.write_text(RECIPE)
+    command = [sys.executable, "-m", "cli", "sweep", str(path), "--tracking-uri", tracking_uri, "--no-report"]
+    sweep = subprocess.Popen(command, cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 180
+    while not any(run.info.status == "RUNNING" for run in by_role(tracking_uri, "trial")):
+        assert sweep.poll() is None and time.monotonic() < deadline, "no run started"
+        time.sleep(0.2)
+    pressed = time.monotonic()
+    for press in range(presses):
+        os.killpg(sweep.pid, signal.SIGINT)
+        time.sleep(0.5)
+    try:
+        output = sweep.communicate(timeout=60)[0]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(sweep.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(command, sweep.returncode, output), time.monotonic() - pressed
+
+
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_stops_the_sweep_marks_its_runs_and_says_so(tmp_path, tracking_uri, presses):
+    """One Ctrl-C: the sweep stops launching, stores what it has, marks the runs it stopped and the parent, prints its
+    summary and an interrupted line, within ~10 s. A second: it exits at once, the parent still marked."""
+    result, seconds = interrupt_while_running(tmp_path, tracking_uri, presses)
+    assert result.returncode not in (0, None) and seconds < 15, (seconds, result.stdout)
+    assert "interrupted" in result.stdout and "Traceback" not in result.stdout, result.stdout
+    parents = by_role(tracking_uri, "sweep")
+    assert [parent.info.status for parent in parents] == ["KILLED"], result.stdout
+    if presses == 1:
+        assert "sweep resume" in result.stdout  # the summary table's title
+        assert not [run for run in by_role(tracking_uri, "trial") if run.info.status == "RUNNING"]

@@ -127,3 +127,47 @@ def test_the_headline_charts_come_first_and_stay_when_the_experiment_is_tagged_a
     assert store.experiment("curves", headline=["f1"]) == experiment and charts(experiment) == ["f1"]
     plain = store.experiment("plain")
     assert json.loads(store.client.get_experiment(plain).tags[key]) == VIEW
+
+
+def test_runs_started_and_ended_many_to_a_transaction_equal_mlflows_own_calls(tmp_path, tracking_uri, monkeypatch):
+    """`Store.start_trials` / `finish_trials` write several runs in one transaction each (`mlflow_fast.create_runs`,
+    `end_runs`): what MLflow then reads of each run (its info but for ids and paths, params, tags, metrics and their
+    histories) equals what `create_run`, `log_batch` and `set_terminated` store for the same run."""
+    from dataclasses import asdict
+
+    from sweeps.execute import Outcome
+    from sweeps.recipe import load
+    from sweeps.tracking import ended_run, new_run
+
+    path = tmp_path / "r.yaml"
+    path.write_text("name: many\nproblem: {name: lasso, clients: 8, samples_per_client: 20, dim: 30, support: 10}\n"
+                    "federation: {rounds: 20, clients_per_round: 4}\nalgorithms: {fedavg: {client_lr: [0.01, 0.02]}}\n"
+                    "seeds: 2\neval_every: 10\n")
+    trials = load(path).trials()
+    fast_store = Store(tracking_uri)
+    experiment = fast_store.experiment("many")
+    starts = [(trial, new_run(trial, "parent", 1000.0 + i, {"node": "n"}, "trial")) for i, trial in enumerate(trials)]
+    outcomes = [asdict(Outcome([{"round": r, "objective": 1.0 / (1 + r + i)} for r in (0, 10, 20)],
+                               "failed" if i == 3 else "finished", "cpu", seconds=[0.1, 0.2, 0.3 + i],
+                               wall_seconds=1.0 + i, error="Traceback ...\nValueError: no" if i == 3 else None,
+                               end_time=2000.0 + i)) for i in range(len(trials))]
+    with monkeypatch.context() as patched:  # one transaction each, not MLflow's calls per run
+        for name in ("create_run", "log_batch", "set_terminated"):
+            patched.setattr(fast_store.client, name, lambda *args, **kwargs: pytest.fail(f"{name} called"))
+        fast = fast_store.start_trials(experiment, starts)
+        fast_store.finish_trials([ended_run(run_id, outcome) for run_id, outcome in zip(fast, outcomes)])
+    monkeypatch.setattr(fast_store, "fast", None)  # MLflow's public API, run by run
+    public = fast_store.start_trials(experiment, starts)
+    fast_store.finish_trials([ended_run(run_id, outcome) for run_id, outcome in zip(public, outcomes)])
+
+    def seen(run_id: str) -> tuple:
+        run = fast_store.client.get_run(run_id)
+        info = {k: v for k, v in vars(run.info).items() if k not in ("_run_id", "_run_uuid", "_artifact_uri")}
+        history = stored(fast_store, run_id)[0]
+        return info, run.data.params, run.data.tags, run.data.metrics, {k: [(s, v) for s, _, v in h]
+                                                                          for k, h in history.items()}
+
+    for mine, theirs in zip(fast, public):
+        assert seen(mine) == seen(theirs)
+        assert fast_store.client.get_run(mine).info.artifact_uri.endswith(f"{mine}/artifacts")
+    assert fast_store.client.get_run(fast[3]).info.status == "FAILED"
