@@ -336,7 +336,6 @@ class SweepSummary:
     elsewhere: list[str] = field(default_factory=list)  # those sweeps
     failures: list[Failure] = field(default_factory=list)
     unstored: int = 0  # runs computed whose end the store did not take (`tracking_errors` says why): run again
-    ray_seconds: float = 0.0  # from the start of the runs until Ray Tune ended (`wall_seconds`: until all is stored)
 
     @property
     def ok(self) -> bool:
@@ -639,7 +638,6 @@ def sweep_claimed(recipe: Recipe, trials: list[Trial], store, experiment_id: str
             summary.interrupted = True
         finally:
             shutil.rmtree(storage, ignore_errors=True)
-            summary.ray_seconds = time.perf_counter() - start
         summary.interrupted = summary.interrupted or len(state["ended"]) < len(pending)
     finally:
         for key in state["running"]:
