@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import logging
 import math
 import os
 import signal
@@ -46,6 +47,9 @@ def main(verbose: bool = typer.Option(False, "--verbose", "-v",
         os.environ["FEDBENCH_VERBOSE"] = "1"
     else:  # read by MLflow when it is imported, i.e. after this (the commands import it lazily)
         os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # no "Creating initial MLflow database tables..."
+        # MLflow logs each database error it raises with its whole traceback (a full disk: hundreds of lines); the
+        # commands say what failed in one line each (refusals, tracking errors)
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
 
 def program() -> str:
@@ -226,7 +230,7 @@ def run(
                 run_id = store.log_run(recipe.name, headline_metrics(recipe), t, asdict(outcome),
                                        {"recipe_hash": recipe.recipe_hash})
             except Exception as error:  # the store failed after the run: its result is kept, not lost
-                kept = spill(store.folder(), recipe.name, headline_metrics(recipe), t, asdict(outcome),
+                kept = spill(store.uri, recipe.name, headline_metrics(recipe), t, asdict(outcome),
                              {"recipe_hash": recipe.recipe_hash})
                 fail(f"{store.uri}: the run could not be stored ({first_line(error, 100)}); its result is kept in "
                      f"{kept} and stored by the next fedbench command on this store")
@@ -370,8 +374,9 @@ def sweep_one(recipe, recipe_path: Path, sets: Optional[List[str]], address: Opt
                      highlight=False, soft_wrap=True)
     if len(summary.failures) > FAILURES_SHOWN:
         errors.print(f"... and {len(summary.failures) - FAILURES_SHOWN} more failed runs", highlight=False)
-    for error in summary.tracking_errors:
-        errors.print(f"tracking error: {error}", highlight=False)
+    for error, times in collections.Counter(summary.tracking_errors).items():
+        errors.print(f"tracking error: {error}{f' ({times} times)' if times > 1 else ''}", highlight=False,
+                     soft_wrap=True)
     if summary.unstored:
         errors.print(f"{summary.unstored} of the runs counted above were computed but are not in the store; run the "
                      "same command again to compute them again", highlight=False)
@@ -487,9 +492,7 @@ def show_report(result) -> None:
             table.add_row(settings.label(config.algorithm), config.varying or "–", config.status,
                           f"{fmt(mean)} ± {fmt(std, 2)}")
     console.print(table)
-    parent = result.source.parent_id
-    where = f"; logged on run {parent} under report/" if parent else ""
-    say(f"report: {result.out / 'index.html'} ({len(result.files)} files){where}")
+    say(f"report: {result.out / 'index.html'} ({len(result.files)} files){f'; {result.logged}' if result.logged else ''}")
 
 
 @app.command()

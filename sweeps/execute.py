@@ -547,7 +547,7 @@ def sweep_claimed(recipe: Recipe, trials: list[Trial], store, experiment_id: str
     from ray import tune
 
     from .relay import Relay
-    from .tracking import INTERRUPTED, SweepLog
+    from .tracking import INTERRUPTED, SweepLog, first_line
 
     resources = recipe.resources
     done = store.completed(experiment_id)
@@ -653,5 +653,8 @@ def sweep_claimed(recipe: Recipe, trials: list[Trial], store, experiment_id: str
                                     log.run_ids.get(key)) for key, line in sorted(failed.items())]
         summary.wall_seconds = time.perf_counter() - start
         status = "FINISHED" if summary.ok else ("KILLED" if summary.interrupted else "FAILED")
-        store.close_sweep(parent_id, status, {**summary.counts, "skipped": summary.skipped})
+        try:
+            store.close_sweep(parent_id, status, {**summary.counts, "skipped": summary.skipped})
+        except Exception as error:  # the store failed (full, gone): the summary says so, no traceback
+            summary.tracking_errors.append(f"the sweep's parent run was not closed: {first_line(error)}")
     return summary

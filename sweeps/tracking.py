@@ -15,6 +15,7 @@ creation is serialized by a lock file beside it (`open_sqlite`).
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import importlib.metadata
 import itertools
 import json
@@ -22,6 +23,7 @@ import os
 import pickle
 import platform
 import queue
+import shutil
 import sqlite3
 import subprocess
 import tempfile
@@ -176,17 +178,29 @@ def check_sqlite(path: Path, write: bool) -> None:
         writable_folder(path)
 
 
+MIN_FREE_BYTES = 8 * 2**20  # free space a store's disk needs for a command that writes: a few runs and journals
+
+
 def writable_folder(path: Path) -> None:
-    """SQLite writes its journal beside the store: a folder it cannot write fails the first write, after a run."""
+    """SQLite writes its journal beside the store: a folder it cannot write, or a full disk, fails the first write,
+    after a run has been computed."""
     try:
         with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.probe-"):
             pass
+        free = shutil.disk_usage(path.parent).free
     except OSError as error:
         raise StoreError(f"{path.parent}: the MLflow store's folder cannot be written ({error.strerror}); make it "
                          "writable or give another --tracking-uri") from None
+    if free < MIN_FREE_BYTES:
+        raise StoreError(f"{path.parent}: the MLflow store's disk is full ({free // 1024} KiB free, at least "
+                         f"{MIN_FREE_BYTES // 2**20} MiB needed); free some space or give another --tracking-uri")
 
 
 def first_line(error: BaseException, limit: int = 160) -> str:
+    """What went wrong, in one line: the first of the message of the error at the root of `error`'s causes (MLflow
+    wraps SQLAlchemy's, which wraps the database's: 'database or disk is full')."""
+    while error.__cause__ is not None:
+        error = error.__cause__
     line = (str(error).strip().splitlines() or [type(error).__name__])[0]
     return line if len(line) <= limit else line[:limit - 1] + "…"
 
@@ -406,6 +420,8 @@ class Store:
     def start_trials(self, experiment_id: str, starts: list[tuple[Trial, NewRun]]) -> list[str]:
         """Runs of trials begun (`new_run`), in one transaction where the store allows (`mlflow_fast`), with each
         plugin's code as the run ran it: their ids."""
+        if not starts:
+            return []
         runs = [run for _, run in starts]
         ids = self._fast_or(lambda fast: fast.create_runs(experiment_id, runs),
                             lambda: [self._create_run(experiment_id, run) for run in runs])
@@ -439,7 +455,8 @@ class Store:
         """Store the results that commands kept beside this store when it failed them (`spill`), oldest first; the
         ids of the runs made. A file is removed once its run is stored."""
         stored = []
-        for path in sorted((self.folder() / SPILLED).glob("*.pickle")):
+        for path in sorted((path for folder in spill_folders(self.uri) for path in folder.glob("*.pickle")),
+                           key=lambda path: path.name):
             with path.open("rb") as file:
                 kept = pickle.load(file)
             stored.append(self.log_run(**kept))
@@ -482,6 +499,9 @@ class Store:
     def finish_trials(self, ended: list[EndedRun]) -> None:
         """Runs' ends (`ended_run`): in one transaction where the store allows (`mlflow_fast`), else run by run,
         their metrics in one write each."""
+        if not ended:
+            return
+
         def public() -> None:
             for run in ended:
                 for part in chunks(run.metrics, BATCH):
@@ -528,17 +548,30 @@ class Store:
 SPILLED = "unstored"  # the folder beside a store of results it failed to take (`spill`)
 
 
-def spill(folder: Path, experiment: str, headline: list[str], trial: Trial, outcome: dict[str, Any],
+def spill_folders(uri: str) -> list[Path]:
+    """Where a store's refused results are kept: beside it, else (that folder full or not writable) in the system's
+    temporary folder, under a name of the store's."""
+    return [store_folder(uri) / SPILLED,
+            Path(tempfile.gettempdir()) / f"fedbench-{SPILLED}" / hashlib.sha256(uri.encode()).hexdigest()[:16]]
+
+
+def spill(uri: str, experiment: str, headline: list[str], trial: Trial, outcome: dict[str, Any],
           tags: dict[str, str]) -> Path:
-    """A run's result that the store refused (full, damaged, gone), kept in a file beside it for
-    `Store.store_spilled`, which the next command that opens the store for writing calls: the path."""
-    path = folder / SPILLED / f"{time.strftime('%Y%m%d-%H%M%S')}-{trial.config_hash}-{trial.seed}-{os.getpid()}.pickle"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as file:  # whole or not at all
-        pickle.dump({"experiment": experiment, "headline": headline, "trial": trial, "outcome": outcome,
-                     "tags": tags}, file)
-    os.replace(file.name, path)
-    return path
+    """A run's result that the store `uri` refused (full, damaged, gone), kept in a file for `Store.store_spilled`,
+    which the next command that opens the store for writing calls: the path."""
+    kept = pickle.dumps({"experiment": experiment, "headline": headline, "trial": trial, "outcome": outcome,
+                         "tags": tags})
+    name = f"{time.strftime('%Y%m%d-%H%M%S')}-{trial.config_hash}-{trial.seed}-{os.getpid()}.pickle"
+    for folder in spill_folders(uri):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=folder, delete=False) as file:  # whole or not at all
+                file.write(kept)
+            os.replace(file.name, folder / name)
+            return folder / name
+        except OSError:
+            continue
+    raise StoreError(f"{store_folder(uri)}: the run could not be kept either (no folder to write it to)")
 
 
 CURVE_KEY = "comm_up"  # an engine column: every row of every run has it (the rounds of a stored curve)

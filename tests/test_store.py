@@ -2,6 +2,8 @@
 logs its run; a store left half-migrated is refused with one line."""
 from __future__ import annotations
 
+import contextlib
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -264,3 +266,91 @@ def test_a_result_the_store_refuses_is_kept_and_stored_by_the_next_command(tmp_p
     assert len(store.recovered) == 1 and not kept[0].exists()
     run = store.client.get_run(store.recovered[0])
     assert run.info.status == "FINISHED" and run.data.tags["seed"] == "0" and "objective" in run.data.metrics
+
+
+@pytest.fixture
+def small_disk(tmp_path, _migrated_store):
+    """A 12 MiB file system of its own (tmpfs) holding a migrated store: filled, or remounted read-only, by a test;
+    skipped where this machine lets no one mount one (root permissions bypass a file's mode, a mount's do not)."""
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"no tmpfs can be mounted here: {mounted.stderr.decode().strip()[:100]}")
+    try:
+        shutil.copy(_migrated_store, folder / "mlflow.db")
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def fedbench(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def refused_in_one_line(result: subprocess.CompletedProcess, *phrases: str) -> None:
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr and "round" not in result.stdout
+    for phrase in phrases:
+        assert phrase in lines[0], lines[0]
+
+
+def test_a_full_disk_is_refused_in_one_line_before_anything_runs(tmp_path, small_disk):
+    with contextlib.suppress(OSError), open(small_disk / "filler", "wb") as filler:
+        while True:
+            filler.write(b"\0" * 2**20)
+    recipe = load_race(tmp_path)
+    uri = f"sqlite:///{small_disk / 'mlflow.db'}"
+    for command in ("run", "sweep"):
+        refused_in_one_line(fedbench(command, recipe.source, "--tracking-uri", uri), "disk is full")
+
+
+def test_a_read_only_store_is_refused_for_writing_and_read_for_a_report(tmp_path, small_disk):
+    recipe = load_race(tmp_path)
+    uri = f"sqlite:///{small_disk / 'mlflow.db'}"
+    assert fedbench("sweep", recipe.source, "--tracking-uri", uri, "--no-report").returncode == 0
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    for command in ("run", "sweep"):
+        refused_in_one_line(fedbench(command, recipe.source, "--tracking-uri", uri), "cannot be written")
+    report = fedbench("report", recipe.source, "--tracking-uri", uri, "--out", str(tmp_path / "report"))
+    assert report.returncode == 0 and "not logged on the parent run: Read-only" in report.stdout, report.stderr
+    assert (tmp_path / "report" / "index.html").is_file()
+
+
+LONGER = RECIPE.replace("rounds: 12", "rounds: 4000").replace("eval_every: 5", "eval_every: 400").replace(
+    "seeds: 4", "seeds: 4\nresources: {pack: 1}")
+
+
+def test_a_disk_that_fills_during_a_sweep_gives_a_summary_of_what_the_store_holds(tmp_path, small_disk):
+    """The disk fills while runs are going: no traceback; the summary says how many computed runs the store did not
+    take and the tracking errors; once space is freed, the same command completes every run once."""
+    path = tmp_path / "race.yaml"
+    path.write_text(LONGER)
+    uri = f"sqlite:///{small_disk / 'mlflow.db'}"
+    sweep = subprocess.Popen([sys.executable, "-m", "cli", "sweep", str(path), "--tracking-uri", uri, "--no-report"],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not any(run.info.status == "RUNNING" for run in runs_of(uri)):
+        assert sweep.poll() is None and time.monotonic() < deadline, sweep.communicate()
+        time.sleep(0.2)
+    with contextlib.suppress(OSError), open(small_disk / "filler", "wb") as filler:
+        while True:
+            filler.write(b"\0" * 2**16)
+    out, err = sweep.communicate(timeout=300)
+    assert sweep.returncode == 1 and "Traceback" not in out + err, out + err
+    assert "tracking error" in err and "not in the store" in err and len(err.splitlines()) < 20, err
+    (small_disk / "filler").unlink()
+    again = subprocess.run([sys.executable, "-m", "cli", "sweep", str(path), "--tracking-uri", uri, "--no-report"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    finished = [run for run in runs_of(uri) if run.info.status == "FINISHED"]
+    assert sorted(run.data.tags["seed"] for run in finished) == ["0", "1", "2", "3"]
+
+
+def runs_of(uri: str) -> list:
+    client = MlflowClient(uri)
+    found = client.get_experiment_by_name("race")
+    return [] if found is None else [run for run in client.search_runs([found.experiment_id])
+                                     if run.data.tags.get("role") == "trial"]

@@ -51,6 +51,7 @@ class Report:
     configurations: list[Configuration]
     settings: Settings
     source: Source  # its parent run, if any, holds the files as artifacts
+    logged: str = ""  # where the files were logged in the store, or why not
 
 
 def write_report(store: Store, source: Source, out: Optional[Path] = None, x: Optional[str] = None) -> Report:
@@ -92,10 +93,15 @@ def write_report(store: Store, source: Source, out: Optional[Path] = None, x: Op
     write_html(out / "index.html", page)
     files += [*figures, csv_path, out / "report.md", out / "index.html"]
 
+    logged = ""
     if source.parent_id is not None:
-        for path in files:
-            store.client.log_artifact(source.parent_id, str(path), "report")
-    return Report(out, files, configs, settings, source)
+        try:
+            for path in files:
+                store.client.log_artifact(source.parent_id, str(path), "report")
+            logged = f"logged on run {source.parent_id} under report/"
+        except OSError as error:  # a read-only store is reported all the same, from its files
+            logged = f"not logged on the parent run: {error.strerror or error}"
+    return Report(out, files, configs, settings, source, logged)
 
 
 def default_folder(store: Store, name: str) -> Path:
