@@ -174,8 +174,23 @@ def check_sqlite(path: Path, write: bool) -> None:
         found = f"table {left[0]} left over" if left else "no schema version"
         raise StoreError(f"{path}: MLflow store half-migrated ({found}); move it aside (or restore a backup) "
                          "and run again")
+    check_schema_version(path)
     if write:
         writable_folder(path)
+
+
+def check_schema_version(path: Path) -> None:
+    """A store of another MLflow's schema: MLflow refuses it at its first use, in a traceback; refused here in one
+    line. fedbench does not upgrade a store itself: MLflow's migrations are not transactional and it asks for a
+    backup first."""
+    from mlflow.store.db.utils import _get_latest_schema_revision
+
+    with closing(sqlite3.connect(path, timeout=60)) as db:
+        (found,) = db.execute("SELECT version_num FROM alembic_version").fetchone()
+    expected = _get_latest_schema_revision()
+    if found != expected:
+        raise StoreError(f"{path}: an MLflow store of another schema version ({found}; this MLflow's is {expected}); "
+                         f"back it up, then run `mlflow db upgrade sqlite:///{path}`")
 
 
 MIN_FREE_BYTES = 8 * 2**20  # free space a store's disk needs for a command that writes: a few runs and journals

@@ -354,3 +354,15 @@ def runs_of(uri: str) -> list:
     found = client.get_experiment_by_name("race")
     return [] if found is None else [run for run in client.search_runs([found.experiment_id])
                                      if run.data.tags.get("role") == "trial"]
+
+
+def test_a_store_of_another_mlflow_schema_is_refused_with_the_upgrade_command(tracking_uri):
+    from sweeps.tracking import StoreError, sqlite_path
+
+    path = sqlite_path(tracking_uri)
+    with closing(sqlite3.connect(path)) as db, db:
+        db.execute("UPDATE alembic_version SET version_num = '0a8213491aaa'")  # an older MLflow's (1.x)
+    with pytest.raises(StoreError) as refused:
+        Store(tracking_uri)
+    assert "another schema version (0a8213491aaa" in str(refused.value)
+    assert f"mlflow db upgrade sqlite:///{path}" in str(refused.value) and "\n" not in str(refused.value)
