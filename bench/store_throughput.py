@@ -5,7 +5,7 @@ the store keeps pace with Ray when writer seconds / Ray seconds is at most ~1.1 
 Ray 36.5 s and the store 310 s).
 With `--sweep`, a real `fedbench sweep` of that many tiny runs on a local Ray instead: Ray's time (until Ray Tune
 ended) against the sweep's (until the store holds every run), and their ratio.
-Usage: python bench/store_throughput.py [--runs 300] [--rows 11] [--ray-seconds 36.5] [--sweep]
+Usage: python bench/store_throughput.py [--runs 300] [--rows 11] [--ray-seconds 36.5] [--sweep] [--tracking-uri URI]
 """
 from __future__ import annotations
 
@@ -29,8 +29,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=11, help="evaluated rows per run")
     parser.add_argument("--ray-seconds", type=float, default=None, help="Ray's own time for these runs, if known")
     parser.add_argument("--sweep", action="store_true", help="a real sweep on a local Ray, not the writer alone")
+    parser.add_argument("--tracking-uri", default=None, help="an MLflow server (default: a new SQLite store)")
     args = parser.parse_args()
-    recipe = parse({"name": "throughput", "seeds": args.runs, "max_runs": args.runs,
+    recipe = parse({"name": f"throughput-{int(time.time())}", "seeds": args.runs, "max_runs": args.runs,
                     "problem": {"name": "lasso", "clients": 4, "samples_per_client": 10, "dim": 10, "support": 2},
                     "federation": {"rounds": 10 * (args.rows - 1), "clients_per_round": 2},
                     "algorithms": {"fedavg": {"client_lr": 0.01}}, "eval_every": 10}, "bench")
@@ -43,7 +44,7 @@ def main() -> None:
 
         with tempfile.TemporaryDirectory() as folder:
             start = time.perf_counter()
-            summary = sweep(recipe, tracking=f"sqlite:///{folder}/mlflow.db", progress=progress)
+            summary = sweep(recipe, tracking=args.tracking_uri or f"sqlite:///{folder}/mlflow.db", progress=progress)
             stored = time.perf_counter()
         ray_seconds, store_seconds = ray_done["at"] - start, stored - start
         print(f"{args.runs} runs: Ray ended the last after {ray_seconds:.1f} s, the store held them all after "
@@ -51,7 +52,7 @@ def main() -> None:
         return
     trials = recipe.trials()
     with tempfile.TemporaryDirectory() as folder:
-        store = Store(f"sqlite:///{folder}/mlflow.db")
+        store = Store(args.tracking_uri or f"sqlite:///{folder}/mlflow.db")
         experiment = store.experiment(recipe.name)
         parent = store.open_sweep(experiment, recipe, [])
         log = SweepLog(store, experiment, parent)

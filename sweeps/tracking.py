@@ -14,6 +14,7 @@ creation is serialized by a lock file beside it (`open_sqlite`).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import fcntl
 import hashlib
 import importlib.metadata
@@ -286,6 +287,9 @@ def line_chart(metric: str, section: str) -> dict:
             "useGlobalXaxisKey": True, "useGlobalLineSmoothing": True}
 
 
+PUBLIC_WRITERS = 8  # runs written at once through MLflow's API to a tracking server
+
+
 def chunks(items: list, size: int) -> Iterable[list]:
     for start in range(0, len(items), size):
         yield items[start:start + size]
@@ -439,7 +443,7 @@ class Store:
             return []
         runs = [run for _, run in starts]
         ids = self._fast_or(lambda fast: fast.create_runs(experiment_id, runs),
-                            lambda: [self._create_run(experiment_id, run) for run in runs])
+                            lambda: self._each_run(lambda run: self._create_run(experiment_id, run), runs))
         for (trial, _), run_id in zip(starts, ids):
             for source in trial.plugins:  # the plugin's code (its sha256 is the tag plugin_sha256), with the modules
                 # it imports from its folder, which that sha256 covers
@@ -517,14 +521,13 @@ class Store:
         if not ended:
             return
 
-        def public() -> None:
-            for run in ended:
-                for part in chunks(run.metrics, BATCH):
-                    self.client.log_batch(run.run_id, metrics=part)
-                self.client.log_batch(run.run_id, tags=[RunTag(k, v) for k, v in run.tags.items()])
-                self.client.set_terminated(run.run_id, run.status, end_time=run.end_time)
+        def end(run: EndedRun) -> None:
+            for part in chunks(run.metrics, BATCH):
+                self.client.log_batch(run.run_id, metrics=part)
+            self.client.log_batch(run.run_id, tags=[RunTag(k, v) for k, v in run.tags.items()])
+            self.client.set_terminated(run.run_id, run.status, end_time=run.end_time)
 
-        self._fast_or(lambda fast: fast.end_runs(ended), public)
+        self._fast_or(lambda fast: fast.end_runs(ended), lambda: self._each_run(end, ended))
 
     def log_metrics(self, by_run: dict[str, list[Metric]]) -> None:
         """Runs' metrics, as `log_batch` would store them: into a SQL store (SQLite by default) in one statement for
@@ -546,6 +549,15 @@ class Store:
         return self._fast_or(lambda fast: fast.select_histories(list(run_ids), key),
                              lambda: {run_id: [(m.step, m.value) for m in self.client.get_metric_history(run_id, key)]
                                       for run_id in run_ids})
+
+    def _each_run(self, write: Callable[[Any], Any], runs: list) -> list:
+        """`write(run)` of each run through MLflow's API: to a tracking server several runs at once, as it answers
+        requests in parallel (the requests of one run stay in order); to a file, one after another, as SQLite takes
+        one writer at a time. What the first failing run raised is raised."""
+        if sqlite_path(self.uri) is not None or len(runs) <= 1:
+            return [write(run) for run in runs]
+        with concurrent.futures.ThreadPoolExecutor(min(PUBLIC_WRITERS, len(runs)), "fedbench-store") as pool:
+            return list(pool.map(write, runs))
 
     def _fast_or(self, direct: Callable[[mlflow_fast.FastPath], Any], public: Callable[[], Any]) -> Any:
         """`direct(fast path)` where the store has one; else, or where the database refuses the statement (a schema
