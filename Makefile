@@ -36,6 +36,7 @@ test-slow: install
 bench: install
 	$(PY) bench/clients_batched.py
 	$(PY) bench/sweep_overhead.py
+	$(PY) bench/store_throughput.py --runs 1000
 	FEDBENCH_DATA=$${FEDBENCH_DATA:-../shared/data} $(PY) bench/per_fedavg_round.py
 
 .PHONY: install demo test test-fast test-slow docs bench

@@ -522,9 +522,10 @@ class Store:
             return
 
         def end(run: EndedRun) -> None:
-            for part in chunks(run.metrics, BATCH):
+            parts = list(chunks(run.metrics, BATCH)) or [[]]
+            for part in parts[:-1]:
                 self.client.log_batch(run.run_id, metrics=part)
-            self.client.log_batch(run.run_id, tags=[RunTag(k, v) for k, v in run.tags.items()])
+            self.client.log_batch(run.run_id, metrics=parts[-1], tags=[RunTag(k, v) for k, v in run.tags.items()])
             self.client.set_terminated(run.run_id, run.status, end_time=run.end_time)
 
         self._fast_or(lambda fast: fast.end_runs(ended), lambda: self._each_run(end, ended))
