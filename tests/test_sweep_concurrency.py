@@ -119,29 +119,39 @@ def test_two_sweeps_staggered_10_times(tmp_path, tracking_uri, repetition):
     staggered(tmp_path, tracking_uri)
 
 
-def killed_early_then_rerun(tmp_path: Path, after: float) -> None:
-    """A sweep on a new store SIGKILLed (with the Ray it started) `after` seconds in: the store's creation, the
-    parent's, the claims or the first runs; the re-run completes with each run once."""
+def killed_then_rerun(tmp_path: Path, after: float | None, uri: str | None = None, database=None) -> None:
+    """A sweep SIGKILLed (with the Ray it started) `after` seconds in (on a new SQLite store unless `uri`: its
+    creation, the parent's, the claims or the runs), or (`after` None) once a run is going; the re-run completes
+    with each run once."""
     import os
     import signal
 
     path = tmp_path / "twice.yaml"
     path.write_text(RECIPE)
-    uri = f"sqlite:///{tmp_path / 'new' / 'mlflow.db'}"
+    uri = uri or f"sqlite:///{tmp_path / 'new' / 'mlflow.db'}"
     first = subprocess.Popen([sys.executable, "-m", "cli", "sweep", str(path), "--tracking-uri", uri, "--no-report"],
                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    time.sleep(after)
+    if after is not None:
+        time.sleep(after)
+    deadline = time.monotonic() + 180
+    while after is None and not any(run.info.status == "RUNNING" for run in trials(uri)):
+        assert first.poll() is None and time.monotonic() < deadline, "no run started"
+        time.sleep(0.2)
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
     rerun = sweep(path, uri)
     output = rerun.communicate(timeout=400)[0]
     assert rerun.returncode == 0, output
-    check_once(uri, [output])
+    check_once(uri, [output], database)
+
+
+def test_a_sweep_on_a_tracking_server_killed_while_runs_go_completes_on_a_rerun(tmp_path, fresh_mlflow_server):
+    killed_then_rerun(tmp_path, None, fresh_mlflow_server.uri, fresh_mlflow_server)
 
 
 @pytest.mark.parametrize("after", [10.0])  # ~3 s of imports, ~7 s making the store, then the claims
 def test_a_sweep_killed_in_its_first_seconds_on_a_new_store_completes_on_a_rerun(tmp_path, after):
-    killed_early_then_rerun(tmp_path, after)
+    killed_then_rerun(tmp_path, after)
 
 
 @pytest.mark.slow
@@ -149,4 +159,4 @@ def test_a_sweep_killed_in_its_first_seconds_on_a_new_store_completes_on_a_rerun
 def test_sigkill_at_20_random_moments_of_the_first_3_s(tmp_path, moment):
     import random
 
-    killed_early_then_rerun(tmp_path, random.Random(moment).uniform(0.0, 3.0))
+    killed_then_rerun(tmp_path, random.Random(moment).uniform(0.0, 3.0))
