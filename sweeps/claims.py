@@ -29,6 +29,8 @@ from typing import Any, Iterable
 from mlflow.entities import Param
 from mlflow.exceptions import MlflowException
 
+from .tracking import StoreError, first_line
+
 CLAIM = "claim"
 OWNER = "owner"
 HEARTBEAT_SECONDS = 10.0
@@ -104,7 +106,6 @@ class Lease:
     def __init__(self, store, experiment_id: str, parent_id: str, recipe_hash: str):
         self.store, self.experiment_id, self.parent_id, self.recipe_hash = store, experiment_id, parent_id, recipe_hash
         self.id = uuid.uuid4().hex[:12]
-        self.started = time.time()
         self._stop = threading.Event()
         self._beat(released=False)  # alive before the first claim, so that no one takes over what it claims
         self._thread = threading.Thread(target=self._beating, name="fedbench-lease", daemon=True)
@@ -130,17 +131,21 @@ class Lease:
         """Claim `runs`: (those this sweep holds now, in the given order; those a live sweep holds, each with that
         owner's description). Claims are written `PARAMS_PER_WRITE` to a transaction; where another sweep wrote
         one of them first the transaction is refused whole, and the store is read again."""
-        for _ in range(WRITE_TRIES):
+        refused = 0
+        while True:
             mine, elsewhere, wanted = self._sort(runs, self.ledger())
             if not wanted:
                 return mine, elsewhere
             for start in range(0, len(wanted), PARAMS_PER_WRITE):
                 try:
                     self.store.client.log_batch(self.parent_id, params=wanted[start:start + PARAMS_PER_WRITE])
-                except MlflowException:  # another sweep claimed one of these first, or the store was busy
+                except MlflowException as error:  # another sweep claimed one of these first, or the store was busy
+                    refused += 1
+                    if refused == WRITE_TRIES:
+                        raise StoreError(f"{self.store.uri}: the sweep's runs could not be claimed in {WRITE_TRIES} "
+                                         f"tries ({first_line(error)})") from None
                     time.sleep(0.05)
                     break
-        raise RuntimeError(f"could not claim the sweep's runs in {WRITE_TRIES} tries on {self.store.uri}")
 
     def _sort(self, runs: list[Run], ledger: Ledger) -> tuple[list[Run], dict[Run, str], list[Param]]:
         """Each run: held by this sweep, held by a live other sweep, or to claim (the claim to write)."""
