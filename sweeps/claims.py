@@ -123,9 +123,7 @@ class Lease:
                 continue
 
     def ledger(self) -> Ledger:
-        parents = self.store.search(self.experiment_id,
-                                    f"tags.role = 'sweep' and tags.recipe_hash = '{self.recipe_hash}'")
-        return Ledger.of(parents)
+        return Ledger.of(self.store.sweep_parents(self.experiment_id, self.recipe_hash))
 
     def claim(self, runs: list[Run]) -> tuple[list[Run], dict[Run, str]]:
         """Claim `runs`: (those this sweep holds now, in the given order; those a live sweep holds, each with that

@@ -492,7 +492,8 @@ def show_report(result) -> None:
             table.add_row(settings.label(config.algorithm), config.varying or "–", config.status,
                           f"{fmt(mean)} ± {fmt(std, 2)}")
     console.print(table)
-    say(f"report: {result.out / 'index.html'} ({len(result.files)} files){f'; {result.logged}' if result.logged else ''}")
+    logged = f"; {result.logged}" if result.logged else ""
+    say(f"report: {result.out / 'index.html'} ({len(result.files)} files){logged}")
 
 
 @app.command()

@@ -313,13 +313,6 @@ class Failure:
     run_id: str | None
 
 
-def error_line(error: str, limit: int = 160) -> str:
-    """What a traceback says went wrong: its last line, cut to `limit` characters."""
-    lines = [line for line in error.strip().splitlines() if line.strip()]
-    line = lines[-1].strip() if lines else "no error text"
-    return line if len(line) <= limit else line[:limit - 1] + "…"
-
-
 @dataclass
 class SweepSummary:
     total: int
@@ -530,7 +523,7 @@ def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | No
         parent_id = store.open_sweep(experiment_id, recipe, overrides or [], parent_tags)
         lease = Lease(store, experiment_id, parent_id, recipe.recipe_hash)
         try:
-            return sweep_claimed(recipe, trials, store, experiment_id, parent_id, lease, tracking, slot_count,
+            return sweep_claimed(recipe, trials, done, store, experiment_id, parent_id, lease, tracking, slot_count,
                                  max_concurrent, progress)
         finally:
             lease.release()
@@ -539,18 +532,17 @@ def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | No
             ray.shutdown()
 
 
-def sweep_claimed(recipe: Recipe, trials: list[Trial], store, experiment_id: str, parent_id: str, lease,
-                  tracking: str | None, slot_count: int, max_concurrent: int | None,
+def sweep_claimed(recipe: Recipe, trials: list[Trial], done: set[tuple[str, int]], store, experiment_id: str,
+                  parent_id: str, lease, tracking: str | None, slot_count: int, max_concurrent: int | None,
                   progress: Callable[[str, dict[str, int]], None] | None) -> SweepSummary:
-    """The runs of the sweep not finished in the store that this sweep could claim (`sweeps.claims`), on Ray Tune;
-    those that another live sweep holds are left to it (`SweepSummary.elsewhere`)."""
+    """The runs of the sweep not finished in the store (`done`, as read before) that this sweep could claim
+    (`sweeps.claims`), on Ray Tune; those that another live sweep holds are left to it (`SweepSummary.elsewhere`)."""
     from ray import tune
 
     from .relay import Relay
-    from .tracking import INTERRUPTED, SweepLog, first_line
+    from .tracking import INTERRUPTED, SweepLog, first_line, last_line
 
     resources = recipe.resources
-    done = store.completed(experiment_id)
     mine, elsewhere = lease.claim([(trial.config_hash, trial.seed) for trial in trials
                                    if (trial.config_hash, trial.seed) not in done])
     done = store.completed(experiment_id)  # finished by a sweep that released its claim meanwhile
@@ -597,7 +589,7 @@ def sweep_claimed(recipe: Recipe, trials: list[Trial], store, experiment_id: str
                 ends.append(key)
                 summary.counts[outcome["status"]] += 1
                 if outcome["status"] == "failed":
-                    failed[key] = error_line(outcome["error"] or "")
+                    failed[key] = last_line(outcome["error"] or "")
                 summary.compute_seconds += outcome["wall_seconds"]
                 log.ended(key, outcome)
             if progress is not None:

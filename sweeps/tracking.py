@@ -153,7 +153,8 @@ def check_sqlite(path: Path, write: bool) -> None:
         with closing(sqlite3.connect(path, timeout=60)) as db:
             problem = db.execute("PRAGMA quick_check(1)").fetchone()[0]
             tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            versioned = "alembic_version" in tables and db.execute("SELECT count(*) FROM alembic_version").fetchone()[0]
+            version = (db.execute("SELECT version_num FROM alembic_version").fetchone()
+                       if "alembic_version" in tables else None)
             if write:
                 db.execute("BEGIN IMMEDIATE")  # the write lock, as a transaction takes it; nothing is written
                 db.execute("ROLLBACK")
@@ -171,23 +172,21 @@ def check_sqlite(path: Path, write: bool) -> None:
     if "experiments" not in tables and not left:
         raise StoreError(f"{path}: not an MLflow store (an SQLite file without MLflow's tables); give another "
                          "--tracking-uri or move it aside")
-    if left or not versioned:
+    if left or version is None:
         found = f"table {left[0]} left over" if left else "no schema version"
         raise StoreError(f"{path}: MLflow store half-migrated ({found}); move it aside (or restore a backup) "
                          "and run again")
-    check_schema_version(path)
+    check_schema_version(path, version[0])
     if write:
         writable_folder(path)
 
 
-def check_schema_version(path: Path) -> None:
-    """A store of another MLflow's schema: MLflow refuses it at its first use, in a traceback; refused here in one
-    line. fedbench does not upgrade a store itself: MLflow's migrations are not transactional and it asks for a
-    backup first."""
+def check_schema_version(path: Path, found: str) -> None:
+    """A store of another MLflow's schema (`found`, its Alembic version): MLflow refuses it at its first use, in a
+    traceback; refused here in one line. fedbench does not upgrade a store itself: MLflow's migrations are not
+    transactional and it asks for a backup first."""
     from mlflow.store.db.utils import _get_latest_schema_revision
 
-    with closing(sqlite3.connect(path, timeout=60)) as db:
-        (found,) = db.execute("SELECT version_num FROM alembic_version").fetchone()
     expected = _get_latest_schema_revision()
     if found != expected:
         raise StoreError(f"{path}: an MLflow store of another schema version ({found}; this MLflow's is {expected}); "
@@ -217,7 +216,16 @@ def first_line(error: BaseException, limit: int = 160) -> str:
     wraps SQLAlchemy's, which wraps the database's: 'database or disk is full')."""
     while error.__cause__ is not None:
         error = error.__cause__
-    line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return cut((str(error).strip().splitlines() or [type(error).__name__])[0], limit)
+
+
+def last_line(text: str, limit: int = 160) -> str:
+    """What a traceback's text says went wrong: its last line, cut to `limit` characters."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return cut(lines[-1] if lines else "no error text", limit)
+
+
+def cut(line: str, limit: int) -> str:
     return line if len(line) <= limit else line[:limit - 1] + "…"
 
 
