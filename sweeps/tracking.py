@@ -30,9 +30,9 @@ import subprocess
 import tempfile
 import threading
 import time
-from contextlib import closing
+from contextlib import closing, contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 from urllib.parse import urlencode
 
 import sqlalchemy.exc
@@ -109,13 +109,25 @@ def open_sqlite(path: Path, uri: str, write: bool = True) -> MlflowClient:
     key = path.resolve()
     if key not in _READY:
         if not made(path):
-            with open(path.with_name(path.name + ".lock"), "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies holding it
+            with store_lock(path):
                 if not made(path):
                     make_sqlite(path)
-        check_sqlite(path, write)
+        if older_schema(path, check_sqlite(path, write), write):
+            with store_lock(path):
+                found = check_sqlite(path, write)
+                if older_schema(path, found, write):  # not upgraded meanwhile by the process that held the lock
+                    upgrade_sqlite(path, found)
         _READY.add(key)
     return MlflowClient(uri)
+
+
+@contextmanager
+def store_lock(path: Path) -> Iterator[None]:
+    """The lock file `<store>.lock` of the processes that make or upgrade a store; released when the file closes,
+    also if its holder dies holding it."""
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def made(path: Path) -> bool:
@@ -144,7 +156,35 @@ def make_sqlite(path: Path) -> None:
     os.replace(temporary, path)
 
 
-def check_sqlite(path: Path, write: bool) -> None:
+def upgrade_sqlite(path: Path, found: str) -> None:
+    """A store of an older MLflow's schema, upgraded as a new one is made: MLflow's migrations run on a copy
+    beside it (they are not transactional; killed midway they would leave the store half-migrated), and the copy
+    replaces the store at once. The store as it was stays beside it as `<store>.before-upgrade-<version>`, the backup
+    MLflow asks for before an upgrade. The caller holds the store's lock."""
+    from mlflow.store.db.utils import _upgrade_db
+
+    for left in path.parent.glob(f".{path.name}.upgrade-*"):
+        left.unlink(missing_ok=True)
+    temporary = path.with_name(f".{path.name}.upgrade-{os.getpid()}")
+    backup = path.with_name(f"{path.name}.before-upgrade-{found}")
+    try:
+        with closing(sqlite3.connect(path, timeout=60)) as source, closing(sqlite3.connect(temporary)) as copy:
+            source.backup(copy)  # a consistent snapshot, even while another process reads the store
+        engine = sqlalchemy.create_engine(f"sqlite:///{temporary}")
+        try:
+            _upgrade_db(engine)
+        finally:
+            engine.dispose()
+        backup.unlink(missing_ok=True)
+        os.link(path, backup)  # the store as it was, kept under a second name: no copy, no moment without a store
+    except (OSError, sqlite3.Error, sqlalchemy.exc.SQLAlchemyError) as error:
+        temporary.unlink(missing_ok=True)
+        raise StoreError(f"{path}: the MLflow store of schema version {found} could not be upgraded "
+                         f"({first_line(error)}); back it up, then run `mlflow db upgrade sqlite:///{path}`") from None
+    os.replace(temporary, path)
+
+
+def check_sqlite(path: Path, write: bool) -> str:
     """Refuse, in one line, a store that every later step would answer with a traceback: damaged (truncated,
     overwritten), half-migrated, or, for a command that writes (`write`), one it cannot write (a read-only file or
     folder, a full disk). Opened for writing where it can be, so that SQLite itself rolls back a hot journal a
@@ -176,21 +216,33 @@ def check_sqlite(path: Path, write: bool) -> None:
         found = f"table {left[0]} left over" if left else "no schema version"
         raise StoreError(f"{path}: MLflow store half-migrated ({found}); move it aside (or restore a backup) "
                          "and run again")
-    check_schema_version(path, version[0])
     if write:
         writable_folder(path)
+    return version[0]
 
 
-def check_schema_version(path: Path, found: str) -> None:
-    """A store of another MLflow's schema (`found`, its Alembic version): MLflow refuses it at its first use, in a
-    traceback; refused here in one line. fedbench does not upgrade a store itself: MLflow's migrations are not
-    transactional and it asks for a backup first."""
-    from mlflow.store.db.utils import _get_latest_schema_revision
+def older_schema(path: Path, found: str, write: bool) -> bool:
+    """Whether a store of schema version `found` (its Alembic revision) is an older MLflow's, to be upgraded
+    (`upgrade_sqlite`); a newer MLflow's store, or an older one opened by a command that only reads, is refused in one
+    line (MLflow would refuse it at its first use, in a traceback)."""
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
+    from mlflow.store.db.utils import _get_alembic_config, _get_latest_schema_revision
 
     expected = _get_latest_schema_revision()
-    if found != expected:
-        raise StoreError(f"{path}: an MLflow store of another schema version ({found}; this MLflow's is {expected}); "
-                         f"back it up, then run `mlflow db upgrade sqlite:///{path}`")
+    if found == expected:
+        return False
+    try:
+        known = ScriptDirectory.from_config(_get_alembic_config(f"sqlite:///{path}")).get_revision(found) is not None
+    except CommandError:
+        known = False
+    if not known:
+        raise StoreError(f"{path}: an MLflow store of a newer schema version ({found}; this MLflow's is {expected}); "
+                         "open it with the MLflow that made it, or give another --tracking-uri")
+    if not write:
+        raise StoreError(f"{path}: an MLflow store of an older schema version ({found}; this MLflow's is {expected}); "
+                         "a command that writes (`fedbench run` or `sweep`) upgrades it, keeping a backup")
+    return True
 
 
 MIN_FREE_BYTES = 8 * 2**20  # free space a store's disk needs for a command that writes: a few runs and journals

@@ -356,13 +356,80 @@ def runs_of(uri: str) -> list:
                                      if run.data.tags.get("role") == "trial"]
 
 
-def test_a_store_of_another_mlflow_schema_is_refused_with_the_upgrade_command(tracking_uri):
+def old_store(path: Path, generations_back: int) -> str:
+    """A store of the MLflow schema `generations_back` migrations before this MLflow's, as an older MLflow made it
+    (its initial tables, then its migrations up to that revision), holding one experiment; its revision."""
+    import sqlalchemy
+    from alembic import command
+    from alembic.script import ScriptDirectory
+    from mlflow.store.db.utils import _get_alembic_config
+    from mlflow.store.tracking.dbmodels.initial_models import Base
+
+    config = _get_alembic_config(f"sqlite:///{path}")
+    revision = [step.revision for step in ScriptDirectory.from_config(config).walk_revisions()][generations_back]
+    engine = sqlalchemy.create_engine(f"sqlite:///{path}")
+    Base.metadata.create_all(engine)
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, revision)
+        connection.execute(sqlalchemy.text("INSERT INTO experiments (name, lifecycle_stage) VALUES ('kept', 'active')"))
+    engine.dispose()
+    return revision
+
+
+def schema_version(path: Path) -> str:
+    with closing(sqlite3.connect(path)) as db:
+        return db.execute("SELECT version_num FROM alembic_version").fetchone()[0]
+
+
+def test_a_store_of_an_older_mlflow_schema_is_upgraded_keeping_a_backup(tmp_path):
+    from mlflow.store.db.utils import _get_latest_schema_revision
+
+    path = tmp_path / "mlflow.db"
+    revision = old_store(path, generations_back=30)
+    store = Store(f"sqlite:///{path}")
+    assert schema_version(path) == _get_latest_schema_revision()
+    assert MlflowClient(f"sqlite:///{path}").get_experiment_by_name("kept") is not None
+    experiment = store.experiment("after-an-upgrade")
+    run_id = store.start_trial(experiment, load_race(tmp_path).trials()[0], None, time.time(), {}, role="run")
+    store.finish_trial(run_id, asdict(Outcome([{"round": 0, "objective": 1.0}], "finished", "cpu")))
+    assert MlflowClient(f"sqlite:///{path}").get_run(run_id).info.status == "FINISHED"
+    assert schema_version(tmp_path / f"mlflow.db.before-upgrade-{revision}") == revision
+    assert not list(tmp_path.glob(".mlflow.db.upgrade-*"))
+
+
+@pytest.mark.parametrize("after", [0.3, 0.8, 1.3])
+def test_a_kill_while_a_store_is_upgraded_leaves_a_store_the_next_command_opens(tmp_path, after):
+    """SIGKILL `after` seconds into the upgrade of a store of MLflow's first schema (its ~67 migrations, ~1 s here):
+    the store is the old one or the upgraded one, never half-migrated, and the next command upgrades and opens it."""
+    from mlflow.store.db.utils import _get_latest_schema_revision
+
+    path = tmp_path / "mlflow.db"
+    old_store(path, generations_back=-1)
+    opening = subprocess.Popen([sys.executable, "-c", OPEN, f"sqlite:///{path}"], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True)
+    assert opening.stdout.readline().strip() == "imported"
+    time.sleep(after)
+    opening.kill()
+    opening.wait()
+    Store(f"sqlite:///{path}").experiment("after-a-kill")
+    assert schema_version(path) == _get_latest_schema_revision()
+    assert MlflowClient(f"sqlite:///{path}").get_experiment_by_name("kept") is not None
+
+
+def test_an_older_store_opened_to_read_and_a_newer_store_are_refused_in_one_line(tmp_path, tracking_uri):
     from sweeps.tracking import StoreError, sqlite_path
 
-    path = sqlite_path(tracking_uri)
-    with closing(sqlite3.connect(path)) as db, db:
-        db.execute("UPDATE alembic_version SET version_num = '0a8213491aaa'")  # an older MLflow's (1.x)
+    path = tmp_path / "old" / "mlflow.db"
+    path.parent.mkdir()
+    revision = old_store(path, generations_back=3)
+    with pytest.raises(StoreError) as refused:
+        Store(f"sqlite:///{path}", write=False)
+    assert f"older schema version ({revision}" in str(refused.value) and "upgrades it" in str(refused.value)
+    assert schema_version(path) == revision  # a command that only reads leaves the store as it is
+    newer = sqlite_path(tracking_uri)
+    with closing(sqlite3.connect(newer)) as db, db:
+        db.execute("UPDATE alembic_version SET version_num = 'f00dfeedbeef'")  # a later MLflow's
     with pytest.raises(StoreError) as refused:
         Store(tracking_uri)
-    assert "another schema version (0a8213491aaa" in str(refused.value)
-    assert f"mlflow db upgrade sqlite:///{path}" in str(refused.value) and "\n" not in str(refused.value)
+    assert "newer schema version (f00dfeedbeef" in str(refused.value) and "\n" not in str(refused.value)
