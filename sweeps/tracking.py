@@ -41,9 +41,12 @@ import yaml
 
 def telemetry_off(environ=os.environ) -> None:
     """MLflow sends usage telemetry unless told not to; fedbench tells it not to, for its own tracking and for
-    the UI server it starts, unless the user set either switch (MLFLOW_DISABLE_TELEMETRY, DO_NOT_TRACK)."""
+    the UI server it starts, unless the user set either switch (MLFLOW_DISABLE_TELEMETRY, DO_NOT_TRACK). Through a
+    tracking server MLflow also prints a run's link when the run ends, after reading the whole run back for it: a
+    request and a line per run, thousands in a sweep, the sweep's own links printed instead."""
     if "MLFLOW_DISABLE_TELEMETRY" not in environ and "DO_NOT_TRACK" not in environ:
         environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
+    environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 
 telemetry_off()  # before MLflow is imported: its telemetry client reads the switch when it starts
