@@ -14,10 +14,38 @@ draws each one that is not a reuse of another, and hands them to `client_step` a
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from torch import Tensor
+
+Method = TypeVar("Method", bound=Callable[..., Any])
+
+
+def over_runs(method: Method) -> Method:
+    """A problem's full-data oracle (`client_grad(w, clients)`: points `[C, ...]`, clients `[C]`) lifted over a
+    leading run axis as the minibatch oracles are: points `[R, C, ...]`, or `[R, 1, ...]` (each run's, every
+    client's), with clients `[R, C]`, or `[C]` (the same in every run), give results `[R, C, ...]`. The runs' clients
+    are one batch of R·C, each with its run's point: a client's values reduce over its own data only, so each run
+    gets the numbers it gets alone."""
+    @functools.wraps(method)
+    def lifted(problem, *args):
+        *points, clients = args
+        if clients.dim() == 1 and all(point.dim() < 3 for point in points):
+            return method(problem, *points, clients)
+        runs = clients.shape[0] if clients.dim() == 2 else next(point.shape[0] for point in points if point.dim() == 3)
+        clients = clients.expand(runs, -1)
+        count = clients.shape[1]
+        result = method(problem, *(point.expand(runs, count, *point.shape[2:]).flatten(0, 1) for point in points),
+                        clients.flatten())
+
+        def unfolded(value: Tensor) -> Tensor:
+            return value.view(runs, count, *value.shape[1:])
+
+        return tuple(map(unfolded, result)) if isinstance(result, tuple) else unfolded(result)
+
+    return lifted  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from fedbench.problems import PROBLEMS, Problem
 GROUPS = {"algorithm": "fedbench.algorithms", "problem": "fedbench.problems"}  # entry-point groups
 ENTRY_POINT = "entry point "  # how an entry point's `Source.spec` starts
 # What a component must define itself (the base classes' versions raise NotImplementedError).
-REQUIRED = {"algorithm": ("client_init", "client_step", "client_final", "server_update"),
+REQUIRED = {"algorithm": ("client_step", "server_update"),
             "problem": ("init_params", "gather", "minibatch_loss", "metrics", "evaluate_global")}
 DECLARED = {"algorithm": "hparams", "problem": "params"}  # its parameter declarations: a tuple of `Param`
 BASES = {"algorithm": Algorithm, "problem": Problem}

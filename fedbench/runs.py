@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from fedbench.algorithms import ALGORITHMS
-from fedbench.algorithms.base import Algorithm, HParams, Round
+from fedbench.algorithms.base import Algorithm, HParams, Round, upload_floats
 from fedbench.oracle import Batches
 from fedbench.simulate import Simulation, evaluate_rows, step_oracles
 
@@ -92,10 +92,25 @@ def why_not_batchable(sims: list[Simulation]) -> str | None:
                                             and _is_float(first.algorithm.declared[k]))]
         if static:
             return f"the runs may differ only in float hyperparameters (per-run values), not in {', '.join(static)}"
+        derived = sorted(k for k in first.algorithm.hp if k not in first.algorithm.declared
+                         and _fixed_part_differs(sim.algorithm.hp[k], first.algorithm.hp[k]))
+        if derived:
+            return (f"the runs' derived values {', '.join(derived)} differ in more than floats (per-run values): "
+                    "a program holds one value of anything else")
         if (sim.federation, sim.eval_every, sim.sampler.sizes, sim.divergence_factor) != (
                 first.federation, first.eval_every, first.sampler.sizes, first.divergence_factor):
             return "the runs must share the federation, batch sizes, evaluation schedule and divergence rule"
     return None
+
+
+def _fixed_part_differs(a: Any, b: Any) -> bool:
+    """Whether two runs' values of a derived quantity (`Algorithm.derive`) differ where a program cannot hold one
+    value per run: anything but floats, field by field in a dataclass."""
+    if dataclasses.is_dataclass(a) and type(a) is type(b):
+        return any(_fixed_part_differs(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
+    if isinstance(a, Tensor) or isinstance(b, Tensor):
+        return not (isinstance(a, Tensor) and isinstance(b, Tensor) and torch.equal(a, b))
+    return a != b and not (_is_float(a) and _is_float(b))
 
 
 def _not_iteration_wise(sim: Simulation) -> str | None:
@@ -435,7 +450,7 @@ class RunBatch:
         else:
             self.server = {k: _rows_replaced(self.server[k], live, v) for k, v in server.items()}
             self.clients = {k: _rows_replaced(self.clients[k], live, v) for k, v in state.items()}
-        self._uploaded = sum(m.numel() for m in message.values()) // runs
+        self._uploaded = clients.shape[1] * upload_floats(algorithm, message)
 
     # -- checkpoints ----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -634,7 +649,7 @@ class IterationBatch(RunBatch):
             server = self.algorithm.server_update(server, message, self._weights(rnd.clients), rnd, hp)
             _write_rows(self.server, server, group, runs)
             _write_rows(self.clients, updated, group, runs)
-            up = sum(m.numel() for m in message.values()) // len(group)
+            up = len(self.clients_all) * upload_floats(self.algorithm, message)
             down = self._downloaded(len(self.clients_all))
             for i in group:
                 self.sims[i].count_round(up, down, self.length[i])

@@ -279,6 +279,38 @@ def test_what_cannot_share_a_batch_is_refused_with_the_reason():
     assert why_not_batchable([sim("asvrcd_pfl", blocks, count_refresh=False)]) is None  # a run alone is a program
 
 
+class RoundedSteps(fedbench.ALGORITHMS["fedavg"]):
+    """FedAvg whose `derive` gives a non-float value from a float hyperparameter: a whole number of local steps per
+    unit of step size, which a program cannot hold per run."""
+
+    name = "rounded_steps"
+
+    def derive(self, hp):
+        return {"steps_per_unit": round(1 / hp.client_lr)}
+
+    def client_step(self, local, batches, rnd, hp):
+        w = local["w"]
+        return {"w": w - hp.client_lr * batches.D.grad(w) * (hp.steps_per_unit / 10)}
+
+
+def test_runs_whose_non_float_derived_values_differ_do_not_share_a_program():
+    """A derived value that is not a float is one per program: runs where it differs run alone (before, a program
+    took the first run's value for every run)."""
+    problem, federation = small_lasso(), Federation(4, 3, 2, 5)
+
+    def sims(rates):
+        return [Simulation(problem, RoundedSteps(problem, client_lr=rate), federation, 0, 2) for rate in rates]
+
+    assert why_not_batchable(sims([0.1, 0.1 + 1e-12])) is None  # the same derived value: one program
+    assert "derived values steps_per_unit" in why_not_batchable(sims([0.1, 0.05]))
+    with pytest.raises(NotBatchable, match="steps_per_unit"):
+        RunBatch(sims([0.1, 0.05]))
+    from sweeps.execute import drive
+
+    alone = [drive(sim).rows for sim in sims([0.1, 0.05])]
+    assert [outcome.rows for outcome in drive_batch(sims([0.1, 0.05]))] == alone
+
+
 def test_simulations_that_cannot_share_a_program_run_one_after_another():
     """`drive_batch` on simulations `why_not_batchable` refuses runs them alone instead of failing them all."""
     from sweeps.execute import drive, drive_batch

@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from fedbench.algorithms.base import coin_flips_to_success
+from fedbench.algorithms.base import Upload, coin_flips_to_success
 from fedbench.algorithms.pfl_rules import BlockMethod, zeros_beta, zeros_w
 from fedbench.hparams import Param
 
@@ -31,6 +31,11 @@ from fedbench.hparams import Param
 class ACDPFL(BlockMethod):
     name = "acd_pfl"
     title = "ACD-PFL"
+    # A w-update all-reduces the devices' full w-gradients: each device sends a d_w-vector, and then computes the
+    # w-block itself (`replicated`)
+    uploads = (Upload("w"),)
+    replicated = ("w_z",)
+    keeps = ("beta", "beta_z")
     requires = frozenset({"block_objective", "full_data"})
     hparams = (Param("unsampled_y", "choice", "x", "y of the block not updated: its x (textbook ACD) or kept",
                      choices=("x", "keep")),)
@@ -82,9 +87,6 @@ class ACDPFL(BlockMethod):
                                         self.mirror_beta)
             w, w_z = self.unsampled(w_x, local["w"], local["w_z"], hp)
         return {"w": w, "w_z": w_z, "beta": beta, "beta_z": beta_z}
-
-    def client_final(self, local, rnd, hp):
-        return {"w": local["w"], "w_z": local["w_z"]}, {"beta": local["beta"], "beta_z": local["beta_z"]}
 
     def server_update(self, server, message, weights, rnd, hp):
         return dict(message)  # the w-block every device holds after the round's all-reduce

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from fedbench.algorithms.base import aggregate, coin_flips_to_success
+from fedbench.algorithms.base import Upload, aggregate, coin_flips_to_success
 from fedbench.algorithms.pfl_rules import ETA, P_W, RHO, BlockMethod, rules, zeros_beta, zeros_w
 from fedbench.hparams import Param
 
@@ -24,6 +24,8 @@ from fedbench.hparams import Param
 class ASCDPFL(BlockMethod):
     name = "ascd_pfl"
     title = "ASCD-PFL"
+    uploads = (Upload("g_w"),)  # each device's share of the w-gradient, all-reduced at a w-update
+    keeps = ("beta", "beta_z")
     hparams = (P_W, ETA, RHO, Param("theta", "float", None, "coupling θ; None: min{0.8, 1/η}", low=0, high=1,
                                     nullable=True))
 
@@ -62,9 +64,6 @@ class ASCDPFL(BlockMethod):
         _, g = batches.D.block_grads(local["w_x"], beta_x, need_w=False)
         beta, beta_z = self.accelerated_step(beta_x, local["beta_z"], hp.beta_gain * g, hp.rules)
         return {**local, "beta": beta, "beta_z": beta_z}
-
-    def client_final(self, local, rnd, hp):
-        return {"g_w": local["g_w"]}, {"beta": local["beta"], "beta_z": local["beta_z"]}
 
     def server_update(self, server, message, weights, rnd, hp):
         w_x = self.couple(server["w"], server["w_z"], hp)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from fedbench.algorithms.base import coin_flips_to_success
+from fedbench.algorithms.base import Upload, coin_flips_to_success
 from fedbench.algorithms.pfl_rules import ETA, P_W, RHO, BlockMethod, rules, zeros_beta, zeros_w
 from fedbench.hparams import Param
 
@@ -35,6 +35,11 @@ BETA_BLOCK = ("beta", "beta_z", "beta_v", "beta_gv")
 class ASVRCDPFL(BlockMethod):
     name = "asvrcd_pfl"
     title = "ASVRCD-PFL"
+    # A round's all-reduce (of the control-variate differences at ζ = w, of ∇_w f_m(v) at a refresh): each device
+    # sends a d_w-vector, then computes the w-block itself (`replicated`)
+    uploads = (Upload("w"),)
+    replicated = W_BLOCK[1:]
+    keeps = BETA_BLOCK
     requires = frozenset({"block_objective", "full_data"})
     hparams = (P_W, ETA, RHO, Param("count_refresh", "bool", True, "a refresh of v ends a communication round (the "
                                     "synthetic code, §3.0) or happens inside one (the CV code)"))
@@ -126,9 +131,6 @@ class ASVRCDPFL(BlockMethod):
         g_w, g_beta = self.problem.client_block_grads(w, beta, everyone)
         return {"w_v": w, "w_gv": g_w.mean(1, keepdim=True),
                 "beta_v": beta, "beta_gv": self.problem.beta_scale * g_beta}
-
-    def client_final(self, local, rnd, hp):
-        return {k: local[k] for k in W_BLOCK}, {k: local[k] for k in BETA_BLOCK}
 
     def server_update(self, server, message, weights, rnd, hp):
         return dict(message)  # the w-block every device holds after the round's all-reduce

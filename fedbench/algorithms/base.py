@@ -9,6 +9,15 @@ does, for R ≥ 1 runs (seeds × grid points; a run alone is R = 1) and the S pa
     message, rows    = client_final(local, rnd, hp)                # message: what clients upload
     server           = server_update(server, message, weights, rnd, hp)
 
+What crosses the network is declared, not inferred from dict keys: `downloads` (server entries every sampled client
+receives), `uploads` (entries of the local state each client sends, `Upload`: with the server entry it is a new
+value of, where it is one, so that a transform such as compression can act on the update `upload − server[entry]`)
+and `keeps` (per-client state, `init_clients`, that a round reads and writes back). `client_init` and `client_final`
+default to routing these names, so an algorithm whose maths is the identity there writes neither: a client starts
+from its own copy of each download it uploads (`broadcast`) and shares the others read-only (`[R, 1, ...]`), with
+its kept rows; it sends its uploads and keeps its `keeps`. A round's communication is counted from the declared
+uploads' shapes: each of the S clients sends Σ_uploads (floats per client) (`upload_floats`).
+
 One rank convention, so that the maths needs no helper: the server state is `[R, 1, ...]` (one row per run, a
 singleton client axis), the round's local state `[R, S, ...]`, per-client state (`init_clients`) `[R, N, ...]`,
 the aggregation weights `[R, S]`, and every float hyperparameter `hp.x` a `[R, 1, 1]` tensor (one value per run)
@@ -39,6 +48,8 @@ run at a time).
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping
 
 import torch
@@ -118,11 +129,31 @@ class Round:
         return torch.stack([sample(gen) for gen in self._streams])
 
 
+@dataclass(frozen=True)
+class Upload:
+    """An entry of the local state that each client sends at a round's end (`name`), and the server entry it is a
+    new value of (`relative_to`, e.g. FedMiD's local model as a new `w`; None where the upload is itself an update or
+    has no server counterpart, e.g. SCAFFOLD's Δy)."""
+
+    name: str
+    relative_to: str | None = None
+
+
+MODEL = Upload("w", relative_to="w")  # a client's local model, a new value of the server's w
+
+
 class Algorithm:
     name: ClassVar[str]
     title: ClassVar[str | None] = None  # the method's name as its paper writes it, for reports (None: `name`)
     hparams: ClassVar[tuple[Param, ...]]
     downloads: ClassVar[tuple[str, ...]] = ("w",)  # server entries every sampled client receives
+    # What each client sends; an instance may set its own where a choice hyperparameter decides (the same for every
+    # run of a program), e.g. whether momentum is averaged
+    uploads: tuple[Upload, ...] = (MODEL,)
+    keeps: tuple[str, ...] = ()  # per-client state a round reads and writes back (likewise)
+    # Entries of the message beyond the uploads that every device computes itself after the round's all-reduce
+    # (participation "all": the block methods' w-block), handed to `server_update` and not counted as sent
+    replicated: ClassVar[tuple[str, ...]] = ()
     personalized: ClassVar[bool] = False  # personal_params gives per-client models: requires personal_evaluation
     requires: ClassVar[frozenset[str]] = frozenset()
     participation: ClassVar[str] = "sampled"  # or "all": every client takes part in every round
@@ -191,13 +222,19 @@ class Algorithm:
         return {}
 
     def client_init(self, server: State, rows: State, rnd: Round, hp: HParams) -> State:
-        raise NotImplementedError
+        """The clients' local state at the round's start: their own copy `[R, S, ...]` of each download they upload,
+        the other downloads shared `[R, 1, ...]`, and their kept rows."""
+        uploaded = {upload.name for upload in self.uploads}
+        local = {name: broadcast(server[name], rnd) if name in uploaded else server[name] for name in self.downloads}
+        return {**local, **{name: rows[name] for name in self.keeps}}
 
     def client_step(self, local: State, batches: Batches, rnd: Round, hp: HParams) -> State:
         raise NotImplementedError
 
     def client_final(self, local: State, rnd: Round, hp: HParams) -> tuple[State, State]:
-        raise NotImplementedError
+        """(message, rows): the declared uploads (and replicated entries), and the kept per-client state."""
+        message = {upload.name: local[upload.name] for upload in self.uploads}
+        return {**message, **{name: local[name] for name in self.replicated}}, {name: local[name] for name in self.keeps}
 
     def server_update(self, server: State, message: State, weights: Tensor, rnd: Round, hp: HParams) -> State:
         raise NotImplementedError
@@ -208,6 +245,23 @@ class Algorithm:
     def personal_params(self, server: State, clients: State) -> Tensor | None:
         """Per-client models `[N, d]` that metrics evaluate, or None for a non-personalized method."""
         return None
+
+
+class MessageError(ValueError):
+    """A round's message that does not hold what the algorithm declares it sends."""
+
+
+def upload_floats(algorithm: Algorithm, message: State) -> int:
+    """Floats one client sends: the sizes of the declared uploads beyond the run and client axes (a `[R, 1, ...]`
+    entry, one value every device holds after an all-reduce, is each device's share of that size). A message
+    whose entries are not the declared `uploads` and `replicated` is refused: what is counted is what is sent."""
+    declared = [upload.name for upload in algorithm.uploads] + list(algorithm.replicated)
+    if message.keys() != set(declared):
+        raise MessageError(f"{algorithm.name}: client_final sent {sorted(message)}, but the algorithm declares "
+                           f"uploads {[upload.name for upload in algorithm.uploads]}"
+                           + (f" and replicated {list(algorithm.replicated)}" if algorithm.replicated else "")
+                           + "; declare what clients send as `uploads = (Upload(name, relative_to=...), ...)`")
+    return sum(math.prod(message[upload.name].shape[2:]) for upload in algorithm.uploads)
 
 
 def broadcast(w: Tensor, rnd: Round) -> Tensor:

@@ -22,9 +22,17 @@ The round counter r, the anchor and the weights restart with each MC-FedDA stage
 """
 from __future__ import annotations
 
-from fedbench.algorithms.base import aggregate, broadcast
-from fedbench.algorithms.dual_averaging import (ALPHA, ALPHA_OFFSET, LOCAL_ORDER, MU, DualAveraging, alpha,
-                                                cumulative_alpha, divide)
+from fedbench.algorithms.base import Upload, aggregate, broadcast
+from fedbench.algorithms.dual_averaging import (
+    ALPHA,
+    ALPHA_OFFSET,
+    LOCAL_ORDER,
+    MU,
+    DualAveraging,
+    alpha,
+    cumulative_alpha,
+    divide,
+)
 from fedbench.hparams import Param
 
 GAMMA_CONVENTION = Param("gamma_convention", "choice", "code", "γ per local step (code: paper γ = γ/E) or per round",
@@ -50,6 +58,7 @@ class CFedDA(DualAveraging):
         CONSTRAINED_PROX,
     )
     downloads = ("g", "wt", "w")
+    uploads = (Upload("g", relative_to="g"),)
 
     @classmethod
     def requirements(cls, hp):
@@ -101,9 +110,6 @@ class CFedDA(DualAveraging):
         if not rnd.is_last_step:
             u = self.cprox(g, local, rnd.index, rnd.local_steps, hp)
         return {**local, "g": g, "u": u}
-
-    def client_final(self, local, rnd, hp):
-        return {"g": local["g"]}, {}
 
     def server_update(self, server, message, weights, rnd, hp):
         g = aggregate(message["g"], weights)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from fedbench.algorithms.base import CLIENT_LR, Algorithm, aggregate, broadcast
+from fedbench.algorithms.base import CLIENT_LR, Algorithm, Upload, aggregate, broadcast
 from fedbench.algorithms.xrisk import DECAY, DECAY_EVERY, stage, step_size
 from fedbench.hparams import Param
 
@@ -50,6 +50,7 @@ class CODASCA(Algorithm):
         DECAY,
     )
     downloads = ("v", "alpha", "c", "ref")
+    uploads = (Upload("v", relative_to="v"), Upload("alpha", relative_to="alpha"), Upload("dc"))
 
     def __init__(self, problem, **hyperparameters):
         super().__init__(problem, **hyperparameters)

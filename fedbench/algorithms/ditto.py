@@ -13,14 +13,16 @@ g is a subgradient of h (spec 000's default treatment of the nonsmooth part) or,
 """
 from __future__ import annotations
 
-from fedbench.algorithms.base import (CLIENT_LR, H_MODE, SERVER_LR, Algorithm, aggregate, broadcast, composite_step,
-                                      per_client_copies)
+from fedbench.algorithms.base import (CLIENT_LR, H_MODE, SERVER_LR, Algorithm, Upload, aggregate, broadcast,
+                                     composite_step, per_client_copies)
 from fedbench.hparams import Param
 
 
 class Ditto(Algorithm):
     name = "ditto"
     title = "Ditto"
+    uploads = (Upload("u", relative_to="w"),)  # the local copy of the global model
+    keeps = ("v",)  # the personal model
     personalized = True
     hparams = (
         CLIENT_LR,
@@ -49,9 +51,6 @@ class Ditto(Algorithm):
             "v": composite_step(self.reg, hp.h_mode, v, pulled, hp.personal_step),
             "w": w,
         }
-
-    def client_final(self, local, rnd, hp):
-        return {"u": local["u"]}, {"v": local["v"]}
 
     def server_update(self, server, message, weights, rnd, hp):
         w = server["w"]

@@ -21,9 +21,17 @@ The anchor term γw₀ of the prox is the same all round: clients compute it onc
 """
 from __future__ import annotations
 
-from fedbench.algorithms.base import aggregate, broadcast
-from fedbench.algorithms.dual_averaging import (ALPHA, ALPHA_OFFSET, LOCAL_ORDER, MU, DualAveraging, alpha,
-                                                cumulative_alpha, divide)
+from fedbench.algorithms.base import Upload, aggregate, broadcast
+from fedbench.algorithms.dual_averaging import (
+    ALPHA,
+    ALPHA_OFFSET,
+    LOCAL_ORDER,
+    MU,
+    DualAveraging,
+    alpha,
+    cumulative_alpha,
+    divide,
+)
 from fedbench.hparams import Param
 
 
@@ -38,7 +46,8 @@ class FastFedDA(DualAveraging):
         LOCAL_ORDER,
         Param("reference_compat", "bool", True, "prox and w̃ update at the last local step too (released code)"),
     )
-    downloads = ("g", "wt")  # w is recomputable from them; uploads are g_k and w̃_k
+    downloads = ("g", "wt")  # w is recomputable from them
+    uploads = (Upload("g", relative_to="g"), Upload("wt", relative_to="wt"))
 
     def _prox(self, g, wt, t: int, pull, hp):
         """Prox_t(g − μw̃/2) = prox_{(A_t/c)·h}((γw₀ − g + μw̃/2)/c), c = μA_t/2 + γ; `pull` = γw₀."""
@@ -67,9 +76,6 @@ class FastFedDA(DualAveraging):
             u = self._prox(g, wt, t, pull, hp)
             wt = wt + self._weighted(t + 1, u, hp)
         return {"g": g, "wt": wt, "u": u, "pull": pull}
-
-    def client_final(self, local, rnd, hp):
-        return {"g": local["g"], "wt": local["wt"]}, {}
 
     def server_update(self, server, message, weights, rnd, hp):
         end = rnd.iteration + rnd.local_steps

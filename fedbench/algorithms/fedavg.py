@@ -8,7 +8,7 @@ With all clients, one local step and full batches this is gradient descent with 
 """
 from __future__ import annotations
 
-from fedbench.algorithms.base import CLIENT_LR, SERVER_LR, Algorithm, aggregate, broadcast
+from fedbench.algorithms.base import CLIENT_LR, SERVER_LR, Algorithm, aggregate
 from fedbench.hparams import Param
 
 
@@ -21,19 +21,15 @@ class FedAvg(Algorithm):
         Param("subgradient", "bool", True, "add a subgradient of h to each local step (FedAvg(∂))"),
     )
 
-    def client_init(self, server, rows, rnd, hp):
-        return {"u": broadcast(server["w"], rnd)}
+    # downloads w, uploads its own u = w after the local steps (the defaults: `Algorithm.uploads`)
 
     def client_step(self, local, batches, rnd, hp):
-        u = local["u"]
+        u = local["w"]
         direction = batches.D.grad(u)
         if hp.subgradient:
             direction = direction + self.reg.subgradient(u)
-        return {"u": u - hp.client_lr * direction}
-
-    def client_final(self, local, rnd, hp):
-        return {"u": local["u"]}, {}
+        return {"w": u - hp.client_lr * direction}
 
     def server_update(self, server, message, weights, rnd, hp):
         w = server["w"]
-        return {"w": w + hp.server_lr * (aggregate(message["u"], weights) - w)}
+        return {"w": w + hp.server_lr * (aggregate(message["w"], weights) - w)}

@@ -18,7 +18,7 @@ import functools
 
 import torch
 
-from fedbench.algorithms.base import CLIENT_LR, SERVER_LR, Algorithm, aggregate, broadcast
+from fedbench.algorithms.base import CLIENT_LR, SERVER_LR, Algorithm, Upload, aggregate, broadcast
 from fedbench.hparams import Param
 
 
@@ -48,6 +48,7 @@ class FedDA(Algorithm):
               choices=("bao", "yuan")),
     )
     downloads = ("z",)
+    uploads = (Upload("z", relative_to="z"),)
 
     def init_server(self, w0):
         return {"z": w0.clone(), "w": w0.clone()}
@@ -61,9 +62,6 @@ class FedDA(Algorithm):
         z = local["z"]
         u = self.reg.prox(z, local["elapsed"][rnd.step])
         return {"z": z - hp.client_lr * batches.D.grad(u), "elapsed": local["elapsed"]}
-
-    def client_final(self, local, rnd, hp):
-        return {"z": local["z"]}, {}
 
     def server_update(self, server, message, weights, rnd, hp):
         z = server["z"]

@@ -11,7 +11,7 @@ Server threshold τ_s (spec 002 §7 item 9):
 """
 from __future__ import annotations
 
-from fedbench.algorithms.base import CLIENT_LR, SERVER_LR, Algorithm, aggregate, broadcast
+from fedbench.algorithms.base import CLIENT_LR, SERVER_LR, Algorithm, aggregate
 from fedbench.hparams import Param
 
 
@@ -25,19 +25,15 @@ class FedMiD(Algorithm):
               choices=("bao", "yuan", "none")),
     )
 
-    def client_init(self, server, rows, rnd, hp):
-        return {"u": broadcast(server["w"], rnd)}
+    # downloads w, uploads its own u = w after the local steps (the defaults: `Algorithm.uploads`)
 
     def client_step(self, local, batches, rnd, hp):
-        u = local["u"]
-        return {"u": self.reg.prox(u - hp.client_lr * batches.D.grad(u), hp.client_lr)}
-
-    def client_final(self, local, rnd, hp):
-        return {"u": local["u"]}, {}
+        u = local["w"]
+        return {"w": self.reg.prox(u - hp.client_lr * batches.D.grad(u), hp.client_lr)}
 
     def server_update(self, server, message, weights, rnd, hp):
         w = server["w"]
-        w = w + hp.server_lr * (aggregate(message["u"], weights) - w)
+        w = w + hp.server_lr * (aggregate(message["w"], weights) - w)
         if hp.server_threshold == "none":
             return {"w": w}
         step = hp.server_lr * hp.client_lr

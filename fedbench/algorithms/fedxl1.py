@@ -13,7 +13,7 @@ Algorithm 1 line 14 swaps B_{i,1} and B_{i,2}; G1 needs passive negatives and G2
 """
 from __future__ import annotations
 
-from fedbench.algorithms.base import CLIENT_LR, aggregate, broadcast
+from fedbench.algorithms.base import CLIENT_LR, MODEL, Upload, aggregate, broadcast
 from fedbench.algorithms.xrisk import DECAY, DECAY_EVERY, HISTORY_ROUNDS, StaleScores, fedxl2_surrogate, step_size
 
 
@@ -23,6 +23,7 @@ class FeDXL1(StaleScores):
     requires = frozenset({"pair_scores", "linear_outer"})  # a nonlinear f needs FeDXL2's u estimates
     hparams = (CLIENT_LR, HISTORY_ROUNDS, DECAY_EVERY, DECAY)
     downloads = ("w", "pool_pos", "pool_neg")
+    uploads = (MODEL, Upload("h_pos"), Upload("h_neg"))  # the model, the round's scores
 
     def init_server(self, w0):
         return {"w": w0.clone(), **self.init_pools(w0)}
@@ -39,9 +40,6 @@ class FeDXL1(StaleScores):
             local["w"], lambda a, b: fedxl2_surrogate(self.problem, a, b, ha, hb, one, one))
         lr = step_size(hp.client_lr, hp.decay, hp.decay_every, rnd)
         return {**local, "w": local["w"] - lr * direction, **self.record(local, scores, positives)}
-
-    def client_final(self, local, rnd, hp):
-        return {k: local[k] for k in ("w", "h_pos", "h_neg")}, {}
 
     def server_update(self, server, message, weights, rnd, hp):
         return {"w": aggregate(message["w"], weights), **self.merge_pools(server, message, hp)}

@@ -21,10 +21,23 @@ from __future__ import annotations
 
 import torch
 
-from fedbench.algorithms.base import CLIENT_LR, aggregate, broadcast
-from fedbench.algorithms.xrisk import (BETA, DECAY, DECAY_EVERY, GAMMA, HISTORY_ROUNDS, U_INIT, StaleScores,
-                                       client_tables, fedxl2_surrogate, moving_average_rates, pair_means, scatter_last,
-                                       step_size, updated_u)
+from fedbench.algorithms.base import CLIENT_LR, MODEL, Upload, aggregate
+from fedbench.algorithms.xrisk import (
+    BETA,
+    DECAY,
+    DECAY_EVERY,
+    GAMMA,
+    HISTORY_ROUNDS,
+    U_INIT,
+    StaleScores,
+    client_tables,
+    fedxl2_surrogate,
+    moving_average_rates,
+    pair_means,
+    scatter_last,
+    step_size,
+    updated_u,
+)
 from fedbench.hparams import Param
 
 
@@ -42,7 +55,14 @@ class FeDXL2(StaleScores):
         DECAY_EVERY,
         DECAY,
     )
-    downloads = ("w", "G", "pool_pos", "pool_u", "pool_neg")
+    def __init__(self, problem, **hyperparameters):
+        super().__init__(problem, **hyperparameters)
+        pools, scores = ("pool_pos", "pool_u", "pool_neg"), (Upload("h_pos"), Upload("u_pos"), Upload("h_neg"))
+        if self.hp.average_momentum:  # the momentum goes down and up with the model
+            self.downloads, self.keeps = ("w", "G", *pools), ("u",)
+            self.uploads = (MODEL, Upload("G", relative_to="G"), *scores)
+        else:  # each client keeps its own
+            self.downloads, self.uploads, self.keeps = ("w", *pools), (MODEL, *scores), ("u", "G")
 
     def derive(self, hp):
         return moving_average_rates(hp)
@@ -54,8 +74,7 @@ class FeDXL2(StaleScores):
         return client_tables(self.problem, self.hp.u_init, self.hp.average_momentum, w0)
 
     def client_init(self, server, rows, rnd, hp):
-        momentum = rows["G"] if "G" in rows else broadcast(server["G"], rnd)
-        return {"w": broadcast(server["w"], rnd), "G": momentum, "u": rows["u"], **self.open_round(server, rnd)}
+        return {**super().client_init(server, rows, rnd, hp), **self.open_round(server, rnd)}
 
     def client_step(self, local, batches, rnd, hp):
         oracle = batches.D
@@ -74,15 +93,6 @@ class FeDXL2(StaleScores):
         return {**local, "w": local["w"] - lr * momentum, "G": momentum,
                 "u": scatter_last(local["u"], oracle.positive_index, fresh["u"]),
                 **self.record(local, scores, positives, fresh["u"])}
-
-    def client_final(self, local, rnd, hp):
-        message = {k: local[k] for k in ("w", "h_pos", "u_pos", "h_neg")}
-        rows = {"u": local["u"]}
-        if hp.average_momentum:
-            message["G"] = local["G"]
-        else:
-            rows["G"] = local["G"]
-        return message, rows
 
     def server_update(self, server, message, weights, rnd, hp):
         return {"w": aggregate(message["w"], weights),

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from fedbench.algorithms.base import Algorithm, coin_flips_to_success
+from fedbench.algorithms.base import Algorithm, Upload, coin_flips_to_success
 from fedbench.algorithms.pfl_rules import rules
 from fedbench.hparams import Param
 from fedbench.oracle import Minibatch
@@ -34,6 +34,9 @@ class L2SGDPlus(Algorithm):
     personalized = True
     requires = frozenset({"mixture", "linear_model"})
     participation = "all"
+    # The averaging step's all-reduce: each device sends its x_m (d floats); x̄ becomes the server's w
+    uploads = (Upload("w"),)
+    keeps = ("x", "table", "table_mean", "psi")
     hparams = (
         Param("eta", "float", None, "step size α (None: ASVRCD's η on the problem)", low=0, low_open=True,
               log=True, nullable=True),
@@ -85,7 +88,7 @@ class L2SGDPlus(Algorithm):
         return {**local, "x": x - hp.alpha * g, "table_mean": table_mean + delta / table.shape[-2]}
 
     def client_final(self, local, rnd, hp):
-        return {"w": local["x"].mean(1, keepdim=True)}, local
+        return {"w": local["x"].mean(1, keepdim=True)}, {k: local[k] for k in self.keeps}
 
     def server_update(self, server, message, weights, rnd, hp):
         return dict(message)

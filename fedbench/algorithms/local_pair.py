@@ -12,10 +12,21 @@ from __future__ import annotations
 
 import torch
 
-from fedbench.algorithms.base import CLIENT_LR, Algorithm, aggregate, broadcast
-from fedbench.algorithms.xrisk import (BETA, DECAY, DECAY_EVERY, GAMMA, U_INIT, client_tables, local_pair_surrogate,
-                                       moving_average_rates, pair_means, scatter_last, step_size,
-                                       updated_u)
+from fedbench.algorithms.base import CLIENT_LR, MODEL, Algorithm, Upload, aggregate
+from fedbench.algorithms.xrisk import (
+    BETA,
+    DECAY,
+    DECAY_EVERY,
+    GAMMA,
+    U_INIT,
+    client_tables,
+    local_pair_surrogate,
+    moving_average_rates,
+    pair_means,
+    scatter_last,
+    step_size,
+    updated_u,
+)
 from fedbench.hparams import Param
 
 
@@ -32,7 +43,12 @@ class LocalPair(Algorithm):
         DECAY_EVERY,
         DECAY,
     )
-    downloads = ("w",)
+    def __init__(self, problem, **hyperparameters):
+        super().__init__(problem, **hyperparameters)
+        if self.hp.average_momentum:  # the momentum goes down and up with the model
+            self.downloads, self.uploads, self.keeps = ("w", "G"), (MODEL, Upload("G", relative_to="G")), ("u",)
+        else:  # each client keeps its own
+            self.downloads, self.uploads, self.keeps = ("w",), (MODEL,), ("u", "G")
 
     def derive(self, hp):
         return moving_average_rates(hp)
@@ -42,10 +58,6 @@ class LocalPair(Algorithm):
 
     def init_clients(self, w0, num_clients):
         return client_tables(self.problem, self.hp.u_init, self.hp.average_momentum, w0)
-
-    def client_init(self, server, rows, rnd, hp):
-        momentum = rows["G"] if "G" in rows else broadcast(server["G"], rnd)
-        return {"w": broadcast(server["w"], rnd), "G": momentum, "u": rows["u"]}
 
     def client_step(self, local, batches, rnd, hp):
         oracle = batches.D
@@ -60,11 +72,6 @@ class LocalPair(Algorithm):
         lr = step_size(hp.client_lr, hp.decay, hp.decay_every, rnd)
         return {"w": local["w"] - lr * momentum, "G": momentum,
                 "u": scatter_last(local["u"], oracle.positive_index, fresh["u"])}
-
-    def client_final(self, local, rnd, hp):
-        if hp.average_momentum:
-            return {"w": local["w"], "G": local["G"]}, {"u": local["u"]}
-        return {"w": local["w"]}, {"u": local["u"], "G": local["G"]}
 
     def server_update(self, server, message, weights, rnd, hp):
         momentum = aggregate(message["G"], weights) if hp.average_momentum else server["G"]

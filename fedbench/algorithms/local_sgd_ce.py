@@ -18,7 +18,7 @@ class LocalSGDCE(FedAvg):
 
     def client_step(self, local, batches, rnd, hp):
         lr = step_size(hp.client_lr, hp.decay, hp.decay_every, rnd)
-        return {"u": local["u"] - lr * batches.D.grad(local["u"])}
+        return {"w": local["w"] - lr * batches.D.grad(local["w"])}
 
     def server_update(self, server, message, weights, rnd, hp):
-        return {"w": aggregate(message["u"], weights)}
+        return {"w": aggregate(message["w"], weights)}

@@ -12,7 +12,7 @@ blocks, η·s_w and η·s_β, are each run's own (`derive`).
 """
 from __future__ import annotations
 
-from fedbench.algorithms.base import aggregate, broadcast
+from fedbench.algorithms.base import aggregate
 from fedbench.algorithms.pfl_rules import BlockMethod, rules, zeros_beta, zeros_w
 from fedbench.hparams import Param
 
@@ -20,6 +20,7 @@ from fedbench.hparams import Param
 class LSGDPFL(BlockMethod):
     name = "lsgd_pfl"
     title = "LSGD-PFL"
+    keeps = ("beta",)  # the personal block β_m; the local copy of w goes up (the defaults)
     hparams = (
         Param("client_lr", "float", 0.01, "step size η (None: ASVRCD's 1/(4𝓛), as the real-data code)", low=0,
               low_open=True, log=True, nullable=True),
@@ -38,15 +39,9 @@ class LSGDPFL(BlockMethod):
     def init_clients(self, w0, num_clients):
         return {"beta": zeros_beta(self.problem, num_clients)}
 
-    def client_init(self, server, rows, rnd, hp):
-        return {"w": broadcast(server["w"], rnd), "beta": rows["beta"]}
-
     def client_step(self, local, batches, rnd, hp):
         g_w, g_beta = batches.D.block_grads(local["w"], local["beta"])
         return {"w": local["w"] - hp.w_step * g_w, "beta": local["beta"] - hp.beta_step * g_beta}
-
-    def client_final(self, local, rnd, hp):
-        return {"w": local["w"]}, {"beta": local["beta"]}
 
     def server_update(self, server, message, weights, rnd, hp):
         return {"w": aggregate(message["w"], weights)}

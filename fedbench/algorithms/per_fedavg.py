@@ -16,7 +16,7 @@ The same batch D″ serves both HF evaluations (its noise cancels). D″ = D′ 
 """
 from __future__ import annotations
 
-from fedbench.algorithms.base import Algorithm, HParams, aggregate, broadcast
+from fedbench.algorithms.base import Algorithm, HParams, aggregate
 from fedbench.hparams import Param
 from fedbench.oracle import Batches, Minibatch
 
@@ -64,15 +64,9 @@ class PerFedAvg(Algorithm):
         difference = batches.D2.grad(w + hp.delta * v) - batches.D2.grad(w - hp.delta * v)
         return v - hp.hf_scale * difference
 
-    def client_init(self, server, rows, rnd, hp):
-        return {"u": broadcast(server["w"], rnd)}
-
-    def client_step(self, local, batches, rnd, hp):
-        u = local["u"]
-        return {"u": u - hp.client_lr * self.direction(u, batches, hp)}
-
-    def client_final(self, local, rnd, hp):
-        return {"u": local["u"]}, {}
+    def client_step(self, local, batches, rnd, hp):  # from its own copy of w, which it uploads (the defaults)
+        u = local["w"]
+        return {"w": u - hp.client_lr * self.direction(u, batches, hp)}
 
     def server_update(self, server, message, weights, rnd, hp):
-        return {"w": aggregate(message["u"], weights)}
+        return {"w": aggregate(message["w"], weights)}

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from fedbench.algorithms.base import CLIENT_LR, Algorithm, aggregate, broadcast, per_client_copies
+from fedbench.algorithms.base import CLIENT_LR, Algorithm, aggregate, per_client_copies
 from fedbench.hparams import Param
 from fedbench.metrics import Metric
 from fedbench.oracle import Minibatch
@@ -89,9 +89,6 @@ class PFedFBE(Algorithm):
 
     def init_clients(self, w0, num_clients):
         return {"w_last": per_client_copies(w0, num_clients)} if self.hp.personal_point == "last_local" else {}
-
-    def client_init(self, server, rows, rnd, hp):
-        return {"w": broadcast(server["w"], rnd)}
 
     def client_step(self, local, batches, rnd, hp):
         w = local["w"]

@@ -33,7 +33,16 @@ from __future__ import annotations
 
 import torch
 
-from fedbench.algorithms.base import H_MODE, Algorithm, HParams, aggregate, broadcast, composite_step, per_client_copies
+from fedbench.algorithms.base import (
+    H_MODE,
+    Algorithm,
+    HParams,
+    Upload,
+    aggregate,
+    broadcast,
+    composite_step,
+    per_client_copies,
+)
 from fedbench.hparams import Param
 
 HIDDEN_DECAY = 1e-3  # pFedMeOptimizer's default weight decay inside the inner step
@@ -42,6 +51,8 @@ HIDDEN_DECAY = 1e-3  # pFedMeOptimizer's default weight decay inside the inner s
 class PFedMe(Algorithm):
     name = "pfedme"
     title = "pFedMe"
+    uploads = (Upload("w_loc", relative_to="w"),)  # the local model after the personalized steps
+    keeps = ("theta",)  # the personal model θ_i
     personalized = True
     hparams = (
         Param("client_lr", "float", 0.005, "step η of the local copy toward θ", low=0, low_open=True, log=True),
@@ -98,9 +109,6 @@ class PFedMe(Algorithm):
         for _ in range(hp.inner_steps):
             theta = self.inner_step(theta, w_loc, gradient(theta), hp)
         return {"w_loc": w_loc - hp.pull * (w_loc - theta), "theta": theta}
-
-    def client_final(self, local, rnd, hp):
-        return {"w_loc": local["w_loc"]}, {"theta": local["theta"]}
 
     def server_update(self, server, message, weights, rnd, hp):
         w = server["w"]

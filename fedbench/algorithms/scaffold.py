@@ -16,7 +16,7 @@ per-client state `[N, d]`, so SCAFFOLD keeps one model-sized vector per client.
 """
 from __future__ import annotations
 
-from fedbench.algorithms.base import CLIENT_LR, SERVER_LR, Algorithm, aggregate, broadcast
+from fedbench.algorithms.base import CLIENT_LR, SERVER_LR, Algorithm, Upload, aggregate, broadcast
 from fedbench.hparams import Param
 
 
@@ -31,6 +31,8 @@ class SCAFFOLD(Algorithm):
         Param("subgradient", "bool", True, "add a subgradient of h to each local step"),
     )
     downloads = ("w", "c")
+    uploads = (Upload("dy"), Upload("dc"))  # Δy_i and Δc_i (Alg. 1 line 13): updates already
+    keeps = ("c",)
 
     @classmethod
     def requirements(cls, hp):
@@ -55,9 +57,7 @@ class SCAFFOLD(Algorithm):
     def client_final(self, local, rnd, hp):
         x, y, c, c_i = local["x"], local["y"], local["c"], local["c_i"]
         if hp.control == "I":
-            runs, clients = rnd.clients.shape
-            at_x = x.expand(runs, clients, *x.shape[2:]).flatten(0, 1)
-            c_new = self.problem.client_grad(at_x, rnd.clients.flatten()).view(y.shape)
+            c_new = self.problem.client_grad(x, rnd.clients)  # at the server model, on each client's whole data
         else:
             c_new = c_i - c + (x - y) / (rnd.local_steps * hp.client_lr)
         return {"dy": y - x, "dc": c_new - c_i}, {"c": c_new}

@@ -129,7 +129,7 @@ class StaleScores(Algorithm):
             return rnd.draw(lambda gen: torch.randint(pool.shape[-1], shape, generator=gen)).to(pool.device)
 
         def take(pool, picks):  # pool [R, 1, P], picks [R, S, count]
-            return pool.gather(-1, picks.view(len(picks), 1, -1)).view(picks.shape)
+            return pool.expand(-1, picks.shape[1], -1).gather(-1, picks)
 
         pair = index(pools["pool_pos"], oracle.positives)
         paired_u = take(pools["pool_u"], pair) if self.with_u else None
@@ -150,7 +150,7 @@ class StaleScores(Algorithm):
         pools = {}
         for key in [k for k in ("pos", "neg", "u") if f"pool_{k}" in server]:
             fresh = message[f"h_{key}" if key != "u" else "u_pos"]
-            fresh = fresh.reshape(len(fresh), 1, -1)
+            fresh = fresh.flatten(1).unsqueeze(1)  # [R, S, b] -> [R, 1, S·b]
             kept = hp.history_rounds * fresh.shape[-1]
             pools[f"pool_{key}"] = torch.cat([fresh, server[f"pool_{key}"]], -1)[..., :kept]
         return pools

@@ -20,7 +20,7 @@ from torch.func import vmap
 
 from fedbench.hparams import Param, ParamError, resolve
 from fedbench.metrics import Metric
-from fedbench.oracle import Oracle
+from fedbench.oracle import Oracle, over_runs
 from fedbench.prox import Regularizer
 
 FULL_DATA_CHUNK = 2**24  # elements of gathered features per chunk of clients in full-data oracles
@@ -206,19 +206,23 @@ class Problem:
         rows = self.client_offsets[clients][:, None] + position
         return Oracle(self, self.gather(rows.masked_fill(position >= self.client_sizes[clients][:, None], -1)))
 
+    @over_runs
     def client_loss(self, w: Tensor, clients: Tensor) -> Tensor:
-        """L_k(w_k) on each client's full training data, `w` `[C, d]` -> `[C]`."""
+        """L_k(w_k) on each client's full training data, `w` `[C, d]` -> `[C]` (over runs: `over_runs`)."""
         return torch.cat(self._by_chunk(clients, Oracle.loss, w))
 
+    @over_runs
     def client_grad(self, w: Tensor, clients: Tensor) -> Tensor:
-        """∇L_k(w_k) on each client's full training data, `w` `[C, d]` -> `[C, d]`."""
+        """∇L_k(w_k) on each client's full training data, `w` `[C, d]` -> `[C, d]` (over runs: `over_runs`)."""
         return torch.cat(self._by_chunk(clients, Oracle.grad, w))
 
+    @over_runs
     def client_loss_and_grad(self, w: Tensor, clients: Tensor) -> tuple[Tensor, Tensor]:
         """(L_k(w_k), ∇L_k(w_k)) on each client's full training data, gathering each chunk once."""
         parts = self._by_chunk(clients, lambda oracle, point: (oracle.loss(point), oracle.grad(point)), w)
         return torch.cat([loss for loss, _ in parts]), torch.cat([grad for _, grad in parts])
 
+    @over_runs
     def client_hvp(self, w: Tensor, v: Tensor, clients: Tensor) -> Tensor:
         """∇²L_k(w_k) v_k on each client's full training data, `[C, d]`."""
         return torch.cat(self._by_chunk(clients, Oracle.hvp, w, v))

@@ -27,7 +27,7 @@ from torch import Tensor
 from fedbench.data import pfl_images, pfl_synthetic
 from fedbench.hparams import Param, ParamError
 from fedbench.metrics import Metric
-from fedbench.oracle import RunAxisOracle
+from fedbench.oracle import RunAxisOracle, over_runs
 from fedbench.problems.base import Layout, Problem
 from fedbench.problems.blocks import OBJECTIVES, BlockObjective, Constants
 from fedbench.prox import NoRegularizer
@@ -227,19 +227,15 @@ class BlockProblem(Problem):
                                            need_w)
         return (None if g_w is None else self.w_scale * g_w), g_beta
 
+    @over_runs
     def client_block_grads(self, w: Tensor, beta: Tensor, clients: Tensor) -> tuple[Tensor, Tensor]:
-        """(∇_w f_m, ∇_β f_m) on each device's full data at the stored w `[d_w]` (shared) and β `[C, d_β]`; with
-        a leading run axis (w `[R, d_w]`, or `[R, 1, d_w]` as a block method's server holds it, β `[R, C, d_β]`)
-        the runs' devices are one batch of R·C, each with its run's w (a device's gradients reduce over its own
-        rows only: the numbers of each run alone)."""
-        if beta.dim() == 3:
-            runs, count = beta.shape[:2]
-            w_each = (w if w.dim() == 3 else w.unsqueeze(-2)).expand(runs, count, w.shape[-1]).flatten(0, 1)
-            parts = self._by_chunk(clients.repeat(runs), lambda oracle, w_part, b: oracle.block_grads(w_part, b),
-                                   w_each, beta.flatten(0, 1))
-            return (torch.cat([g for g, _ in parts]).view(runs, count, -1),
-                    torch.cat([g for _, g in parts]).view(runs, count, -1))
-        parts = self._by_chunk(clients, lambda oracle, b: oracle.block_grads(w, b), beta)
+        """(∇_w f_m, ∇_β f_m) on each device's full data at the stored w, shared `[d_w]` or each device's `[C, d_w]`,
+        and β `[C, d_β]`; over runs (`over_runs`) w `[R, 1, d_w]` as a block method's server holds it and β
+        `[R, C, d_β]`."""
+        if w.dim() == 2:
+            parts = self._by_chunk(clients, lambda oracle, w_part, b: oracle.block_grads(w_part, b), w, beta)
+        else:
+            parts = self._by_chunk(clients, lambda oracle, b: oracle.block_grads(w, b), beta)
         return torch.cat([g for g, _ in parts]), torch.cat([g for _, g in parts])
 
     # -- evaluation ---------------------------------------------------------------------------------

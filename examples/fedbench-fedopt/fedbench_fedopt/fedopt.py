@@ -21,7 +21,7 @@ point outside the paper's [0, 1): v then stays τ², and the server step is η m
 """
 from __future__ import annotations
 
-from fedbench.algorithms.base import CLIENT_LR, Algorithm, aggregate, broadcast
+from fedbench.algorithms.base import CLIENT_LR, Algorithm, Upload, aggregate, broadcast
 from fedbench.hparams import Param
 
 
@@ -37,6 +37,7 @@ class FedOpt(Algorithm):
         Param("tau", "float", 1e-3, "adaptivity τ: added to √v_t, and v_{-1} = τ²", low=0, low_open=True, log=True),
         Param("subgradient", "bool", True, "add a subgradient of h to each local step (composite problems)"),
     )
+    uploads = (Upload("delta"),)  # Δ_i = x_{i,K} − x_t, an update already
 
     def second_moment(self, v, delta_sq, hp):
         """v_t from v_{t−1} `v` and Δ_t² `delta_sq` (both `[R, 1, d]`)."""
