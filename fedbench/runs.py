@@ -103,14 +103,24 @@ def why_not_batchable(sims: list[Simulation]) -> str | None:
     return None
 
 
-def _fixed_part_differs(a: Any, b: Any) -> bool:
-    """Whether two runs' values of a derived quantity (`Algorithm.derive`) differ where a program cannot hold one
-    value per run: anything but floats, field by field in a dataclass."""
+def _fixed_part_differs(a: Any, b: Any, floats_per_run: bool = True) -> bool:
+    """Whether two runs' values of a derived quantity (`Algorithm.derive`) differ where a program holds one value
+    for all its runs (`_per_run`): anything but floats and a dataclass's float fields, which are per run. Lists,
+    dicts and objects (e.g. MC-FedDA's regularizer per stage) are one value: compared whole, floats included."""
     if dataclasses.is_dataclass(a) and type(a) is type(b):
-        return any(_fixed_part_differs(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
+        return any(_fixed_part_differs(getattr(a, f.name), getattr(b, f.name), floats_per_run)
+                   for f in dataclasses.fields(a))
     if isinstance(a, Tensor) or isinstance(b, Tensor):
         return not (isinstance(a, Tensor) and isinstance(b, Tensor) and torch.equal(a, b))
-    return a != b and not (_is_float(a) and _is_float(b))
+    if isinstance(a, (list, tuple)) and type(a) is type(b):
+        return len(a) != len(b) or any(_fixed_part_differs(x, y, False) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() != b.keys() or any(_fixed_part_differs(a[k], b[k], False) for k in a)
+    if hasattr(a, "__dict__") and type(a) is type(b) and not isinstance(a, type):
+        return _fixed_part_differs(vars(a), vars(b), False)
+    if floats_per_run and _is_float(a) and _is_float(b):
+        return False
+    return a != b
 
 
 def _not_iteration_wise(sim: Simulation) -> str | None:
@@ -297,6 +307,8 @@ class RunBatch:
         self.resume_from_runs()
         self.live = list(range(len(sims)))
         self.train_seconds = 0.0  # the whole batch's
+        self.share = 0.0  # Σ over steps of the step's seconds / live runs: each live run's share of the time
+        self.settled = [0.0] * len(sims)  # `share` when each run was last charged (`_settle`)
         self._uploaded = 0  # floats each run uploaded in the last round
         # Runs per batched kernel: a local step gathers S·b rows per run; beyond GATHER_BUDGET bytes the gathered
         # batch leaves the cache and the batch runs slower than its runs one after another (spec 002's Lasso,
@@ -488,9 +500,33 @@ class RunBatch:
             self._sync(i)
         return dict(zip(runs, evaluate_rows([self.sims[i] for i in runs])))
 
+    def _charge(self, seconds: float) -> None:
+        """Seconds the batch computed, shared by its live runs (`_settle` moves a run's share onto its record)."""
+        self.train_seconds += seconds
+        self.share += seconds / len(self.live)
+
+    def _settle(self, i: int) -> None:
+        """Run i's share of the batch's seconds since it was last charged, onto its training seconds."""
+        self.sims[i].train_seconds += self.share - self.settled[i]
+        self.settled[i] = self.share
+
+    def _rows_due(self, ended: list[int]) -> list[tuple[int, dict[str, float]]]:
+        """The runs `ended`, which have just ended a round: their rows due on the evaluation schedule (every
+        `eval_every` rounds, and the last), evaluated together; a run whose row diverged stops. Both schedules
+        keep their books here."""
+        eval_every, last = self.sims[0].eval_every, self.federation.rounds
+        due = self.evaluate([i for i in ended if self.sims[i].rounds_done % eval_every == 0
+                             or self.sims[i].rounds_done == last])
+        for i, row in due.items():
+            self._settle(i)
+            if self.sims[i].exploded(row):
+                self._stop(i, "diverged")
+        return list(due.items())
+
     def _stop(self, i: int, status: str) -> None:
         """Run i ends: its state stays on its Simulation (copied out of the batch), and it leaves the batch."""
         sim = self.sims[i]
+        self._settle(i)
         self._sync(i)
         if len(self.sims) > 1:
             sim.server = {k: v.clone() for k, v in sim.server.items()}
@@ -503,21 +539,15 @@ class RunBatch:
         runs that diverged (which then stop)."""
         start = time.perf_counter()
         failed = self.run_round()
-        elapsed = time.perf_counter() - start
-        self.train_seconds += elapsed
-        for i in self.live:  # each run is charged its share of the batch's time
-            self.sims[i].train_seconds += elapsed / len(self.live)
+        self._charge(time.perf_counter() - start)
+        for i in self.live:  # charged every round: a caller of `run_round` reads its run's seconds
+            self._settle(i)
         rows = []
         for i in failed:
             self._sync(i)
             rows.append((i, self.sims[i].evaluate(failed=True)))
             self._stop(i, "diverged")
-        if self.rounds_done % self.sims[0].eval_every == 0 or self.rounds_done == self.federation.rounds:
-            for i, row in self.evaluate().items():
-                if self.sims[i].exploded(row):
-                    self._stop(i, "diverged")
-                rows.append((i, row))
-        return rows
+        return rows + self._rows_due(list(self.live))
 
     def _start(self) -> Iterator[tuple[int, dict[str, float]]]:
         """The rows at the start (their objective is each run's divergence reference); none on a resumed program."""
@@ -575,8 +605,6 @@ class IterationBatch(RunBatch):
         self.length = [0] * len(sims)
         self.iteration = 0  # the batch's iterations so far
         self.ends: dict[int, list[int]] = {}  # batch iteration -> the runs whose round's last step it is
-        self.share = 0.0  # Σ over iterations of the iteration's seconds / live runs: each live run's time share
-        self.settled = [0.0] * len(sims)  # `share` when each run was last charged (`_settle`)
         self.ahead: dict[str, Tensor] = {}  # [R, A, S, b]: each run's rows of the iterations `drawn` to `drawn + A`
         self.ahead_steps = max(1, STREAM_BYTES // (8 * self.rows_per_step * len(sims)))  # A
         self.drawn = 0
@@ -628,11 +656,6 @@ class IterationBatch(RunBatch):
                 self.local[key] = value.new_zeros(len(self.sims), *value.shape[1:])
             self.local[key].index_copy_(0, runs, value)
 
-    def _settle(self, i: int) -> None:
-        """Run i's share of the batch's seconds since it was last charged, onto its training seconds."""
-        self.sims[i].train_seconds += self.share - self.settled[i]
-        self.settled[i] = self.share
-
     def _end_rounds(self, ending: list[int], rows: dict[str, Tensor]) -> None:
         """The last local step, client_final and server_update of the runs in `ending`: together, or one run at a
         time for algorithms that branch on their draws there."""
@@ -657,7 +680,6 @@ class IterationBatch(RunBatch):
     def _stop(self, i: int, status: str) -> None:
         """As `RunBatch._stop`; the run's rows then take a live run's values, so that the batch, which steps every
         row, stays finite whatever the stopped run's iterate was."""
-        self._settle(i)
         super()._stop(i, status)
         if self.live:
             donor = self.live[0]
@@ -694,7 +716,6 @@ class IterationBatch(RunBatch):
             self._draw_ahead()
             self._open_rounds(list(self.live))
             self.share += (time.perf_counter() - start) / len(self.live)
-        eval_every, rounds = self.sims[0].eval_every, self.federation.rounds
         while self.live:
             start = time.perf_counter()
             ending = self.ends.pop(self.iteration, [])
@@ -705,25 +726,11 @@ class IterationBatch(RunBatch):
                 batches = self._batches(self._layout(rows), len(self.sims), len(self.clients_all), self.noise)
                 self.local = self.algorithm.client_step(self.local, batches, self.inside, self.hp)
             self.iteration += 1
-            elapsed = time.perf_counter() - start
-            self.train_seconds += elapsed
-            self.share += elapsed / len(self.live)
-            due = self.evaluate([i for i in ending if self.sims[i].rounds_done % eval_every == 0
-                                 or self.sims[i].rounds_done == rounds])
-            opening = []
-            for i in ending:
-                sim = self.sims[i]
-                if i in due:
-                    self._settle(i)
-                    if sim.exploded(due[i]):
-                        self._stop(i, "diverged")
-                    yield i, due[i]
-                if i not in self.live:
-                    continue
-                if sim.rounds_done == rounds:
-                    self._stop(i, "finished")
-                else:
-                    opening.append(i)
+            self._charge(time.perf_counter() - start)
+            yield from self._rows_due(ending)
+            for i in [i for i in ending if i in self.live and self.sims[i].rounds_done == self.federation.rounds]:
+                self._stop(i, "finished")
+            opening = [i for i in ending if i in self.live]
             if opening:
                 start = time.perf_counter()
                 self._open_rounds(opening)

@@ -360,7 +360,7 @@ def test_acd_matches_algorithm2_with_theorem7_parameters(unsampled_y):
     lengths = [len(p) for p in replay(seed, rounds, geometric(p_w))]
     w, beta, p_w_spec = acd_alg2(f, lengths, c, unsampled_y)
     algorithm = ALGORITHMS["acd_pfl"](problem, unsampled_y=unsampled_y)
-    assert algorithm.p_w == pytest.approx(p_w_spec, rel=1e-14)
+    assert algorithm.hp.p_w == pytest.approx(p_w_spec, rel=1e-14)
     result = simulate(problem, algorithm, Federation(rounds, 0, 1, 1), seed=seed, eval_every=rounds)
     assert_state(result, w, beta)
     assert result.rows[-1]["iterations"] == sum(lengths)
@@ -382,7 +382,7 @@ def test_one_round_per_w_update_and_iterations_are_the_drawn_lengths(name, monke
     seed, rounds = 7, 12
     problem = make("s2", sigma_h=5.0)
     algorithm = ALGORITHMS[name](problem)
-    p_w = algorithm.p_w if name == "acd_pfl" else algorithm.hp.rules.p_w
+    p_w = algorithm.hp.p_w if name == "acd_pfl" else algorithm.hp.rules.p_w
     lengths = [len(p) for p in replay(seed, rounds, geometric(p_w))]
     calls = {"w": 0, "beta": 0}
     block_grads = problem.block_grads
@@ -409,7 +409,7 @@ def test_mean_round_length_is_one_over_p_w():
     for name, preset, draws in (("ascd_pfl", "s1", 3000), ("acd_pfl", "s1", 3000), ("scd_pfl", "s2", 3000)):
         problem = make(preset)
         algorithm = ALGORITHMS[name](problem)
-        p_w = algorithm.p_w if name == "acd_pfl" else algorithm.hp.rules.p_w
+        p_w = algorithm.hp.p_w if name == "acd_pfl" else algorithm.hp.rules.p_w
         lengths = np.array([algorithm.round_length(1, gen) for _ in range(draws)])
         assert lengths.min() >= 1
         standard_error = math.sqrt(1 - p_w) / p_w / math.sqrt(draws)

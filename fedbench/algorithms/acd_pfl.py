@@ -40,20 +40,20 @@ class ACDPFL(BlockMethod):
     hparams = (Param("unsampled_y", "choice", "x", "y of the block not updated: its x (textbook ACD) or kept",
                      choices=("x", "keep")),)
 
-    def __init__(self, problem, **hyperparameters):
-        super().__init__(problem, **hyperparameters)
-        c = problem.constants  # Thm 7's parameters: constants of the problem, the same for every run
+    def derive(self, hp):
+        """Thm 7's parameters: constants of the problem, the same for every run."""
+        c = self.problem.constants
         root_w, root_beta = math.sqrt(c.smooth_w), math.sqrt(c.smooth_beta)
-        self.nu = c.mu / (root_w + root_beta) ** 2
-        self.theta = (math.sqrt(self.nu**2 + 4 * self.nu) - self.nu) / 2
-        self.eta = 1 / self.theta
-        self.p_w = root_w / (root_w + root_beta)
-        self.step_w, self.step_beta = 1 / c.smooth_w, 1 / c.smooth_beta
-        self.mirror_w = self.eta / (root_w * (root_w + root_beta))
-        self.mirror_beta = self.eta / (root_beta * (root_w + root_beta))
+        nu = c.mu / (root_w + root_beta) ** 2
+        theta = (math.sqrt(nu**2 + 4 * nu) - nu) / 2
+        eta = 1 / theta
+        return {"theta": theta, "eta_nu": eta * nu, "one_plus_eta_nu": 1 + eta * nu,
+                "p_w": root_w / (root_w + root_beta), "step_w": 1 / c.smooth_w, "step_beta": 1 / c.smooth_beta,
+                "mirror_w": eta / (root_w * (root_w + root_beta)),
+                "mirror_beta": eta / (root_beta * (root_w + root_beta))}
 
     def round_length(self, local_steps, gen):
-        return coin_flips_to_success(self.p_w, gen)
+        return coin_flips_to_success(self.hp.p_w, gen)
 
     def init_server(self, w0):
         return {"w": zeros_w(self.problem), "w_z": zeros_w(self.problem)}
@@ -64,27 +64,25 @@ class ACDPFL(BlockMethod):
     def client_init(self, server, rows, rnd, hp):
         return {**server, **rows}
 
-    def sampled(self, x, z, gradient, step, mirror):
+    def sampled(self, x, z, gradient, step, mirror, hp):
         """(y, z) of the block that takes the gradient step."""
-        eta_nu = self.eta * self.nu
-        return x - step * gradient, (z + eta_nu * x - mirror * gradient) / (1 + eta_nu)
+        return x - step * gradient, (z + hp.eta_nu * x - mirror * gradient) / hp.one_plus_eta_nu
 
     def unsampled(self, x, y, z, hp):
-        eta_nu = self.eta * self.nu
-        return (x if hp.unsampled_y == "x" else y), (z + eta_nu * x) / (1 + eta_nu)
+        return (x if hp.unsampled_y == "x" else y), (z + hp.eta_nu * x) / hp.one_plus_eta_nu
 
     def client_step(self, local, batches, rnd, hp):
         problem = self.problem
-        w_x = local["w"] + self.theta * (local["w_z"] - local["w"])  # [R, 1, d_w]
-        beta_x = local["beta"] + self.theta * (local["beta_z"] - local["beta"])  # [R, M, d_β]
+        w_x = local["w"] + hp.theta * (local["w_z"] - local["w"])  # [R, 1, d_w]
+        beta_x = local["beta"] + hp.theta * (local["beta_z"] - local["beta"])  # [R, M, d_β]
         everyone = torch.arange(beta_x.shape[1], device=beta_x.device)
         g_w, g_beta = problem.client_block_grads(w_x, beta_x, everyone)
         if rnd.is_last_step:  # the w-update: G_w all-reduced over the devices
-            w, w_z = self.sampled(w_x, local["w_z"], g_w.mean(1, keepdim=True), self.step_w, self.mirror_w)
+            w, w_z = self.sampled(w_x, local["w_z"], g_w.mean(1, keepdim=True), hp.step_w, hp.mirror_w, hp)
             beta, beta_z = self.unsampled(beta_x, local["beta"], local["beta_z"], hp)
         else:
-            beta, beta_z = self.sampled(beta_x, local["beta_z"], problem.beta_scale * g_beta, self.step_beta,
-                                        self.mirror_beta)
+            beta, beta_z = self.sampled(beta_x, local["beta_z"], problem.beta_scale * g_beta, hp.step_beta,
+                                        hp.mirror_beta, hp)
             w, w_z = self.unsampled(w_x, local["w"], local["w_z"], hp)
         return {"w": w, "w_z": w_z, "beta": beta, "beta_z": beta_z}
 

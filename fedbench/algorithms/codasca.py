@@ -52,12 +52,11 @@ class CODASCA(Algorithm):
     downloads = ("v", "alpha", "c", "ref")
     uploads = (Upload("v", relative_to="v"), Upload("alpha", relative_to="alpha"), Upload("dc"))
 
-    def __init__(self, problem, **hyperparameters):
-        super().__init__(problem, **hyperparameters)
-        # the share of positives in the training data: a constant of the data, not of the hyperparameters
-        positives = float(problem.positive_counts.sum())
-        self.p = positives / (positives + float(problem.negative_counts.sum()))
-        self.scale = self.p * (1 - self.p)
+    def derive(self, hp):
+        # p(1 − p), p the share of positives in the training data: a constant of the data, the same for every run
+        positives = float(self.problem.positive_counts.sum())
+        p = positives / (positives + float(self.problem.negative_counts.sum()))
+        return {"scale": p * (1 - p)}
 
     def init_server(self, w0):
         v0 = torch.cat([w0, w0.new_zeros(2)])  # (w, a, b)
@@ -77,14 +76,16 @@ class CODASCA(Algorithm):
         v, alpha = local["v"], local["alpha"]
         a, b = v[..., -2:-1], v[..., -1:]
 
+        scale = hp.scale[..., 0]  # [R, 1], against the losses' [R, S]
+
         def square_loss(pos, neg):  # L without its α² term, [R, S]; a, b, α are constants here
-            return self.scale * (((pos - a) ** 2).mean(-1) + ((neg - b) ** 2).mean(-1)
+            return scale * (((pos - a) ** 2).mean(-1) + ((neg - b) ** 2).mean(-1)
                                  + 2 * alpha[..., 0] * (neg.mean(-1) - pos.mean(-1)))
 
         grad_w, scores = oracle.surrogate_grad(v[..., :-2], square_loss)
         pos, neg = scores[..., : oracle.positives], scores[..., oracle.positives:]
-        grad_a = -2 * self.scale * (pos - a).mean(-1, keepdim=True)
-        grad_b = -2 * self.scale * (neg - b).mean(-1, keepdim=True)
+        grad_a = -2 * hp.scale * (pos - a).mean(-1, keepdim=True)
+        grad_b = -2 * hp.scale * (neg - b).mean(-1, keepdim=True)
         grad_alpha = 2 * (hp.margin + b - a) - 2 * alpha
         grad = torch.cat([grad_w.clamp(-hp.clip, hp.clip), grad_a, grad_b, grad_alpha], dim=-1)
         corrected = grad + local["correction"]
