@@ -21,8 +21,8 @@ from fedbench.algorithms.local_pair import LocalPair
 from fedbench.algorithms.local_sgd_ce import LocalSGDCE
 from fedbench.algorithms.lsgd_pfl import LSGDPFL
 from fedbench.algorithms.mc_fedda import MCFedDA
-from fedbench.algorithms.pfedfbe import PFedFBE
 from fedbench.algorithms.per_fedavg import PerFedAvg
+from fedbench.algorithms.pfedfbe import PFedFBE
 from fedbench.algorithms.pfedme import PFedMe
 from fedbench.algorithms.scaffold import SCAFFOLD
 from fedbench.algorithms.scd_pfl import SCDPFL

@@ -22,9 +22,19 @@ The round counter r, the anchor and the weights restart with each MC-FedDA stage
 """
 from __future__ import annotations
 
+from typing import ClassVar
+
 from fedbench.algorithms.base import aggregate, broadcast
-from fedbench.algorithms.dual_averaging import (ALPHA, ALPHA_OFFSET, LOCAL_ORDER, MU, DualAveraging, alpha,
-                                                cumulative_alpha, divide)
+from fedbench.algorithms.dual_averaging import (
+    ALPHA,
+    ALPHA_OFFSET,
+    LOCAL_ORDER,
+    MU,
+    DualAveraging,
+    alpha,
+    cumulative_alpha,
+    divide,
+)
 from fedbench.hparams import Param
 
 GAMMA_CONVENTION = Param("gamma_convention", "choice", "code", "γ per local step (code: paper γ = γ/E) or per round",
@@ -37,7 +47,7 @@ CONSTRAINED_PROX = Param("constrained_prox", "choice", "sequential",
 class CFedDA(DualAveraging):
     name = "c_fedda"
     title = "C-FedDA"
-    hparams = (
+    hparams: ClassVar[tuple[Param, ...]] = (
         MU,
         Param("gamma", "float", 600.0, "anchor weight γ (see gamma_convention)", low=0, low_open=True, log=True),
         GAMMA_CONVENTION,

@@ -22,8 +22,16 @@ The anchor term γw₀ of the prox is the same all round: clients compute it onc
 from __future__ import annotations
 
 from fedbench.algorithms.base import aggregate, broadcast
-from fedbench.algorithms.dual_averaging import (ALPHA, ALPHA_OFFSET, LOCAL_ORDER, MU, DualAveraging, alpha,
-                                                cumulative_alpha, divide)
+from fedbench.algorithms.dual_averaging import (
+    ALPHA,
+    ALPHA_OFFSET,
+    LOCAL_ORDER,
+    MU,
+    DualAveraging,
+    alpha,
+    cumulative_alpha,
+    divide,
+)
 from fedbench.hparams import Param
 
 

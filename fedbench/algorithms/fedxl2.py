@@ -22,9 +22,22 @@ from __future__ import annotations
 import torch
 
 from fedbench.algorithms.base import CLIENT_LR, aggregate, broadcast
-from fedbench.algorithms.xrisk import (BETA, DECAY, DECAY_EVERY, GAMMA, HISTORY_ROUNDS, U_INIT, StaleScores,
-                                       client_tables, fedxl2_surrogate, moving_average_rates, pair_means, scatter_last,
-                                       step_size, updated_u)
+from fedbench.algorithms.xrisk import (
+    BETA,
+    DECAY,
+    DECAY_EVERY,
+    GAMMA,
+    HISTORY_ROUNDS,
+    U_INIT,
+    StaleScores,
+    client_tables,
+    fedxl2_surrogate,
+    moving_average_rates,
+    pair_means,
+    scatter_last,
+    step_size,
+    updated_u,
+)
 from fedbench.hparams import Param
 
 

@@ -13,9 +13,20 @@ from __future__ import annotations
 import torch
 
 from fedbench.algorithms.base import CLIENT_LR, Algorithm, aggregate, broadcast
-from fedbench.algorithms.xrisk import (BETA, DECAY, DECAY_EVERY, GAMMA, U_INIT, client_tables, local_pair_surrogate,
-                                       moving_average_rates, pair_means, scatter_last, step_size,
-                                       updated_u)
+from fedbench.algorithms.xrisk import (
+    BETA,
+    DECAY,
+    DECAY_EVERY,
+    GAMMA,
+    U_INIT,
+    client_tables,
+    local_pair_surrogate,
+    moving_average_rates,
+    pair_means,
+    scatter_last,
+    step_size,
+    updated_u,
+)
 from fedbench.hparams import Param
 
 
