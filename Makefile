@@ -3,6 +3,7 @@
 #               local Ray into ./mlflow.db, write its report and print the command that opens the runs
 #   make test   install, then run the test suite (paper-size runs: make test-slow; no Ray, no browser: make test-fast)
 # make docs builds the documentation site (docs/, mkdocs.yml) into site/, strictly: a warning fails it.
+# make lint runs ruff and mypy as pyproject.toml configures them ([tool.ruff], [tool.mypy]); both must pass.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # The CPU build of torch first, so that nothing pulls the CUDA wheels (a GPU user installs their own).
@@ -30,6 +31,11 @@ test-fast: install
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
+# ruff over the whole checkout (no `ruff format`: the code keeps its own layout), mypy over fedbench/, sweeps/, cli.py
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
 test-slow: install
 	$(PY) -m pytest -q -m slow -s
 
@@ -39,4 +45,4 @@ bench: install
 	$(PY) bench/store_throughput.py --runs 1000
 	FEDBENCH_DATA=$${FEDBENCH_DATA:-../shared/data} $(PY) bench/per_fedavg_round.py
 
-.PHONY: install demo test test-fast test-slow docs bench
+.PHONY: install demo test test-fast test-slow docs lint bench

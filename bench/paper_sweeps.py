@@ -39,7 +39,8 @@ def timed_sweep(recipes: list[Path], sets: list[str]) -> float:
         done = subprocess.run(command, cwd=workdir, capture_output=True, text=True,
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
         if done.returncode != 0:
-            raise SystemExit(f"{' '.join(r.name for r in recipes)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+            raise SystemExit(f"{' '.join(r.name for r in recipes)} failed:\n{done.stdout[-3000:]}\n"
+                             f"{done.stderr[-3000:]}")
         return time.perf_counter() - start
 
 

@@ -3,8 +3,9 @@
 
   ours    `sweeps.execute.sweep`: runs packed into Ray trials, actors reused, curves written by one
           driver thread with `log_batch`;
-  naive   (run first, with Tune's default logger callbacks) one Ray trial per (config, seed) without actor reuse, each logging its curve from inside the
-          trial with one `log_metric` call per metric per evaluation (the common hand-written set-up).
+  naive   (run first, with Tune's default logger callbacks) one Ray trial per (config, seed) without actor reuse,
+          each logging its curve from inside the trial with one `log_metric` call per metric per evaluation (the
+          common hand-written set-up).
 
 For each it prints (sweep wall time) / (sum of in-trial compute time), where compute is the wall time of
 building and running the simulations. Below 1 means the slots ran in parallel; the target for ours is

@@ -48,7 +48,8 @@ class Param:
             return "any"
         lo = "-inf" if self.low is None else f"{self.low:g}"
         hi = "inf" if self.high is None else f"{self.high:g}"
-        return f"{'(' if self.low_open else '['}{lo}, {hi}{']' if self.high is not None and not self.high_open else ')'}"
+        closed_high = self.high is not None and not self.high_open
+        return f"{'(' if self.low_open else '['}{lo}, {hi}{']' if closed_high else ')'}"
 
     def check(self, value: Any) -> Any:
         """Return the value coerced to this parameter's type, or raise ValueError saying what was expected."""

@@ -69,9 +69,8 @@ def loop_simulate(name: str, problem, federation: Federation, seed: int, **hp) -
     sampler = RoundSampler(problem, federation, seed)
     server = problem.init_params(generator(seed, "init"))
     for r in range(federation.rounds):
-        clients, rows = sampler.draw(federation.local_steps)
-        rows = rows["D"]
-        server = loop_round(name, problem, server, clients, rows, r, hp)
+        clients, draws = sampler.draw(federation.local_steps)
+        server = loop_round(name, problem, server, clients, draws["D"], r, hp)
     if name == "fedda":
         elapsed = (hp.get("server_lr", 1.0) * hp["client_lr"] * (federation.rounds + fedda_offset(hp))
                    * federation.local_steps)

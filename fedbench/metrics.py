@@ -50,7 +50,7 @@ class Metric:
     label: str
     direction: str | None = None
 
-    def personal(self) -> "Metric":
+    def personal(self) -> Metric:
         """The same quantity of each client's personal model on the client's own data."""
         return Metric(f"personal_{self.name}", f"personalized {self.label}", self.direction)
 

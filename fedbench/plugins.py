@@ -43,7 +43,7 @@ REQUIRED = {"algorithm": ("client_step", "server_update"),
             "problem": ("init_params", "gather", "minibatch_loss", "metrics", "evaluate_global")}
 DECLARED = {"algorithm": "hparams", "problem": "params"}  # its parameter declarations: a tuple of `Param`
 BASES = {"algorithm": Algorithm, "problem": Problem}
-REGISTRIES = {"algorithm": ALGORITHMS, "problem": PROBLEMS}
+REGISTRIES: dict[str, dict[str, Any]] = {"algorithm": ALGORITHMS, "problem": PROBLEMS}
 
 
 class PluginError(ValueError):
@@ -147,6 +147,7 @@ def load_source(source: Source) -> list[tuple[str, str]]:
         module.__file__ = source.path
         sys.modules[source.module] = module  # before running it: dataclasses and pickling look it up there
         try:
+            assert source.text is not None  # a file plugin's text
             exec(compile(source.text, source.path or source.module, "exec"), module.__dict__)
         except Exception as err:
             del sys.modules[source.module]
@@ -174,7 +175,7 @@ def siblings(path: Path, text: str) -> tuple[tuple[str, str], ...]:
     imports need none either: it is imported as a top-level module, where Python refuses them. Not taken: what an
     import names only at run time (`importlib.import_module`), data files, and a name of Python's own or of an
     installed package (every node has those; a copy of fedbench beside the plugin is not the plugin's code)."""
-    folder, found, seen, pending = path.parent, {}, set(), [text]
+    folder, found, seen, pending = path.parent, {}, set[str](), [text]
     while pending:
         for name in sorted(imported_names(pending.pop()) - seen - installed_names()):
             seen.add(name)
@@ -193,7 +194,7 @@ def imported_names(text: str) -> set[str]:
         tree = ast.parse(text)
     except SyntaxError:
         return set()
-    names = set()
+    names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name.partition(".")[0] for alias in node.names)

@@ -201,7 +201,7 @@ class Regularizer:
         out[..., : self.size] = self.lam * self._subgradient(w[..., : self.size])
         return out
 
-    def with_lam(self, lam: float) -> "Regularizer":
+    def with_lam(self, lam: float) -> Regularizer:
         """The same regularizer with another λ (MC-FedDA's per-stage λ_m)."""
         other = copy.copy(self)
         other.lam = float(lam)

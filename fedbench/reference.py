@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 SOLVER_VERSION = 1
-_MEMORY: dict[str, "Solution"] = {}
+_MEMORY: dict[str, Solution] = {}
 
 
 @dataclass

@@ -44,7 +44,6 @@ from fedbench.algorithms.base import Algorithm, HParams, Round, upload_floats
 from fedbench.oracle import Batches
 from fedbench.simulate import Simulation, evaluate_rows, step_oracles
 
-
 GATHER_BUDGET = 4 * 2**20  # bytes of minibatch rows one batched local step gathers (see RunBatch.chunk)
 # Bytes of minibatch rows a run gathers per local step beyond which its runs go one after another on the CPU
 # (`plan`): the step is then bound by memory traffic, which a batch does not reduce, and the batch's bookkeeping
@@ -142,7 +141,7 @@ def _per_run(values: list, dtype: torch.dtype, device) -> Any:
     every run has the same value: it broadcasts alike, and selecting runs then costs nothing), a dataclass of floats
     as the dataclass of such tensors, anything else the first run's (the runs share it, `why_not_batchable`)."""
     first = values[0]
-    if dataclasses.is_dataclass(first):
+    if dataclasses.is_dataclass(first) and not isinstance(first, type):
         return dataclasses.replace(first, **{f.name: _per_run([getattr(v, f.name) for v in values], dtype, device)
                                              for f in dataclasses.fields(first)})
     if _is_float(first):
@@ -358,7 +357,7 @@ class RunBatch:
         lifted: dict[str, RunOracle] = {}
         for mb in self.minibatches:  # a batch `same_as` another shares its lifted oracle too
             lifted[mb.name] = lifted[mb.same_as] if mb.same_as else RunOracle(oracles[mb.name], runs, clients)
-        return Batches(lifted)
+        return Batches(lifted)  # type: ignore[arg-type]  # a RunOracle answers as the Oracle it lifts
 
     def _noise(self, ids: list[int]):
         """The minibatch noise of the runs `ids`' rows (`_layout`), each run's on its own stream, one entry per row
@@ -368,7 +367,7 @@ class RunBatch:
         gens = [self.sims[i].sampler.noise_gen for i in ids]
         if len(gens) == 1:
             return lambda rows: self.problem.minibatch_noise(rows, gens[0])
-        return lambda rows: torch.cat([self.problem.minibatch_noise(run_rows, gen)
+        return lambda rows: torch.cat([self.problem.minibatch_noise(run_rows, gen)  # type: ignore[misc]  # noisy: no None
                                        for run_rows, gen in zip(rows.view(len(gens), -1, rows.shape[-1]), gens)])
 
     def _weights(self, clients: Tensor) -> Tensor:
@@ -395,8 +394,8 @@ class RunBatch:
             rows.append(r)
         if len(set(lengths)) > 1:
             raise NotBatchable("runs of one round-wise program drew rounds of different lengths")
-        rows = {k: torch.stack([r[k] for r in rows], 1) for k in rows[0]}  # [steps, R, S, b]
-        return torch.stack(clients), rows, lengths[0]
+        stacked = {k: torch.stack([r[k] for r in rows], 1) for k in rows[0]}  # [steps, R, S, b]
+        return torch.stack(clients), stacked, lengths[0]
 
     def run_round(self) -> list[int]:
         """One round of every live run; the runs whose round failed (an SVD of an overflowed iterate raised
@@ -457,7 +456,7 @@ class RunBatch:
                 state[key] = value
             else:
                 state[key][run_index, clients] = value
-        if whole:
+        if live is None:  # whole
             self.server, self.clients = server, state
         else:
             self.server = {k: _rows_replaced(self.server[k], live, v) for k, v in server.items()}

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import torch
 from torch import Tensor
@@ -26,6 +26,9 @@ from fedbench.hparams import Param, ParamError
 from fedbench.oracle import Batches, Minibatch
 from fedbench.problems.base import Layout, Problem
 from fedbench.rng import generator
+
+if TYPE_CHECKING:
+    from fedbench.runs import RunBatch
 
 DIVERGENCE_FACTOR = 1e4
 
@@ -179,7 +182,7 @@ class Simulation:
         self.eval_seconds = 0.0
         self.status = "running"
         self.metric_names: list[str] = []
-        self._program = None  # `run_round`'s
+        self._program: RunBatch | None = None  # `run_round`'s
 
     def __iter__(self) -> Iterator[dict[str, float]]:
         from fedbench.runs import RunBatch
@@ -265,7 +268,7 @@ def evaluate_rows(sims: list[Simulation], failed: bool = False) -> list[dict[str
                 _stack([sim.algorithm.personal_params(sim.server, sim.clients) for sim in sims]))
             for sim, row in zip(sims, rows):
                 row.update(sim.algorithm.evaluate(sim.server, sim.clients))
-            metrics = rows
+            metrics = list(rows)
         except torch.linalg.LinAlgError:
             if len(sims) > 1:  # only the runs that fail alone fail
                 return [row for sim in sims for row in evaluate_rows([sim])]
@@ -276,7 +279,7 @@ def evaluate_rows(sims: list[Simulation], failed: bool = False) -> list[dict[str
 
 
 def _stack(tensors: list[Tensor | None]) -> Tensor | None:
-    return None if tensors[0] is None else torch.stack(tensors)
+    return None if tensors[0] is None else torch.stack(tensors)  # type: ignore[arg-type]  # all None or none
 
 
 @dataclass

@@ -91,6 +91,7 @@ class Checkpoint:
 
     def save(self, program: RunBatch, rows: list[list[dict[str, float]]], seconds: list[list[float]]) -> None:
         """The program's state and rows so far, written whole then renamed over the previous checkpoint."""
+        assert self.path is not None and self.index is not None  # saved only under a policy with a folder
         self.path.parent.mkdir(parents=True, exist_ok=True)
         _replace(self.index, lambda f: f.write(json.dumps({"runs": self.runs}).encode()))
         state: dict[str, Any] = {"runs": self.runs, "program": program.state_dict(), "rows": rows,

@@ -17,6 +17,7 @@ skip the run (run the command again) rather than compute it twice.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -167,7 +168,6 @@ class Lease:
         """This sweep ends: its claims are free for the next sweep at once (those of finished runs are moot)."""
         self._stop.set()
         self._thread.join()
-        try:
+        # a store that fails now: the claims expire with the lease, or at once on this host
+        with contextlib.suppress(Exception):
             self._beat(released=True)
-        except Exception:  # a store that fails now: the claims expire with the lease, or at once on this host
-            pass

@@ -13,9 +13,9 @@ import statistics
 import subprocess
 import sys
 import webbrowser
-from pathlib import Path
 from enum import Enum
-from typing import List, Optional
+from pathlib import Path
+from typing import List, NoReturn, Optional
 
 import typer
 from rich import box
@@ -40,8 +40,8 @@ TrackingOption = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_UR
 
 
 @app.callback()
-def main(verbose: bool = typer.Option(False, "--verbose", "-v",
-                                      help="Also print MLflow's, Ray's and the MLflow UI server's own log lines")) -> None:
+def main(verbose: bool = typer.Option(
+        False, "--verbose", "-v", help="Also print MLflow's, Ray's and the MLflow UI server's own log lines")) -> None:
     """Declarative experiment sweeps for federated optimization research."""
     if verbose:
         os.environ["FEDBENCH_VERBOSE"] = "1"
@@ -65,7 +65,7 @@ def say(message: str) -> None:
 LONGEST_ERROR = 500  # characters of a refusal's line at most, whatever it embeds (two absolute paths fit)
 
 
-def fail(message: str, detail: str = "") -> None:
+def fail(message: str, detail: str = "") -> NoReturn:
     """Refuse: one line (kept short, ~160 characters), then with `fedbench -v` the detail that explains it."""
     if len(message) > LONGEST_ERROR:  # a message that embeds what it found whole (a path, a store's own error)
         message = message[:LONGEST_ERROR - 1] + "…"
@@ -163,16 +163,16 @@ def run(
     seeds."""
     use_data_dir(data_dir)
     from fedbench.memory import keep_freed_memory
-
+    from fedbench.runs import programs
     from .checkpoints import Checkpoint
     from .execute import build_batch, build_simulation, checkpoint_policy, drive_batch, plan_batches
-    from fedbench.runs import programs
     from .recipe import RecipeError
 
     recipe = load_recipe(recipe_path, sets, algorithm, with_plugins)
     if all_seeds and seeds:
         fail("give --seed or --all-seeds, not both")
-    chosen = list(recipe.seeds) if all_seeds else list(dict.fromkeys(seeds or [None]))
+    chosen: list[Optional[int]] = (list(recipe.seeds) if all_seeds
+                                   else list(dict.fromkeys(seeds)) if seeds else [None])
     try:
         trials = [recipe.single_trial(algorithm, seed) for seed in chosen]
     except RecipeError as err:
@@ -205,7 +205,7 @@ def run(
 
         policy = checkpoint_policy(recipe, tracking_uri)
         saved = [Checkpoint(policy, [trials[i] for i in runs]) for runs, _ in programs(sims)]
-        if resume and not any(checkpoint.path.is_file() for checkpoint in saved):
+        if resume and not any(checkpoint.path is not None and checkpoint.path.is_file() for checkpoint in saved):
             say("no checkpoint of these runs: starting at round 0")
         for checkpoint in saved if not resume else ():  # an earlier interrupted run's is not this run's start
             checkpoint.remove()
@@ -326,8 +326,7 @@ FAILURES_SHOWN = 5  # failed runs a sweep's console names, with the line that sa
 def sweep_one(recipe, recipe_path: Path, sets: Optional[List[str]], address: Optional[str],
               tracking_uri: Optional[str], max_concurrent: Optional[int], write_report: bool) -> bool:
     """One recipe's sweep, its summary table, report and UI command; whether every run finished."""
-    from .execute import ClusterError
-    from .execute import sweep as run_sweep
+    from .execute import ClusterError, sweep as run_sweep
     from .recipe import RecipeError
     from .tracking import StoreError
 
@@ -449,14 +448,17 @@ def tune(
             fail(str(err), getattr(err, "detail", ""))
     spec = recipe.tune
     table = Table(title=f"tune {recipe.name}: {spec.objective} {spec.metric} ({spec.mode})")
-    for column in ("algorithm", "trials", "ok/pruned/diverged/failed", "best params", "best", "fresh seeds: mean ± std"):
+    for column in ("algorithm", "trials", "ok/pruned/diverged/failed", "best params", "best",
+                   "fresh seeds: mean ± std"):
         table.add_column(column)
     for result in summary.results:
         counts = result.counts
-        params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in result.best_params.items())
-        fresh = f"{describe(result.fresh_values)} ({','.join(map(str, result.fresh_seeds))})" if result.fresh_seeds else "-"
+        params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                           for k, v in result.best_params.items())
+        reruns = (f"{describe(result.fresh_values)} ({','.join(map(str, result.fresh_seeds))})"
+                  if result.fresh_seeds else "-")
         table.add_row(result.algorithm, str(result.study_trials), "/".join(str(counts[k]) for k in counts),
-                      params or "-", f"{result.best_value:.4g}", fresh)
+                      params or "-", f"{result.best_value:.4g}", reruns)
     console.print(table)
     console.print(f"studies in {summary.storage} (optuna-dashboard {summary.storage}); runs under parent "
                   f"{summary.parent_run_id} in experiment {recipe.name!r}", highlight=False)
@@ -620,6 +622,7 @@ def list_recipes() -> None:
     table.add_column("time on 2 cores")
     for name in shipped:
         path = find(name)
+        assert path is not None  # a shipped name
         about = describe(path)
         try:
             recipe = load(path)
@@ -681,6 +684,7 @@ def ui(
         if open_browser:
             webbrowser.open(table)
         return
+    assert port is not None  # listen_port chose it
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", f"sqlite:///{path.resolve()}",
                "--host", host, "--port", str(port)]
     log = path.resolve().parent / "mlflow-ui.log"  # the server's own lines, unless `fedbench -v`
@@ -712,7 +716,7 @@ def listen_port(host: str, port: Optional[int]) -> int:
     import errno
 
     chosen = port
-    if port is None:
+    if chosen is None:
         chosen = next((p for p in range(UI_PORT, UI_PORT + PORTS_TRIED) if listen_error(host, p) is None), UI_PORT)
         if chosen != UI_PORT:
             say(f"port {UI_PORT} is in use; serving on port {chosen} instead")

@@ -26,7 +26,7 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -125,11 +125,11 @@ def drive_batch(sims: list[Simulation], on_row: OnRow | None = None, checkpoints
     seconds: list[list[float]] = [[] for _ in sims]
     groups = programs(sims)
     for runs, program in groups:
-        checkpoint = (Checkpoint(checkpoints, [trials[i] for i in runs])
+        checkpoint = (Checkpoint(checkpoints, [trials[i] for i in runs])  # type: ignore[index]  # given with a policy
                       if checkpoints is not None and checkpoints.active else None)
         saved = checkpoint.restore(program) if checkpoint is not None else None
         for j, i in enumerate(runs if saved else ()):
-            rows[i], seconds[i] = saved["rows"][j], saved["seconds"][j]
+            rows[i], seconds[i] = saved["rows"][j], saved["seconds"][j]  # type: ignore[index]  # saved: not None
             for row, by_then in zip(rows[i], seconds[i]):
                 if on_row is not None:
                     on_row(i, row, by_then)
@@ -222,7 +222,7 @@ class Reporter:
 
     def _send(self) -> None:
         try:
-            taken = self._NOTHING
+            taken: Any = self._NOTHING
             while True:
                 event = self.events.get() if taken is self._NOTHING else taken
                 if event is self._CLOSE:
@@ -355,7 +355,7 @@ def slots(resources, nodes: list[dict], max_concurrent: int | None) -> int:
 
 
 def plan_batches(runs: list[tuple[int, Trial]], cap: int, slot_count: int = 1,
-                 saved: list[list[tuple[str, int]]] = ()) -> tuple[list[Unit], list[tuple[int, Trial]]]:
+                 saved: Sequence[list[tuple[str, int]]] = ()) -> tuple[list[Unit], list[tuple[int, Trial]]]:
     """Which runs share a program (the one planner of `fedbench run --all-seeds`, `sweep` and `tune`): (batches,
     singles): first the programs with a checkpoint (`saved`, their runs as (config hash, seed)) whose runs are all
     to run, as they were, so that they resume from it; then the seeds of each batchable configuration with the
@@ -373,7 +373,7 @@ def plan_batches(runs: list[tuple[int, Trial]], cap: int, slot_count: int = 1,
             groups.setdefault((batch_key(trial), trial.device), []).append((key, trial))
         else:
             singles.append((key, trial))
-    batches = []
+    batches: list[Unit] = []
     for group in groups.values():
         if len(group) == 1:
             singles.extend(group)
@@ -385,17 +385,18 @@ def plan_batches(runs: list[tuple[int, Trial]], cap: int, slot_count: int = 1,
 
 
 def plan_packs(runs: list[tuple[int, Trial]], pack: int | str, slot_count: int, batch_runs: int = 1,
-               saved: list[list[tuple[str, int]]] = ()) -> list[list[Unit]]:
+               saved: Sequence[list[tuple[str, int]]] = ()) -> list[list[Unit]]:
     """Ray trials: every batch of seeds its own; the other runs in chunks of one algorithm each, `auto` making
     about PACKS_PER_SLOT packs per slot. The chunks are submitted longest first (the remainders of each algorithm's
     runs last), so that short packs fill the slots at the end instead of one long pack running alone there:
     on bao2022_lowrank.yaml (15 runs of ~20 s, packs of 2 and 1) ~176 s instead of ~182 s of runs on 2 slots."""
     batches, singles = plan_batches(runs, batch_runs, slot_count, saved)
-    size = pack if pack != "auto" else max(1, math.ceil(len(singles) / (PACKS_PER_SLOT * slot_count)))
+    size = int(pack) if pack != "auto" else max(1, math.ceil(len(singles) / (PACKS_PER_SLOT * slot_count)))
     by_algorithm: dict[str, list[tuple[int, Trial]]] = {}
     for key, trial in singles:
         by_algorithm.setdefault(trial.algorithm, []).append((key, trial))
-    chunks = [[[run] for run in group[i:i + size]] for group in by_algorithm.values() for i in range(0, len(group), size)]
+    chunks = [[[run] for run in group[i:i + size]]
+              for group in by_algorithm.values() for i in range(0, len(group), size)]
     return [[batch] for batch in batches] + sorted(chunks, key=len, reverse=True)
 
 
@@ -502,7 +503,7 @@ def one_cluster(recipes: list[Recipe], address: str | None, max_concurrent: int 
 
 def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | None = None,
           address: str | None = None, max_concurrent: int | None = None,
-          progress: Callable[[str, dict[str, int]], None] | None = None,
+          progress: Callable[[str, dict[str, Any]], None] | None = None,
           parent_tags: dict[str, str] | None = None) -> SweepSummary:
     """Run every (config, seed) of the recipe not yet finished in the store, on Ray Tune. A metric the
     recipe names that the problem does not evaluate, and a run that building would refuse (`Recipe.check_builds`),
@@ -534,7 +535,7 @@ def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | No
 
 def sweep_claimed(recipe: Recipe, trials: list[Trial], done: set[tuple[str, int]], store, experiment_id: str,
                   parent_id: str, lease, tracking: str | None, slot_count: int, max_concurrent: int | None,
-                  progress: Callable[[str, dict[str, int]], None] | None) -> SweepSummary:
+                  progress: Callable[[str, dict[str, Any]], None] | None) -> SweepSummary:
     """The runs of the sweep not finished in the store (`done`, as read before) that this sweep could claim
     (`sweeps.claims`), on Ray Tune; those that another live sweep holds are left to it (`SweepSummary.elsewhere`)."""
     from ray import tune
@@ -597,9 +598,9 @@ def sweep_claimed(recipe: Recipe, trials: list[Trial], done: set[tuple[str, int]
                                     "in_flight": {key: (reached.get(key, 0), by_key[key].federation.rounds)
                                                   for key in sorted(state["running"])}})
 
-        def on_end(trial, failed: bool) -> None:
+        def on_end(trial, died: bool) -> None:
             """A pack whose actor died: its running run failed; its unstarted runs wait for a re-run."""
-            if not failed:  # every run of a completed pack has reported its end
+            if not died:  # every run of a completed pack has reported its end
                 return
             for key, _ in [run for unit in packs[trial.config["pack"]] for run in unit]:
                 if key in state["running"]:

@@ -24,7 +24,7 @@ import inspect
 import math
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy
 
@@ -111,7 +111,8 @@ class FastPath:
                                 .values(status=run.status, end_time=run.end_time))
 
     def _insert_metrics(self, session, by_run: dict[str, list[Metric]]) -> None:
-        store, rows, latest = self.store, {}, {}
+        store, rows = self.store, {}
+        latest: dict[str, dict[str, Any]] = {}  # run -> metric -> (order, row) of its newest value
         for run_id, metrics in by_run.items():
             newest = latest.setdefault(run_id, {})
             for metric in metrics:
@@ -136,7 +137,8 @@ class FastPath:
     def select_histories(self, run_ids: list[str], key: str) -> dict[str, list[tuple[int, float]]]:
         """Each run's (step, value) of every stored value of a metric, in `get_metric_history`'s order (timestamp,
         step, value), in one query per 500 runs (SQLite's limit of parameters in one statement)."""
-        table, found = self.metric_model.__table__, {run_id: [] for run_id in run_ids}
+        table = self.metric_model.__table__
+        found: dict[str, list[tuple[int, float]]] = {run_id: [] for run_id in run_ids}
         with self.store.ManagedSessionMaker() as session:
             for start in range(0, len(run_ids), 500):
                 query = (sqlalchemy.select(table.c.run_uuid, table.c.step, table.c.value, table.c.is_nan)

@@ -55,9 +55,9 @@ from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
-from . import mlflow_fast
-from .mlflow_fast import EndedRun, NewRun
-from .recipe import Recipe, Trial
+from . import mlflow_fast  # noqa: E402
+from .mlflow_fast import EndedRun, NewRun  # noqa: E402
+from .recipe import Recipe, Trial  # noqa: E402
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 BATCH = 1000  # MLflow's limit of metrics per log_batch call (100 for params and tags)
@@ -334,8 +334,8 @@ def view(headline: list[str]) -> dict:
     a chart does), as this one is."""
     if not headline:
         return VIEW
-    section = {"uuid": "fedbench-model-metrics", "name": "Model metrics", "isReordered": True,
-               "display": True}  # shown: an absent `display` hides the section's charts
+    section: dict[str, Any] = {"uuid": "fedbench-model-metrics", "name": "Model metrics", "isReordered": True,
+                               "display": True}  # shown: an absent `display` hides the section's charts
     return {**VIEW, "compareRunSections": [section],
             "compareRunCharts": [line_chart(metric, section["uuid"]) for metric in headline]}
 
@@ -479,7 +479,8 @@ class Store:
         self.client.log_batch(run_id, metrics=[Metric(k, float(v), now_ms(), 0) for k, v in metrics.items()],
                               params=[Param(k, str(v)) for k, v in params.items()])
 
-    def final_values(self, experiment_id: str, trials: list[Trial], metric: str, mode: str, objective: str) -> list[float]:
+    def final_values(self, experiment_id: str, trials: list[Trial], metric: str, mode: str,
+                     objective: str) -> list[float]:
         """The metric of each trial's finished sweep run: its last value, or its best over the curve."""
         values = []
         for trial in trials:
@@ -510,8 +511,9 @@ class Store:
         for (trial, _), run_id in zip(starts, ids):
             for source in trial.plugins:  # the plugin's code (its sha256 is the tag plugin_sha256), with the modules
                 # it imports from its folder, which that sha256 covers
-                text = source.text if source.text is not None else Path(source.path).read_text() if source.path else None
-                if text is not None:
+                text = (source.text if source.text is not None
+                        else Path(source.path).read_text() if source.path else None)
+                if text is not None and source.path is not None:  # a text comes with its path
                     self.client.log_text(run_id, text, f"plugins/{Path(source.path).name}")
                 for relative, module_text in source.modules:
                     self.client.log_text(run_id, module_text, f"plugins/{relative}")

@@ -101,7 +101,8 @@ def make_searcher(study, recipe: Recipe, algorithm: str, seed: int):
     from optuna.trial import TrialState
     from ray.tune.search import Searcher
 
-    tune_spec = recipe.tune
+    assert recipe.tune is not None and recipe.tune.mode is not None  # a tune block, its mode resolved at load
+    tune_spec, mode = recipe.tune, recipe.tune.mode
     dimensions = [d for d in recipe.dimensions if algorithm in d.algorithms]
 
     class StudySearcher(Searcher):
@@ -142,7 +143,7 @@ def make_searcher(study, recipe: Recipe, algorithm: str, seed: int):
                 if result["status"] == "diverged":
                     asked.set_user_attr("diverged", True)
                 score = result["score"]
-                study.tell(asked, score if math.isfinite(score) else worst(tune_spec.mode))
+                study.tell(asked, score if math.isfinite(score) else worst(mode))
 
     return StudySearcher()
 
@@ -199,6 +200,7 @@ def tune_recipe(recipe: Recipe, algorithms: list[str], overrides: list[str] | No
     from .relay import Relay
 
     spec = recipe.tune
+    assert spec is not None and spec.mode is not None  # a tune block, its mode resolved at load
     seed = recipe.seeds[0] if spec.seed is None else spec.seed
     rerun_best = spec.rerun_best if rerun_best is None else rerun_best
     recipe.check_builds()  # what building a run would refuse: refused before Ray starts or the store is made

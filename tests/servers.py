@@ -140,7 +140,7 @@ class Postgres:
     def _run(self, *command: str) -> subprocess.CompletedProcess:
         return subprocess.run([*self.as_user, *command], capture_output=True, text=True, cwd=self.folder)
 
-    def start(self) -> "Postgres":
+    def start(self) -> Postgres:
         done = self._run(str(self.binaries / "initdb"), "-D", str(self.data), "-U", SUPERUSER, "--auth=trust",
                          "-E", "UTF8", "--locale=C", "--no-sync")
         if done.returncode != 0:
@@ -208,7 +208,7 @@ class TrackingServer:
     def uri(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 180) -> "TrackingServer":
+    def start(self, timeout: float = 180) -> TrackingServer:
         artifacts = self.folder / "artifacts"
         artifacts.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}

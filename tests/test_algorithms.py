@@ -13,12 +13,10 @@ import pytest
 import torch
 
 import fedbench
-from small_problems import small_lasso, small_lowrank
 from fedbench.loop_reference import loop_simulate
 from fedbench.rng import generator
 from fedbench.simulate import Federation, Simulation, simulate
-
-
+from small_problems import small_lasso, small_lowrank
 
 
 def run(problem, name, federation, seed=0, **hp):

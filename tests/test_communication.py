@@ -9,7 +9,6 @@ import fedbench
 from fedbench.algorithms import ALGORITHMS
 from fedbench.contract import IncompatibleError
 from fedbench.simulate import Federation, Simulation
-
 from small_problems import small_lasso
 
 ROUNDS, CLIENTS, STEPS, BATCH = 3, 3, 4, 8

@@ -40,7 +40,7 @@ hetero. widens HF's lead); each test says which hold and which do not.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -86,7 +86,7 @@ def table_row(row: str, scaling: str = "raw") -> dict[str, Measured]:
     return _run_row(row, scaling)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _run_row(row: str, scaling: str) -> dict[str, Measured]:
     # The CIFAR-10 rows run the 3 seeds measured (the recipes' 5 take about twice as long: ~1 h for C1 alone)
     recipe = load(PAPERS / f"fallah2020_{row}.yaml", [f"seeds={CIFAR_SEEDS}"] if row.startswith("c") else None)

@@ -9,7 +9,7 @@ test says so and asserts the measured relation instead.
 """
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +29,7 @@ def final_row(recipe: str, algorithm: str, seed: int, lr: float | None = None) -
     return {"status": outcome.status, **outcome.rows[-1]}
 
 
-@lru_cache(maxsize=None)
+@cache
 def tuned(recipe: str) -> dict[str, float | None]:
     """Each algorithm's client step: the grid's best final objective on the tuning seed (None: fixed)."""
     loaded = load(PAPERS / recipe)
@@ -47,7 +47,7 @@ def tuned(recipe: str) -> dict[str, float | None]:
     return chosen
 
 
-@lru_cache(maxsize=None)
+@cache
 def results(recipe: str) -> dict[str, dict[str, float]]:
     """Per algorithm, every final metric averaged over the seeds (at its tuned step)."""
     means = {}

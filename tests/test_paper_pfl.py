@@ -9,7 +9,7 @@ does not hold here, the test says so and asserts the measured relation instead.
 """
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +27,7 @@ S1_LEVELS, S2_LEVELS = (0.1, 0.3, 1.0), (5.0, 10.0, 15.0)
 CHECKPOINTS = (0, 10, 50, 100, 200, 500, 1000)
 
 
-@lru_cache(maxsize=None)
+@cache
 def runs(recipe: str, sigma_h: float) -> dict[str, dict[str, np.ndarray]]:
     """Per algorithm: objective and estimation-error curves `[repeats, 1001]` and seconds per 1000 rounds."""
     loaded = load(PAPERS / recipe)

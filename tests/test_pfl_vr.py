@@ -72,10 +72,7 @@ class Blocks:
 
     def logits(self, w_nat, beta, x):
         """x [M, k, p] -> [M, k]."""
-        if self.ews:
-            theta = np.concatenate([np.broadcast_to(w_nat, (self.devices, self.split)), beta], 1)
-        else:
-            theta = beta
+        theta = np.concatenate([np.broadcast_to(w_nat, (self.devices, self.split)), beta], 1) if self.ews else beta
         return np.einsum("mkp,mp->mk", x, theta)
 
     def grads(self, w, beta, rows=None):

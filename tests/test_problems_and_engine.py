@@ -14,8 +14,6 @@ from fedbench.simulate import Federation, Simulation, simulate
 from small_problems import small_lasso, small_lowrank
 
 
-
-
 def initial_server_point(problem, seed=0):
     """The initial point the engine actually uses (constructing a Simulation does not evaluate)."""
     sim = Simulation(problem, fedbench.make_algorithm("fedmid", problem), Federation(1, 1, 1, 1), seed=seed)

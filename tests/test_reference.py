@@ -8,9 +8,9 @@ import torch
 from sklearn.linear_model import Lasso as SkLasso
 
 import fedbench
-from small_problems import small_lasso, small_lowrank
 from fedbench import reference
 from fedbench.reference import minimize, solve
+from small_problems import small_lasso, small_lowrank
 
 LAM = 0.05
 

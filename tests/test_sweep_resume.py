@@ -107,7 +107,7 @@ def interrupt_while_running(tmp_path: Path, tracking_uri: str, presses: int) -> 
         assert sweep.poll() is None and time.monotonic() < deadline, "no run started"
         time.sleep(0.2)
     pressed = time.monotonic()
-    for press in range(presses):
+    for _ in range(presses):
         os.killpg(sweep.pid, signal.SIGINT)
         time.sleep(0.5)
     try:

@@ -153,7 +153,7 @@ def test_runs_started_and_ended_many_to_a_transaction_equal_mlflows_own_calls(tm
                                end_time=2000.0 + i)) for i in range(len(trials))]
     with monkeypatch.context() as patched:  # one transaction each, not MLflow's calls per run
         for name in ("create_run", "log_batch", "set_terminated"):
-            patched.setattr(fast_store.client, name, lambda *args, **kwargs: pytest.fail(f"{name} called"))
+            patched.setattr(fast_store.client, name, lambda *args, name=name, **kwargs: pytest.fail(f"{name} called"))
         fast = fast_store.start_trials(experiment, starts)
         fast_store.finish_trials([ended_run(run_id, outcome) for run_id, outcome in zip(fast, outcomes)])
     monkeypatch.setattr(fast_store, "fast", None)  # MLflow's public API, run by run

@@ -123,8 +123,8 @@ def metric_tables(cls) -> list[str]:
         lines += ["| metric | label | better |", "|---|---|---|"]
         lines += [f"| {code(n)} | {cell(label)} | {direction or '—'} |" for n, label, direction in key]
         lines.append("")
-    lines.append("`personal_*` metrics are reported with a personalized algorithm only. Every row also has the engine's "
-                 "columns (`round`, `comm_up`, `comm_down`, `iterations`, ...).")
+    lines.append("`personal_*` metrics are reported with a personalized algorithm only. Every row also has the "
+                 "engine's columns (`round`, `comm_up`, `comm_down`, `iterations`, ...).")
     return lines
 
 

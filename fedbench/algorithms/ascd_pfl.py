@@ -14,6 +14,8 @@ flips to the first success; the devices' shares of g_w go up at its end and the 
 """
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from fedbench.algorithms.base import Upload, aggregate, coin_flips_to_success
@@ -26,8 +28,8 @@ class ASCDPFL(BlockMethod):
     title = "ASCD-PFL"
     uploads = (Upload("g_w"),)  # each device's share of the w-gradient, all-reduced at a w-update
     keeps = ("beta", "beta_z")
-    hparams = (P_W, ETA, RHO, Param("theta", "float", None, "coupling θ; None: min{0.8, 1/η}", low=0, high=1,
-                                    nullable=True))
+    hparams: ClassVar[tuple[Param, ...]] = (
+        P_W, ETA, RHO, Param("theta", "float", None, "coupling θ; None: min{0.8, 1/η}", low=0, high=1, nullable=True))
 
     def derive(self, hp):
         r = rules(self.problem, hp.p_w, hp.eta, hp.rho)

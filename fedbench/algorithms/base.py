@@ -146,11 +146,11 @@ class Algorithm:
     name: ClassVar[str]
     title: ClassVar[str | None] = None  # the method's name as its paper writes it, for reports (None: `name`)
     hparams: ClassVar[tuple[Param, ...]]
-    downloads: ClassVar[tuple[str, ...]] = ("w",)  # server entries every sampled client receives
-    # What each client sends; an instance may set its own where a choice hyperparameter decides (the same for every
-    # run of a program), e.g. whether momentum is averaged
-    uploads: tuple[Upload, ...] = (MODEL,)
-    keeps: tuple[str, ...] = ()  # per-client state a round reads and writes back (likewise)
+    # What crosses the network. An instance may set its own where a choice hyperparameter decides (the same for
+    # every run of a program), e.g. whether the momentum is averaged (Local Pair, FeDXL2)
+    downloads: tuple[str, ...] = ("w",)  # server entries every sampled client receives
+    uploads: tuple[Upload, ...] = (MODEL,)  # what each client sends
+    keeps: tuple[str, ...] = ()  # per-client state a round reads and writes back
     # Entries of the message beyond the uploads that every device computes itself after the round's all-reduce
     # (participation "all": the block methods' w-block), handed to `server_update` and not counted as sent
     replicated: ClassVar[tuple[str, ...]] = ()
@@ -233,8 +233,8 @@ class Algorithm:
 
     def client_final(self, local: State, rnd: Round, hp: HParams) -> tuple[State, State]:
         """(message, rows): the declared uploads (and replicated entries), and the kept per-client state."""
-        message = {upload.name: local[upload.name] for upload in self.uploads}
-        return {**message, **{name: local[name] for name in self.replicated}}, {name: local[name] for name in self.keeps}
+        sent = [upload.name for upload in self.uploads] + list(self.replicated)
+        return {name: local[name] for name in sent}, {name: local[name] for name in self.keeps}
 
     def server_update(self, server: State, message: State, weights: Tensor, rnd: Round, hp: HParams) -> State:
         raise NotImplementedError

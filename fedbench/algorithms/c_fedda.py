@@ -22,6 +22,8 @@ The round counter r, the anchor and the weights restart with each MC-FedDA stage
 """
 from __future__ import annotations
 
+from typing import ClassVar
+
 from fedbench.algorithms.base import Upload, aggregate, broadcast
 from fedbench.algorithms.dual_averaging import (
     ALPHA,
@@ -45,7 +47,7 @@ CONSTRAINED_PROX = Param("constrained_prox", "choice", "sequential",
 class CFedDA(DualAveraging):
     name = "c_fedda"
     title = "C-FedDA"
-    hparams = (
+    hparams: ClassVar[tuple[Param, ...]] = (
         MU,
         Param("gamma", "float", 600.0, "anchor weight γ (see gamma_convention)", low=0, low_open=True, log=True),
         GAMMA_CONVENTION,

@@ -13,8 +13,17 @@ g is a subgradient of h (spec 000's default treatment of the nonsmooth part) or,
 """
 from __future__ import annotations
 
-from fedbench.algorithms.base import (CLIENT_LR, H_MODE, SERVER_LR, Algorithm, Upload, aggregate, broadcast,
-                                     composite_step, per_client_copies)
+from fedbench.algorithms.base import (
+    CLIENT_LR,
+    H_MODE,
+    SERVER_LR,
+    Algorithm,
+    Upload,
+    aggregate,
+    broadcast,
+    composite_step,
+    per_client_copies,
+)
 from fedbench.hparams import Param
 
 

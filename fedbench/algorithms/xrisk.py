@@ -13,6 +13,8 @@ With ha = a, hb = b (no staleness) the two gradients coincide (tests/test_fedxl.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -114,7 +116,7 @@ class StaleScores(Algorithm):
             pools["pool_u"] = torch.full_like(positives, self.hp.u_init)
         return pools
 
-    def open_round(self, server: State, rnd) -> State:
+    def open_round(self, server: State, rnd) -> dict[str, Any]:
         """Empty score records `[R, S, 0]`, and the pools `[R, 1, P]` the clients received."""
         empty = server["w"].new_zeros(*rnd.clients.shape, 0)
         records = {"h_pos": empty, "h_neg": empty, **({"u_pos": empty} if self.with_u else {})}

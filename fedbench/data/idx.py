@@ -66,7 +66,8 @@ def read(path: Path, magic: int) -> np.ndarray:
         with opener(path, "rb") as stream:
             data = stream.read()
     except (OSError, EOFError) as err:
-        raise ValueError(f"{path}: unreadable ({err}); expected an IDX file, gzip-compressed if it ends in .gz") from None
+        raise ValueError(f"{path}: unreadable ({err}); expected an IDX file, "
+                         "gzip-compressed if it ends in .gz") from None
     dims = magic & 0xFF
     header = 4 + 4 * dims
     found = int.from_bytes(data[:4], "big") if len(data) >= 4 else None

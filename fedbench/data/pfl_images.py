@@ -83,6 +83,7 @@ def _idx_folder(source: str, path: str | None) -> Path:
 
 def _digits(path: str | None) -> tuple[np.ndarray, np.ndarray]:
     images = femnist.load("full", path)
+    assert images.x is not None  # loaded with its pixels
     keep = images.y < CLASSES
     x = images.x[keep]
     # FEMNIST stores the background as white (255, or 1.0 for float pixels) and the ink dark; MNIST the reverse.
@@ -157,8 +158,9 @@ def _check_arguments(x, y, devices, classes, train, test, selection, normalizati
 
 def _standardized(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Every column centred and scaled to unit (population) variance by the statistics of all devices' training
-    rows (an image two devices hold counts twice), applied to the test rows too. A column constant over the training rows (a border pixel that is
-    background in all of them) has nothing to scale: it becomes 0 in both, rather than a division by zero."""
+    rows (an image two devices hold counts twice), applied to the test rows too. A column constant over the training
+    rows (a border pixel that is background in all of them) has nothing to scale: it becomes 0 in both, rather than
+    a division by zero."""
     pooled = train.reshape(-1, train.shape[-1])
     mean, std = pooled.mean(0), pooled.std(0)
     scale = np.divide(1.0, std, out=np.zeros_like(std), where=std > 0)

@@ -13,14 +13,14 @@ from fedbench.problems.lowrank import LowRank
 from fedbench.problems.pauc import PartialAUC
 from fedbench.problems.pfl import PFLImages, PFLSynthetic
 
-PROBLEMS: dict[str, type[Problem]] = {cls.name: cls for cls in (Lasso, LowRank, EMNIST, PartialAUC, Digits, PFLSynthetic, PFLImages,
-                                                                        ABUsers)}
+PROBLEMS: dict[str, type[Problem]] = {cls.name: cls for cls in (Lasso, LowRank, EMNIST, PartialAUC, Digits,
+                                                                  PFLSynthetic, PFLImages, ABUsers)}
 
 
 def metric_catalog() -> dict[str, Metric]:
     """Every metric any shipped problem declares (with every preset, personal ones included), and the engine's
     columns, by name: how to label and rank a stored metric when its recipe is not at hand."""
-    catalog = {}
+    catalog: dict[str, Metric] = {}
     for cls in PROBLEMS.values():
         for preset in cls.presets:
             for metric in (*cls.declared_metrics(cls.resolve_config({"preset": preset}), personal=True),

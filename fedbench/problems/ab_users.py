@@ -64,8 +64,8 @@ def check_pool(labels: np.ndarray, counts: list[np.ndarray], field: str) -> None
     short = np.flatnonzero(need > have)
     if len(short):
         label = int(short[0])
-        raise ParamError(field, f"label {label}: the pool holds {have[label]} images, the partition needs {need[label]}",
-                         "ab_users")
+        raise ParamError(field, f"label {label}: the pool holds {have[label]} images, "
+                                f"the partition needs {need[label]}", "ab_users")
 
 
 def deal(labels: np.ndarray, counts: list[np.ndarray], rng: np.random.Generator) -> list[list[np.ndarray]]:
@@ -76,7 +76,7 @@ def deal(labels: np.ndarray, counts: list[np.ndarray], rng: np.random.Generator)
     taken = dict.fromkeys(order, 0)
     dealt = []
     for table in counts:
-        per_user = [[] for _ in table]
+        per_user: list[list[np.ndarray]] = [[] for _ in table]
         for label in range(CLASSES):
             need = int(table[:, label].sum())
             pieces = np.split(order[label][taken[label]: taken[label] + need], np.cumsum(table[:, label])[:-1])

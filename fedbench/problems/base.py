@@ -15,8 +15,7 @@ from typing import Any, Callable, ClassVar, TypeVar
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.func import grad as func_grad
-from torch.func import vmap
+from torch.func import grad as func_grad, vmap
 
 from fedbench.hparams import Param, ParamError, resolve
 from fedbench.metrics import Metric

@@ -52,7 +52,7 @@ class BlockObjective:
 
     def value(self, base_loss: Callable[[Tensor], Tensor], w: Tensor, beta: Tensor) -> Tensor:
         """f_m(w̃, β_m) per device `[S]` (w̃ `[S, d_w]` or `[d_w]`, β `[S, d_β]`), f' given by `base_loss`."""
-        total = sum(c * base_loss(theta) for c, theta in self.models(w, beta))
+        total: Tensor = sum(c * base_loss(theta) for c, theta in self.models(w, beta))  # type: ignore[assignment]  # never 0
         if self.kind in ("mx2", "mt2"):
             total = total + 0.5 * self.lam * (beta - w).square().sum(-1)
         return total
@@ -84,8 +84,10 @@ class BlockObjective:
         (𝓛'_w, 𝓛'_β)). Without reparametrisation the w-constant is not divided by M (the code, §4.5)."""
         lam, big, alpha, m = self.lam, self.big_lambda, self.alpha, devices
         if self.kind == "ews":
-            smooth_w, smooth_beta = smooth
+            smooth_w, smooth_beta = smooth  # type: ignore[misc]  # ews is given the pair (𝓛'_w, 𝓛'_β)
             mu, w_const, beta_const = mu_prime / m, smooth_w, smooth_beta / m
+        elif isinstance(smooth, tuple):
+            raise TypeError(f"{self.kind}: 𝓛' is one number, not the pair {smooth}")
         elif self.kind == "mx2":
             mu, w_const, beta_const = mu_prime / (3 * m), lam, (smooth + lam) / m
         elif self.kind == "mt2":

@@ -167,6 +167,7 @@ def pixel_statistics(pixels: np.ndarray, level_scale: float) -> tuple[np.ndarray
 
 def build_clients(images: femnist.WriterImages, config: dict[str, Any], rng: np.random.Generator) -> DigitClients:
     """The pooled digits of `images`, capped, standardised and allocated to clients (module docstring)."""
+    assert images.x is not None  # loaded with its pixels
     digit_rows = np.flatnonzero(images.y < CLASSES)
     digit_labels = images.y[digit_rows]
     pools = []
@@ -199,6 +200,7 @@ def build_clients(images: femnist.WriterImages, config: dict[str, Any], rng: np.
         raise ValueError(f"digits.train_fraction: {config['train_fraction']} leaves no test sample")
 
     def split(parts):
+        assert images.x is not None  # as above
         rows = np.concatenate(parts)
         # float32 as pFedMe's script: (x − μ)/(σ + 0.001) with μ, σ rounded to float32
         x = (images.x[rows] * np.float32(level_scale) - mean.astype(np.float32)) / (std.astype(np.float32)

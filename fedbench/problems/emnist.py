@@ -42,7 +42,8 @@ from fedbench.prox import L1
 EVAL_CHUNK = 8192  # samples per evaluation matmul: ~26 MB of float32 features, whatever the data size
 
 
-LOSS_AND_ACCURACY = (Metric("train_loss", "training cross-entropy", "min"), Metric("test_loss", "test cross-entropy", "min"),
+LOSS_AND_ACCURACY = (Metric("train_loss", "training cross-entropy", "min"),
+                     Metric("test_loss", "test cross-entropy", "min"),
                      Metric("train_accuracy", "training accuracy (fraction correct)", "max"),
                      Metric("test_accuracy", "test accuracy (fraction correct)", "max"))
 
@@ -100,6 +101,7 @@ class EMNIST(Problem):
         self.classes = config["classes"]
         clients = self.select(config, femnist.load(config["source"], config["path"], config["data_dir"],
                                                    self.classes, config["writers_fraction"]))
+        assert clients.x_train is not None and clients.x_test is not None  # loaded with its pixels
         self.writer_ids = clients.writer_ids
         self.feature_dim = femnist.PIXELS * self.classes
         self.model = MLP((femnist.PIXELS, self.classes), bias=config["bias"])

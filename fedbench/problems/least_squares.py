@@ -110,7 +110,7 @@ class LeastSquares(Problem):
         self._set_clients(torch.full((n_clients,), n, dtype=torch.long))
         self.client_weights = (self.client_sizes / self.client_sizes.sum()).to(self.dtype)
         self.regularizer = self.make_regularizer()
-        self._quadratic = None
+        self._quadratic: tuple[Tensor, Tensor, Tensor] | None = None
 
     def _rows(self, features: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         """`[N, n, p]` features (with the intercept's column of ones appended) and `[N, n]` labels as flat rows."""
@@ -205,7 +205,7 @@ class LeastSquares(Problem):
 
         objective = self.objective(w)
         metrics = {"train_mse": (self.features @ w - self.labels).square().mean()}
-        if self.test_features is not None:
+        if self.test_features is not None and self.test_labels is not None:
             metrics["test_mse"] = (self.test_features @ w - self.test_labels).square().mean()
         metrics["objective"] = objective
         metrics["objective_gap"] = objective - solve(self).objective
@@ -218,7 +218,7 @@ class LeastSquares(Problem):
     def evaluate_personal(self, models: Tensor) -> dict[str, float]:
         """Client k's model on client k's samples (MSE pooled over all samples) and against its own truth."""
         metrics = {"train_mse": self._personal_mse(models, self.features, self.labels)}
-        if self.test_features is not None:
+        if self.test_features is not None and self.test_labels is not None:
             metrics["test_mse"] = self._personal_mse(models, self.test_features, self.test_labels)
         return self._floats(metrics, models)
 

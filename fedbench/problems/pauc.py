@@ -18,9 +18,10 @@ keeps all of them; null: no subsampling), which positives by uniform keys from t
 left without a positive or without a negative training sample is dropped (the class-balanced draws need
 both; `dropped_clients` counts them), and with it its writers' test samples; a ValueError naming the
 parameter is raised when no client is left. Test and validation sets: the kept writers' test samples,
-binarised the same way, not subsampled, `val_size` of them (at most half) drawn for validation. Features: the pixel intensity v/255 (background ≈ 1) normalised as the
-paper's Normalize(0.5, 0.5), x = 2v/255 − 1 ∈ [−1, 1]; the pixels stay uint8 and are converted per
-gathered batch or scoring chunk (54 MB instead of 216 MB of float32 for the 10% sample).
+binarised the same way, not subsampled, `val_size` of them (at most half) drawn for validation. Features: the pixel
+intensity v/255 (background ≈ 1) normalised as the paper's Normalize(0.5, 0.5), x = 2v/255 − 1 ∈ [−1, 1]; the
+pixels stay uint8 and are converted per gathered batch or scoring chunk (54 MB instead of 216 MB of float32 for the
+10% sample).
 
 Heterogeneity (§3.2), both data sources: client i of N adds fresh N(μ_i, 0.2²) noise, μ_i = −0.08 +
 0.16·i/N (the paper's −0.08 + 0.01·i for N = 16), to every feature of every training draw (after the
@@ -233,8 +234,9 @@ class PartialAUC(Problem):
             return None
         factor = math.sqrt(OBJECTIVE_PAIRS / (n_pos * n_neg))
         gen = generator(self.data_seed, "objective-pairs")
-        return tuple(torch.randperm(n, generator=gen)[: max(1, int(n * factor))].sort().values.to(self.device)
-                     for n in (n_pos, n_neg))
+        pos, neg = (torch.randperm(n, generator=gen)[: max(1, int(n * factor))].sort().values.to(self.device)
+                    for n in (n_pos, n_neg))
+        return pos, neg
 
     # -- the score model, for a batch of parameter vectors [S, dim] -----------------------------
     def logits(self, w: Tensor, x: Tensor) -> Tensor:
@@ -309,7 +311,7 @@ class PartialAUC(Problem):
         w = w.detach().requires_grad_(True)
         return torch.autograd.grad(self.loss(w, batch).sum(), w)[0]
 
-    def step_oracle(self, rows: Tensor, noise: Tensor | None = None) -> "PairOracle":
+    def step_oracle(self, rows: Tensor, noise: Tensor | None = None) -> PairOracle:
         return PairOracle(self, rows, noise)
 
     # -- the X-risk (spec 001 §1.4): F(w) = mean₊ f(mean₋ ℓ(h₊, h₋)), from the task (`xrisk_tasks`) ----------------

@@ -109,7 +109,8 @@ def binary_clients(config: dict[str, Any], images: femnist.WriterImages) -> Bina
     test_labels = np.isin(data.y_test[test], classes)
     if test_labels.all() or not test_labels.any():
         raise ParamError("positive_classes", f"the kept writers' {int(test.sum())} test samples hold "
-                         f"{'no negative' if test_labels.any() else 'no positive'} (positive_classes {classes})", "pauc")
+                         f"{'no negative' if test_labels.any() else 'no positive'} (positive_classes {classes})",
+                         "pauc")
     return BinaryClients(data, writer_client, client, positive, n_pos, n_neg, kept_pos, usable, test)
 
 
@@ -119,6 +120,7 @@ def femnist_binary(config: dict[str, Any], gen: torch.Generator) -> BinaryData:
     made = binary_clients(config, femnist.load(config["source"], config["path"], config["data_dir"], femnist.LABELS,
                                                config["writers_fraction"]))
     data = made.writers
+    assert data.x_train is not None and data.x_test is not None  # loaded with its pixels
     writer_client, client, positive, n_pos, kept_pos, usable = (made.writer_client, made.client, made.positive,
                                                                 made.positives, made.kept_positives, made.usable)
     by_id = np.argsort(data.writer_ids, kind="stable")
@@ -145,8 +147,9 @@ def femnist_binary(config: dict[str, Any], gen: torch.Generator) -> BinaryData:
     # Validation: `val_size` of the held-out samples, picked by uniform keys from the data stream.
     order = torch.randperm(len(held_out[1]), generator=gen)
     size = min(config["val_size"], len(order) // 2)
-    return BinaryData(features, labels, positive_counts, sizes, tuple(part[order[size:]] for part in held_out),
-                      tuple(part[order[:size]] for part in held_out), pixel_scale=2.0 / femnist.white(data.x_train),
+    test_rows, val_rows = order[size:], order[:size]
+    return BinaryData(features, labels, positive_counts, sizes, (held_out[0][test_rows], held_out[1][test_rows]),
+                      (held_out[0][val_rows], held_out[1][val_rows]), pixel_scale=2.0 / femnist.white(data.x_train),
                       writer_ids=data.writer_ids[by_id],  # the kept writers in sorted-id order, and their clients
                       writer_client=torch.from_numpy(renumber[writer_client[by_id]]),
                       dropped_clients=int((~usable).sum()))
@@ -161,7 +164,8 @@ def positive_quota(config: dict[str, Any], negatives: np.ndarray) -> np.ndarray:
     return np.floor(ratio / (1 - ratio) * negatives + 1e-9).astype(np.int64)
 
 
-def flip_clients(config: dict[str, Any], features: Tensor, labels: Tensor, sizes: Tensor, gen: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+def flip_clients(config: dict[str, Any], features: Tensor, labels: Tensor, sizes: Tensor,
+                 gen: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
     """`_flip` within every client, each client's rows re-sorted (noisy) positives first: (features,
     labels, positives per client)."""
     orders, flipped, counts, start = [], [], [], 0

@@ -32,7 +32,6 @@ from fedbench.problems.base import Layout, Problem
 from fedbench.problems.blocks import OBJECTIVES, BlockObjective, Constants
 from fedbench.prox import NoRegularizer
 
-
 RULE_SETTINGS = ("reparam", "smoothness", "mu_prime", "beta_gradients", "estimation_error")
 
 
@@ -254,6 +253,7 @@ class BlockProblem(Problem):
         than double backward through the loss)."""
         w, beta = z[: self.dim_w], z[self.dim_w:].view(self.num_clients, self.dim_beta)
         g_w, g_beta = self.objective.grads(lambda theta: self.base.grad(theta, self.x, self.y), w, beta)
+        assert g_w is not None  # need_w
         return torch.cat([g_w.mean(0), g_beta.flatten() / self.num_clients])
 
     def flat_hessian(self, z: Tensor) -> Tensor:
@@ -296,7 +296,7 @@ class BlockProblem(Problem):
         values = torch.stack([torch.as_tensor(metrics[k], dtype=self.dtype).expand(len(ws)) for k in names])
         return [dict(zip(names, run)) for run in values.T.tolist()]
 
-    def block_metrics(self, w: Tensor, beta: Tensor) -> dict[str, Tensor]:
+    def block_metrics(self, w: Tensor, beta: Tensor) -> dict[str, Tensor | float]:
         """The metrics of K runs, each a `[K]` tensor (or a scalar shared by all): w̃ `[K, d_w]`, β `[K, M, d_β]`."""
         raise NotImplementedError
 
@@ -386,7 +386,7 @@ class PFLSynthetic(BlockProblem):
         return (float(np.square(x[..., :split]).sum(-1).max() / 4),
                 float(np.square(x[..., split:]).sum(-1).max() / 4))
 
-    def block_metrics(self, w: Tensor, beta: Tensor) -> dict[str, Tensor]:
+    def block_metrics(self, w: Tensor, beta: Tensor) -> dict[str, Tensor | float]:
         from fedbench.reference import solve  # the reference imports problems for typing only
 
         objective = self.natural_objective(w, beta)
@@ -410,8 +410,8 @@ class PFLImages(BlockProblem):
     """Seed 003's real-image experiments (spec 003 §4.3–4.6): M devices with K classes each, multiclass logistic
     regression 784 → 10 with bias, objective MT2 (8), MX2 (11) or APFL2 (14) with the paper's λ = 1/K, Λ = 1,
     α = 0.05·K. `r1` is R1–R3 (n = 100 training, 300 test images per device), `r4` the Λ sweep of Fig. 8 on (8),
-    the rescaled (7) (K = 4, n = 30/100, λ = 0.1; `reparam: false` is (7) itself). Constants are the code's heuristic 𝓛' = 1
-    (unit-norm rows) and μ' = 0.01 (the problem is over-parametrised: μ' is really 0); no reference optimum."""
+    the rescaled (7) (K = 4, n = 30/100, λ = 0.1; `reparam: false` is (7) itself). Constants are the code's heuristic
+    𝓛' = 1 (unit-norm rows) and μ' = 0.01 (the problem is over-parametrised: μ' is really 0); no reference optimum."""
     name = "pfl_images"
     params = (
         Param("preset", "choice", "r1", "spec 003 experiment: R1–R3 (Figs. 3–7) or R4 (Fig. 8)", choices=("r1", "r4")),
@@ -488,8 +488,8 @@ class PFLImages(BlockProblem):
         self.constants = objective.constants(config["smoothness"], config["mu_prime"], self.num_clients,
                                              config["reparam"])
 
-    def block_metrics(self, w: Tensor, beta: Tensor) -> dict[str, Tensor]:
-        accuracy = {}
+    def block_metrics(self, w: Tensor, beta: Tensor) -> dict[str, Tensor | float]:
+        accuracy: dict[str, Tensor | float] = {}
         for split, x, y in (("train", self.x, self.y), ("test", self.x_test, self.y_test)):
             accuracy[split] = self.base.correct(beta, x, y).to(self.dtype).mean((-2, -1)) if y.numel() else torch.nan
         return {"objective": self.natural_objective(w, beta), "test_accuracy": accuracy["test"],

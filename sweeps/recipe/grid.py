@@ -23,7 +23,6 @@ from .schema import Checkpoints, ReportSpec, Resources, TuneSpec, is_seed
 from .space import Dimension
 from .trials import FEDERATION_NAMES, Trial, stable_hash
 
-
 # Runs of one recipe, whatever max_runs: building and checking each takes ~60 µs and ~2 KB here, so that validating
 # this many takes seconds; a grid above it is refused from its count (`Recipe.runs`) before any trial is built.
 MAX_RUNS = 100_000
@@ -95,7 +94,7 @@ class Recipe:
         problem_grid, federation_grid = self.grids(algorithm)
         sections = {"problem": problem_grid, "federation": federation_grid,
                     f"algorithms.{algorithm}": self.algorithms[algorithm]}
-        chosen = {}
+        chosen: dict[str, dict[str, Any]] = {}
         for section, grid in sections.items():
             chosen[section] = {}
             for key, values in grid.items():
@@ -182,7 +181,7 @@ class Recipe:
         if needed is None or available is None or needed <= available:
             return
         defaults = {p.name: p.default for p in problem.params}
-        name = min(problem.size_params, key=lambda size: problem.run_bytes({**config, size: defaults[size]}))
+        name = min(problem.size_params, key=lambda size: problem.run_bytes({**config, size: defaults[size]}) or 0)
         raise RecipeError(self.source, self.field(trial.algorithm, "problem", name), f"found {config[name]}: a run "
                           f"needs ~{in_bytes(needed)}, this machine has {in_bytes(available)}")
 

@@ -255,7 +255,8 @@ def apply_overrides(raw: dict[str, Any], assignments: list[str], source: str, al
             if algorithm is None and isinstance(listed, dict) and len(listed) == 1:
                 algorithm = next(iter(listed))
             if algorithm is None:
-                raise RecipeError(source, "--set", f"{path!r} needs a selected algorithm; write algorithms.NAME.{'.'.join(keys[1:])}")
+                raise RecipeError(source, "--set", f"{path!r} needs a selected algorithm; "
+                                                   f"write algorithms.NAME.{'.'.join(keys[1:])}")
             keys = ["algorithms", algorithm, *keys[1:]]
         try:
             value = yaml_value(text)

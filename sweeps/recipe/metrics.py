@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 def metrics_of(trials: list[Trial]) -> dict[str, Metric]:
-    declared = {}
+    declared: dict[str, Metric] = {}
     for trial in trials:
         for metric in trial.metrics():
             declared.setdefault(metric.name, metric)

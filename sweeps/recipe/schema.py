@@ -220,8 +220,9 @@ def is_seed(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-SECTIONS = {(): RecipeModel, ("resources",): Resources, ("checkpoints",): Checkpoints, ("tune",): TuneSpec, ("tune", "pruner"): PrunerSpec,
-            ("report",): ReportSpec, ("report", "select"): SelectSpec}
+SECTIONS: dict[tuple[Any, ...], type[StrictModel]] = {
+    (): RecipeModel, ("resources",): Resources, ("checkpoints",): Checkpoints, ("tune",): TuneSpec,
+    ("tune", "pruner"): PrunerSpec, ("report",): ReportSpec, ("report", "select"): SelectSpec}
 
 
 def schema_error(source: str, err: ValidationError) -> RecipeError:
@@ -234,7 +235,7 @@ def schema_error(source: str, err: ValidationError) -> RecipeError:
         return RecipeError(source, path, "missing required field")
     if kind == "extra_forbidden":
         fields = list(SECTIONS.get(tuple(loc[:-1]), RecipeModel).model_fields)
-        return unknown(source, path, f"unknown field{closest(loc[-1], fields)}", fields)
+        return unknown(source, path, f"unknown field{closest(str(loc[-1]), fields)}", fields)
     if kind == "value_error":
         return RecipeError(source, path, error["msg"].removeprefix("Value error, "))
     expected = PHRASES.get(kind) or error["msg"].removeprefix("Input should be ")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedbench.algorithms import ALGORITHMS
+from fedbench.hparams import Param
 from fedbench.problems import PROBLEMS
 from .loading import RecipeError, closest, unknown
 from .schema import DISTRIBUTIONS, TuneSpec
@@ -37,7 +38,7 @@ def check_space(source: str, tune: TuneSpec, problem: str, algorithms: dict) -> 
         section, _, name = key.rpartition(".")
         if section in ("problem", "federation"):
             declared = PROBLEMS[problem].params if section == "problem" else FEDERATION_PARAMS
-            owners = {None: {p.name: p for p in declared}}
+            owners: dict[str | None, dict[str, Param]] = {None: {p.name: p for p in declared}}
         elif section.startswith("algorithms.") and section.count(".") == 1:
             algorithm = section.split(".")[1]
             if algorithm not in algorithms:
@@ -79,6 +80,7 @@ def check_space(source: str, tune: TuneSpec, problem: str, algorithms: dict) -> 
                     param.check(value)
                 except ValueError as err:
                     raise RecipeError(source, f"{where}[{i}]", str(err)) from None
-        applies = tuple(algorithms) if None in owners else tuple(a for a in owners if name in owners[a])
+        applies = (tuple(algorithms) if None in owners
+                   else tuple(a for a in owners if a is not None and name in owners[a]))
         dimensions.append(Dimension(key, applies, distribution, tuple(bounds)))
     return tuple(dimensions)

@@ -30,11 +30,13 @@ class Trial:
     eval_every: int
     device: str
     divergence_factor: float = DIVERGENCE_FACTOR
-    plugins: tuple[Source, ...] = ()  # the code of its algorithm and problem where they are plugins (`fedbench.plugins`)
+    # the code of its algorithm and problem where they are plugins (`fedbench.plugins`)
+    plugins: tuple[Source, ...] = ()
 
     def config(self) -> dict[str, Any]:
         """Everything that determines the run except the seed (and the device it runs on); for a plugin's run, the
-        sha256 of the plugin's code too, so that an edited plugin's runs run again (a built-in's config is as it was)."""
+        sha256 of the plugin's code too, so that an edited plugin's runs run again (a built-in's config is as it
+        was)."""
         config = {"problem": {"name": self.problem, **self.problem_config},
                   "federation": asdict(self.federation),
                   "algorithm": {"name": self.algorithm, **self.hyperparameters},

@@ -68,7 +68,7 @@ def write_report(store: Store, source: Source, out: Optional[Path] = None, x: Op
     settings = resolve_settings(source.recipe, available, x)
     order = list(source.recipe.algorithms) if source.recipe is not None else []
     configs = configurations(runs, order, settings, histories)
-    colors = {}
+    colors: dict[str, str] = {}
     for config in configs:
         colors.setdefault(config.algorithm, f"C{len(colors) % 10}")
     drawn = [config for config in configs if config.rank < settings.curves]

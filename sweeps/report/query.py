@@ -2,6 +2,7 @@
 and their metric histories (`Histories`)."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Optional
 
@@ -85,6 +86,7 @@ def find_source(store: Store, recipe: Optional[Recipe] = None, experiment: Optio
         stored = stored_recipe(store, parent)
         return Source(stored.name, parent_runs(store, parent, stored), stored, run_id, f"{role} run {run_id}")
     name = recipe.name if recipe is not None else experiment
+    assert name is not None  # exactly one of recipe, experiment and run_id is given
     found = store.client.get_experiment_by_name(name)
     if found is None:
         hint = f"; run `fedbench sweep {recipe.source}` first" if recipe is not None else ""
@@ -106,7 +108,7 @@ class Histories:
     report at once (`Store.metric_histories`). A run of a non-personalized method has no `personal_X`: its
     personal model is its global model (spec 000 §2.3), so its `X` stands in, and methods compare on one panel."""
 
-    def __init__(self, store: Store, runs: list = ()):
+    def __init__(self, store: Store, runs: Iterable = ()):
         self.store = store
         self.run_ids = [run.info.run_id for run in runs]  # read together with whichever run is asked for
         self.cache: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
@@ -131,7 +133,7 @@ class Histories:
             return steps
         if axis in ("iterations", "seconds"):
             return np.interp(steps, *self(run, "iterations" if axis == "iterations" else "train_seconds"))
-        total = 0.0
+        total = np.zeros_like(steps, dtype=float)
         for name in COMM:
             comm_steps, comm = self(run, name)
             total = total + np.interp(steps, comm_steps, comm)

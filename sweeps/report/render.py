@@ -16,7 +16,7 @@ from .settings import Settings
 from .statistics import Configuration, curve, spread
 
 LOG_SPAN = 10 ** 1.5  # max/min of the plotted values from which the y-axis is logarithmic
-STYLES = ("-", "--", ":", "-.", (0, (3, 1, 1, 1, 1, 1)))
+STYLES: tuple[Any, ...] = ("-", "--", ":", "-.", (0, (3, 1, 1, 1, 1, 1)))  # matplotlib linestyles
 X_LABELS = {"rounds": "communication round", "comm": "floats communicated (uploads + downloads, all clients)",
             "iterations": "local iterations per client", "seconds": "training seconds (wall clock)"}
 
@@ -146,7 +146,8 @@ def write_csv(path: Path, configs: list[Configuration], settings: Settings) -> N
             row = [config.algorithm, config.varying, config.config_hash, config.best, len(config.runs), config.status,
                    *map(repr, spread(config.seconds))]
             for metric in settings.table_metrics:
-                row += [repr(v) for v in spread(config.finals[metric])] + [repr(spread(config.finals[metric], "ci95")[1])]
+                row += ([repr(v) for v in spread(config.finals[metric])]
+                        + [repr(spread(config.finals[metric], "ci95")[1])])
             for metric in settings.targets:
                 hit = [r for r in config.reached[metric] if r is not None]
                 row += [repr(float(np.mean(hit))) if hit else "", f"{len(hit)}/{len(config.reached[metric])}"]
@@ -180,7 +181,8 @@ class Page:
 
 def write_markdown(path: Path, page: Page) -> None:
     parts = [f"# {page.title}", "\n".join(f"- {fact}" for fact in page.facts),
-             *(f"![figure]({figure})" for figure in page.figures), "## Best configuration per algorithm", markdown_table(*page.best)]
+             *(f"![figure]({figure})" for figure in page.figures), "## Best configuration per algorithm",
+             markdown_table(*page.best)]
     if page.every[1] != page.best[1]:
         parts += ["## All configurations", markdown_table(*page.every)]
     parts += ["\n".join(f"- {note}" for note in page.notes), "## Every metric"]

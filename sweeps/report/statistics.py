@@ -36,9 +36,9 @@ def curve(runs: list, metric: str, histories: Histories, axis: str) -> Curve:
     leaves the band to the others after its last point."""
     per_run = []
     for run in runs:
-        steps, values = histories(run, metric)
-        if len(steps):
-            per_run.append((run, dict(zip(steps, values)), dict(zip(steps, histories.x(run, steps, axis)))))
+        run_steps, values = histories(run, metric)
+        if len(run_steps):
+            per_run.append((run, dict(zip(run_steps, values)), dict(zip(run_steps, histories.x(run, run_steps, axis)))))
     steps = sorted(set().union(*(points for _, points, _ in per_run)))
     xs, means, ses = [], [], []
     for step in steps:
@@ -86,7 +86,7 @@ def statuses(runs: list) -> str:
 def short(value: Optional[str]) -> str:
     """A parameter as MLflow holds it (a string), numbers to 4 digits: tuned step sizes have 17."""
     try:
-        return f"{float(value):.4g}"
+        return f"{float(value):.4g}"  # type: ignore[arg-type]  # None: the TypeError below
     except (TypeError, ValueError):
         return str(value)
 
