@@ -149,7 +149,7 @@ def test_memory_bound_runs_go_one_after_another(monkeypatch):
     problem, federation = small_lasso(), Federation(6, 3, 2, 5)
     sims = [Simulation(problem, fedbench.make_algorithm("fedmid", problem), federation, seed, 2) for seed in SEEDS]
     assert fedbench.runs.step_bytes(sims[0]) == 3 * 5 * 30 * 8  # S·b rows of p = 30 float64 features
-    monkeypatch.setattr(fedbench.runs, "MEMORY_BOUND_RUN_BYTES", 3 * 5 * 30 * 8 - 1)
+    monkeypatch.setattr(fedbench.planning, "MEMORY_BOUND_RUN_BYTES", 3 * 5 * 30 * 8 - 1)
     order = [i for i, _ in run_batch(sims)]
     assert order == sorted(order)  # run 0 to its end, then run 1, ...
     assert [sim.status for sim in sims] == ["finished"] * len(SEEDS)
