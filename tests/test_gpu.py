@@ -14,7 +14,7 @@ from fedbench.reference import minimize
 from fedbench.runs import run_batch, run_seeds
 from fedbench.simulate import Federation, Simulation
 from small_problems import small_lasso
-from sweeps.execute import drive_batch
+from sweeps.driving import drive_batch
 from test_runs import CASES, FLOAT32, SEEDS, assert_same, curves_alone, rows_by_run
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

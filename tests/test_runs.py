@@ -24,7 +24,7 @@ from fedbench.algorithms.pfl_rules import rules
 from fedbench.runs import NotBatchable, RunBatch, programs, run_batch, run_seeds, why_not_batchable
 from fedbench.simulate import Federation, Simulation
 from small_problems import small_lasso, small_lowrank
-from sweeps.execute import drive_batch
+from sweeps.driving import drive_batch
 
 SEEDS = [0, 3, 7, 11]
 
@@ -281,7 +281,7 @@ def test_what_cannot_share_a_batch_is_refused_with_the_reason():
 
 def test_simulations_that_cannot_share_a_program_run_one_after_another():
     """`drive_batch` on simulations `why_not_batchable` refuses runs them alone instead of failing them all."""
-    from sweeps.execute import drive, drive_batch
+    from sweeps.driving import drive, drive_batch
 
     problem, federation = small_lasso(), Federation(6, 3, 2, 5)
 
@@ -319,7 +319,8 @@ def test_a_sweep_runs_the_seeds_of_a_configuration_as_one_program(ray_local, tmp
     batched steps: not on the run axis) runs seed by seed on the same recipe."""
     from mlflow.tracking import MlflowClient
 
-    from sweeps.execute import build_simulation, drive, sweep
+    from sweeps.driving import build_simulation, drive
+    from sweeps.sweep import sweep
     from sweeps.recipe import load
 
     path = tmp_path / "batched.yaml"
@@ -362,7 +363,8 @@ def test_a_sweep_batches_the_values_of_a_per_run_hyperparameter(ray_local, tmp_p
     run alone."""
     from mlflow.tracking import MlflowClient
 
-    from sweeps.execute import build_simulation, drive, sweep
+    from sweeps.driving import build_simulation, drive
+    from sweeps.sweep import sweep
     from sweeps.recipe import load
 
     path = tmp_path / "grid.yaml"
@@ -451,14 +453,14 @@ def test_rows_drawn_ahead_a_few_iterations_at_a_time(monkeypatch, name):
 def test_a_step_size_grid_of_a_block_method_plans_one_program():
     """ASCD-PFL's η grid with two seeds on S1's data (which do not follow the seed): the six runs differ only in
     per-run hyperparameters, so that the sweep plans them as one program; a grid over a choice does not."""
-    from sweeps.execute import plan_batches
+    from fedbench.planning import plan
     from sweeps.recipe import parse
 
     def planned(algorithms):
         recipe = parse({"name": "grid", "problem": {"name": "pfl_synthetic", "preset": "s1"},
                         "federation": {"rounds": 5, "clients_per_round": 0, "local_steps": 1, "batch_size": 1},
                         "algorithms": algorithms, "seeds": 2}, "grid.yaml")
-        batches, singles = plan_batches(list(enumerate(recipe.trials())), 64, 1)
+        batches, singles = plan(list(enumerate(recipe.trials())), 64, 1)
         return sorted(len(batch) for batch in batches), len(singles)
 
     assert planned({"ascd_pfl": {"eta": [1.0, 3.0, 5.0]}}) == ([6], 0)

@@ -10,7 +10,9 @@ from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
 from cli import app
-from sweeps.execute import ClusterError, plan_packs, slots, sweep
+from sweeps.cluster import ClusterError, slots
+from sweeps.packing import plan_packs
+from sweeps.sweep import sweep
 from sweeps.recipe import load
 
 GRID = """\
@@ -179,7 +181,7 @@ def test_a_trial_reports_from_its_own_thread_in_order_merging_queued_rows():
     import threading
     import time
 
-    from sweeps.execute import Reporter
+    from sweeps.events import Reporter
 
     driver_free, reported = threading.Event(), []
 
@@ -202,7 +204,7 @@ def test_a_trial_reports_from_its_own_thread_in_order_merging_queued_rows():
 
 
 def test_what_reporting_raised_is_raised_by_the_next_event_and_by_close():
-    from sweeps.execute import Reporter
+    from sweeps.events import Reporter
 
     def report(event):
         raise ConnectionError("the driver went away")
