@@ -25,11 +25,11 @@ from fedbench.problems import PROBLEMS
 from .grid import MAX_RUNS, Recipe, grid_points
 from .loading import (DuplicateKey, RecipeError, RecipeLoader, apply_overrides, closest, field_paths,
                                    in_words, read_yaml, shown, unknown, yaml_value)
-from .metrics import check_metrics, default_modes, metrics_of, named_metrics
+from .metrics import check_metrics, default_modes, named_metrics
 from .schema import (DISTRIBUTIONS, NAME_RULE, PHRASES, SAMPLERS, SECTIONS, X_AXES, Checkpoints, PrunerSpec,
                      RecipeModel, ReportSpec, Resources, SelectSpec, StrictModel, TuneSpec, is_seed, schema_error)
 from .space import Dimension, check_space
-from .trials import FEDERATION_NAMES, FEDERATION_PARAMS, Trial, stable_hash
+from .trials import FEDERATION_NAMES, FEDERATION_PARAMS, Trial, metrics_of, stable_hash
 
 __all__ = ["DISTRIBUTIONS", "FEDERATION_NAMES", "FEDERATION_PARAMS", "OPTION_FIELDS", "PHRASES", "SAMPLERS",
            "SECTIONS", "X_AXES", "Checkpoints", "Dimension", "DuplicateKey", "PrunerSpec", "Recipe", "RecipeError", "RecipeLoader",

@@ -18,10 +18,9 @@ from fedbench.metrics import Metric
 from fedbench.problems import PROBLEMS
 from fedbench.simulate import Federation, minibatch_sizes
 from .loading import RecipeError, closest, in_bytes
-from .metrics import metrics_of
 from .schema import Checkpoints, ReportSpec, Resources, TuneSpec, is_seed
 from .space import Dimension
-from .trials import FEDERATION_NAMES, Trial, stable_hash
+from .trials import FEDERATION_NAMES, Trial, metrics_of, stable_hash
 
 
 # Runs of one recipe, whatever max_runs: building and checking each takes ~60 µs and ~2 KB here, so that validating
