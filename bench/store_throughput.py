@@ -18,8 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's sweeps/ (installed: fedbench_sweeps)
 
-from sweeps.execute import Outcome, sweep  # noqa: E402
+from sweeps.driving import Outcome  # noqa: E402
 from sweeps.recipe import parse  # noqa: E402
+from sweeps.sweep import sweep  # noqa: E402
 from sweeps.tracking import Store, SweepLog  # noqa: E402
 
 

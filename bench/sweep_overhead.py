@@ -1,7 +1,7 @@
 """Orchestration overhead of `fedbench sweep` on a 48-run grid of small Lasso trials
 (3 algorithms × 4 step sizes × 4 seeds), against a naive Ray Tune + MLflow set-up, in the same run:
 
-  ours    `sweeps.execute.sweep`: runs packed into Ray trials, actors reused, curves written by one
+  ours    `sweeps.sweep.sweep`: runs packed into Ray trials, actors reused, curves written by one
           driver thread with `log_batch`;
   naive   (run first, with Tune's default logger callbacks) one Ray trial per (config, seed) without actor reuse,
           each logging its curve from inside the trial with one `log_metric` call per metric per evaluation (the
@@ -29,8 +29,9 @@ from ray import tune
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's sweeps/ (installed: fedbench_sweeps)
 
-from sweeps.execute import build_simulation, drive, sweep  # noqa: E402
+from sweeps.driving import build_simulation, drive  # noqa: E402
 from sweeps.recipe import parse  # noqa: E402
+from sweeps.sweep import sweep  # noqa: E402
 
 RECIPE = {
     "name": "overhead",

@@ -18,7 +18,7 @@ advance as one program; a run alone is R = 1 through the same code:
 * Schedules. Rounds of fixed length (or of a drawn length, for one run) advance round by round (`RunBatch`). Rounds
   of random length where every client takes part (coin-flip communication, seed 003's block methods) advance
   iteration by iteration, each run through its own rounds (`IterationBatch`): round-synchronous runs would each
-  wait for the longest of R geometric lengths, about ln R times the mean. `plan` says which runs share a program.
+  wait for the longest of R geometric lengths, about ln R times the mean. Which runs share one: `fedbench.planning`.
 * Divergence. A run that diverges stops, as alone: its partial curve is kept, its final state is stored on its
   Simulation, and it leaves the batched arithmetic. A round in which an SVD fails (an iterate that overflowed
   between two evaluations) is replayed run by run on the same draws: the runs whose SVD fails end diverged there.
@@ -40,100 +40,22 @@ import torch
 from torch import Tensor
 
 from fedbench.algorithms import ALGORITHMS
-from fedbench.algorithms.base import Algorithm, HParams, Round, upload_floats
+from fedbench.algorithms.base import HParams, Round, upload_floats
 from fedbench.oracle import Batches
+from fedbench.planning import groups, not_iteration_wise, random_rounds, step_bytes, why_not_batchable
 from fedbench.simulate import Simulation, evaluate_rows, step_oracles
 
 GATHER_BUDGET = 4 * 2**20  # bytes of minibatch rows one batched local step gathers (see RunBatch.chunk)
-# Bytes of minibatch rows a run gathers per local step beyond which its runs go one after another on the CPU
-# (`plan`): the step is then bound by memory traffic, which a batch does not reduce, and the batch's bookkeeping
-# costs ~5%. Measured on 2 CPU cores (FedMiD, Lasso with S·b = 100 rows, R = 16): 50 KB a run 1.7x, 200 KB 1.15x,
-# 800 KB (spec 002's p = 1024) 0.91-1.05x whatever the chunk size. A GPU step of that size is bound by kernel
-# launches, which a batch shares: there the runs always form one program.
-MEMORY_BOUND_RUN_BYTES = 512 * 2**10
 STREAM_BYTES = 2**20  # rows of the iterations an iteration-wise batch draws ahead for all its runs at a time
 HP_RANK = 3  # float hyperparameters are [R, 1, 1]: they broadcast against [R, 1, d] and [R, S, d]
-
-
-def step_bytes(sim: Simulation) -> int:
-    """Bytes of minibatch rows one local step of this run gathers."""
-    federation, problem = sim.federation, sim.problem
-    clients = federation.clients_per_round or problem.num_clients
-    samples = sum(sim.sampler.sizes[mb.name] for mb in sim.sampler.drawn)
-    itemsize = sim.server[sim.algorithm.downloads[0]].element_size()
-    return clients * samples * (problem.row_elements or problem.dim) * itemsize
 
 
 class NotBatchable(ValueError):
     """These simulations cannot run as one program (the message says why)."""
 
 
-def _random_rounds(algorithm_type: type[Algorithm]) -> bool:
-    return algorithm_type.round_length is not Algorithm.round_length
-
-
 def _is_float(value: Any) -> bool:
     return isinstance(value, float)
-
-
-def why_not_batchable(sims: list[Simulation]) -> str | None:
-    """Why these simulations cannot form one program (None: they can). One simulation always can."""
-    first = sims[0]
-    if len(sims) > 1 and _random_rounds(type(first.algorithm)) and (why := _not_iteration_wise(first)):
-        return why
-    for sim in sims[1:]:
-        if sim.problem is not first.problem:
-            return "the runs must share one problem instance (the same data)"
-        if type(sim.algorithm) is not type(first.algorithm):
-            return "the runs must run one algorithm"
-        differ = sorted(k for k in first.algorithm.declared if sim.algorithm.declared[k] != first.algorithm.declared[k])
-        static = [k for k in differ if not (_is_float(sim.algorithm.declared[k])
-                                            and _is_float(first.algorithm.declared[k]))]
-        if static:
-            return f"the runs may differ only in float hyperparameters (per-run values), not in {', '.join(static)}"
-        derived = sorted(k for k in first.algorithm.hp if k not in first.algorithm.declared
-                         and _fixed_part_differs(sim.algorithm.hp[k], first.algorithm.hp[k]))
-        if derived:
-            return (f"the runs' derived values {', '.join(derived)} differ in more than floats (per-run values): "
-                    "a program holds one value of anything else")
-        if (sim.federation, sim.eval_every, sim.sampler.sizes, sim.divergence_factor) != (
-                first.federation, first.eval_every, first.sampler.sizes, first.divergence_factor):
-            return "the runs must share the federation, batch sizes, evaluation schedule and divergence rule"
-    return None
-
-
-def _fixed_part_differs(a: Any, b: Any, floats_per_run: bool = True) -> bool:
-    """Whether two runs' values of a derived quantity (`Algorithm.derive`) differ where a program holds one value
-    for all its runs (`_per_run`): anything but floats and a dataclass's float fields, which are per run. Lists,
-    dicts and objects (e.g. MC-FedDA's regularizer per stage) are one value: compared whole, floats included."""
-    if dataclasses.is_dataclass(a) and type(a) is type(b):
-        return any(_fixed_part_differs(getattr(a, f.name), getattr(b, f.name), floats_per_run)
-                   for f in dataclasses.fields(a))
-    if isinstance(a, Tensor) or isinstance(b, Tensor):
-        return not (isinstance(a, Tensor) and isinstance(b, Tensor) and torch.equal(a, b))
-    if isinstance(a, (list, tuple)) and type(a) is type(b):
-        return len(a) != len(b) or any(_fixed_part_differs(x, y, False) for x, y in zip(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() != b.keys() or any(_fixed_part_differs(a[k], b[k], False) for k in a)
-    if hasattr(a, "__dict__") and type(a) is type(b) and not isinstance(a, type):
-        return _fixed_part_differs(vars(a), vars(b), False)
-    if floats_per_run and _is_float(a) and _is_float(b):
-        return False
-    return a != b
-
-
-def _not_iteration_wise(sim: Simulation) -> str | None:
-    """Why runs like this one, whose rounds have random lengths, cannot be an `IterationBatch` (None: they can)."""
-    name, problem = sim.algorithm.name, sim.problem.name
-    if sim.algorithm.participation != "all":
-        return f"{name} has rounds of random length with sampled clients"
-    if type(sim.algorithm).draws_in_steps(sim.algorithm.declared):
-        return f"{name} draws inside its rounds' steps with these hyperparameters"
-    if sim.problem.noisy_minibatches:  # the steps wasted on runs between rounds would draw their noise
-        return f"{name} has rounds of random length, and {problem}'s minibatches carry noise"
-    if not sim.problem.draws_by_step or len(sim.sampler.drawn) != 1:
-        return f"{name} has rounds of random length, and {problem} does not draw one minibatch a step, step by step"
-    return None
 
 
 def _per_run(values: list, dtype: torch.dtype, device) -> Any:
@@ -597,7 +519,7 @@ class IterationBatch(RunBatch):
 
     def __init__(self, sims: list[Simulation]):
         super().__init__(sims)
-        if why := _not_iteration_wise(sims[0]):
+        if why := not_iteration_wise(sims[0]):
             raise NotBatchable(why)
         sampler = sims[0].sampler
         self.rows_per_step = self.problem.num_clients * sampler.sizes[sampler.drawn[0].name]
@@ -738,27 +660,18 @@ class IterationBatch(RunBatch):
                 self.safe_point(self)
 
 
-def one_program(sims: list[Simulation]) -> bool:
-    """Whether these (batchable) simulations run as one program rather than one after another: more than one,
-    and on a GPU or not memory-bound (`MEMORY_BOUND_RUN_BYTES`)."""
-    first = sims[0]
-    return len(sims) > 1 and (first.problem.device.type != "cpu" or step_bytes(first) <= MEMORY_BOUND_RUN_BYTES)
-
-
 def program(sims: list[Simulation]) -> RunBatch:
     """The program of these simulations: iteration by iteration where rounds have random lengths and every client
     takes part (`IterationBatch`), else round by round (`RunBatch`; a run alone too)."""
-    if len(sims) > 1 and _random_rounds(type(sims[0].algorithm)):
+    if len(sims) > 1 and random_rounds(type(sims[0].algorithm)):
         return IterationBatch(sims)
     return RunBatch(sims)
 
 
 def programs(sims: list[Simulation]) -> list[tuple[list[int], RunBatch]]:
-    """The programs these simulations run in, each with the indices of its runs: one for all of them where they can
-    share one and are not memory-bound (`one_program`), else one per run, to run one after another."""
-    if why_not_batchable(sims) or not one_program(sims):
-        return [([i], RunBatch([sim])) for i, sim in enumerate(sims)]
-    return [(list(range(len(sims))), program(sims))]
+    """The programs these simulations run in, each with the indices of its runs, as the planner groups them
+    (`fedbench.planning.groups`: one for all of them where they can share one, else one per run)."""
+    return [(runs, program([sims[i] for i in runs])) for runs in groups(sims)]
 
 
 def run_batch(sims: list[Simulation]) -> Iterable[tuple[int, dict[str, float]]]:

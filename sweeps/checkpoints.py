@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from fedbench.runs import RunBatch
-from .recipe import Trial, stable_hash
+from .recipe import Recipe, Trial, stable_hash
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,15 @@ class Policy:
     @property
     def active(self) -> bool:
         return self.folder is not None and (self.every_seconds > 0 or self.every_rounds > 0)
+
+
+def policy_of(recipe: Recipe, tracking: str | None) -> Policy:
+    """The recipe's checkpoints block, with its files in `checkpoints/<experiment>/` beside the store of the
+    tracking URI `tracking` (`tracking.store_folder`)."""
+    from .tracking import store_folder  # MLflow, imported by the commands that track only
+
+    folder = store_folder(tracking) / "checkpoints" / recipe.name.replace("/", "_")
+    return Policy(str(folder), recipe.checkpoints.every_seconds, recipe.checkpoints.every_rounds)
 
 
 def runs_of(trials: list[Trial]) -> list[list]:

@@ -15,7 +15,7 @@ import sys
 import webbrowser
 from enum import Enum
 from pathlib import Path
-from typing import List, NoReturn, Optional
+from typing import List, Optional
 
 import typer
 from rich import box
@@ -40,8 +40,9 @@ TrackingOption = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_UR
 
 
 @app.callback()
-def main(verbose: bool = typer.Option(
-        False, "--verbose", "-v", help="Also print MLflow's, Ray's and the MLflow UI server's own log lines")) -> None:
+def main(verbose: bool = typer.Option(False, "--verbose", "-v",
+                                      help="Also print MLflow's, Ray's and the MLflow UI server's own log lines"),
+         ) -> None:
     """Declarative experiment sweeps for federated optimization research."""
     if verbose:
         os.environ["FEDBENCH_VERBOSE"] = "1"
@@ -65,7 +66,7 @@ def say(message: str) -> None:
 LONGEST_ERROR = 500  # characters of a refusal's line at most, whatever it embeds (two absolute paths fit)
 
 
-def fail(message: str, detail: str = "") -> NoReturn:
+def fail(message: str, detail: str = "") -> None:
     """Refuse: one line (kept short, ~160 characters), then with `fedbench -v` the detail that explains it."""
     if len(message) > LONGEST_ERROR:  # a message that embeds what it found whole (a path, a store's own error)
         message = message[:LONGEST_ERROR - 1] + "…"
@@ -163,53 +164,18 @@ def run(
     seeds."""
     use_data_dir(data_dir)
     from fedbench.memory import keep_freed_memory
-    from fedbench.runs import programs
-    from .checkpoints import Checkpoint
-    from .execute import build_batch, build_simulation, checkpoint_policy, drive_batch, plan_batches
-    from .recipe import RecipeError
 
     recipe = load_recipe(recipe_path, sets, algorithm, with_plugins)
     if all_seeds and seeds:
         fail("give --seed or --all-seeds, not both")
-    chosen: list[Optional[int]] = (list(recipe.seeds) if all_seeds
-                                   else list(dict.fromkeys(seeds)) if seeds else [None])
-    try:
-        trials = [recipe.single_trial(algorithm, seed) for seed in chosen]
-    except RecipeError as err:
-        fail(str(err), err.detail)
+    chosen = list(recipe.seeds) if all_seeds else list(dict.fromkeys(seeds or [None]))
+    trials = chosen_trials(recipe, algorithm, chosen)
     check_builds(recipe, trials, **{"--device": device})
     store = open_store(tracking_uri) if track else None  # one that cannot take the result: refused before computing
     keep_freed_memory()
-    try:
-        together = bool(plan_batches(list(enumerate(trials)), cap=len(trials))[0])
-        sims = build_batch(trials, device) if together else [build_simulation(trial, device) for trial in trials]
-    except ValueError as err:  # what needs the built data (pfedfbe's λ above the clients' smoothness), or no CUDA
-        fail(f"{recipe_path}: {err}")
-
-    trial = trials[0]
-    hp = ", ".join(f"{k}={v}" for k, v in trial.hyperparameters.items())
-    listed = ", ".join(str(t.seed) for t in trials) if len(trials) <= FEW_SEEDS else (
-        f"{trials[0].seed} … {trials[-1].seed} ({len(trials)})")
-    seed_text = f"seed {trial.seed}" if len(trials) == 1 else (
-        f"seeds {listed}" + (" as one program" if together else " one after another"))
-    console.print(f"[bold]{trial.recipe}[/]: {trial.problem} / {trial.algorithm} ({hp}), {seed_text}",
-                  highlight=False)
-    with Progress(TextColumn("rounds"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TimeRemainingColumn(), console=console, transient=False) as progress:
-        task = progress.add_task("rounds", total=trial.federation.rounds * len(trials))  # one bar for all seeds
-        reached = [0.0] * len(trials)
-
-        def advance(i: int, row: dict[str, float], seconds: float) -> None:
-            reached[i] = row["round"]
-            progress.update(task, completed=sum(reached))
-
-        policy = checkpoint_policy(recipe, tracking_uri)
-        saved = [Checkpoint(policy, [trials[i] for i in runs]) for runs, _ in programs(sims)]
-        if resume and not any(checkpoint.path is not None and checkpoint.path.is_file() for checkpoint in saved):
-            say("no checkpoint of these runs: starting at round 0")
-        for checkpoint in saved if not resume else ():  # an earlier interrupted run's is not this run's start
-            checkpoint.remove()
-        outcomes = drive_batch(sims, advance, policy, trials)
+    together, sims = build_runs(recipe_path, trials, device)
+    console.print(run_title(trials, together), highlight=False)
+    outcomes = drive_runs(recipe, trials, sims, tracking_uri, resume)
     console.print(final_table([t.seed for t in trials], outcomes))
     wall = sum(o.wall_seconds for o in outcomes)
     console.print(f"{wall:.1f} s wall: {sum(o.train_seconds for o in outcomes):.1f} s training, "
@@ -221,22 +187,90 @@ def run(
         json_path.write_text(json.dumps(rows, indent=1))
         say(f"rows written to {json_path}")
     if store is not None:
-        from dataclasses import asdict
-
-        from .tracking import first_line, headline_metrics, spill
-
-        for t, outcome in zip(trials, outcomes):
-            try:
-                run_id = store.log_run(recipe.name, headline_metrics(recipe), t, asdict(outcome),
-                                       {"recipe_hash": recipe.recipe_hash})
-            except Exception as error:  # the store failed after the run: its result is kept, not lost
-                kept = spill(store.uri, recipe.name, headline_metrics(recipe), t, asdict(outcome),
-                             {"recipe_hash": recipe.recipe_hash})
-                fail(f"{store.uri}: the run could not be stored ({first_line(error, 100)}); its result is kept in "
-                     f"{kept} and stored by the next fedbench command on this store")
-            say(f"logged to {store.uri} (experiment {recipe.name!r}, run {run_id})")
+        log_runs(store, recipe, trials, outcomes)
     if any(outcome.status == "diverged" for outcome in outcomes):
         raise typer.Exit(1)
+
+
+def chosen_trials(recipe, algorithm: Optional[str], seeds: list[Optional[int]]) -> list:
+    """The runs `fedbench run` runs: the algorithm's, with each of the seeds (None: the recipe's first)."""
+    from .recipe import RecipeError
+
+    try:
+        return [recipe.single_trial(algorithm, seed) for seed in seeds]
+    except RecipeError as err:
+        fail(str(err), err.detail)
+
+
+def build_runs(recipe_path: Path, trials: list, device: Optional[str]) -> tuple[bool, list]:
+    """The simulations of `fedbench run`'s runs, and whether the planner (`fedbench.planning.plan`) lets them form one
+    program: then on one problem instance (`build_batch`); what needs the built data is refused here (pfedfbe's λ
+    above the clients' smoothness, or no CUDA)."""
+    from fedbench.planning import plan
+    from .driving import build_batch, build_simulation
+
+    try:
+        together = bool(plan(list(enumerate(trials)), cap=len(trials)).programs)
+        return together, (build_batch(trials, device) if together
+                          else [build_simulation(trial, device) for trial in trials])
+    except ValueError as err:
+        fail(f"{recipe_path}: {err}")
+
+
+def run_title(trials: list, together: bool) -> str:
+    """The line above `fedbench run`'s progress bar: the configuration and its seeds."""
+    trial = trials[0]
+    hp = ", ".join(f"{k}={v}" for k, v in trial.hyperparameters.items())
+    listed = ", ".join(str(t.seed) for t in trials) if len(trials) <= FEW_SEEDS else (
+        f"{trials[0].seed} … {trials[-1].seed} ({len(trials)})")
+    seed_text = f"seed {trial.seed}" if len(trials) == 1 else (
+        f"seeds {listed}" + (" as one program" if together else " one after another"))
+    return f"[bold]{trial.recipe}[/]: {trial.problem} / {trial.algorithm} ({hp}), {seed_text}"
+
+
+def drive_runs(recipe, trials: list, sims: list, tracking_uri: Optional[str], resume: bool) -> list:
+    """`fedbench run`'s runs driven in their programs, built once (`fedbench.runs.programs`), under one progress bar
+    for all seeds; each program resumes from its checkpoint with `--resume`, else starts at round 0."""
+    from fedbench.runs import programs
+    from .checkpoints import Checkpoint, policy_of
+    from .driving import drive_batch
+
+    with Progress(TextColumn("rounds"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TimeRemainingColumn(), console=console, transient=False) as progress:
+        task = progress.add_task("rounds", total=trials[0].federation.rounds * len(trials))  # one bar for all seeds
+        reached = [0.0] * len(trials)
+
+        def advance(i: int, row: dict[str, float], seconds: float) -> None:
+            reached[i] = row["round"]
+            progress.update(task, completed=sum(reached))
+
+        policy = policy_of(recipe, tracking_uri)
+        planned = programs(sims)
+        saved = [Checkpoint(policy, [trials[i] for i in runs]) for runs, _ in planned]
+        if resume and not any(checkpoint.path.is_file() for checkpoint in saved):
+            say("no checkpoint of these runs: starting at round 0")
+        for checkpoint in saved if not resume else ():  # an earlier interrupted run's is not this run's start
+            checkpoint.remove()
+        return drive_batch(sims, advance, policy, trials, planned=planned)
+
+
+def log_runs(store, recipe, trials: list, outcomes: list) -> None:
+    """`fedbench run`'s runs logged to the store; a run the store refuses is kept for the next command (`spill`)."""
+    from dataclasses import asdict
+
+    from .report import headline_metrics
+    from .tracking import first_line, spill
+
+    for t, outcome in zip(trials, outcomes):
+        try:
+            run_id = store.log_run(recipe.name, headline_metrics(recipe), t, asdict(outcome),
+                                   {"recipe_hash": recipe.recipe_hash})
+        except Exception as error:  # the store failed after the run: its result is kept, not lost
+            kept = spill(store.uri, recipe.name, headline_metrics(recipe), t, asdict(outcome),
+                         {"recipe_hash": recipe.recipe_hash})
+            fail(f"{store.uri}: the run could not be stored ({first_line(error, 100)}); its result is kept in "
+                 f"{kept} and stored by the next fedbench command on this store")
+        say(f"logged to {store.uri} (experiment {recipe.name!r}, run {run_id})")
 
 
 IN_FLIGHT_SHOWN = 3  # running runs whose round the sweep's progress line shows
@@ -298,7 +332,7 @@ def sweep(
     """Run every (config, seed) of the recipe on Ray Tune; runs already finished in the store are skipped. Several
     recipes are all checked before the first runs (--set applies to each), and share one Ray."""
     use_data_dir(data_dir)
-    from .execute import ClusterError, one_cluster
+    from .cluster import ClusterError, one_cluster
 
     recipes = [load_recipe(path, sets, with_plugins=with_plugins) for path in recipe_paths]
     for recipe in recipes:
@@ -326,8 +360,9 @@ FAILURES_SHOWN = 5  # failed runs a sweep's console names, with the line that sa
 def sweep_one(recipe, recipe_path: Path, sets: Optional[List[str]], address: Optional[str],
               tracking_uri: Optional[str], max_concurrent: Optional[int], write_report: bool) -> bool:
     """One recipe's sweep, its summary table, report and UI command; whether every run finished."""
-    from .execute import ClusterError, sweep as run_sweep
+    from .cluster import ClusterError
     from .recipe import RecipeError
+    from .sweep import sweep as run_sweep
     from .tracking import StoreError
 
     columns = (TextColumn("runs"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[detail]}"),
@@ -412,7 +447,7 @@ def tune(
 ) -> None:
     """Optuna search of the recipe's tune: space, the same budget for every algorithm, on Ray Tune."""
     use_data_dir(data_dir)
-    from .execute import ClusterError
+    from .cluster import ClusterError
     from .recipe import RecipeError
     from .tracking import StoreError
     from .tuning import describe, tune_recipe
@@ -455,10 +490,10 @@ def tune(
         counts = result.counts
         params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                            for k, v in result.best_params.items())
-        reruns = (f"{describe(result.fresh_values)} ({','.join(map(str, result.fresh_seeds))})"
-                  if result.fresh_seeds else "-")
+        fresh = (f"{describe(result.fresh_values)} ({','.join(map(str, result.fresh_seeds))})" if result.fresh_seeds
+                 else "-")
         table.add_row(result.algorithm, str(result.study_trials), "/".join(str(counts[k]) for k in counts),
-                      params or "-", f"{result.best_value:.4g}", reruns)
+                      params or "-", f"{result.best_value:.4g}", fresh)
     console.print(table)
     console.print(f"studies in {summary.storage} (optuna-dashboard {summary.storage}); runs under parent "
                   f"{summary.parent_run_id} in experiment {recipe.name!r}", highlight=False)
@@ -622,7 +657,6 @@ def list_recipes() -> None:
     table.add_column("time on 2 cores")
     for name in shipped:
         path = find(name)
-        assert path is not None  # a shipped name
         about = describe(path)
         try:
             recipe = load(path)
@@ -684,7 +718,6 @@ def ui(
         if open_browser:
             webbrowser.open(table)
         return
-    assert port is not None  # listen_port chose it
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", f"sqlite:///{path.resolve()}",
                "--host", host, "--port", str(port)]
     log = path.resolve().parent / "mlflow-ui.log"  # the server's own lines, unless `fedbench -v`
@@ -716,7 +749,7 @@ def listen_port(host: str, port: Optional[int]) -> int:
     import errno
 
     chosen = port
-    if chosen is None:
+    if port is None:
         chosen = next((p for p in range(UI_PORT, UI_PORT + PORTS_TRIED) if listen_error(host, p) is None), UI_PORT)
         if chosen != UI_PORT:
             say(f"port {UI_PORT} is in use; serving on port {chosen} instead")

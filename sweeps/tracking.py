@@ -315,18 +315,6 @@ def runs_url(base: str, experiment_id: str | None, charts: bool = False) -> str:
     return f"{base}/#/experiments/{experiment_id}/runs?{urlencode(query)}"
 
 
-def headline_metrics(recipe: Recipe) -> list[str]:
-    """The panels of the recipe's report figure, as `fedbench report` picks them (`report.metrics`, else the
-    selection metric and the first metrics with a direction), from the metrics the recipe's runs declare: the
-    charts that `fedbench ui` shows first."""
-    from .report import ReportError, resolve_settings  # the report imports this module
-
-    try:
-        return resolve_settings(recipe, sorted(recipe.metrics()), None).metrics
-    except ReportError:  # no metric to rank configurations by: the report refuses such runs
-        return list(recipe.report.metrics)
-
-
 def view(headline: list[str]) -> dict:
     """`VIEW`, its charts opening with a chart of each headline metric, in order. MLflow adds a chart of each
     other metric to the section named after the metric's prefix ("Model metrics" for a name without `/`; found by

@@ -24,13 +24,16 @@ import math
 import shutil
 import statistics
 import tempfile
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .execute import build_simulation, open_cluster, prepare_worker, resolve_device, sweep
+from .cluster import cluster_for
+from .events import Runs, Score, worst
 from .recipe import Dimension, Recipe, RecipeError, parse, stable_hash
-from .tracking import Store, SweepLog, headline_metrics
+from .report import headline_metrics
+from .sweep import sweep
+from .tracking import Store, SweepLog
+from .worker import run_tuned
 
 
 def study_storage(recipe: Recipe, store: Store) -> str:
@@ -66,43 +69,40 @@ def suggest(trial, dimension: Dimension) -> Any:
     return trial.suggest_float(dimension.key, bounds[0], bounds[1], log=kind == "log_uniform")
 
 
-def worst(mode: str) -> float:
-    return math.inf if mode == "min" else -math.inf
+def rungs(pruner, rounds: int) -> list[float]:
+    """The rounds at which ASHA (`scheduler`) decides whether a trial goes on, every one up to its `max_t`: a tuned
+    trial sends its rows as soon as it reaches one (`sweeps.events.RowStream`); none without a pruner."""
+    if pruner is None:
+        return []
+    found, rung = [], float(pruner.grace_rounds)
+    while rung <= max(rounds, pruner.grace_rounds) + 1:
+        found.append(rung)
+        rung *= pruner.reduction_factor
+    return found
 
 
-# -- inside a Ray trial -------------------------------------------------------------------------------
+def scheduler(spec, rounds: int):
+    """ASHA on the trials' rounds where the recipe has a pruner, else first in, first out."""
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
-def run_tuned(config: dict[str, Any]) -> None:
-    """Function trainable: one run, reporting its score at every evaluation (for ASHA and the study)."""
-    import ray
-    from ray import tune
-
-    trial, metric, mode, objective = config["trial"], config["metric"], config["mode"], config["objective"]
-    prepare_worker(config["cpus"])
-    simulation = build_simulation(trial, resolve_device(trial.device, bool(ray.get_gpu_ids())))
-    best = worst(mode)
-    start = time.perf_counter()
-    row = {}
-    for row in simulation:
-        value = row[metric]
-        if math.isfinite(value):
-            best = min(best, value) if mode == "min" else max(best, value)
-        score = value if objective == "final" else best
-        tune.report({"round": row["round"], "score": score, "row": row, "status": "running",
-                     "device": str(simulation.problem.device), "time": time.time()})
-    tune.report({"round": row["round"], "score": score, "status": simulation.status, "end": True,
-                 "train_seconds": simulation.train_seconds, "eval_seconds": simulation.eval_seconds,
-                 "wall_seconds": time.perf_counter() - start, "time": time.time()})
+    if not spec.pruner:
+        return FIFOScheduler()
+    # max_t beyond the last round: ASHA stops a trial that reaches max_t, before its final report.
+    return ASHAScheduler(time_attr="round", metric="score", mode=spec.mode,
+                         max_t=max(rounds, spec.pruner.grace_rounds) + 1, grace_period=spec.pruner.grace_rounds,
+                         reduction_factor=spec.pruner.reduction_factor)
 
 
 # -- on the driver ----------------------------------------------------------------------------------
 
-def make_searcher(study, recipe: Recipe, algorithm: str, seed: int):
+def make_searcher(study, recipe: Recipe, algorithm: str, seed: int, report_rounds: list[float]):
+    """A Tune searcher over the study (Tune pickles it: it holds nothing of the driver's): each new Tune trial asked of
+    it; what the trial reports handed back (`took`, from the driver's events): every evaluated score an intermediate
+    value, its end told."""
     from optuna.trial import TrialState
     from ray.tune.search import Searcher
 
-    assert recipe.tune is not None and recipe.tune.mode is not None  # a tune block, its mode resolved at load
-    tune_spec, mode = recipe.tune, recipe.tune.mode
+    tune_spec = recipe.tune
     dimensions = [d for d in recipe.dimensions if algorithm in d.algorithms]
 
     class StudySearcher(Searcher):
@@ -112,6 +112,8 @@ def make_searcher(study, recipe: Recipe, algorithm: str, seed: int):
             super().__init__(metric="score", mode=tune_spec.mode)
             self.live: dict[str, Any] = {}
             self.reported: dict[str, set[int]] = {}
+            self.scores: dict[str, Score] = {}
+            self.ends: dict[str, tuple[str, float]] = {}  # status and score of the trials that reported their end
 
         def suggest(self, trial_id: str) -> dict[str, Any] | None:
             asked = study.ask()
@@ -124,26 +126,39 @@ def make_searcher(study, recipe: Recipe, algorithm: str, seed: int):
                 return self.suggest(trial_id)
             self.live[trial_id] = asked
             self.reported[trial_id] = set()
-            return {"trial": trial, "number": asked.number, "metric": tune_spec.metric, "mode": tune_spec.mode,
-                    "objective": tune_spec.objective, "cpus": recipe.resources.cpus_per_trial}
+            self.scores[trial_id] = Score(tune_spec.metric, tune_spec.mode, tune_spec.objective)
+            return {"key": trial_id, "trial": trial, "number": asked.number, "cpus": recipe.resources.cpus_per_trial,
+                    "score": (tune_spec.metric, tune_spec.mode, tune_spec.objective), "report_rounds": report_rounds}
 
-        def on_trial_result(self, trial_id: str, result: dict) -> None:
-            step, score = int(result["round"]), result["score"]
-            if step not in self.reported[trial_id] and math.isfinite(score):
-                self.live[trial_id].report(score, step)
-                self.reported[trial_id].add(step)
+        def took(self, trial_id: str, event: dict[str, Any]) -> None:
+            """An event of the trial (`sweeps.events`): the score at each row it brings reported to the study, but
+            for the row its scheduler stopped it at (`done`); its end kept for `on_trial_complete`."""
+            if event["event"] == "rows":
+                rows = event["runs"].get(trial_id, ([], []))[0]
+                self.report(trial_id, rows[:-1] if event.get("done") else rows)
+            elif event["event"] == "end":
+                self.report(trial_id, event["outcome"]["rows"])
+                self.ends[trial_id] = (event["outcome"]["status"], event["score"])
+
+        def report(self, trial_id: str, rows: list[dict[str, float]]) -> None:
+            for row in rows:
+                step, score = int(row["round"]), self.scores[trial_id].add(row)
+                if step not in self.reported[trial_id] and math.isfinite(score):
+                    self.live[trial_id].report(score, step)
+                    self.reported[trial_id].add(step)
 
         def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
             asked = self.live.pop(trial_id)
-            if error or result is None:
+            end = self.ends.pop(trial_id, None)
+            if error or end is None and result is None or end is not None and end[0] == "failed":
                 study.tell(asked, state=TrialState.FAIL)
-            elif not result.get("end"):
+            elif end is None:
                 study.tell(asked, state=TrialState.PRUNED)
             else:
-                if result["status"] == "diverged":
+                status, score = end
+                if status == "diverged":
                     asked.set_user_attr("diverged", True)
-                score = result["score"]
-                study.tell(asked, score if math.isfinite(score) else worst(mode))
+                study.tell(asked, score if math.isfinite(score) else worst(tune_spec.mode))
 
     return StudySearcher()
 
@@ -192,112 +207,26 @@ def tune_recipe(recipe: Recipe, algorithms: list[str], overrides: list[str] | No
                 tracking: str | None = None, address: str | None = None, max_concurrent: int | None = None,
                 fresh: bool = False, rerun_best: int | None = None,
                 progress: Callable[[str, dict[str, Any]], None] | None = None) -> TuneSummary:
+    """An Optuna study per algorithm, its trials run on Ray Tune and tracked under one parent run; then, with
+    `rerun_best` seeds, each best configuration swept on fresh seeds."""
     import optuna
-    import ray
-    from ray import tune
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
-
-    from .relay import Relay
 
     spec = recipe.tune
-    assert spec is not None and spec.mode is not None  # a tune block, its mode resolved at load
     seed = recipe.seeds[0] if spec.seed is None else spec.seed
     rerun_best = spec.rerun_best if rerun_best is None else rerun_best
     recipe.check_builds()  # what building a run would refuse: refused before Ray starts or the store is made
     store = Store(tracking)
     experiment_id = store.experiment(recipe.name, headline_metrics(recipe))
     storage = study_storage(recipe, store)
-    probe = recipe.single_trial(algorithms[0], seed, fixed=_lowest(recipe, algorithms[0]))
-    rounds = probe.federation.rounds
+    rounds = recipe.single_trial(algorithms[0], seed, fixed=lowest(recipe, algorithms[0])).federation.rounds
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-    started_ray, slot_count = open_cluster(recipe, address, max_concurrent)
-    parent_id = store.open_parent(experiment_id, recipe, overrides or [], f"tune {recipe.name}", {
-        "role": "tune", "study_storage": storage, "studies": ", ".join(study_name(recipe, a) for a in algorithms),
-        "tuning_seed": str(seed)})
-    log = SweepLog(store, experiment_id, parent_id)
-    scratch = tempfile.mkdtemp(prefix="fedbench-tune-")
-    results = []
-    try:
-        for algorithm in algorithms:
-            name = study_name(recipe, algorithm)
-            if fresh and name in optuna.study.get_all_study_names(storage):
-                optuna.delete_study(study_name=name, storage=storage)
-            existing = optuna.create_study(study_name=name, storage=storage, load_if_exists=True,
-                                           direction="minimize" if spec.mode == "min" else "maximize")
-            identity = search_identity(recipe, algorithm, seed)
-            if existing.user_attrs.setdefault("search", identity) != identity:
-                raise RecipeError(recipe.source, "tune", f"study {name!r} in {storage} was made for another problem, "
-                                  "space, metric or seed; continue it with the same recipe, or pass --fresh")
-            existing.set_user_attr("search", identity)
-            # A new sampler seed per call: a resumed study must not replay the same start-up points.
-            study = optuna.load_study(study_name=name, storage=storage,
-                                      sampler=make_sampler(spec.sampler, spec.sampler_seed + len(existing.trials)))
-            tally = AlgorithmResult(algorithm, name)
-            results.append(tally)
-            runs: dict[str, dict[str, Any]] = {}
-
-            def on_result(trial, result: dict[str, Any]) -> None:
-                run = runs.setdefault(trial.trial_id, {"rows": [], "end": None})
-                if not run["rows"] and "row" in result:
-                    run["device"] = result["device"]
-                    log.started(trial.trial_id, trial.config["trial"], result["time"],
-                                {"study": name, "optuna_trial": str(trial.config["number"]),
-                                 "recipe_hash": recipe.recipe_hash}, role="tune_trial")
-                if "row" in result:
-                    run["rows"].append(result["row"])
-                if result.get("end"):
-                    run["end"] = result
-
-            def on_end(trial, failed: bool) -> None:
-                run = runs.get(trial.trial_id)
-                if run is None or not run["rows"]:  # failed before its first evaluation
-                    tally.counts["failed"] += 1
-                    return
-                error = f"the Ray trial failed: {trial.error_file or 'no error file'}" if failed else None
-                end = run["end"] or {}
-                status = "failed" if error else end.get("status", "pruned")
-                tally.counts[status] += 1
-                log.ended(trial.trial_id, {
-                    "rows": run["rows"], "status": status, "device": run.get("device", "cpu"), "error": error,
-                    "train_seconds": end.get("train_seconds", math.nan),
-                    "eval_seconds": end.get("eval_seconds", math.nan),
-                    "wall_seconds": end.get("wall_seconds", math.nan), "end_time": time.time()})
-                if progress is not None:
-                    progress("update", {"algorithm": algorithm, **tally.counts})
-
-            if progress is not None:
-                progress("algorithm", {"algorithm": algorithm, "trials": spec.trials})
-            # max_t beyond the last round: ASHA stops a trial that reaches max_t, before its final report.
-            scheduler = (ASHAScheduler(time_attr="round", metric="score", mode=spec.mode,
-                                       max_t=max(rounds, spec.pruner.grace_rounds) + 1,
-                                       grace_period=spec.pruner.grace_rounds,
-                                       reduction_factor=spec.pruner.reduction_factor)
-                         if spec.pruner else FIFOScheduler())
-            tuner = tune.Tuner(
-                tune.with_resources(run_tuned, {"cpu": recipe.resources.cpus_per_trial,
-                                                "gpu": recipe.resources.gpus_per_trial}),
-                tune_config=tune.TuneConfig(search_alg=make_searcher(study, recipe, algorithm, seed),
-                                            scheduler=scheduler, num_samples=spec.trials, reuse_actors=True,
-                                            max_concurrent_trials=slot_count, time_budget_s=spec.timeout_s),
-                run_config=tune.RunConfig(name=f"tune-{algorithm}", verbose=0, callbacks=[Relay(on_result, on_end)],
-                                          storage_path=scratch, failure_config=tune.FailureConfig(max_failures=0)),
-            )
-            tuner.fit()
-            tally.study_trials = len(study.trials)
-            if any(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials):
-                tally.best_params, tally.best_value = study.best_trial.params, study.best_value
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-        tracking_errors = log.close()
-        for result in results:
-            metrics = {f"best_{result.algorithm}": result.best_value} if math.isfinite(result.best_value) else {}
-            metrics.update({f"{result.algorithm}_{k}": v for k, v in result.counts.items()})
-            store.log_summary(parent_id, {f"best.{result.algorithm}.{k}": v for k, v in result.best_params.items()},
-                              metrics)
-        store.client.set_terminated(parent_id, "FINISHED" if len(results) == len(algorithms) else "FAILED")
-
-    try:
+    with cluster_for(recipe, address, max_concurrent) as slot_count:
+        parent_id = store.open_parent(experiment_id, recipe, overrides or [], f"tune {recipe.name}", {
+            "role": "tune", "study_storage": storage, "studies": ", ".join(study_name(recipe, a) for a in algorithms),
+            "tuning_seed": str(seed)})
+        session = Session(recipe, store, experiment_id, parent_id, storage, seed, rounds, slot_count, progress)
+        results, tracking_errors = session.run(algorithms, fresh)
         for result in results:
             if rerun_best and result.best_params:
                 result.fresh_seeds = fresh_seeds(rerun_best, seed)
@@ -306,13 +235,113 @@ def tune_recipe(recipe: Recipe, algorithms: list[str], overrides: list[str] | No
                       parent_tags={"rerun_best_of": result.study, "tune_parent": parent_id})
                 result.fresh_values = store.final_values(experiment_id, again.trials(), spec.metric, spec.mode,
                                                          spec.objective)
-    finally:
-        if started_ray:
-            ray.shutdown()
     return TuneSummary(storage, parent_id, results, tracking_errors)
 
 
-def _lowest(recipe: Recipe, algorithm: str) -> dict[str, Any]:
+@dataclass
+class Session:
+    """One call's studies, one algorithm after another, on a cluster of `slots` slots, tracked under `parent_id`."""
+    recipe: Recipe
+    store: Store
+    experiment_id: str
+    parent_id: str
+    storage: str  # the studies' Optuna storage
+    seed: int  # the tuning seed
+    rounds: int
+    slots: int
+    progress: Callable[[str, dict[str, Any]], None] | None = None
+
+    def run(self, algorithms: list[str], fresh: bool) -> tuple[list[AlgorithmResult], list[str]]:
+        """Each algorithm's search, its result in the parent run; the results and the tracking errors."""
+        import optuna
+
+        log = SweepLog(self.store, self.experiment_id, self.parent_id)
+        scratch = tempfile.mkdtemp(prefix="fedbench-tune-")
+        results = []
+        try:
+            for algorithm in algorithms:
+                study = self.study(algorithm, fresh)
+                result = AlgorithmResult(algorithm, study.study_name)
+                results.append(result)
+                self.search(study, result, log, scratch)
+                result.study_trials = len(study.trials)
+                if any(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials):
+                    result.best_params, result.best_value = study.best_trial.params, study.best_value
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+            tracking_errors = log.close()
+            self.close(results, len(results) == len(algorithms))
+        return results, tracking_errors
+
+    def study(self, algorithm: str, fresh: bool):
+        """The algorithm's study (`fresh`: its earlier trials deleted), refused when it was made for another search;
+        its sampler seeded anew on each call, so that a resumed study does not replay the same start-up points."""
+        import optuna
+
+        spec, name = self.recipe.tune, study_name(self.recipe, algorithm)
+        if fresh and name in optuna.study.get_all_study_names(self.storage):
+            optuna.delete_study(study_name=name, storage=self.storage)
+        existing = optuna.create_study(study_name=name, storage=self.storage, load_if_exists=True,
+                                       direction="minimize" if spec.mode == "min" else "maximize")
+        identity = search_identity(self.recipe, algorithm, self.seed)
+        if existing.user_attrs.setdefault("search", identity) != identity:
+            raise RecipeError(self.recipe.source, "tune", f"study {name!r} in {self.storage} was made for another "
+                              "problem, space, metric or seed; continue it with the same recipe, or pass --fresh")
+        existing.set_user_attr("search", identity)
+        return optuna.load_study(study_name=name, storage=self.storage,
+                                 sampler=make_sampler(spec.sampler, spec.sampler_seed + len(existing.trials)))
+
+    def search(self, study, result: AlgorithmResult, log: SweepLog, scratch: str) -> None:
+        """One algorithm's trials on Ray Tune (`worker.run_tuned`), their events (`sweeps.events`) into the store and
+        the study."""
+        from ray import tune
+
+        from .relay import Relay
+
+        recipe, spec, algorithm = self.recipe, self.recipe.tune, result.algorithm
+        runs = Runs(log, role="tune_trial", tags={"recipe_hash": recipe.recipe_hash}, counts=result.counts)
+        searcher = make_searcher(study, recipe, algorithm, self.seed, rungs(spec.pruner, self.rounds))
+
+        def on_result(trial, event: dict[str, Any]) -> None:
+            if event["event"] == "start":
+                runs.add(trial.trial_id, trial.config["trial"],
+                         {"study": study.study_name, "optuna_trial": str(trial.config["number"])})
+            runs.on_event(event)
+            searcher.took(trial.trial_id, event)
+
+        def on_end(trial, failed: bool) -> None:
+            key = trial.trial_id
+            if failed:
+                runs.died([key], trial.error_file)
+            elif key not in runs.ended:  # stopped by its scheduler (or by the time budget)
+                runs.stopped(key, "pruned" if key in runs.running else "failed")
+            if self.progress is not None:
+                self.progress("update", {"algorithm": algorithm, **result.counts})
+
+        if self.progress is not None:
+            self.progress("algorithm", {"algorithm": algorithm, "trials": spec.trials})
+        tuner = tune.Tuner(
+            tune.with_resources(run_tuned, {"cpu": recipe.resources.cpus_per_trial,
+                                            "gpu": recipe.resources.gpus_per_trial}),
+            tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler(spec, self.rounds),
+                                        num_samples=spec.trials, reuse_actors=True, max_concurrent_trials=self.slots,
+                                        time_budget_s=spec.timeout_s),
+            run_config=tune.RunConfig(name=f"tune-{algorithm}", verbose=0, callbacks=[Relay(on_result, on_end)],
+                                      storage_path=scratch, failure_config=tune.FailureConfig(max_failures=0)),
+        )
+        tuner.fit()
+
+    def close(self, results: list[AlgorithmResult], complete: bool) -> None:
+        """Each algorithm's best values and counts on the parent run, and the parent run's end."""
+        for result in results:
+            metrics = {f"best_{result.algorithm}": result.best_value} if math.isfinite(result.best_value) else {}
+            metrics.update({f"{result.algorithm}_{k}": v for k, v in result.counts.items()})
+            self.store.log_summary(self.parent_id,
+                                   {f"best.{result.algorithm}.{k}": v for k, v in result.best_params.items()}, metrics)
+        self.store.client.set_terminated(self.parent_id, "FINISHED" if complete else "FAILED")
+
+
+def lowest(recipe: Recipe, algorithm: str) -> dict[str, Any]:
     """Placeholder values for the tuned fields, so that a trial (and its round count) can be built."""
     return {d.path(algorithm): d.bounds[0] for d in recipe.dimensions if algorithm in d.algorithms}
 

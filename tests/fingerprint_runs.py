@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sweeps.execute import build_simulation  # noqa: E402
+from sweeps.driving import build_simulation  # noqa: E402
 from sweeps.recipe import load  # noqa: E402
 
 FINGERPRINTS = Path(__file__).parent / "fingerprints"

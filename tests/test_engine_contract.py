@@ -22,7 +22,7 @@ from fedbench.problems.base import Problem
 from fedbench.rng import generator
 from fedbench.simulate import Federation, Simulation, simulate
 from small_problems import small_lasso, small_lowrank
-from sweeps.execute import build_simulation
+from sweeps.driving import build_simulation
 from sweeps.recipe import RecipeError, parse
 from test_emnist import npz_problem, write_npz
 

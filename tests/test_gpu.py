@@ -14,7 +14,7 @@ from fedbench.reference import minimize
 from fedbench.runs import run_batch, run_seeds
 from fedbench.simulate import Federation, Simulation
 from small_problems import small_lasso
-from sweeps.execute import drive_batch
+from sweeps.driving import drive_batch
 from test_runs import CASES, FLOAT32, SEEDS, assert_same, curves_alone, rows_by_run
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -47,7 +47,7 @@ def test_memory_bound_runs_on_the_gpu_still_form_one_program(monkeypatch):
     that size is bound by kernel launches, which the batch shares (FedMiD on spec 002's Lasso, R = 16: see
     docs/how-to/gpu.md). So the runs form one program, each with its curve alone."""
     problem, federation = small_lasso(device="cuda"), Federation(6, 3, 2, 5)
-    monkeypatch.setattr(fedbench.runs, "MEMORY_BOUND_RUN_BYTES", 0)  # every step "memory-bound"
+    monkeypatch.setattr(fedbench.planning, "MEMORY_BOUND_RUN_BYTES", 0)  # every step "memory-bound"
 
     def sims():
         return [Simulation(problem, fedbench.make_algorithm("fedmid", problem), federation, seed, 2) for seed in SEEDS]

@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sweeps.execute import build_simulation, drive
+from sweeps.driving import build_simulation, drive
 from sweeps.recipe import load
 
 pytestmark = pytest.mark.slow

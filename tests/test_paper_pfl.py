@@ -17,7 +17,7 @@ import pytest
 
 from fedbench.problems import make_problem
 from fedbench.reference import solve
-from sweeps.execute import build_simulation, drive
+from sweeps.driving import build_simulation, drive
 from sweeps.recipe import load
 
 pytestmark = pytest.mark.slow

@@ -280,7 +280,7 @@ def test_a_file_plugins_sibling_modules_travel_to_a_worker(helped, tmp_path, mon
     import pickle
     import subprocess
 
-    from sweeps.execute import build_simulation, drive
+    from sweeps.driving import build_simulation, drive
 
     monkeypatch.syspath_prepend(str(helped))  # as in the issue: the driver imports the helper, a worker cannot
     trial = helped_trial(helped)
@@ -290,7 +290,7 @@ def test_a_file_plugins_sibling_modules_travel_to_a_worker(helped, tmp_path, mon
     elsewhere.mkdir()
     worker = f"""
 import json, pickle, sys
-from sweeps.execute import build_simulation, drive
+from sweeps.driving import build_simulation, drive
 assert not any(path and path.startswith({str(helped)!r}) for path in sys.path), sys.path
 trial = pickle.loads(open({str(tmp_path / 'trial.pkl')!r}, "rb").read())
 print(json.dumps([row["objective"] for row in drive(build_simulation(trial)).rows]))

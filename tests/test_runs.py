@@ -24,7 +24,7 @@ from fedbench.algorithms.pfl_rules import rules
 from fedbench.runs import NotBatchable, RunBatch, programs, run_batch, run_seeds, why_not_batchable
 from fedbench.simulate import Federation, Simulation
 from small_problems import small_lasso, small_lowrank
-from sweeps.execute import drive_batch
+from sweeps.driving import drive_batch
 
 SEEDS = [0, 3, 7, 11]
 
@@ -149,7 +149,7 @@ def test_memory_bound_runs_go_one_after_another(monkeypatch):
     problem, federation = small_lasso(), Federation(6, 3, 2, 5)
     sims = [Simulation(problem, fedbench.make_algorithm("fedmid", problem), federation, seed, 2) for seed in SEEDS]
     assert fedbench.runs.step_bytes(sims[0]) == 3 * 5 * 30 * 8  # S·b rows of p = 30 float64 features
-    monkeypatch.setattr(fedbench.runs, "MEMORY_BOUND_RUN_BYTES", 3 * 5 * 30 * 8 - 1)
+    monkeypatch.setattr(fedbench.planning, "MEMORY_BOUND_RUN_BYTES", 3 * 5 * 30 * 8 - 1)
     order = [i for i, _ in run_batch(sims)]
     assert order == sorted(order)  # run 0 to its end, then run 1, ...
     assert [sim.status for sim in sims] == ["finished"] * len(SEEDS)
@@ -305,7 +305,7 @@ def test_runs_whose_non_float_derived_values_differ_do_not_share_a_program():
     assert "derived values steps_per_unit" in why_not_batchable(sims([0.1, 0.05]))
     with pytest.raises(NotBatchable, match="steps_per_unit"):
         RunBatch(sims([0.1, 0.05]))
-    from sweeps.execute import drive
+    from sweeps.driving import drive
 
     alone = [drive(sim).rows for sim in sims([0.1, 0.05])]
     assert [outcome.rows for outcome in drive_batch(sims([0.1, 0.05]))] == alone
@@ -313,7 +313,7 @@ def test_runs_whose_non_float_derived_values_differ_do_not_share_a_program():
 
 def test_simulations_that_cannot_share_a_program_run_one_after_another():
     """`drive_batch` on simulations `why_not_batchable` refuses runs them alone instead of failing them all."""
-    from sweeps.execute import drive, drive_batch
+    from sweeps.driving import drive, drive_batch
 
     problem, federation = small_lasso(), Federation(6, 3, 2, 5)
 
@@ -351,8 +351,9 @@ def test_a_sweep_runs_the_seeds_of_a_configuration_as_one_program(ray_local, tmp
     batched steps: not on the run axis) runs seed by seed on the same recipe."""
     from mlflow.tracking import MlflowClient
 
-    from sweeps.execute import build_simulation, drive, sweep
+    from sweeps.driving import build_simulation, drive
     from sweeps.recipe import load
+    from sweeps.sweep import sweep
 
     path = tmp_path / "batched.yaml"
     path.write_text(BATCHED)
@@ -394,8 +395,9 @@ def test_a_sweep_batches_the_values_of_a_per_run_hyperparameter(ray_local, tmp_p
     run alone."""
     from mlflow.tracking import MlflowClient
 
-    from sweeps.execute import build_simulation, drive, sweep
+    from sweeps.driving import build_simulation, drive
     from sweeps.recipe import load
+    from sweeps.sweep import sweep
 
     path = tmp_path / "grid.yaml"
     path.write_text(GRID)
@@ -483,14 +485,14 @@ def test_rows_drawn_ahead_a_few_iterations_at_a_time(monkeypatch, name):
 def test_a_step_size_grid_of_a_block_method_plans_one_program():
     """ASCD-PFL's η grid with two seeds on S1's data (which do not follow the seed): the six runs differ only in
     per-run hyperparameters, so that the sweep plans them as one program; a grid over a choice does not."""
-    from sweeps.execute import plan_batches
+    from fedbench.planning import plan
     from sweeps.recipe import parse
 
     def planned(algorithms):
         recipe = parse({"name": "grid", "problem": {"name": "pfl_synthetic", "preset": "s1"},
                         "federation": {"rounds": 5, "clients_per_round": 0, "local_steps": 1, "batch_size": 1},
                         "algorithms": algorithms, "seeds": 2}, "grid.yaml")
-        batches, singles = plan_batches(list(enumerate(recipe.trials())), 64, 1)
+        batches, singles = plan(list(enumerate(recipe.trials())), 64, 1)
         return sorted(len(batch) for batch in batches), len(singles)
 
     assert planned({"ascd_pfl": {"eta": [1.0, 3.0, 5.0]}}) == ([6], 0)

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-import sweeps.execute
-from sweeps.execute import Outcome, RowStream
+import sweeps.events
+from sweeps.driving import Outcome
+from sweeps.events import RowStream
 from sweeps.recipe import load
 from sweeps.tracking import Store
 
@@ -36,7 +37,7 @@ eval_every: 5
 WORKER = """\
 import sys, time
 from dataclasses import asdict
-from sweeps.execute import Outcome
+from sweeps.driving import Outcome
 from sweeps.recipe import load
 from sweeps.tracking import Store
 
@@ -150,7 +151,7 @@ def test_a_streamed_run_ends_with_the_rows_it_had_not_sent_each_round_once(track
     seconds = [0.1 * (r + 1) for r in range(len(rows))]
     sent = []
     stream = RowStream(sent.append, ["key"])
-    monkeypatch.setattr(sweeps.execute, "STREAM_ROWS", 3)  # the third row sends the first three
+    monkeypatch.setattr(sweeps.events, "STREAM_ROWS", 3)  # the third row sends the first three
     for row, by_then in zip(rows[:3], seconds[:3]):
         stream.add(0, row, by_then)
     assert len(sent) == 1

@@ -12,9 +12,11 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from sweeps import execute
-from sweeps.execute import resolve_device, shipped_code, sweep
+from sweeps import cluster
+from sweeps.cluster import shipped_code
+from sweeps.driving import resolve_device
 from sweeps.recipe import load
+from sweeps.sweep import sweep
 
 RECIPE = """\
 name: cluster
@@ -137,7 +139,7 @@ def test_a_module_plugin_only_the_driver_imports_is_shipped_with_the_job(tmp_pat
     assert shipped_code([recipe]) == [str(package)]
     try:
         with monkeypatch.context() as patch:  # the control: the same sweep with nothing shipped
-            patch.setattr(execute, "shipped_code", lambda recipes: [])
+            patch.setattr(cluster, "shipped_code", lambda recipes: [])
             control = sweep(recipe, tracking=tracking_uri, address=two_nodes.address)
         summary = sweep(recipe, tracking=tracking_uri, address=two_nodes.address)  # runs the failed runs again
     finally:

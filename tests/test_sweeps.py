@@ -10,8 +10,10 @@ from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
 from cli import app
-from sweeps.execute import ClusterError, plan_packs, slots, sweep
+from sweeps.cluster import ClusterError, slots
+from sweeps.packing import plan_packs
 from sweeps.recipe import load
+from sweeps.sweep import sweep
 
 GRID = """\
 name: grid
@@ -179,7 +181,7 @@ def test_a_trial_reports_from_its_own_thread_in_order_merging_queued_rows():
     import threading
     import time
 
-    from sweeps.execute import Reporter
+    from sweeps.events import Reporter
 
     driver_free, reported = threading.Event(), []
 
@@ -202,7 +204,7 @@ def test_a_trial_reports_from_its_own_thread_in_order_merging_queued_rows():
 
 
 def test_what_reporting_raised_is_raised_by_the_next_event_and_by_close():
-    from sweeps.execute import Reporter
+    from sweeps.events import Reporter
 
     def report(event):
         raise ConnectionError("the driver went away")
@@ -214,3 +216,41 @@ def test_what_reporting_raised_is_raised_by_the_next_event_and_by_close():
         send({"event": "end", "key": 0})
     with pytest.raises(ConnectionError, match="went away"):
         send.close()
+
+
+def test_a_scored_stream_sends_its_rows_at_each_rung_stamped_with_round_and_score():
+    """A tune trial's stream (`RowStream` with a `Score`): every event carries the round and score its scheduler reads,
+    the rows go as soon as one reaches a rung (ASHA decides there as if every row were reported), the rest with the
+    end; the `Reporter` does not merge such events."""
+    import math
+
+    from sweeps.events import Reporter, RowStream, Score
+
+    sent = []
+    stream = RowStream(sent.append, ["k"], Score("loss", "min"), report_rounds=[10.0, 30.0])
+    stream.start("k", {}, "cpu")
+    losses = {0: 1.0, 5: 0.5, 10: 0.7, 15: 0.2, 20: math.nan, 25: 0.3, 30: 0.25, 35: 0.1}
+    for r, loss in losses.items():
+        stream.add(0, {"round": float(r), "loss": loss}, 0.1 * r)
+    stream.end(0, {"status": "finished"})
+    assert [event["event"] for event in sent] == ["start", "rows", "rows", "end"]
+    assert [(event["round"], event["score"]) for event in sent] == [(0.0, math.inf), (10.0, 0.5), (30.0, 0.2),
+                                                                    (35.0, 0.1)]
+    assert [row["round"] for row in sent[1]["runs"]["k"][0]] == [0, 5, 10]
+    assert [row["round"] for row in sent[3]["outcome"]["rows"]] == [35]
+
+    import threading
+
+    driver_free, reported = threading.Event(), []
+
+    def report(event):  # a driver busy until every event is queued
+        driver_free.wait()
+        reported.append(event)
+
+    send = Reporter(report)
+    for event in sent:
+        send(event)
+    driver_free.set()
+    send.close()
+    assert [(event["event"], event["round"]) for event in reported] == [("start", 0.0), ("rows", 10.0),
+                                                                        ("rows", 30.0), ("end", 35.0)]

@@ -135,7 +135,7 @@ def test_runs_started_and_ended_many_to_a_transaction_equal_mlflows_own_calls(tm
     histories) equals what `create_run`, `log_batch` and `set_terminated` store for the same run."""
     from dataclasses import asdict
 
-    from sweeps.execute import Outcome
+    from sweeps.driving import Outcome
     from sweeps.recipe import load
     from sweeps.tracking import ended_run, new_run
 

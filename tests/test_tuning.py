@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
 from cli import app
-from sweeps.execute import build_simulation, drive
+from sweeps.driving import build_simulation, drive
 from sweeps.recipe import load
 from sweeps.tuning import make_sampler, study_name
 

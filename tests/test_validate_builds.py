@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from cli import app
 from fedbench.algorithms import ALGORITHMS
 from fedbench.problems import PROBLEMS
-from sweeps.execute import build_simulation
+from sweeps.driving import build_simulation
 from sweeps.recipe import RecipeError, parse
 
 ROOT = Path(__file__).resolve().parents[1]

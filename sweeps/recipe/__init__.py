@@ -36,7 +36,7 @@ from .loading import (
     unknown,
     yaml_value,
 )
-from .metrics import check_metrics, default_modes, metrics_of, named_metrics
+from .metrics import check_metrics, default_modes, named_metrics
 from .schema import (
     DISTRIBUTIONS,
     NAME_RULE,
@@ -56,11 +56,12 @@ from .schema import (
     schema_error,
 )
 from .space import Dimension, check_space
-from .trials import FEDERATION_NAMES, FEDERATION_PARAMS, Trial, stable_hash
+from .trials import FEDERATION_NAMES, FEDERATION_PARAMS, Trial, metrics_of, stable_hash
 
 __all__ = ["DISTRIBUTIONS", "FEDERATION_NAMES", "FEDERATION_PARAMS", "OPTION_FIELDS", "PHRASES", "SAMPLERS",
            "SECTIONS", "X_AXES", "Checkpoints", "Dimension", "DuplicateKey", "PrunerSpec", "Recipe", "RecipeError",
-           "RecipeLoader", "RecipeModel", "ReportSpec", "Resources", "SelectSpec", "StrictModel", "Trial", "TuneSpec",
+           "RecipeLoader",
+           "RecipeModel", "ReportSpec", "Resources", "SelectSpec", "StrictModel", "Trial", "TuneSpec",
            "apply_overrides", "check_metrics", "check_option", "check_space", "closest", "field_paths",
            "grid_points", "in_words", "is_seed", "load", "metrics_of", "named_metrics", "parse", "read_yaml",
            "schema_error", "stable_hash", "yaml_value"]
@@ -125,8 +126,7 @@ def parse(raw: dict[str, Any], source: str) -> Recipe:
 
     federation_grid = _check_params(source, "federation", FEDERATION_PARAMS, model.federation)
     sections = {"problem": PROBLEMS[problem_name].params, "federation": FEDERATION_PARAMS}
-    algorithms: dict[str, dict[str, list[Any]]] = {}
-    overrides: dict[str, dict[str, dict[str, list[Any]]]] = {}  # algorithm -> section -> grid
+    algorithms, overrides = {}, {}
     for algo, hps in model.algorithms.items():
         if why := plugins.broken("algorithm", algo):
             raise RecipeError(source, f"algorithms.{algo}", why)

@@ -18,10 +18,9 @@ from fedbench.metrics import Metric
 from fedbench.problems import PROBLEMS
 from fedbench.simulate import Federation, minibatch_sizes
 from .loading import RecipeError, closest, in_bytes
-from .metrics import metrics_of
 from .schema import Checkpoints, ReportSpec, Resources, TuneSpec, is_seed
 from .space import Dimension
-from .trials import FEDERATION_NAMES, Trial, stable_hash
+from .trials import FEDERATION_NAMES, Trial, metrics_of, stable_hash
 
 # Runs of one recipe, whatever max_runs: building and checking each takes ~60 µs and ~2 KB here, so that validating
 # this many takes seconds; a grid above it is refused from its count (`Recipe.runs`) before any trial is built.
@@ -47,7 +46,7 @@ class Recipe:
     report: ReportSpec = field(default_factory=ReportSpec)
     overrides: dict[str, dict[str, dict[str, list[Any]]]] = field(default_factory=dict)  # algorithm -> section -> grid
     # config hashes `check_builds` has passed: the CLI checks every recipe before the first runs, and the entry points
-    # it calls (`execute.sweep`, `tuning.tune_recipe`) check again for callers from Python; the data index is read once
+    # it calls (`sweep.sweep`, `tuning.tune_recipe`) check again for callers from Python; the data index is read once
     built: set[str] = field(default_factory=set, repr=False, compare=False)
     checkpoints: Checkpoints = field(default_factory=Checkpoints)
     max_runs: int = 2000  # the most runs `fedbench sweep` starts without --yes

@@ -1,4 +1,4 @@
-"""The metrics a recipe's runs evaluate (`metrics_of`, what the problem and algorithms declare) and those its
+"""The metrics a recipe's runs evaluate (`trials.metrics_of`, what the problem and algorithms declare) and those its
 `tune:` and `report:` blocks name: each must be one of them (`check_metrics`), and a block without `mode` takes
 its metric's declared direction (`default_modes`).
 """
@@ -11,15 +11,6 @@ from .loading import RecipeError, closest, unknown
 
 if TYPE_CHECKING:
     from .grid import Recipe
-    from .trials import Trial
-
-
-def metrics_of(trials: list[Trial]) -> dict[str, Metric]:
-    declared: dict[str, Metric] = {}
-    for trial in trials:
-        for metric in trial.metrics():
-            declared.setdefault(metric.name, metric)
-    return declared
 
 
 def default_modes(recipe: Recipe, declared: dict[str, Metric]) -> None:

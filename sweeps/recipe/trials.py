@@ -67,6 +67,15 @@ class Trial:
         return {**flat, "seed": self.seed}
 
 
+def metrics_of(trials: list[Trial]) -> dict[str, Metric]:
+    """Every metric the runs' rows hold, by name (the first declaration of each)."""
+    declared = {}
+    for trial in trials:
+        for metric in trial.metrics():
+            declared.setdefault(metric.name, metric)
+    return declared
+
+
 def stable_hash(value: Any) -> str:
     return hashlib.sha1(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:12]
 

@@ -64,3 +64,13 @@ def resolve_settings(recipe: Optional[Recipe], available: list[str], x: Optional
     axes = [x] if x else list(spec.x)
     return Settings(panels, select, dict(spec.target), axes[0], dict(spec.log), dict(spec.labels), spec.curves,
                     declared, spec.interval, axes[1:])
+
+
+def headline_metrics(recipe: Recipe) -> list[str]:
+    """The panels of the recipe's report figure, as `fedbench report` picks them (`report.metrics`, else the
+    selection metric and the first metrics with a direction), from the metrics the recipe's runs declare: the
+    charts that `fedbench ui` shows first (`tracking.Store.experiment`)."""
+    try:
+        return resolve_settings(recipe, sorted(recipe.metrics()), None).metrics
+    except ReportError:  # no metric to rank configurations by: the report refuses such runs
+        return list(recipe.report.metrics)
