@@ -35,6 +35,7 @@ docs: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/python .ci/import_cycles.py  # module- and function-level imports; `if TYPE_CHECKING:` ones run never
 
 test-slow: install
 	$(PY) -m pytest -q -m slow -s

@@ -32,8 +32,8 @@ import torch
 
 import fedbench
 from fedbench.memory import keep_freed_memory
-from fedbench.runs import run_batch, why_not_batchable
-from fedbench.simulate import Federation, Simulation
+from fedbench.runs import why_not_batchable
+from fedbench.simulate import Federation, Simulation, run_batch
 
 CASES = {
     "ascd_pfl": (lambda device: fedbench.make_problem("pfl_synthetic", preset="s1", sigma_h=1.0, device=device),

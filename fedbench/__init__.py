@@ -12,8 +12,7 @@ from typing import Any
 
 from fedbench.algorithms import ALGORITHMS, Algorithm
 from fedbench.problems import PROBLEMS, Problem, make_problem
-from fedbench.runs import run_batch, run_seeds
-from fedbench.simulate import Federation, Result, Simulation, simulate
+from fedbench.simulate import Federation, Result, Simulation, run_batch, run_seeds, simulate
 
 
 def make_algorithm(name: str, problem: Problem, **hyperparameters: Any) -> Algorithm:

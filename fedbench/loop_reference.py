@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fedbench.federation import Federation, RoundSampler
 from fedbench.rng import generator
-from fedbench.simulate import Federation, RoundSampler
 
 
 def client_gradient(problem, w: Tensor, rows: Tensor) -> Tensor:

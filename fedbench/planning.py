@@ -44,11 +44,19 @@ MEMORY_BOUND_RUN_BYTES = 512 * 2**10
 # -- before building: runs by their specification -------------------------------------------------------------
 
 class RunSpec(Protocol):
-    """What the planner reads of a run before it is built (a sweep's `Trial` is one)."""
-    problem: str
-    problem_config: dict[str, Any]
-    device: str
-    seed: int
+    """What the planner reads of a run before it is built (a sweep's `Trial` is one: frozen, so read-only here)."""
+
+    @property
+    def problem(self) -> str: ...
+
+    @property
+    def problem_config(self) -> dict[str, Any]: ...
+
+    @property
+    def device(self) -> str: ...
+
+    @property
+    def seed(self) -> int: ...
 
     @property
     def config_hash(self) -> str: ...
@@ -99,7 +107,7 @@ def plan(runs: Sequence[tuple[K, R]], cap: int, slots: int = 1,
             together.setdefault((program_key(spec), spec.device), []).append((key, spec))
         else:
             alone.append((key, spec))
-    programs = []
+    programs: list[list[tuple[K, R]]] = []
     for group in together.values():
         if len(group) == 1:
             alone.extend(group)

@@ -34,16 +34,18 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 from torch import Tensor
 
-from fedbench.algorithms import ALGORITHMS
 from fedbench.algorithms.base import HParams, Round, upload_floats
+from fedbench.federation import aggregation_weights, step_oracles
 from fedbench.oracle import Batches
 from fedbench.planning import groups, not_iteration_wise, random_rounds, step_bytes, why_not_batchable
-from fedbench.simulate import Simulation, evaluate_rows, step_oracles
+
+if TYPE_CHECKING:  # a program's runs; `fedbench.simulate` drives them through programs, so it imports this module
+    from fedbench.simulate import Simulation
 
 GATHER_BUDGET = 4 * 2**20  # bytes of minibatch rows one batched local step gathers (see RunBatch.chunk)
 STREAM_BYTES = 2**20  # rows of the iterations an iteration-wise batch draws ahead for all its runs at a time
@@ -408,7 +410,7 @@ class RunBatch:
         self.resumed = True
 
     # -- evaluation and the loop --------------------------------------------------------------------------
-    def _sync(self, i: int) -> None:
+    def sync_run(self, i: int) -> None:
         """Run i's state onto its Simulation (views of the batch's tensors, without the run axis)."""
         sim = self.sims[i]
         sim.server = {k: v[i, 0] for k, v in self.server.items()}
@@ -418,7 +420,7 @@ class RunBatch:
         """The rows of `runs` (default: every live run), evaluated together (`evaluate_rows`)."""
         runs = list(self.live) if runs is None else runs
         for i in runs:
-            self._sync(i)
+            self.sync_run(i)
         return dict(zip(runs, evaluate_rows([self.sims[i] for i in runs])))
 
     def _charge(self, seconds: float) -> None:
@@ -448,7 +450,7 @@ class RunBatch:
         """Run i ends: its state stays on its Simulation (copied out of the batch), and it leaves the batch."""
         sim = self.sims[i]
         self._settle(i)
-        self._sync(i)
+        self.sync_run(i)
         if len(self.sims) > 1:
             sim.server = {k: v.clone() for k, v in sim.server.items()}
             sim.clients = {k: v.clone() for k, v in sim.clients.items()}
@@ -465,7 +467,7 @@ class RunBatch:
             self._settle(i)
         rows = []
         for i in failed:
-            self._sync(i)
+            self.sync_run(i)
             rows.append((i, self.sims[i].evaluate(failed=True)))
             self._stop(i, "diverged")
         return rows + self._rows_due(list(self.live))
@@ -486,14 +488,6 @@ class RunBatch:
                 self.safe_point(self)
         for i in list(self.live):
             self._stop(i, "finished")
-
-
-def aggregation_weights(problem, federation, clients: Tensor, dtype: torch.dtype) -> Tensor:
-    """π̂ over each run's sampled clients `clients` `[R, S]`: uniform 1/S, or by samples n_k over the sampled set."""
-    if federation.aggregation == "uniform":
-        return torch.full(clients.shape, 1.0 / clients.shape[-1], dtype=dtype, device=clients.device)
-    sizes = problem.client_sizes[clients].to(dtype)
-    return sizes / sizes.sum(-1, keepdim=True)
 
 
 class IterationBatch(RunBatch):
@@ -674,19 +668,30 @@ def programs(sims: list[Simulation]) -> list[tuple[list[int], RunBatch]]:
     return [(runs, program([sims[i] for i in runs])) for runs in groups(sims)]
 
 
-def run_batch(sims: list[Simulation]) -> Iterable[tuple[int, dict[str, float]]]:
-    """(run index, row) of these simulations, in their programs (`programs`)."""
-    return ((runs[i], row) for runs, each in programs(sims) for i, row in each)
+def evaluate_rows(sims: list[Simulation], failed: bool = False) -> list[dict[str, float]]:
+    """The rows of simulations of one algorithm on one problem instance (a run alone, or the live runs of a
+    batch), their metrics from one `Problem.evaluate_runs` call, so that a run's row comes from the same kernels
+    alone and in a batch. A run whose iterate is beyond evaluation (an SVD of an overflowed iterate) gets NaN."""
+    if not sims:
+        return []
+    start = time.perf_counter()
+    metrics: list[dict[str, float] | None] = [None] * len(sims)
+    if not failed:
+        try:
+            rows = sims[0].problem.evaluate_runs(
+                torch.stack([sim.algorithm.global_params(sim.server) for sim in sims]),
+                _stack([sim.algorithm.personal_params(sim.server, sim.clients) for sim in sims]))
+            for sim, row in zip(sims, rows):
+                row.update(sim.algorithm.evaluate(sim.server, sim.clients))
+            metrics = list(rows)
+        except torch.linalg.LinAlgError:
+            if len(sims) > 1:  # only the runs that fail alone fail
+                return [row for sim in sims for row in evaluate_rows([sim])]
+    share = (time.perf_counter() - start) / len(sims)
+    for sim in sims:
+        sim.eval_seconds += share
+    return [sim.row(m) for sim, m in zip(sims, metrics)]
 
 
-def run_seeds(problem, algorithm_name: str, federation, seeds, eval_every: int = 10,
-              **hyperparameters) -> list[list[dict[str, float]]]:
-    """The rows of one algorithm run with each of `seeds` on `problem`, as one program where they can share one:
-    `run_seeds(...)[k]` is seed k's curve."""
-    seeds = list(seeds)
-    sims = [Simulation(problem, ALGORITHMS[algorithm_name](problem, **hyperparameters), federation, seed, eval_every)
-            for seed in seeds]
-    rows: list[list[dict[str, float]]] = [[] for _ in seeds]
-    for i, row in run_batch(sims):
-        rows[i].append(row)
-    return rows
+def _stack(tensors: list[Tensor | None]) -> Tensor | None:
+    return None if tensors[0] is None else torch.stack(tensors)  # type: ignore[arg-type]  # all None or none

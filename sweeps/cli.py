@@ -15,7 +15,7 @@ import sys
 import webbrowser
 from enum import Enum
 from pathlib import Path
-from typing import List, Optional
+from typing import List, NoReturn, Optional
 
 import typer
 from rich import box
@@ -66,7 +66,7 @@ def say(message: str) -> None:
 LONGEST_ERROR = 500  # characters of a refusal's line at most, whatever it embeds (two absolute paths fit)
 
 
-def fail(message: str, detail: str = "") -> None:
+def fail(message: str, detail: str = "") -> NoReturn:
     """Refuse: one line (kept short, ~160 characters), then with `fedbench -v` the detail that explains it."""
     if len(message) > LONGEST_ERROR:  # a message that embeds what it found whole (a path, a store's own error)
         message = message[:LONGEST_ERROR - 1] + "…"
@@ -168,7 +168,8 @@ def run(
     recipe = load_recipe(recipe_path, sets, algorithm, with_plugins)
     if all_seeds and seeds:
         fail("give --seed or --all-seeds, not both")
-    chosen = list(recipe.seeds) if all_seeds else list(dict.fromkeys(seeds or [None]))
+    chosen: list[Optional[int]] = (list(recipe.seeds) if all_seeds
+                                   else list(dict.fromkeys(seeds)) if seeds else [None])
     trials = chosen_trials(recipe, algorithm, chosen)
     check_builds(recipe, trials, **{"--device": device})
     store = open_store(tracking_uri) if track else None  # one that cannot take the result: refused before computing
@@ -247,7 +248,7 @@ def drive_runs(recipe, trials: list, sims: list, tracking_uri: Optional[str], re
         policy = policy_of(recipe, tracking_uri)
         planned = programs(sims)
         saved = [Checkpoint(policy, [trials[i] for i in runs]) for runs, _ in planned]
-        if resume and not any(checkpoint.path.is_file() for checkpoint in saved):
+        if resume and not any(checkpoint.path is not None and checkpoint.path.is_file() for checkpoint in saved):
             say("no checkpoint of these runs: starting at round 0")
         for checkpoint in saved if not resume else ():  # an earlier interrupted run's is not this run's start
             checkpoint.remove()
@@ -490,10 +491,10 @@ def tune(
         counts = result.counts
         params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                            for k, v in result.best_params.items())
-        fresh = (f"{describe(result.fresh_values)} ({','.join(map(str, result.fresh_seeds))})" if result.fresh_seeds
-                 else "-")
+        reruns = (f"{describe(result.fresh_values)} ({','.join(map(str, result.fresh_seeds))})"
+                  if result.fresh_seeds else "-")
         table.add_row(result.algorithm, str(result.study_trials), "/".join(str(counts[k]) for k in counts),
-                      params or "-", f"{result.best_value:.4g}", fresh)
+                      params or "-", f"{result.best_value:.4g}", reruns)
     console.print(table)
     console.print(f"studies in {summary.storage} (optuna-dashboard {summary.storage}); runs under parent "
                   f"{summary.parent_run_id} in experiment {recipe.name!r}", highlight=False)
@@ -657,6 +658,7 @@ def list_recipes() -> None:
     table.add_column("time on 2 cores")
     for name in shipped:
         path = find(name)
+        assert path is not None  # a shipped name
         about = describe(path)
         try:
             recipe = load(path)
@@ -718,6 +720,7 @@ def ui(
         if open_browser:
             webbrowser.open(table)
         return
+    assert port is not None  # listen_port chose it
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", f"sqlite:///{path.resolve()}",
                "--host", host, "--port", str(port)]
     log = path.resolve().parent / "mlflow-ui.log"  # the server's own lines, unless `fedbench -v`
@@ -749,7 +752,7 @@ def listen_port(host: str, port: Optional[int]) -> int:
     import errno
 
     chosen = port
-    if port is None:
+    if chosen is None:
         chosen = next((p for p in range(UI_PORT, UI_PORT + PORTS_TRIED) if listen_error(host, p) is None), UI_PORT)
         if chosen != UI_PORT:
             say(f"port {UI_PORT} is in use; serving on port {chosen} instead")

@@ -92,11 +92,11 @@ def drive_batch(sims: list[Simulation], on_row: OnRow | None = None, checkpoints
     seconds: list[list[float]] = [[] for _ in sims]
     groups = programs(sims) if planned is None else planned
     for runs, program in groups:
-        checkpoint = (Checkpoint(checkpoints, [trials[i] for i in runs])
+        checkpoint = (Checkpoint(checkpoints, [trials[i] for i in runs])  # type: ignore[index]  # given with a policy
                       if checkpoints is not None and checkpoints.active else None)
         saved = checkpoint.restore(program) if checkpoint is not None else None
         for j, i in enumerate(runs if saved else ()):
-            rows[i], seconds[i] = saved["rows"][j], saved["seconds"][j]
+            rows[i], seconds[i] = saved["rows"][j], saved["seconds"][j]  # type: ignore[index]  # saved: not None
             for row, by_then in zip(rows[i], seconds[i]):
                 if on_row is not None:
                     on_row(i, row, by_then)

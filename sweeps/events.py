@@ -144,7 +144,7 @@ class Reporter:
 
     def _send(self) -> None:
         try:
-            taken = self._NOTHING
+            taken: Any = self._NOTHING
             while True:
                 event = self.events.get() if taken is self._NOTHING else taken
                 if event is self._CLOSE:

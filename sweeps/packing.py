@@ -5,6 +5,7 @@ and each program it plans (at most `resources.batch_runs` runs) is a Ray trial o
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 from fedbench.planning import plan
 from .recipe import Trial
@@ -14,13 +15,13 @@ PACKS_PER_SLOT = 4
 
 
 def plan_packs(runs: list[tuple[int, Trial]], pack: int | str, slot_count: int, batch_runs: int = 1,
-               saved: list[list[tuple[str, int]]] = ()) -> list[list[Program]]:
+               saved: Sequence[list[tuple[str, int]]] = ()) -> list[list[Program]]:
     """Ray trials, each a list of programs: every planned program its own; the runs alone in chunks of one algorithm
     each, `auto` making about PACKS_PER_SLOT packs per slot. The chunks are submitted longest first (the remainders of
     each algorithm's runs last), so that short packs fill the slots at the end instead of one long pack running alone
     there: on bao2022_lowrank.yaml (15 runs of ~20 s, packs of 2 and 1) ~176 s instead of ~182 s of runs on 2 slots."""
     programs, alone = plan(runs, batch_runs, slot_count, saved)
-    size = pack if pack != "auto" else max(1, math.ceil(len(alone) / (PACKS_PER_SLOT * slot_count)))
+    size = int(pack) if pack != "auto" else max(1, math.ceil(len(alone) / (PACKS_PER_SLOT * slot_count)))
     by_algorithm: dict[str, list[tuple[int, Trial]]] = {}
     for key, trial in alone:
         by_algorithm.setdefault(trial.algorithm, []).append((key, trial))

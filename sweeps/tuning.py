@@ -102,14 +102,15 @@ def make_searcher(study, recipe: Recipe, algorithm: str, seed: int, report_round
     from optuna.trial import TrialState
     from ray.tune.search import Searcher
 
-    tune_spec = recipe.tune
+    assert recipe.tune is not None and recipe.tune.mode is not None  # a tune block, its mode resolved at load
+    tune_spec, mode = recipe.tune, recipe.tune.mode
     dimensions = [d for d in recipe.dimensions if algorithm in d.algorithms]
 
     class StudySearcher(Searcher):
         """Ask the study for each new Tune trial; report and tell it what the trial did."""
 
         def __init__(self):
-            super().__init__(metric="score", mode=tune_spec.mode)
+            super().__init__(metric="score", mode=mode)
             self.live: dict[str, Any] = {}
             self.reported: dict[str, set[int]] = {}
             self.scores: dict[str, Score] = {}
@@ -126,9 +127,9 @@ def make_searcher(study, recipe: Recipe, algorithm: str, seed: int, report_round
                 return self.suggest(trial_id)
             self.live[trial_id] = asked
             self.reported[trial_id] = set()
-            self.scores[trial_id] = Score(tune_spec.metric, tune_spec.mode, tune_spec.objective)
+            self.scores[trial_id] = Score(tune_spec.metric, mode, tune_spec.objective)
             return {"key": trial_id, "trial": trial, "number": asked.number, "cpus": recipe.resources.cpus_per_trial,
-                    "score": (tune_spec.metric, tune_spec.mode, tune_spec.objective), "report_rounds": report_rounds}
+                    "score": (tune_spec.metric, mode, tune_spec.objective), "report_rounds": report_rounds}
 
         def took(self, trial_id: str, event: dict[str, Any]) -> None:
             """An event of the trial (`sweeps.events`): the score at each row it brings reported to the study, but
@@ -158,7 +159,7 @@ def make_searcher(study, recipe: Recipe, algorithm: str, seed: int, report_round
                 status, score = end
                 if status == "diverged":
                     asked.set_user_attr("diverged", True)
-                study.tell(asked, score if math.isfinite(score) else worst(tune_spec.mode))
+                study.tell(asked, score if math.isfinite(score) else worst(mode))
 
     return StudySearcher()
 
@@ -212,6 +213,7 @@ def tune_recipe(recipe: Recipe, algorithms: list[str], overrides: list[str] | No
     import optuna
 
     spec = recipe.tune
+    assert spec is not None and spec.mode is not None  # a tune block, its mode resolved at load
     seed = recipe.seeds[0] if spec.seed is None else spec.seed
     rerun_best = spec.rerun_best if rerun_best is None else rerun_best
     recipe.check_builds()  # what building a run would refuse: refused before Ray starts or the store is made
@@ -279,6 +281,7 @@ class Session:
         import optuna
 
         spec, name = self.recipe.tune, study_name(self.recipe, algorithm)
+        assert spec is not None  # a tune block
         if fresh and name in optuna.study.get_all_study_names(self.storage):
             optuna.delete_study(study_name=name, storage=self.storage)
         existing = optuna.create_study(study_name=name, storage=self.storage, load_if_exists=True,
@@ -299,6 +302,7 @@ class Session:
         from .relay import Relay
 
         recipe, spec, algorithm = self.recipe, self.recipe.tune, result.algorithm
+        assert spec is not None  # a tune block
         runs = Runs(log, role="tune_trial", tags={"recipe_hash": recipe.recipe_hash}, counts=result.counts)
         searcher = make_searcher(study, recipe, algorithm, self.seed, rungs(spec.pruner, self.rounds))
 

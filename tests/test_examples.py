@@ -28,8 +28,7 @@ from typer.testing import CliRunner
 
 from cli import app
 from fedbench.algorithms import ALGORITHMS
-from fedbench.runs import run_batch
-from fedbench.simulate import Federation, Simulation
+from fedbench.simulate import Federation, Simulation, run_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "fedbench-fedopt"

@@ -11,8 +11,7 @@ import torch
 
 import fedbench
 from fedbench.reference import minimize
-from fedbench.runs import run_batch, run_seeds
-from fedbench.simulate import Federation, Simulation
+from fedbench.simulate import Federation, Simulation, run_batch, run_seeds
 from small_problems import small_lasso
 from sweeps.driving import drive_batch
 from test_runs import CASES, FLOAT32, SEEDS, assert_same, curves_alone, rows_by_run

@@ -20,13 +20,14 @@ ROOT = Path(__file__).resolve().parents[1]
 # FedAvg with heavy-ball server momentum: with beta = 0 it is FedAvg with server_lr = 1, which the test checks.
 MY_METHOD = '''\
 """FedAvg with server momentum: m <- beta m + (w - mean_k u_k), w <- w - m."""
-from fedbench.algorithms.base import CLIENT_LR, Algorithm, aggregate, broadcast
+from fedbench.algorithms.base import CLIENT_LR, Algorithm, Upload, aggregate, broadcast
 from fedbench.hparams import Param
 
 
 class MyMethod(Algorithm):
     name = "my_method"
     hparams = (CLIENT_LR, Param("beta", "float", 0.9, "server momentum", low=0.0, high=1.0))
+    uploads = (Upload("u", relative_to="w"),)  # what client_final sends
 
     def init_server(self, w0):
         return {"w": w0.clone(), "m": 0 * w0}

@@ -21,8 +21,8 @@ import torch
 
 import fedbench
 from fedbench.algorithms.pfl_rules import rules
-from fedbench.runs import NotBatchable, RunBatch, programs, run_batch, run_seeds, why_not_batchable
-from fedbench.simulate import Federation, Simulation
+from fedbench.runs import NotBatchable, RunBatch, programs, why_not_batchable
+from fedbench.simulate import Federation, Simulation, run_batch, run_seeds
 from small_problems import small_lasso, small_lowrank
 from sweeps.driving import drive_batch
 

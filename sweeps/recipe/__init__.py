@@ -126,7 +126,8 @@ def parse(raw: dict[str, Any], source: str) -> Recipe:
 
     federation_grid = _check_params(source, "federation", FEDERATION_PARAMS, model.federation)
     sections = {"problem": PROBLEMS[problem_name].params, "federation": FEDERATION_PARAMS}
-    algorithms, overrides = {}, {}
+    algorithms: dict[str, dict[str, list[Any]]] = {}
+    overrides: dict[str, dict[str, dict[str, list[Any]]]] = {}  # algorithm -> section -> grid
     for algo, hps in model.algorithms.items():
         if why := plugins.broken("algorithm", algo):
             raise RecipeError(source, f"algorithms.{algo}", why)

@@ -13,10 +13,10 @@ from typing import Any, Optional
 
 from fedbench import contract, plugins
 from fedbench.algorithms import ALGORITHMS
+from fedbench.federation import Federation, minibatch_sizes
 from fedbench.hparams import ParamError, resolve
 from fedbench.metrics import Metric
 from fedbench.problems import PROBLEMS
-from fedbench.simulate import Federation, minibatch_sizes
 from .loading import RecipeError, closest, in_bytes
 from .schema import Checkpoints, ReportSpec, Resources, TuneSpec, is_seed
 from .space import Dimension

@@ -10,7 +10,7 @@ from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from fedbench.simulate import DIVERGENCE_FACTOR
+from fedbench.federation import DIVERGENCE_FACTOR
 from .loading import RecipeError, closest, shown, unknown
 
 

@@ -10,11 +10,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from fedbench.algorithms import ALGORITHMS
+from fedbench.federation import DIVERGENCE_FACTOR, Federation
 from fedbench.hparams import Param
 from fedbench.metrics import ENGINE_COLUMNS, Metric
 from fedbench.plugins import Source
 from fedbench.problems import PROBLEMS
-from fedbench.simulate import DIVERGENCE_FACTOR, Federation
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class Trial:
 
 def metrics_of(trials: list[Trial]) -> dict[str, Metric]:
     """Every metric the runs' rows hold, by name (the first declaration of each)."""
-    declared = {}
+    declared: dict[str, Metric] = {}
     for trial in trials:
         for metric in trial.metrics():
             declared.setdefault(metric.name, metric)

@@ -1,0 +1,147 @@
+"""A run's federation and its random draws: the rounds, clients per round, local steps and batch size
+(`Federation`), the clients and minibatch rows a round draws on the run's streams (`RoundSampler`), the oracles of
+a local step (`step_oracles`) and the server's aggregation weights (`aggregation_weights`). The record of a run is
+`fedbench.simulate.Simulation`; the programs that advance runs are `fedbench.runs`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import Tensor
+
+from fedbench.hparams import Param, ParamError
+from fedbench.oracle import Batches, Minibatch
+from fedbench.problems.base import Layout, Problem
+from fedbench.rng import generator
+
+DIVERGENCE_FACTOR = 1e4
+
+
+@dataclass(frozen=True)
+class Federation:
+    rounds: int = 100
+    clients_per_round: int = 10
+    local_steps: int = 10
+    batch_size: int = 10
+    aggregation: str = "uniform"  # "uniform": π̂_k = 1/S; "samples": π̂_k ∝ n_k over the sampled set
+
+    params = (
+        Param("rounds", "int", 100, "communication rounds R", low=0),
+        Param("clients_per_round", "int", 10, "clients sampled per round S (0: every client, whatever their number)",
+              low=0),
+        Param("local_steps", "int", 10, "local steps E per round (an algorithm may draw its rounds' lengths)",
+              low=1),
+        Param("batch_size", "int", 10, "minibatch size b", low=1),
+        Param("aggregation", "choice", "uniform", "server weights over the sampled clients",
+              choices=("uniform", "samples")),
+    )
+
+    def check(self, layout: Layout, batch_sizes: Mapping[str, int] | None = None) -> None:
+        """Refuse (ParamError, naming the field) a federation that cannot run on clients laid out as `layout` with
+        minibatches of `batch_sizes` (by the field that sets each, `minibatch_sizes`; default: `batch_size`
+        alone): the rule of the engine on a built problem and of a recipe's validator on a problem's declared layout
+        (where a part unknown is not checked)."""
+        for param in self.params:
+            try:
+                param.check(getattr(self, param.name))
+            except ValueError as err:
+                raise ParamError(param.name, str(err), "federation") from None
+        if layout.clients is not None and self.clients_per_round > layout.clients:
+            raise ParamError("clients_per_round", f"found {self.clients_per_round}, expected at most the problem's "
+                             f"{layout.clients} clients (or 0: all)", "federation")
+        for name, size in ({"batch_size": self.batch_size} if batch_sizes is None else batch_sizes).items():
+            if layout.smallest is not None and size > layout.smallest:  # the problem does not cap it at n_k
+                bound = (f"problem.{layout.smallest_field} = {layout.smallest}" if layout.smallest_field else
+                         f"{layout.smallest}, the training samples of the smallest client")
+                raise ParamError(name, f"found {size}, expected at most {bound}",
+                                 "federation" if name == "batch_size" else "")  # else the algorithm's
+
+
+def minibatch_sizes(minibatches: tuple[Minibatch, ...], hp: Mapping[str, Any],
+                    batch_size: int) -> tuple[dict[str, int], dict[str, int]]:
+    """The sizes of the minibatches with draws of their own: by minibatch name (what `RoundSampler` draws), and by
+    the field that sets each (the federation's `batch_size` or a hyperparameter of the algorithm; an algorithm's
+    fixed size is no field), what `Federation.check` checks."""
+    sizes, fields = {}, {}
+    for mb in minibatches:
+        if mb.same_as is not None:
+            continue
+        if isinstance(mb.size, int):
+            sizes[mb.name] = mb.size
+        else:
+            field = mb.size or "batch_size"
+            sizes[mb.name] = fields[field] = hp[mb.size] if mb.size else batch_size
+    return sizes, fields
+
+
+PERMUTATION_LIMIT = 4096  # clients up to which a round's clients are a prefix of a random permutation
+
+
+def sample_clients(count: int, size: int, gen: torch.Generator) -> Tensor:
+    """`size` distinct clients of `count`, uniformly, in draw order. Up to PERMUTATION_LIMIT clients, the first
+    `size` of a random permutation (the draws every recorded curve was made with); beyond, each next client uniform
+    over those not yet drawn, by rejecting repeats of `randint` draws: O(size) work instead of the permutation's
+    O(count) (430 µs a round at 10⁵ clients here, more than a small round's arithmetic)."""
+    if count <= PERMUTATION_LIMIT or size * 4 > count:
+        return torch.randperm(count, generator=gen)[:size]
+    drawn: dict[int, None] = {}
+    while len(drawn) < size:
+        for client in torch.randint(count, (size,), generator=gen).tolist():
+            drawn.setdefault(client)
+            if len(drawn) == size:
+                break
+    return torch.tensor(list(drawn))
+
+
+class RoundSampler:
+    """Each round's random draws: the participating clients (S sampled without replacement, or all of them)
+    and, for every local step, the rows of each minibatch the algorithm declares (a batch declared
+    `same_as` another reuses its draw)."""
+
+    def __init__(self, problem: Problem, federation: Federation, seed: int,
+                 minibatches: tuple[Minibatch, ...] = (Minibatch("D"),), sizes: dict[str, int] | None = None):
+        self.problem, self.federation = problem, federation
+        self.minibatches = minibatches
+        self.sizes = sizes or {mb.name: federation.batch_size for mb in minibatches}
+        self.drawn = tuple(mb for mb in minibatches if mb.same_as is None)  # those with draws of their own
+        self.client_gen = generator(seed, "clients")
+        self.batch_gen = generator(seed, "minibatches")
+        self.noise_gen = generator(seed, "feature-noise")  # the problem's minibatch_noise, if it has any
+
+    def draw(self, local_steps: int, everyone: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
+        """(clients [S], rows `[local_steps, S, b]` per drawn minibatch name)."""
+        count = self.problem.num_clients
+        if everyone:
+            clients = torch.arange(count)
+        else:
+            clients = sample_clients(count, self.federation.clients_per_round or count, self.client_gen)
+        rows = {mb.name: self.problem.draw_minibatches(clients, local_steps, self.sizes[mb.name], self.batch_gen)
+                for mb in self.drawn}
+        return clients.to(self.problem.device), rows
+
+    def step_batches(self, rows: dict[str, Tensor], step: int) -> Batches:
+        """The oracles of local step `step` of this run alone (points `[S, d]`, no run axis)."""
+        return Batches(step_oracles(self.problem, self.minibatches, {k: v[step] for k, v in rows.items()},
+                                    lambda rows: self.problem.minibatch_noise(rows, self.noise_gen)))
+
+
+def step_oracles(problem: Problem, minibatches: tuple[Minibatch, ...], rows: dict[str, Tensor],
+                 noise: Callable[[Tensor], Tensor | None]) -> dict[str, Any]:
+    """The problem's oracle of each declared minibatch of one local step, on its rows `[C, b]` (every client of every
+    run in the step, flattened) with their `noise(rows)`; a batch declared `same_as` another shares its oracle."""
+    oracles: dict[str, Any] = {}
+    for mb in minibatches:
+        if mb.same_as is not None:
+            oracles[mb.name] = oracles[mb.same_as]
+        else:
+            oracles[mb.name] = problem.step_oracle(rows[mb.name], noise(rows[mb.name]))
+    return oracles
+
+
+def aggregation_weights(problem, federation, clients: Tensor, dtype: torch.dtype) -> Tensor:
+    """π̂ over each run's sampled clients `clients` `[R, S]`: uniform 1/S, or by samples n_k over the sampled set."""
+    if federation.aggregation == "uniform":
+        return torch.full(clients.shape, 1.0 / clients.shape[-1], dtype=dtype, device=clients.device)
+    sizes = problem.client_sizes[clients].to(dtype)
+    return sizes / sizes.sum(-1, keepdim=True)
