@@ -12,7 +12,7 @@ import torch
 import fedbench
 from fedbench.runs import programs
 from fedbench.simulate import Simulation
-from test_runs import CASES, SEEDS
+from helpers import CASES, SEEDS
 
 
 class Stop(Exception):
