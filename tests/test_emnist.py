@@ -277,6 +277,7 @@ def test_one_fedmid_round_on_the_shipped_sample(shipped_sample):
     assert 0 < end["nonzeros"] <= 7840
 
 
+@pytest.mark.heavy  # 6 s of CPU
 def test_full_file_loads_and_one_round_runs_with_36_writers(shipped_sample):
     """The full 3597-writer file as EMNIST-10 (3580 writers with digits; ~1.2 GB peak RSS measured)."""
     if not (shipped_sample.parent / "femnist_full.npz").is_file():

@@ -28,7 +28,8 @@ from small_problems import small_lasso, small_lowrank
 from sweeps.execute import drive_batch
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.heavy) if name.startswith("acd_pfl") else name
+                                  for name in sorted(CASES)])  # ACD-PFL's two cases: 13 s and 20 s of CPU
 def test_a_batch_of_seeds_gives_each_run_its_curve_alone(name):
     make, federation, hp, tolerance = CASES[name]
     problem, name = make(), name.partition(":")[0]
@@ -222,6 +223,7 @@ eval_every: 2
 """
 
 
+@pytest.mark.ray
 def test_a_sweep_runs_the_seeds_of_a_configuration_as_one_program(ray_local, tmp_path, tracking_uri):
     """ASCD-PFL's and LSGD-PFL's four seeds run as one program each (tag runs_in_batch = 4) and log each seed's
     curve as it is alone; ASVRCD-PFL with the CV code's counting (a ρ-coin every iteration, drawn inside the
@@ -265,6 +267,7 @@ eval_every: 2
 """
 
 
+@pytest.mark.ray
 def test_a_sweep_batches_the_values_of_a_per_run_hyperparameter(ray_local, tmp_path, tracking_uri):
     """A step-size grid on shared data: the configurations differ only in FedMiD's client_lr, a per-run
     hyperparameter, so that they share programs (on 2 slots: one of 2 runs, one of 1); each logged curve is the
