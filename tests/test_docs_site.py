@@ -138,6 +138,19 @@ def test_every_shipped_paper_recipe_is_in_the_gallery_with_its_command(site):
         assert '<img alt="' in text, paper  # its figure
 
 
+def test_every_declared_deviation_is_on_its_papers_gallery_page(site):
+    """What did not reproduce is written from sweeps/deviations.py: each declared deviation, its values as declared
+    and the test that measures it."""
+    from sweeps.deviations import DEVIATIONS
+
+    for key, deviation in DEVIATIONS.items():
+        text = html.unescape(page(site, f"gallery/{deviation.paper}"))
+        section = text[text.index('id="what-did-not-reproduce"'):]
+        assert f"<code>{deviation.test}</code>" in section and deviation.claim in section, key
+        for name, value in deviation.measured.items():
+            assert f"{name} {value}".replace(" -", " −") in section, (key, name)
+
+
 def test_a_param_added_in_code_appears_on_the_site_with_no_page_edited(tmp_path, monkeypatch):
     fedavg = ALGORITHMS["fedavg"]
     added = Param("probe_momentum", "float", 0.25, "a parameter only this test declares", low=0, high=1)
