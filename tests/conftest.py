@@ -5,11 +5,22 @@
 - `tracking_uri`: a real MLflow SQLite store in tmp_path, copied from one migrated at the start of the
   session (creating a fresh store runs ~8 s of schema migrations).
 - `ray_local`: one real local Ray instance shared by a module's tests.
+- Markers are explicit, on the tests and modules themselves (pyproject.toml lists them), never given by a test's
+  name: `ray` on a test that starts Ray or a multi-process store race, `browser` on one that drives Chromium,
+  `heavy` on a single test of 4 s or more (measured on 2 busy cores as the smaller of its wall time and its CPU
+  time, its own and its subprocesses'; a `ray` test need not be `heavy` too); `make test-fast` leaves those out.
+  Two guards keep `ray` from drifting: collection stops when a test uses a fixture that starts Ray (one that
+  requests `starts_ray`) without the marker, and a test without it that starts Ray in this process (`ray.init`)
+  fails, naming itself. A test that starts Ray only in a subprocess (`fedbench sweep` as a command) is marked by
+  hand.
 - FEDBENCH_DATA (the data root of real data sets, e.g. femnist/femnist_sample10.npz) defaults to the
   `shared/data` folder beside the repository, when it exists and the variable is unset.
 """
 from __future__ import annotations
 
+import functools
+import importlib.abc
+import importlib.util
 import os
 import shutil
 import sys
@@ -63,35 +74,83 @@ def start_ray(tmp_path_factory, **resources):
 
 
 @pytest.fixture(scope="module")
-def ray_local(tmp_path_factory):
+def starts_ray():
+    """Requested by every fixture that starts Ray, in this process or in a `fedbench sweep`/`tune` it runs: a test
+    whose fixtures request it (directly or through another fixture) must carry the `ray` marker."""
+
+
+@pytest.fixture(scope="module")
+def ray_local(tmp_path_factory, starts_ray):
     ray = start_ray(tmp_path_factory, num_cpus=2)
     yield ray
     ray.shutdown()
 
 
-# `make test-fast` leaves out what starts Ray or a browser (markers `ray`, `browser`) and the heaviest single tests: these modules do throughout,
-# elsewhere a test that takes the `ray_local` fixture or drives `fedbench sweep`/`tune`/`ui` (by its name) does.
-RAY_MODULES = {"test_sweeps.py", "test_sweep_resume.py", "test_sweep_checkpoints.py", "test_sweep_cluster.py", "test_tuning.py", "test_store.py",
-               "test_install.py"}
-BROWSER_MODULES = {"test_browser.py"}
-RAY_NAMES = ("sweep", "tune", "_ui", "ui_", "no_node_can_hold")
-# Single tests of 4 s or more on 2 cores (measured with --durations), also left out by `make test-fast`; the
-# default suite runs them.
-HEAVY = {"test_rows_match_the_record[bao2022_lasso]", "test_rows_match_the_record[bao2022_lowrank]",
-         "test_rows_match_the_record[bao2022_emnist10_cpu]", "test_users_hold_their_pattern_in_disjoint_shards[base]",
-         "test_full_file_loads_and_one_round_runs_with_36_writers", "test_the_cheap_check_of_real_data_is_building"}
-
-
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: a test-fast run must see the tests it would keep
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        module = item.path.name
-        if module in BROWSER_MODULES:
-            item.add_marker(pytest.mark.browser)
-        if (module in RAY_MODULES or "ray_local" in getattr(item, "fixturenames", ())
-                or any(part in item.name for part in RAY_NAMES)):
-            item.add_marker(pytest.mark.ray)
-        if item.name in HEAVY:
-            item.add_marker(pytest.mark.heavy)
+    unmarked = [item.nodeid for item in items
+                if "starts_ray" in getattr(item, "fixturenames", ()) and item.get_closest_marker("ray") is None]
+    if unmarked:
+        raise pytest.UsageError(
+            f"{len(unmarked)} test(s) use a fixture that starts Ray (it requests `starts_ray`) but are not marked "
+            "`ray`: mark them @pytest.mark.ray (or the module: pytestmark = pytest.mark.ray), so that "
+            "`make test-fast` leaves them out:\n  " + "\n  ".join(unmarked))
+
+
+# -- a test that starts Ray in this process without the `ray` marker fails ------------------------------------
+
+_RUNNING: list = []  # the test item running now
+_STARTED_RAY_UNMARKED: set[str] = set()
+
+
+def _guarded(init):
+    @functools.wraps(init)
+    def guarded_init(*args, **kwargs):
+        if _RUNNING and _RUNNING[0].get_closest_marker("ray") is None:
+            _STARTED_RAY_UNMARKED.add(_RUNNING[0].nodeid)
+        return init(*args, **kwargs)
+    return guarded_init
+
+
+class _GuardRayInit(importlib.abc.MetaPathFinder):
+    """Wraps `ray.init` when Ray is first imported (importing it up front would cost every run ~1 s)."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "ray":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("ray")
+        if spec is not None and spec.loader is not None:
+            load = spec.loader.exec_module
+
+            def exec_module(module):
+                load(module)
+                module.init = _guarded(module.init)
+            spec.loader.exec_module = exec_module
+        return spec
+
+
+if "ray" in sys.modules:
+    sys.modules["ray"].init = _guarded(sys.modules["ray"].init)
+else:
+    sys.meta_path.insert(0, _GuardRayInit())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _RUNNING[:] = [item]
+    yield
+    _RUNNING.clear()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    if call.when == "teardown" and item.nodeid in _STARTED_RAY_UNMARKED:
+        _STARTED_RAY_UNMARKED.discard(item.nodeid)
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid} started Ray (ray.init) but is not marked `ray`: mark it "
+                           "@pytest.mark.ray (or its module), so that `make test-fast` leaves it out")
 
 
 @pytest.fixture(autouse=True)

@@ -14,8 +14,8 @@ import torch
 
 import fedbench
 from fedbench.loop_reference import loop_simulate
-from fedbench.rng import generator
 from fedbench.simulate import Federation, Simulation, simulate
+from helpers import client_data, full_gradient, initial_point, np_prox
 from small_problems import small_lasso, small_lowrank
 
 
@@ -24,41 +24,6 @@ def run(problem, name, federation, seed=0, **hp):
                     eval_every=max(1, federation.rounds))
 
 
-def initial_point(problem, seed):
-    return problem.init_params(generator(seed, "init")).numpy()
-
-
-# -- numpy transcriptions -------------------------------------------------------------------------------------
-
-def client_data(problem):
-    n = problem.num_clients
-    x = problem.features.numpy().reshape(n, -1, problem.dim)
-    y = problem.labels.numpy().reshape(n, -1)
-    return x, y
-
-
-def full_gradient(x, y, w):
-    """Mean over clients of each client's mean gradient of ½(xᵀw − y)²."""
-    return np.mean([xk.T @ (xk @ w - yk) / len(yk) for xk, yk in zip(x, y)], axis=0)
-
-
-def np_soft(v, tau, size):
-    out = v.copy()
-    out[:size] = np.sign(v[:size]) * np.maximum(np.abs(v[:size]) - tau, 0.0)
-    return out
-
-
-def np_svt(v, tau, shape):
-    u, s, vt = np.linalg.svd(v.reshape(shape), full_matrices=False)
-    return (u @ np.diag(np.maximum(s - tau, 0.0)) @ vt).ravel()
-
-
-def np_prox(problem, v, step):
-    """prox_{step·h}(v) for the problem's regularizer, written from the definition's closed forms."""
-    lam = problem.config["lam"]
-    if problem.name == "lasso":
-        return np_soft(v, step * lam, problem.feature_dim)
-    return np_svt(v, step * lam, problem.shape)
 
 
 def np_subgradient(problem, w):

@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+pytestmark = [pytest.mark.browser, pytest.mark.ray]  # Chromium, on the pages of a sweep on a local Ray
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 MISSING = ("playwright is not installed (pip install -e '.[test]')" if importlib.util.find_spec("playwright") is None
            else None if Path(CHROMIUM).exists()
@@ -47,7 +49,7 @@ def store(folder: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def sweep_folder(tmp_path_factory) -> Path:
+def sweep_folder(tmp_path_factory, starts_ray) -> Path:
     """A real sweep (local Ray, SQLite MLflow store, report) of a shipped paper recipe, shortened: 10 runs."""
     folder = tmp_path_factory.mktemp("sweep")
     done = subprocess.run([sys.executable, str(ROOT / "cli.py"), "sweep", str(RECIPE), *SHORT, *store(folder)],

@@ -130,6 +130,7 @@ def test_run_logs_its_trial_to_mlflow(recipe, tmp_path, tracking_uri):
     assert [(m.step, m.value) for m in history] == [(row["round"], row["objective_gap"]) for row in rows]
 
 
+@pytest.mark.heavy  # an MLflow server: 10 s of CPU
 def test_ui_serves_the_store_on_localhost(recipe, tracking_uri, free_tcp_port):
     import urllib.request
 

@@ -19,6 +19,7 @@ import fedbench
 from fedbench.data import femnist
 from fedbench.hparams import Param
 from fedbench.simulate import Federation, Simulation
+from helpers import grey_levels, npz_problem, write_npz
 
 # Labels per writer, (train, test): under the defaults (min_train 10, min_test 1) EMNIST-10 keeps w3 and w4
 # only (w1 has 9 train digits, w2 no test digit); EMNIST-62 keeps all four.
@@ -30,29 +31,6 @@ WRITERS = {
 }
 
 
-def grey_levels(rng, n):
-    return rng.integers(0, 256, (n, femnist.PIXELS))
-
-
-def write_npz(path: Path, train_sizes, test_sizes, seed=0, classes=10, drop=()):
-    """An npz in the shipped format; writer k's test samples follow its train samples."""
-    rng = np.random.default_rng(seed)
-    sizes = np.array(train_sizes) + np.array(test_sizes)
-    arrays = {
-        "x": grey_levels(rng, sizes.sum()).astype(np.uint8),
-        "y": rng.integers(0, classes, sizes.sum()).astype(np.uint8),
-        "writer": np.repeat(np.arange(len(sizes)), sizes).astype(np.int32),
-        "writer_ids": np.array([f"f{k:04d}_00" for k in range(len(sizes))]),
-        "writer_offsets": np.r_[0, sizes.cumsum()].astype(np.int64),
-        "is_test": np.repeat(np.tile([False, True], len(sizes)), np.column_stack([train_sizes, test_sizes]).ravel()),
-    }
-    np.savez_compressed(path, **{k: v for k, v in arrays.items() if k not in drop})
-    return path
-
-
-def npz_problem(tmp_path, train_sizes, test_sizes=None, **config):
-    path = write_npz(tmp_path / "mini.npz", train_sizes, test_sizes or [2] * len(train_sizes))
-    return fedbench.make_problem("emnist", path=str(path), min_train=1, **config)
 
 
 def write_tff(folder: Path, writers: dict, prefix="fed_emnist", seed=0) -> dict:
@@ -299,6 +277,7 @@ def test_one_fedmid_round_on_the_shipped_sample(shipped_sample):
     assert 0 < end["nonzeros"] <= 7840
 
 
+@pytest.mark.heavy  # 6 s of CPU
 def test_full_file_loads_and_one_round_runs_with_36_writers(shipped_sample):
     """The full 3597-writer file as EMNIST-10 (3580 writers with digits; ~1.2 GB peak RSS measured)."""
     if not (shipped_sample.parent / "femnist_full.npz").is_file():

@@ -21,10 +21,10 @@ from fedbench.problems import PROBLEMS
 from fedbench.problems.base import Problem
 from fedbench.rng import generator
 from fedbench.simulate import Federation, Simulation, simulate
+from helpers import npz_problem, write_npz
 from small_problems import small_lasso, small_lowrank
 from sweeps.driving import build_simulation
 from sweeps.recipe import RecipeError, parse
-from test_emnist import npz_problem, write_npz
 
 
 def draw_batch(problem, clients, size, seed=0):

@@ -14,8 +14,8 @@ from fedbench.algorithms.scd_pfl import SCDPFL
 from fedbench.oracle import Oracle
 from fedbench.runs import IterationBatch, RunBatch, RunOracle
 from fedbench.simulate import Federation, Simulation
+from helpers import SEEDS, curves_alone, pfl, rows_by_run
 from small_problems import small_lasso
-from test_runs import SEEDS, curves_alone, pfl, rows_by_run
 
 
 class ReadsTheRoundIndex(SCDPFL):

@@ -218,6 +218,7 @@ def package_sha256(folder: Path) -> str:
     return digest.hexdigest()
 
 
+@pytest.mark.ray
 def test_the_installed_package_is_listed_and_its_sweep_records_its_codes_sha256(tmp_path, tracking_uri):
     source, site = tmp_path / "src", tmp_path / "site"
     shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))

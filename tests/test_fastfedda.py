@@ -20,8 +20,8 @@ import fedbench
 from fedbench.algorithms.dual_averaging import cumulative_alpha, dual_averaging_prox
 from fedbench.prox import L1, Nuclear
 from fedbench.simulate import Federation, simulate
+from helpers import client_data, full_gradient, initial_point, np_prox
 from small_problems import small_lasso, small_lowrank
-from test_algorithms import client_data, full_gradient, initial_point, np_prox
 
 
 def run(problem, name, federation, seed=0, eval_every=None, **hp):

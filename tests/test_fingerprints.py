@@ -11,6 +11,7 @@ import pytest
 
 from fingerprint_runs import FINGERPRINTS, RTOL, RUNS, rows_of
 
+pytestmark = pytest.mark.heavy  # every recorded run at its recipe's size: 10 s to 70 s of CPU each
 NEW_COLUMNS = {"iterations", "support_accuracy"}
 
 

@@ -1,4 +1,4 @@
-"""The GPU path, where CUDA is available (skipped elsewhere): every algorithm of `test_runs.CASES` runs with its
+"""The GPU path, where CUDA is available (skipped elsewhere): every algorithm of `helpers.CASES` runs with its
 problem's data on the device and gives the curve it gives on the CPU (the draws are made on the host, so they are
 the same), and a batch of seeds on the device gives each run its curve alone there. The tolerances of the CPU's
 identity test hold between runs alone and batched; between devices, float64 kernels that reduce in another order
@@ -12,9 +12,9 @@ import torch
 import fedbench
 from fedbench.reference import minimize
 from fedbench.simulate import Federation, Simulation, run_batch, run_seeds
+from helpers import CASES, FLOAT32, SEEDS, assert_same, curves_alone, rows_by_run
 from small_problems import small_lasso
 from sweeps.driving import drive_batch
-from test_runs import CASES, FLOAT32, SEEDS, assert_same, curves_alone, rows_by_run
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 

@@ -2,7 +2,6 @@
 ones refused with the file named, and the shipped Fashion-MNIST as its SOURCE.md describes it."""
 from __future__ import annotations
 
-import gzip
 import os
 from pathlib import Path
 
@@ -10,24 +9,7 @@ import numpy as np
 import pytest
 
 from fedbench.data import idx
-
-
-def write_idx(path: Path, array: np.ndarray, magic: int, compress: bool) -> None:
-    header = magic.to_bytes(4, "big") + b"".join(n.to_bytes(4, "big") for n in array.shape)
-    data = header + array.astype(np.uint8).tobytes()
-    (gzip.open if compress else open)(path, "wb").write(data)
-
-
-def write_folder(folder: Path, n_train=12, n_test=5, compress=True, seed=0) -> dict:
-    rng = np.random.default_rng(seed)
-    arrays = {"train": (rng.integers(0, 256, (n_train, 28, 28)), rng.integers(0, 10, n_train)),
-              "t10k": (rng.integers(0, 256, (n_test, 28, 28)), rng.integers(0, 10, n_test))}
-    folder.mkdir(exist_ok=True)
-    suffix = ".gz" if compress else ""
-    for prefix, (images, labels) in arrays.items():
-        write_idx(folder / f"{prefix}-images-idx3-ubyte{suffix}", images, idx.IMAGES_MAGIC, compress)
-        write_idx(folder / f"{prefix}-labels-idx1-ubyte{suffix}", labels, idx.LABELS_MAGIC, compress)
-    return arrays
+from helpers import write_folder, write_idx
 
 
 @pytest.mark.parametrize("compress", [True, False])

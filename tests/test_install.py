@@ -4,7 +4,8 @@ project's), the shipped recipes are package data that `fedbench recipes` lists a
 name, its Ray workers importing the installed package.
 
 The venv reuses this interpreter's installed dependencies through a .pth file (no network); the repository is
-copied first, so that building it leaves nothing in the checkout. Left out by `make test-fast` (it starts Ray).
+copied first, so that building it leaves nothing in the checkout. Left out by `make test-fast`: each test builds
+the venv when run alone (`heavy`), and the sweep starts Ray (`ray`).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.heavy  # the module's venv: a pip install of the checkout's copy, ~5 s of CPU
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("pyproject.toml", "README.md", "cli.py", "fedbench", "sweeps", "recipes")
 # bao2022_lasso shortened: 20 rounds, one seed, mc_fedda's three stages within them (five runs of a few seconds)
@@ -86,6 +88,7 @@ def test_fedbench_recipes_lists_the_installed_recipes(venv, tmp_path):
     assert str(venv) in " ".join(listed.stdout.split()), listed.stdout  # the package data, not the checkout
 
 
+@pytest.mark.ray
 def test_a_shipped_recipe_sweeps_by_name_from_an_empty_folder(venv, tmp_path):
     """Ray's workers unpickle the trials by the installed module names (fedbench_sweeps.*)."""
     from mlflow.tracking import MlflowClient

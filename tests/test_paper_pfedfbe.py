@@ -5,7 +5,8 @@ Each baseline's client step is picked as the paper does (only that is tuned): th
 tuning seed (100) and the step with the lowest final training objective is kept; pFedFBE keeps the paper's
 η = 0.0005, λ = 2000. Then every method runs on seeds 0–2 and the final metrics are averaged. The assertions
 state what holds here (the note of issue 13 gives the tables); where the paper's claim does not reproduce, the
-test says so and asserts the measured relation instead.
+test compares what it measures with the deviation declared in sweeps/deviations.py (`deviation_holds`), which the
+gallery page lists.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import deviation_holds
 from sweeps.driving import build_simulation, drive
 from sweeps.recipe import load
 
@@ -82,9 +84,9 @@ def test_lasso_setting_one_global_parameters():
     # pFedFBE's 5e-4) trains further in 200 rounds (objective 97.1 vs 106.5); at pFedFBE's step FedMiD reaches 106.2.
     assert abs(table["pfedfbe"]["f1"] - table["fedmid"]["f1"]) <= 0.01
     assert table["pfedfbe"]["objective"] <= 1.15 * table["fedmid"]["objective"]
-    # "FedDual clearly worse than Fedmirror" does not reproduce with a tuned step: F1 0.996 vs 0.994, objective equal
-    # to 0.1%.
-    assert table["fedda"]["f1"] >= table["fedmid"]["f1"] - 0.005
+    # "FedDual clearly worse than Fedmirror" does not reproduce with a tuned step (a declared deviation); their
+    # objectives are equal to 0.1%.
+    deviation_holds("pfedfbe-lasso1-feddual", {"FedDA − FedMiD, F1": table["fedda"]["f1"] - table["fedmid"]["f1"]})
     assert table["fedda"]["objective"] == pytest.approx(table["fedmid"]["objective"], rel=0.01)
 
 
@@ -95,11 +97,9 @@ def test_lasso_setting_two_personalized_parameters():
     # Ditto: recall near 1 and a much lower precision (it marks zeros as non-zeros), as the paper says
     # (measured: R 0.96, P 0.05).
     assert ditto["personal_recall"] >= 0.9 and ditto["personal_precision"] <= 0.1
-    # The paper's P = R = 1 for pFedFBE does not reproduce (nor in spec 000 §5.4's pre-check): one prox-gradient
-    # step of size 1/λ from the global model keeps the 8 shared coordinates and misses the 2 client-specific ones
-    # (measured: P 0.78, R 0.80); its F1 stays below Fedmirror's global one (0.79 vs 0.89), not the best.
-    assert fbe["personal_recall"] <= 0.85 and fbe["personal_precision"] <= 0.9
-    assert fbe["personal_f1"] < own(fedmid, "personal_f1")
+    # The paper's P = R = 1 for pFedFBE does not reproduce (nor in spec 000 §5.4's pre-check): a declared deviation.
+    deviation_holds("pfedfbe-lasso2-personal-support", {"pFedFBE's personal precision": fbe["personal_precision"],
+                                                        "pFedFBE's personal recall": fbe["personal_recall"]})
     # What holds of "lowest train loss": its personal models fit their clients better than the global FedMiD model
     # (measured 2.00 vs 2.21), though Ditto's and pFedMe's personal models fit better still (0.51, 1.43).
     assert fbe["personal_train_mse"] < own(fedmid, "personal_train_mse")
@@ -109,10 +109,12 @@ def test_matrix_completion_personalized_parameters():
     table = show("pfedfbe_matrix.yaml", ["personal_rank", "personal_fro_error", "personal_train_mse", "objective"])
     fbe = table["pfedfbe"]
     # The paper: only pFedFBE's personalized matrices reach the true rank 5, with the lowest recovery error. Not
-    # reproduced: after 200 rounds no method is near rank 5 (singular values above 0.01; measured 13.7–21.4), and
+    # reproduced (a declared deviation): after 200 rounds no method is near rank 5 (singular values above 0.01), and
     # FedAvg/FedMiD/FedProx at their tuned step (1e-3) recover the truths better (Frobenius 0.47) than pFedFBE at
     # the paper's 5e-4 (0.65).
-    assert all(own(row, "personal_rank") >= 10 for row in table.values())
+    ranks = {name: own(row, "personal_rank") for name, row in table.items()}
+    deviation_holds("pfedfbe-matrix-rank", {"pFedFBE's personal rank": ranks["pfedfbe"],
+                                            "the lowest rank of any method": min(ranks.values())})
     # What holds: pFedFBE's personal models are of lower rank than the other personalized methods' (15.7 against
     # pFedMe 21.4, Ditto 20.8, pFedprox 17.1) and recover the truths far better than Ditto's (0.65 vs 1.78).
     assert fbe["personal_rank"] < min(table[name]["personal_rank"] for name in ("pfedme", "ditto", "fedprox"))
@@ -125,9 +127,11 @@ def test_digits_personalized_accuracy_above_global():
     table = show("pfedfbe_digits.yaml", ["test_accuracy", "personal_test_accuracy", "train_loss", "objective"])
     for name in ("pfedfbe", "pfedme", "ditto"):  # 2-label clients: a personal model beats the global one
         assert table[name]["personal_test_accuracy"] > table[name]["test_accuracy"], name
-    # pFedFBE's place: with λ = 200 its personal step of 1/λ barely moves the global model (measured 0.749 vs 0.741),
-    # far below Ditto's (0.985) and pFedMe's (0.937) personal models; and at the paper's η = 0.005 its global model
-    # trails the baselines tuned to η = 0.02 (0.741 vs 0.877). The paper's "pFedFBE best" does not reproduce here.
+    # The paper's "pFedFBE best" does not reproduce here (a declared deviation): with λ = 200 its personal step of
+    # 1/λ barely moves the global model (measured 0.749 vs 0.741), far below Ditto's and pFedMe's personal models.
+    personal = {name: table[name]["personal_test_accuracy"] for name in ("pfedfbe", "ditto", "pfedme")}
+    deviation_holds("pfedfbe-digits-best", {"pFedFBE's personal test accuracy": personal["pfedfbe"],
+                                            "Ditto's": personal["ditto"], "pFedMe's": personal["pfedme"]})
+    # Why: at the paper's η = 0.005 its global model trails the baselines tuned to η = 0.02 (0.741 vs 0.877).
     others = [row for name, row in table.items() if name != "pfedfbe"]
     assert table["pfedfbe"]["test_accuracy"] < min(row["test_accuracy"] for row in others)
-    assert table["pfedfbe"]["personal_test_accuracy"] < min(table[n]["personal_test_accuracy"] for n in ("pfedme", "ditto"))

@@ -5,7 +5,8 @@ full size (M = 20, n = 1000, 1000 communication rounds, metrics after each), REP
 `pytest -m slow -s` (about 20 minutes on 2 cores), which prints the tables of the note of issue 14.
 
 Each check of spec §7.1 (items 1–7) and §7.2 (items 1–5) is asserted as measured; where the spec's expectation
-does not hold here, the test says so and asserts the measured relation instead.
+does not hold here, the test says so and asserts the measured relation instead, and where that is a claim of the
+paper's it compares the measured value with the deviation declared in sweeps/deviations.py (`deviation_holds`).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 
 from fedbench.problems import make_problem
 from fedbench.reference import solve
+from helpers import deviation_holds
 from sweeps.driving import build_simulation, drive
 from sweeps.recipe import load
 
@@ -86,16 +88,19 @@ def test_s1_early_rounds(sigma_h):
     """§7.1 item 3's early ordering (ASCD below ASVRCD at r = 10 and r = 50 for every σ_h) holds at σ_h = 0.1 only,
     and the test asserts what the authors' current code gives. The spec's check rests on the curves stored with the
     paper (the authors' pickles, its Fig. 1); the authors' current ASVRCD code on the same data does not produce
-    them (σ_h = 1.0, r = 10: 0.4365 stored, 0.2838 from their current code, an independent re-run), and ours
-    (Algorithm 4 with the spec's parameters, checked against a transcription in test_pfl_vr) agrees with the
-    current code (0.2842 here): the stored curves come from an earlier, slower-starting version of their ASVRCD.
+    them, and ours (Algorithm 4 with the spec's parameters, checked against a transcription in test_pfl_vr) agrees
+    with the current code: the stored curves come from an earlier, slower-starting version of their ASVRCD (a
+    declared deviation, hanzely2023-s1-early-asvrcd, with the values at σ_h = 1.0, r = 10).
     So at σ_h = 0.3 ASCD is below at r = 10 but not at r = 50, at σ_h = 1.0 at neither. ASVRCD below ASCD from r = 200 on at
     σ_h ∈ {0.3, 1.0} holds on average over those rounds (pointwise the noisy curves cross at σ_h = 0.3)."""
     result = runs("hanzely2023_s1.yaml", sigma_h)
     ascd, asvrcd = mean_curve(result, "ascd_pfl"), mean_curve(result, "asvrcd_pfl")
     print(f"\nS1 σ_h={sigma_h} r=10: ASCD {ascd[10]:.4f} ASVRCD {asvrcd[10]:.4f}; r=50: {ascd[50]:.4f} {asvrcd[50]:.4f}")
+    if sigma_h == 1.0:
+        deviation_holds("hanzely2023-s1-early-asvrcd", {"ASVRCD's objective at σ_h = 1.0, r = 10": asvrcd[10]})
     below = {0.1: (True, True), 0.3: (True, False), 1.0: (False, False)}[sigma_h]
-    assert ((ascd[10] < asvrcd[10]), (ascd[50] < asvrcd[50])) == below
+    assert ((ascd[10] < asvrcd[10]), (ascd[50] < asvrcd[50])) == below, \
+        "the early ordering moved: see the deviation hanzely2023-s1-early-asvrcd (sweeps/deviations.py)"
     if sigma_h != 0.1:  # pointwise the noisy curves cross now and then (σ_h = 0.3): compared on average
         assert asvrcd[200:].mean() < ascd[200:].mean()
 

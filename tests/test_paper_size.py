@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import deviation_holds
 from sweeps.driving import build_simulation, drive
 from sweeps.recipe import load
 
@@ -42,15 +43,19 @@ def first_round(rows, condition):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_full_size_lasso_proposed_methods_reach_l2_one_sooner(seed):
-    crossing = {}
+    crossing, finals = {}, {}
     for algorithm in BASELINES + PROPOSED:
         outcome, wall = run_recipe("bao2022_lasso.yaml", algorithm, seed)
-        final = outcome.rows[-1]
+        finals[algorithm] = final = outcome.rows[-1]
         crossing[algorithm] = first_round(outcome.rows, lambda row: row["l2_error"] <= 1)
         print(f"\nlasso seed {seed} {algorithm:10s}: l2 <= 1 at round {crossing[algorithm]}, F1 >= 0.99 at "
               f"{first_round(outcome.rows, lambda row: row['f1'] >= 0.99)}; final l2 {final['l2_error']:.3f} "
               f"l1 {final['l1_error']:.2f} F1 {final['f1']:.3f} mse {final['train_mse']:.3f}; {wall:.1f} s")
-        assert 0.3 <= final["l2_error"] <= 0.55 and final["f1"] >= 0.99
+        assert 0.3 <= final["l2_error"] <= 0.55, algorithm
+    for algorithm in ("fedda",) + PROPOSED:
+        assert finals[algorithm]["f1"] >= 0.99, algorithm
+    # The paper has FedMiD fail to recover the support: declared as a deviation (sweeps/deviations.py)
+    deviation_holds("bao2022-lasso-fedmid-support", {"FedMiD's final F1": finals["fedmid"]["f1"]})
     slowest_proposed = max(crossing[a] for a in PROPOSED)
     fastest_baseline = min(crossing[a] for a in BASELINES)
     assert slowest_proposed <= 0.8 * fastest_baseline, crossing
@@ -168,25 +173,27 @@ def test_n_ablation_more_clients_help():
 def test_noisy_labels_auc_symmetric_loss_beats_cross_entropy():
     """Table 3's pattern (spec 001 §5.3 item 2) with 20% flipped training labels: FeDXL1 on the symmetric
     PSM loss within 0.01 of centralized SGD on it and above Local SGD on cross-entropy, which over-fits
-    the flipped labels. (The paper also has FeDXL1 above CODASCA; here CODASCA's square loss, bounded on
-    scores in [0, 1], is as robust, and the two are within 0.01: asserted as such.)"""
+    the flipped labels. The paper also has FeDXL1 above CODASCA: a declared deviation (sweeps/deviations.py,
+    guo2023-noisy-labels-codasca)."""
     finals = final_rows("guo2023_auc_noisy.yaml", lambda trial: trial.algorithm)
     fedxl1 = mean(finals["fedxl1"], "test_auc")
     assert abs(fedxl1 - mean(finals["centralized"], "test_auc")) <= 0.01
     assert fedxl1 > mean(finals["local_sgd_ce"], "test_auc") + 0.005
-    assert abs(fedxl1 - mean(finals["codasca"], "test_auc")) <= 0.01
+    deviation_holds("guo2023-noisy-labels-codasca",
+                    {"FeDXL1 − CODASCA, test AUC": fedxl1 - mean(finals["codasca"], "test_auc")})
 
 
 def test_femnist_pauc_fedxl2_beats_ce_and_codasca():
     """Table 2's pattern on real handwriting (digits 0–4 against the rest, 1:5, 16 clients of writers): FeDXL2
     above Local SGD (CE) and CODASCA in test pAUC(0.3) and at least Local Pair's (within 0.005). Measured
     (3 seeds): FeDXL2 0.829, Local Pair 0.825, CE 0.775, CODASCA 0.649 (LibAUC's defaults, step size not
-    tuned), centralized SOX 0.853. The paper's "within ~0.01 of centralized" does not hold at this short
-    budget (50 rounds, every curve still rising): the gap is 0.024, asserted below 0.03."""
+    tuned), centralized SOX 0.853. The paper's "within ~0.01 of centralized" does not hold at this short budget: a
+    declared deviation (sweeps/deviations.py, guo2023-femnist-centralized-gap)."""
     if not (Path(os.environ.get("FEDBENCH_DATA", "/nonexistent")) / "femnist" / "femnist_sample10.npz").is_file():
         pytest.skip("needs $FEDBENCH_DATA/femnist/femnist_sample10.npz")
     finals = final_rows("guo2023_pauc_femnist.yaml", lambda trial: trial.algorithm)
     fedxl2 = mean(finals["fedxl2"])
     assert fedxl2 > mean(finals["local_sgd_ce"]) and fedxl2 > mean(finals["codasca"])
     assert fedxl2 >= mean(finals["local_pair"]) - 0.005
-    assert abs(fedxl2 - mean(finals["centralized"])) <= 0.03
+    deviation_holds("guo2023-femnist-centralized-gap",
+                    {"centralized SOX − FeDXL2, test pAUC(0.3)": mean(finals["centralized"]) - fedxl2})

@@ -11,8 +11,7 @@ import pytest
 
 from fedbench.data import femnist
 from fedbench.data.pfl_images import SCALAR_STATS, device_split, draw_labels, load_pool
-from test_emnist import write_npz
-from test_idx import write_folder
+from helpers import write_folder, write_npz
 
 FMNIST_STATS = dict(zip(("dataset_mean", "dataset_std"), SCALAR_STATS["fashion-mnist"]))
 

@@ -165,6 +165,7 @@ def sweep_runs(uri, name):
             if run.data.tags.get("role") == "trial"]
 
 
+@pytest.mark.ray
 def test_sweep_records_the_plugins_code_and_an_edit_reruns_its_runs_only(ray_local, folder, tracking_uri):
     first = invoke("sweep", folder / "r.yaml", "--tracking-uri", tracking_uri)
     assert first.exit_code == 0, first.output
@@ -193,6 +194,7 @@ def test_sweep_records_the_plugins_code_and_an_edit_reruns_its_runs_only(ray_loc
     assert len({r.data.tags["plugin_sha256"] for r in by_algorithm["my_method"]}) == 2
 
 
+@pytest.mark.ray
 def test_with_adds_a_method_to_a_shipped_paper_recipe_and_tune_gives_it_the_budget(ray_local, folder, tracking_uri):
     paper = ROOT / "recipes" / "papers" / "bao2022_lasso.yaml"
     ok = invoke("validate", paper, "--with", folder / "my_method.py",
@@ -304,6 +306,7 @@ print(json.dumps([row["objective"] for row in drive(build_simulation(trial)).row
     assert json.loads(done.stdout.strip().splitlines()[-1]) == pytest.approx(expected, rel=1e-12)
 
 
+@pytest.mark.ray
 def test_a_plugin_that_fails_only_in_the_workers_is_named_on_the_console(ray_local, folder, tracking_uri,
                                                                         monkeypatch):
     """Runs that raise in a Ray worker (here: a plugin whose set-up fails in any process but the driver, as one

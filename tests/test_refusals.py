@@ -153,6 +153,7 @@ def test_an_unknown_name_is_refused_with_the_closest_one_and_every_valid_name_wi
 
 # -- GPUs no node has --------------------------------------------------------------------------------------
 
+@pytest.mark.ray
 def test_a_gpu_request_no_node_can_hold_names_the_file_and_field(tmp_path, tracking_uri):
     """A real local Ray on this machine; 64 GPUs a trial, more than any node here has (none on a CPU-only
     machine): refused before any run, exit 2, one line naming the recipe and the field."""
@@ -187,6 +188,7 @@ def other_program():
     server.server_close()
 
 
+@pytest.mark.heavy  # 5 s of CPU
 def test_ui_on_a_port_in_use_is_refused(tracking_uri, other_program):
     done = subprocess.run([sys.executable, "cli.py", "ui", "--tracking-uri", tracking_uri, "--port",
                            str(other_program)], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -196,6 +198,7 @@ def test_ui_on_a_port_in_use_is_refused(tracking_uri, other_program):
                                    "choose another with --port"), done.stderr
 
 
+@pytest.mark.heavy  # an MLflow server: 9 s of CPU
 def test_ui_without_port_moves_past_the_default_port_in_use(tracking_uri):
     """No --port and the default one (5000) taken: the first free port after it, said so, in the printed links."""
     with socket.socket() as taken:

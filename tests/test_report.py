@@ -79,6 +79,7 @@ def read_table(path):
         return list(csv.DictReader(handle))
 
 
+@pytest.mark.ray
 def test_every_png_is_an_image_of_a_sensible_size(swept):
     out = swept["out"]
     assert "report:" in swept["output"] and "index.html" in swept["output"]
@@ -96,6 +97,7 @@ def test_every_png_is_an_image_of_a_sensible_size(swept):
         assert png.stat().st_size < 400_000
 
 
+@pytest.mark.ray
 def test_table_means_and_stds_equal_the_mlflow_histories(swept):
     client, trials = swept["client"], swept["trials"]
     rows = read_table(swept["out"] / "table.csv")
@@ -119,6 +121,7 @@ def test_table_means_and_stds_equal_the_mlflow_histories(swept):
     assert sum(row["best"] == "True" for row in rows) == 2  # one per algorithm
 
 
+@pytest.mark.ray
 def test_a_diverged_run_appears_with_its_status(swept):
     diverged = [r for r in swept["trials"] if r.data.tags["status"] == "diverged"]
     assert [(r.data.params["algorithm.client_lr"], r.data.tags["seed"]) for r in diverged] == [("0.07", "0")]
@@ -130,6 +133,7 @@ def test_a_diverged_run_appears_with_its_status(swept):
     assert "| FedMiD | client_lr=0.07 | 3 | 2 finished, 1 diverged |" in markdown
 
 
+@pytest.mark.ray
 def test_a_diverged_seed_ends_its_curve_and_the_band_covers_the_seeds_left(swept):
     store = Store(swept["uri"])
     recipe = load(swept["path"])
@@ -149,6 +153,7 @@ def test_a_diverged_seed_ends_its_curve_and_the_band_covers_the_seeds_left(swept
     assert recipe.report.target == {"l2_error": 2.0}
 
 
+@pytest.mark.ray
 def test_pages_reference_every_png_and_the_files_are_on_the_parent_run(swept):
     out = swept["out"]
     pngs = {p.name for p in out.glob("*.png")}
@@ -162,6 +167,7 @@ def test_pages_reference_every_png_and_the_files_are_on_the_parent_run(swept):
     assert logged == expected
 
 
+@pytest.mark.ray
 def test_a_parent_run_an_experiment_and_a_recipe_give_the_same_table(swept, tmp_path):
     uri, parent = swept["uri"], swept["parent"].info.run_id
     tables = []
@@ -174,6 +180,7 @@ def test_a_parent_run_an_experiment_and_a_recipe_give_the_same_table(swept, tmp_
     assert tables[0] == tables[1] == tables[2]
 
 
+@pytest.mark.ray
 def test_training_seconds_are_a_history_and_an_axis(swept):
     """Each run records its training seconds at every evaluated round (nondecreasing, ending at its total), and
     `x: seconds` draws the curves over them."""
@@ -190,6 +197,7 @@ def test_training_seconds_are_a_history_and_an_axis(swept):
     assert line.x[-1] == pytest.approx(np.mean(at_end)) and np.all(np.diff(line.x) >= 0)
 
 
+@pytest.mark.ray
 def test_confidence_intervals_and_a_second_axis_from_the_report_block(swept, tmp_path):
     """`interval: ci95` puts mean ± 1.96 s.e. in the tables (Per-FedAvg's Table 1); `x: [rounds, seconds]` draws
     the figure again over training seconds (its Fig. 1(a)). The report block does not change which sweep it is."""
@@ -211,6 +219,7 @@ def test_confidence_intervals_and_a_second_axis_from_the_report_block(swept, tmp
     assert f"{np.mean(finals):.4g} ± {1.96 * np.std(finals, ddof=1) / math.sqrt(3):.2g}" in markdown
 
 
+@pytest.mark.ray
 def test_a_tuning_session_is_reported_with_its_best_configurations(ray_local, tmp_path, tracking_uri):
     path = tmp_path / "tune.yaml"
     path.write_text(TUNE)
@@ -241,6 +250,7 @@ def test_rounds_to_target_from_either_side():
     assert rounds_to(steps, np.array([9.0, 8.0, 7.0, 6.0]), 2.0) is None
 
 
+@pytest.mark.ray
 def test_sweep_with_no_report_writes_none(ray_local, tmp_path, tracking_uri):
     path = tmp_path / "one.yaml"
     path.write_text(RECIPE.replace("fedmid: {client_lr: [1e-2, 0.07]}", "fedmid: {client_lr: 1e-2}")
@@ -257,12 +267,14 @@ def test_sweep_with_no_report_writes_none(ray_local, tmp_path, tracking_uri):
     (["--run", "0123456789abcdef"], "no run '0123456789abcdef'"),
     (["--experiment", "report-grid", "--x", "time"], "'time' is not one of"),
 ])
+@pytest.mark.ray
 def test_report_refusals(swept, args, fragment):
     result = invoke("report", *args, "--tracking-uri", swept["uri"])
     assert result.exit_code == 2, result.output
     assert fragment in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.ray
 def test_report_refuses_a_trial_run_a_recipe_never_swept_and_a_misspelt_metric(swept, tmp_path):
     uri = swept["uri"]
     trial = swept["trials"][0].info.run_id

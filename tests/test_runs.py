@@ -1,8 +1,8 @@
 """The run axis (`fedbench.runs`): R runs of one configuration with different seeds as one program give each run's
 curve as it is alone, and a run that diverges or fails inside a batch leaves the others' curves unchanged.
 
-Identity, per algorithm written for the run axis (`CASES`): bit for bit where every reduction of a round is per
-run and per client (LSGD-PFL, and FedAvg/FedMiD on these instances), within 1e-12 relative where a server
+Identity, per algorithm written for the run axis (`helpers.CASES`): bit for bit where every reduction of a round
+is per run and per client (LSGD-PFL, and FedAvg/FedMiD on these instances), within 1e-12 relative where a server
 average over clients is a batched matrix product against the vector product of a run alone (measured ≤ 2e-15
 after a dozen rounds), 1e-9 where a finite-difference HVP divides those last-bit differences by τ ~ 1e-8 (measured
 ~1e-11). Round-synchronous batches (`RunBatch`) for fixed-length rounds; iteration-wise batches
@@ -23,103 +23,13 @@ import fedbench
 from fedbench.algorithms.pfl_rules import rules
 from fedbench.runs import NotBatchable, RunBatch, programs, why_not_batchable
 from fedbench.simulate import Federation, Simulation, run_batch, run_seeds
+from helpers import CASES, FLOAT32, PAIRS, SEEDS, SMALL_BATCHES, assert_same, curves_alone, pauc, pfl, rows_by_run
 from small_problems import small_lasso, small_lowrank
 from sweeps.driving import drive_batch
 
-SEEDS = [0, 3, 7, 11]
 
-
-def pfl(**config):
-    return fedbench.make_problem("pfl_synthetic", preset="s1", sigma_h=1.0, **config)
-
-
-def pauc(**config):
-    return fedbench.make_problem("pauc", seed=0, clients=4, positives_per_client=10, negatives_per_client=50,
-                                 features=6, test_size=600, **config)
-
-
-PAIRS = Federation(8, 3, 4, 8)
-# pAUC is float32: the losses agree within ~2e-7 relative; a (p)AUC is a count of ranked pairs, which a near tie
-# flipped by the last bit moves by one pair's weight (1/(P·N) ~ 1e-4 on the pooled problem): absolute 1e-3 there
-FLOAT32 = (5e-5, 1e-3)
-
-
-SAMPLED = Federation(12, 3, 4, 5)
-SMALL_BATCHES = {"inner_batch": 5, "outer_batch": 5, "hessian_batch": 5}
-CASES = {  # algorithm[:case]: (problem maker, taking `device=`, federation, hyperparameters, tolerance)
-    "fedavg": (small_lasso, SAMPLED, {"client_lr": 0.01}, 1e-12),
-    "fedmid": (small_lasso, SAMPLED, {"client_lr": 0.01}, 1e-12),
-    "fedprox": (small_lasso, SAMPLED, {"client_lr": 0.01}, 1e-12),
-    "ditto": (small_lasso, SAMPLED, {"client_lr": 0.01}, 1e-12),
-    "fedda": (small_lasso, SAMPLED, {"client_lr": 0.01}, 1e-12),
-    "fedda:lowrank": (small_lowrank, SAMPLED, {"client_lr": 0.01}, 1e-12),
-    "fast_fedda": (small_lasso, SAMPLED, {}, 1e-12),
-    "fast_fedda:lowrank": (small_lowrank, SAMPLED, {}, 1e-12),
-    "c_fedda:ball": (small_lasso, SAMPLED, {"radius": 0.5}, 1e-12),
-    "c_fedda:lowrank": (small_lowrank, SAMPLED, {"radius": 0.5}, 1e-12),
-    "mc_fedda": (small_lasso, SAMPLED, {"stage_rounds": [4, 4, 4], "stage_lams": [0.1, 0.05, 0.02],
-                                                  "stage_radii": [1.0, 0.5, 0.2]}, 1e-12),
-    "pfedfbe": (small_lasso, SAMPLED, {"lam": 200.0}, 1e-12),
-    "pfedfbe:last_local": (small_lasso, SAMPLED, {"lam": 200.0, "personal_point": "last_local",
-                                                            "hvp_batch": "independent"}, 1e-12),
-    # a finite difference divides the last-bit differences of two gradients by τ ~ 1e-8: ~1e-11 on the curves
-    "pfedfbe:finite_diff": (small_lasso, SAMPLED, {"lam": 200.0, "hvp": "finite_diff"}, 1e-9),
-    "per_fedavg": (small_lasso, SAMPLED, SMALL_BATCHES, 1e-12),
-    "per_fedavg:exact": (small_lasso, SAMPLED, {"variant": "exact", **SMALL_BATCHES}, 1e-12),
-    "per_fedavg:fo": (small_lasso, SAMPLED, {"variant": "fo", **SMALL_BATCHES}, 1e-12),
-    "lsgd_pfl": (pfl, Federation(12, 0, 5, 1), {}, 0.0),
-    "ascd_pfl": (pfl, Federation(12, 0, 1, 1), {}, 1e-12),
-    "l2sgd_plus": (pfl, Federation(12, 0, 1, 1), {}, 1e-12),
-    "asvrcd_pfl": (pfl, Federation(12, 0, 1, 1), {"rho": 0.05}, 1e-12),  # refreshes exercised
-    "acd_pfl": (pfl, Federation(12, 0, 1, 1), {}, 1e-12),
-    "scd_pfl": (pfl, Federation(12, 0, 1, 1), {}, 1e-12),
-    "svrcd_pfl": (pfl, Federation(12, 0, 1, 1), {"rho": 0.05}, 1e-12),
-    "acd_pfl:keep": (pfl, Federation(12, 0, 1, 1), {"unsampled_y": "keep"}, 1e-12),
-    "pfedme": (pfl, Federation(12, 0, 4, 5), {"lam": None, "client_lr": 0.005, "personal_lr": 1.0}, 1e-12),
-    "pfedme:sampled": (small_lasso, Federation(12, 3, 3, 5), {"client_lr": 0.005}, 1e-12),
-    # seed 001's pair-score methods: each run's feature noise and passive draws on its own streams
-    "fedxl2": (pauc, PAIRS, {"client_lr": 0.5}, FLOAT32),
-    "fedxl2:mlp": (lambda **device: pauc(model="mlp", hidden=5, **device), PAIRS,
-                   {"client_lr": 0.5, "average_momentum": False}, FLOAT32),
-    "fedxl1": (lambda **device: pauc(preset="guo2023_noisy_auc", **device), PAIRS, {"client_lr": 2.0}, FLOAT32),
-    "local_pair": (pauc, PAIRS, {"client_lr": 0.5}, FLOAT32),
-    "codasca": (pauc, PAIRS, {"client_lr": 0.5, "decay_every": 8}, FLOAT32),  # a stage ends at round 2
-    "centralized": (lambda **device: pauc(pooled=True, **device), Federation(8, 1, 4, 8), {"client_lr": 0.5}, FLOAT32),
-    "local_sgd_ce": (pauc, PAIRS, {"client_lr": 0.5}, FLOAT32),
-}
-
-
-def curves_alone(problem, name, federation, hp, seeds, eval_every=3):
-    return [list(Simulation(problem, fedbench.make_algorithm(name, problem, **hp), federation, seed, eval_every))
-            for seed in seeds]
-
-
-def rows_by_run(batch, runs: int) -> list[list[dict]]:
-    """A batch's (run index, row) stream as one curve per run."""
-    curves = [[] for _ in range(runs)]
-    for i, row in batch:
-        curves[i].append(row)
-    return curves
-
-
-def assert_same(alone, batched, tolerance):
-    """Equal curves within `tolerance` relative, or (relative, absolute for the (p)AUC counts of ranked pairs)."""
-    tolerance, pairs = tolerance if isinstance(tolerance, tuple) else (tolerance, None)
-    assert len(alone) == len(batched)
-    for a, b in zip(alone, batched):
-        assert [row["round"] for row in a] == [row["round"] for row in b]
-        for x, y in zip(a, b):
-            assert x.keys() == y.keys()
-            for key in x:
-                if math.isnan(x[key]):
-                    assert math.isnan(y[key]), key
-                elif pairs is not None and "auc" in key:
-                    assert abs(x[key] - y[key]) <= pairs, (key, x[key], y[key])
-                else:
-                    assert abs(x[key] - y[key]) <= tolerance * max(abs(x[key]), 1e-300), (key, x[key], y[key])
-
-
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.heavy) if name.startswith("acd_pfl") else name
+                                  for name in sorted(CASES)])  # ACD-PFL's two cases: 13 s and 20 s of CPU
 def test_a_batch_of_seeds_gives_each_run_its_curve_alone(name):
     make, federation, hp, tolerance = CASES[name]
     problem, name = make(), name.partition(":")[0]
@@ -345,6 +255,7 @@ eval_every: 2
 """
 
 
+@pytest.mark.ray
 def test_a_sweep_runs_the_seeds_of_a_configuration_as_one_program(ray_local, tmp_path, tracking_uri):
     """ASCD-PFL's and LSGD-PFL's four seeds run as one program each (tag runs_in_batch = 4) and log each seed's
     curve as it is alone; ASVRCD-PFL with the CV code's counting (a ρ-coin every iteration, drawn inside the
@@ -389,6 +300,7 @@ eval_every: 2
 """
 
 
+@pytest.mark.ray
 def test_a_sweep_batches_the_values_of_a_per_run_hyperparameter(ray_local, tmp_path, tracking_uri):
     """A step-size grid on shared data: the configurations differ only in FedMiD's client_lr, a per-run
     hyperparameter, so that they share programs (on 2 slots: one of 2 runs, one of 1); each logged curve is the

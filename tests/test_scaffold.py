@@ -11,8 +11,8 @@ import torch
 import fedbench
 from fedbench.runs import RunBatch
 from fedbench.simulate import Federation, Simulation
+from helpers import assert_same, rows_by_run
 from small_problems import small_lasso
-from test_runs import assert_same, rows_by_run
 
 ROUNDS, CLIENTS, STEPS, BATCH = 4, 3, 3, 5
 

@@ -112,12 +112,14 @@ def recorded(uri: str, expected: int) -> list[str]:
     return [] if seeds == [str(seed) for seed in range(expected)] else [f"finished runs of seeds {seeds} recorded"]
 
 
+@pytest.mark.ray  # a race of four processes
 def test_four_processes_start_on_one_new_store(workers, tmp_path):
     problems = race(workers, tmp_path, 3)
     assert not problems, "\n".join(problems)
 
 
 @pytest.mark.slow
+@pytest.mark.ray  # a race of four processes
 def test_four_processes_start_on_one_new_store_20_times(workers, tmp_path):
     problems = race(workers, tmp_path, 20)
     assert not problems, "\n".join(problems)
@@ -174,6 +176,7 @@ OPEN = "import sys; from sweeps.tracking import Store; print('imported', flush=T
 
 
 @pytest.mark.parametrize("after", [0.5, 2.0, 4.0])
+@pytest.mark.heavy  # two commands: ~5 s of CPU
 def test_a_kill_while_a_new_store_is_made_leaves_a_store_the_next_command_opens(tmp_path, after):
     """SIGKILL `after` seconds into a new store's creation (~7 s of MLflow's migrations): the next command opens it
     (made complete, or made again), never a half-made store nor a hot journal it cannot recover."""
@@ -298,6 +301,7 @@ def refused_in_one_line(result: subprocess.CompletedProcess, *phrases: str) -> N
         assert phrase in lines[0], lines[0]
 
 
+@pytest.mark.heavy  # 7 s of CPU
 def test_a_full_disk_is_refused_in_one_line_before_anything_runs(tmp_path, small_disk):
     with contextlib.suppress(OSError), open(small_disk / "filler", "wb") as filler:
         while True:
@@ -308,6 +312,7 @@ def test_a_full_disk_is_refused_in_one_line_before_anything_runs(tmp_path, small
         refused_in_one_line(fedbench(command, recipe.source, "--tracking-uri", uri), "disk is full")
 
 
+@pytest.mark.ray  # its first command sweeps
 def test_a_read_only_store_is_refused_for_writing_and_read_for_a_report(tmp_path, small_disk):
     recipe = load_race(tmp_path)
     uri = f"sqlite:///{small_disk / 'mlflow.db'}"
@@ -324,6 +329,7 @@ LONGER = RECIPE.replace("rounds: 12", "rounds: 4000").replace("eval_every: 5", "
     "seeds: 4", "seeds: 4\nresources: {pack: 1}")
 
 
+@pytest.mark.ray  # the sweep starts Ray
 def test_a_disk_that_fills_during_a_sweep_gives_a_summary_of_what_the_store_holds(tmp_path, small_disk):
     """The disk fills while runs are going: no traceback; the summary says how many computed runs the store did not
     take and the tracking errors; once space is freed, the same command completes every run once."""
@@ -400,6 +406,7 @@ def test_a_store_of_an_older_mlflow_schema_is_upgraded_keeping_a_backup(tmp_path
 
 
 @pytest.mark.parametrize("after", [0.3, 0.8, 1.3])
+@pytest.mark.heavy  # two commands: ~5 s of CPU
 def test_a_kill_while_a_store_is_upgraded_leaves_a_store_the_next_command_opens(tmp_path, after):
     """SIGKILL `after` seconds into the upgrade of a store of MLflow's first schema (its ~67 migrations, ~1 s here):
     the store is the old one or the upgraded one, never half-migrated, and the next command upgrades and opens it."""
@@ -418,6 +425,7 @@ def test_a_kill_while_a_store_is_upgraded_leaves_a_store_the_next_command_opens(
     assert MlflowClient(f"sqlite:///{path}").get_experiment_by_name("kept") is not None
 
 
+@pytest.mark.heavy  # 9 s
 def test_an_older_store_opened_to_read_and_a_newer_store_are_refused_in_one_line(tmp_path, tracking_uri):
     from sweeps.tracking import StoreError, sqlite_path
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+pytestmark = pytest.mark.ray  # every test sweeps on a local Ray
 ROOT = Path(__file__).resolve().parents[1]
 # Three programs of three seeds (the data fixed, `data_seed`), each ~12 s of rounds here, checkpointed every 0.5 s.
 BATCHED = """\

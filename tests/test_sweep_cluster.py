@@ -58,7 +58,7 @@ def nested_runs(uri, name="cluster", status=None):
 
 
 @pytest.fixture(scope="module")
-def two_nodes(tmp_path_factory):
+def two_nodes(tmp_path_factory, starts_ray):
     """Two Ray nodes of one CPU each on this machine, shared by the module's tests (each joins it as a job of its
     own); their workers use a cache of their own (they inherit the environment at start)."""
     from ray.cluster_utils import Cluster
@@ -82,6 +82,7 @@ def own_plugins():
             del sys.modules[name]
 
 
+@pytest.mark.ray
 def test_trials_land_on_both_nodes_of_a_two_node_cluster(tmp_path, tracking_uri, two_nodes):
     import ray
 
@@ -96,6 +97,7 @@ def test_trials_land_on_both_nodes_of_a_two_node_cluster(tmp_path, tracking_uri,
     assert len({run.data.tags["node"] for run in runs}) == 2
 
 
+@pytest.mark.ray
 def test_a_plugin_file_travels_in_its_trials_to_both_nodes(tmp_path, tracking_uri, two_nodes, own_plugins):
     """The file is gone once the recipe is loaded: the workers have its code from the trials alone."""
     import ray
@@ -119,6 +121,7 @@ def test_a_plugin_file_travels_in_its_trials_to_both_nodes(tmp_path, tracking_ur
     assert len({run.data.tags["node"] for run in runs}) == 2
 
 
+@pytest.mark.ray
 def test_a_module_plugin_only_the_driver_imports_is_shipped_with_the_job(tmp_path, tracking_uri, two_nodes,
                                                                          own_plugins, monkeypatch):
     """`plugins: [cluster_pkg.methods]`, its package in a folder on the driver's sys.path alone (not on
@@ -158,6 +161,7 @@ def test_a_module_plugin_only_the_driver_imports_is_shipped_with_the_job(tmp_pat
     assert len({run.data.tags["node"] for run in runs}) == 2
 
 
+@pytest.mark.ray
 def test_half_gpu_trials_run_four_at_once_on_two_declared_gpus(tmp_path, tracking_uri, tmp_path_factory):
     from conftest import start_ray
 

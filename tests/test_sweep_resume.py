@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+pytestmark = pytest.mark.ray  # every test sweeps on a local Ray
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = """\
 name: resume

@@ -61,6 +61,7 @@ def test_grid_expands_into_trials_with_stable_config_hashes(tmp_path):
     assert params["algorithm.client_lr"] == 1e-2 and params["federation.rounds"] == 30 and params["seed"] == 3
 
 
+@pytest.mark.ray
 def test_sweep_logs_a_parent_and_a_nested_run_per_config_and_seed_equal_to_fedbench_run(
         ray_local, tmp_path, tracking_uri):
     path = write(tmp_path, GRID)
@@ -109,6 +110,7 @@ def test_sweep_logs_a_parent_and_a_nested_run_per_config_and_seed_equal_to_fedbe
     assert parent.data.tags["attempts"] == "2" and parent.data.tags["runs_skipped"] == "12"
 
 
+@pytest.mark.ray
 def test_a_diverging_run_is_recorded_and_the_sweep_goes_on(ray_local, tmp_path, tracking_uri):
     text = GRID.replace("fedmid: {client_lr: [1e-2, 3e-2]}", "fedmid: {client_lr: [1e-2, 50.0]}")
     summary = sweep(load(write(tmp_path, text)), tracking=tracking_uri)
@@ -122,6 +124,7 @@ def test_a_diverging_run_is_recorded_and_the_sweep_goes_on(ray_local, tmp_path, 
         assert steps[0] == 0 and steps[-1] < 30  # the partial curve is kept, up to the divergence
 
 
+@pytest.mark.ray
 def test_divergence_factor_is_settable_from_the_recipe(ray_local, tmp_path, tracking_uri):
     """fedavg with a large step raises the objective without overflowing: a factor of 1.5 stops it."""
     text = GRID.split("algorithms:")[0] + "algorithms:\n  fedavg: {client_lr: 0.3}\nseeds: 1\ndivergence_factor: 1.5\n"
@@ -132,6 +135,7 @@ def test_divergence_factor_is_settable_from_the_recipe(ray_local, tmp_path, trac
     assert all(v == v and abs(v) < float("inf") for v in curve) and curve[-1] > 1.5 * curve[0]
 
 
+@pytest.mark.ray
 def test_gpu_request_on_a_cluster_without_gpus_is_refused_up_front(ray_local, tmp_path, tracking_uri):
     path = write(tmp_path, GRID + "resources: {gpus_per_trial: 0.5}\n")
     result = CliRunner().invoke(app, ["sweep", str(path), "--tracking-uri", tracking_uri])
@@ -140,6 +144,7 @@ def test_gpu_request_on_a_cluster_without_gpus_is_refused_up_front(ray_local, tm
     assert runs_of(tracking_uri, "grid", "trial") == []
 
 
+@pytest.mark.ray
 def test_several_recipes_run_in_one_command_each_with_its_experiment(ray_local, tmp_path, tracking_uri):
     """`fedbench sweep A.yaml B.yaml`: each recipe its experiment and report; a recipe the cluster cannot run, or a
     malformed one, anywhere in the list is refused before the first runs (exit 2, nothing tracked)."""

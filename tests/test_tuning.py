@@ -56,6 +56,7 @@ def runs(uri, role):
             if run.data.tags.get("role") == role]
 
 
+@pytest.mark.ray
 def test_tuned_step_size_is_within_ten_percent_of_a_dense_grid(ray_local, tmp_path, tracking_uri):
     path = write(tmp_path, RECIPE)
     output = tune(path, tracking_uri).output
@@ -81,6 +82,7 @@ def test_tuned_step_size_is_within_ten_percent_of_a_dense_grid(ray_local, tmp_pa
     assert parent.data.tags["studies"] == study_name(recipe, "fedmid")
 
 
+@pytest.mark.ray
 def test_a_second_call_continues_the_study_and_fresh_restarts_it(ray_local, tmp_path, tracking_uri):
     path = write(tmp_path, RECIPE.replace("trials: 20", "trials: 3"))
     tune(path, tracking_uri)
@@ -97,6 +99,7 @@ def test_a_second_call_continues_the_study_and_fresh_restarts_it(ray_local, tmp_
     assert refused.exit_code == 2 and "--fresh" in refused.output
 
 
+@pytest.mark.ray
 def test_aggressive_pruning_stops_trials_early(ray_local, tmp_path, tracking_uri):
     text = RECIPE.replace("trials: 20", "trials: 8\n  pruner: {grace_rounds: 10, reduction_factor: 4}")
     tune(write(tmp_path, text), tracking_uri, "--max-concurrent", 1)
@@ -112,6 +115,7 @@ def test_aggressive_pruning_stops_trials_early(ray_local, tmp_path, tracking_uri
     assert sum(run.data.tags["status"] == "pruned" for run in runs(tracking_uri, "tune_trial")) == len(pruned)
 
 
+@pytest.mark.ray
 def test_rerun_best_logs_runs_on_fresh_seeds(ray_local, tmp_path, tracking_uri):
     path = write(tmp_path, RECIPE.replace("trials: 20", "trials: 4"))
     output = tune(path, tracking_uri, "--rerun-best", 3).output

@@ -15,7 +15,9 @@ What is read, and from where:
   source), `FEDERATION_PARAMS`, the tune space's distributions and samplers;
 - the CLI: the Typer app as Click sees it (every command, argument and option with its help and default);
 - the gallery's tables of shipped recipes: a page's `<!-- shipped-recipes: PREFIX -->` becomes the table of the
-  recipes whose name starts with PREFIX, from their headers (`sweeps/shipped.py`, as `fedbench recipes`).
+  recipes whose name starts with PREFIX, from their headers (`sweeps/shipped.py`, as `fedbench recipes`);
+- the gallery's deviations: a page's `<!-- deviations: PAPER -->` becomes the list of the paper claims fedbench
+  does not reproduce, as declared once in `sweeps/deviations.py` (which the paper-size tests check).
 
 Only built-in components are documented (plugins are not discovered): `fedbench list` shows a user's own.
 The hook adds the pages to the nav itself (`on_config`), so mkdocs.yml names only the reference's index.
@@ -413,5 +415,34 @@ def recipes_table(prefix: str) -> str:
     return "\n".join(lines)
 
 
+# -- the gallery's deviations ------------------------------------------------------------------------------------
+
+DEVIATIONS_MARKER = re.compile(r"<!-- deviations: (\S+) -->")
+
+
+def number(value: float) -> str:
+    return str(value).replace("-", "−")  # as declared: 0.80 is 0.8, 1.0 stays 1.0
+
+
+def deviations_list(paper: str) -> str:
+    """The paper's claims that fedbench does not reproduce, each as declared in `sweeps/deviations.py`: the figure,
+    the claim and what the paper reports, what fedbench measures instead, why, and the test that measures it."""
+    from fedbench_sweeps.deviations import of_paper
+
+    declared = of_paper(paper)
+    if not declared:
+        raise ValueError(f"no deviation declared for {paper!r}")  # a gallery page naming a paper with none
+    lines = ["Declared in `sweeps/deviations.py` with the values measured here; each is checked by the paper-size "
+             "test it names (`pytest -m slow`), which fails if a value moves, e.g. when the paper's claim comes "
+             "to reproduce.", ""]
+    for deviation in declared.values():
+        unit = f" {deviation.unit}" if deviation.unit else ""
+        measured = ", ".join(f"{name} {number(value)}" for name, value in deviation.measured.items())
+        lines.append(f"- {deviation.figure}: \"{deviation.claim}\" (the paper: {deviation.reports}). Measured here: "
+                     f"{measured}{unit}. {deviation.why[0].upper()}{deviation.why[1:]}. Test: `{deviation.test}`.")
+    return "\n".join(lines)
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
-    return RECIPES_MARKER.sub(lambda match: recipes_table(match.group(1)), markdown)
+    markdown = RECIPES_MARKER.sub(lambda match: recipes_table(match.group(1)), markdown)
+    return DEVIATIONS_MARKER.sub(lambda match: deviations_list(match.group(1)), markdown)
