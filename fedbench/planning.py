@@ -181,7 +181,7 @@ def fixed_part_differs(a: Any, b: Any, floats_per_run: bool = True) -> bool:
 
 
 def not_iteration_wise(sim: Simulation) -> str | None:
-    """Why runs like this one, whose rounds have random lengths, cannot be an `IterationBatch` (None: they can)."""
+    """Why runs like this one, whose rounds have random lengths, cannot be an `IterationProgram` (None: they can)."""
     name, problem = sim.algorithm.name, sim.problem.name
     if sim.algorithm.participation != "all":
         return f"{name} has rounds of random length with sampled clients"

@@ -15,9 +15,9 @@ advance as one program; a run alone is R = 1 through the same code:
 * Layout (`fedbench.algorithms.base`). Server state `[R, 1, ...]`, per-client state `[R, N, ...]`, a round's local
   state `[R, S, ...]`, float hyperparameters and derived values `[R, 1, 1]` (`batch_hparams`). The problem's oracles
   see the run axis folded into the client axis (`RunOracle`, for any oracle method), so problems need nothing new.
-* Schedules. Rounds of fixed length (or of a drawn length, for one run) advance round by round (`RunBatch`). Rounds
+* Schedules. Rounds of fixed length (or of a drawn length, for one run) advance round by round (`RoundProgram`). Rounds
   of random length where every client takes part (coin-flip communication, seed 003's block methods) advance
-  iteration by iteration, each run through its own rounds (`IterationBatch`): round-synchronous runs would each
+  iteration by iteration, each run through its own rounds (`IterationProgram`): round-synchronous runs would each
   wait for the longest of R geometric lengths, about ln R times the mean. Which runs share one: `fedbench.planning`.
 * Divergence. A run that diverges stops, as alone: its partial curve is kept, its final state is stored on its
   Simulation, and it leaves the batched arithmetic. A round in which an SVD fails (an iterate that overflowed
@@ -47,8 +47,8 @@ from fedbench.planning import groups, not_iteration_wise, random_rounds, step_by
 if TYPE_CHECKING:  # a program's runs; `fedbench.simulate` drives them through programs, so it imports this module
     from fedbench.simulate import Simulation
 
-GATHER_BUDGET = 4 * 2**20  # bytes of minibatch rows one batched local step gathers (see RunBatch.chunk)
-STREAM_BYTES = 2**20  # rows of the iterations an iteration-wise batch draws ahead for all its runs at a time
+GATHER_BUDGET = 4 * 2**20  # bytes of minibatch rows one batched local step gathers (see RoundProgram.chunk)
+STREAM_BYTES = 2**20  # rows of the iterations an iteration-wise program draws ahead for all its runs at a time
 HP_RANK = 3  # float hyperparameters are [R, 1, 1]: they broadcast against [R, 1, d] and [R, S, d]
 
 
@@ -207,7 +207,7 @@ class RunOracle:
         return self.inner.hvp(self._point(w), self._point(v)).view(w.shape[0], self.clients, *w.shape[2:])
 
 
-class RunBatch:
+class RoundProgram:
     """The round-wise schedule: every live run through one round at a time, rounds of the federation's length (or,
     for one run, of its drawn length)."""
 
@@ -238,9 +238,9 @@ class RunBatch:
         # 800 KB a run: 1.2x at R = 4, 0.4x at R = 64, before `plan` sent such runs one after another), so
         # larger batches go through the round in chunks.
         self.chunk = max(1, GATHER_BUDGET // step_bytes(first))
-        # Called with the program at each safe point: between two rounds (an iteration-wise batch: two
+        # Called with the program at each safe point: between two rounds (an iteration-wise program: two
         # iterations), every row before it yielded, where `state_dict` is whole (a checkpoint is taken there)
-        self.safe_point: Callable[[RunBatch], None] | None = None
+        self.safe_point: Callable[[RoundProgram], None] | None = None
         self.resumed = False  # `load_state_dict` given: the rows at the start were yielded before
 
     def __len__(self) -> int:
@@ -255,7 +255,7 @@ class RunBatch:
     # -- what every schedule shares -----------------------------------------------------------------------
     def _hp_of(self, ids: list[int], runs: Tensor | None) -> HParams:
         """The per-run values of the runs `ids` (`runs` as a tensor; None: every run of the batch). A run's own
-        are kept: an iteration-wise batch asks for them at each of its round ends."""
+        are kept: an iteration-wise program asks for them at each of its round ends."""
         if runs is None or not self.differing:
             return self.hp
         if len(ids) == 1 and ids[0] in self._hp_alone:
@@ -397,7 +397,7 @@ class RunBatch:
                 "runs": [sim.state_dict() for sim in self.sims]}
 
     def rounds_progress(self) -> int:
-        """Rounds the program's runs have gone through (of an iteration-wise batch, on average)."""
+        """Rounds the program's runs have gone through (of an iteration-wise program, on average)."""
         return self.rounds_done
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -490,10 +490,10 @@ class RunBatch:
             self._stop(i, "finished")
 
 
-class IterationBatch(RunBatch):
+class IterationProgram(RoundProgram):
     """The iteration-wise schedule, for rounds of random length where every client takes part (coin-flip
     communication): the runs advance iteration by iteration, each through its own rounds, instead of round by
-    round. A round-synchronous batch would run every round as long as the longest of R geometric lengths (about
+    round. A round-synchronous program would run every round as long as the longest of R geometric lengths (about
     ln R times the mean); here no iteration is wasted.
 
     Every live run takes a local step at every iteration, so a run's k-th iteration is the batch's. Its rows are
@@ -509,7 +509,7 @@ class IterationBatch(RunBatch):
     rounds, so the inner steps' round defines neither `index`, `iteration`, `local_steps` nor `step`
     (`is_last_step` is False there) and allows no draw; a round's end and start define what all its runs share."""
 
-    INSIDE = "in an iteration-wise batch's inner steps (its runs are at different rounds)"
+    INSIDE = "in an iteration-wise program's inner steps (its runs are at different rounds)"
 
     def __init__(self, sims: list[Simulation]):
         super().__init__(sims)
@@ -553,7 +553,7 @@ class IterationBatch(RunBatch):
         length = shared([self.length[i] for i in runs])
         return Round(self.clients_all.expand(len(runs), -1), shared([s.rounds_done for s in sims]), length,
                      shared([s.iterations for s in sims]), length - 1 if ending and length else None,
-                     self._streams(runs), "for runs of an iteration-wise batch at different rounds", last=ending)
+                     self._streams(runs), "for runs of an iteration-wise program at different rounds", last=ending)
 
     def _open_rounds(self, opening: list[int]) -> None:
         """The next round of each run in `opening`: its length on its own stream (as alone); then their local
@@ -593,7 +593,7 @@ class IterationBatch(RunBatch):
                 self.sims[i].count_round(up, down, self.length[i])
 
     def _stop(self, i: int, status: str) -> None:
-        """As `RunBatch._stop`; the run's rows then take a live run's values, so that the batch, which steps every
+        """As `RoundProgram._stop`; the run's rows then take a live run's values, so that the batch, which steps every
         row, stays finite whatever the stopped run's iterate was."""
         super()._stop(i, status)
         if self.live:
@@ -605,7 +605,7 @@ class IterationBatch(RunBatch):
     ITERATION_STATE = ("length", "iteration", "ends", "share", "settled", "ahead", "drawn", "local")
 
     def state_dict(self) -> dict[str, Any]:
-        """`RunBatch.state_dict` and the iteration-wise schedule's own: each run's round length and the iteration
+        """`RoundProgram.state_dict` and the iteration-wise schedule's own: each run's round length and the iteration
         its round ends, the rows drawn ahead (already drawn from the runs' streams), the rounds' local states."""
         return {**super().state_dict(), **{name: getattr(self, name) for name in self.ITERATION_STATE}}
 
@@ -654,15 +654,15 @@ class IterationBatch(RunBatch):
                 self.safe_point(self)
 
 
-def program(sims: list[Simulation]) -> RunBatch:
+def program(sims: list[Simulation]) -> RoundProgram:
     """The program of these simulations: iteration by iteration where rounds have random lengths and every client
-    takes part (`IterationBatch`), else round by round (`RunBatch`; a run alone too)."""
+    takes part (`IterationProgram`), else round by round (`RoundProgram`; a run alone too)."""
     if len(sims) > 1 and random_rounds(type(sims[0].algorithm)):
-        return IterationBatch(sims)
-    return RunBatch(sims)
+        return IterationProgram(sims)
+    return RoundProgram(sims)
 
 
-def programs(sims: list[Simulation]) -> list[tuple[list[int], RunBatch]]:
+def programs(sims: list[Simulation]) -> list[tuple[list[int], RoundProgram]]:
     """The programs these simulations run in, each with the indices of its runs, as the planner groups them
     (`fedbench.planning.groups`: one for all of them where they can share one, else one per run)."""
     return [(runs, program([sims[i] for i in runs])) for runs in groups(sims)]

@@ -26,7 +26,7 @@ from fedbench.algorithms.base import Algorithm
 from fedbench.federation import DIVERGENCE_FACTOR, Federation, RoundSampler, aggregation_weights, minibatch_sizes
 from fedbench.problems.base import Problem
 from fedbench.rng import generator
-from fedbench.runs import RunBatch, evaluate_rows, programs
+from fedbench.runs import RoundProgram, evaluate_rows, programs
 
 
 class Simulation:
@@ -57,17 +57,17 @@ class Simulation:
         self.eval_seconds = 0.0
         self.status = "running"
         self.metric_names: list[str] = []
-        self._program: RunBatch | None = None  # `run_round`'s
+        self._program: RoundProgram | None = None  # `run_round`'s
 
     def __iter__(self) -> Iterator[dict[str, float]]:
-        for _, row in RunBatch([self]):
+        for _, row in RoundProgram([self]):
             yield row
 
     def run_round(self) -> None:
         """One round of this run, from its state on `server` and `clients` (where it leaves the new state), by its
         program of one (`fedbench.runs`), kept from one call to the next."""
         if self._program is None:
-            self._program = RunBatch([self])
+            self._program = RoundProgram([self])
         self._program.resume_from_runs()
         self._program.run_round()
         self._program.sync_run(0)
@@ -82,7 +82,7 @@ class Simulation:
 
     def state_dict(self) -> dict[str, Any]:
         """The run's record: its state as it holds it, each stream's state and its counters (a program's
-        checkpoint holds its runs' records, `fedbench.runs.RunBatch.state_dict`)."""
+        checkpoint holds its runs' records, `fedbench.runs.RoundProgram.state_dict`)."""
         return {"server": self.server, "clients": self.clients,
                 "streams": {name: gen.get_state() for name, gen in self.streams().items()},
                 **{name: getattr(self, name) for name in self.RECORD}}

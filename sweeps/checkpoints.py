@@ -1,4 +1,4 @@
-"""Mid-run checkpoints: a program's whole state (`fedbench.runs.RunBatch.state_dict`: its state, each run's record
+"""Mid-run checkpoints: a program's whole state (`fedbench.runs.RoundProgram.state_dict`: its state, each run's record
 with its random streams' states, the schedule's own) and the rows it has yielded, saved every `every_seconds` of
 running or `every_rounds` rounds, whichever comes first, at a safe point between two rounds.
 
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from fedbench.runs import RunBatch
+from fedbench.runs import RoundProgram
 from .recipe import Recipe, Trial, stable_hash
 
 
@@ -75,7 +75,7 @@ class Checkpoint:
         self.index = self.path.with_suffix(".json") if self.path else None
         self._mark(0)
 
-    def restore(self, program: RunBatch) -> dict[str, list] | None:
+    def restore(self, program: RoundProgram) -> dict[str, list] | None:
         """The program as its checkpoint left it, and the rows and training seconds by row it had yielded then
         (`{"rows": [...], "seconds": [...]}`, one list per run); None without a checkpoint."""
         if self.path is None or not self.path.is_file():
@@ -93,12 +93,12 @@ class Checkpoint:
         self.due_time = time.monotonic() + policy.every_seconds if policy.every_seconds > 0 else math.inf
         self.due_round = rounds + policy.every_rounds if policy.every_rounds > 0 else math.inf
 
-    def due(self, program: RunBatch) -> bool:
+    def due(self, program: RoundProgram) -> bool:
         """Whether a checkpoint is due (asked between every two rounds: one clock reading)."""
         return time.monotonic() >= self.due_time or (self.due_round < math.inf
                                                      and program.rounds_progress() >= self.due_round)
 
-    def save(self, program: RunBatch, rows: list[list[dict[str, float]]], seconds: list[list[float]]) -> None:
+    def save(self, program: RoundProgram, rows: list[list[dict[str, float]]], seconds: list[list[float]]) -> None:
         """The program's state and rows so far, written whole then renamed over the previous checkpoint."""
         assert self.path is not None and self.index is not None  # saved only under a policy with a folder
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ import torch
 from fedbench import plugins
 from fedbench.algorithms import ALGORITHMS
 from fedbench.problems import PROBLEMS
-from fedbench.runs import RunBatch, programs
+from fedbench.runs import RoundProgram, programs
 from fedbench.simulate import Simulation
 from .checkpoints import Checkpoint, Policy
 from .recipe import Trial
@@ -70,7 +70,7 @@ class Outcome:
 
 
 OnRow = Callable[[int, dict[str, float], float], None]  # (run index, row, the run's training seconds by then)
-Programs = list[tuple[list[int], RunBatch]]  # `fedbench.runs.programs`: each program with the indices of its runs
+Programs = list[tuple[list[int], RoundProgram]]  # `fedbench.runs.programs`: each program with the indices of its runs
 
 
 def drive(simulation: Simulation, on_row: Callable[[dict[str, float]], None] | None = None) -> Outcome:

@@ -1,4 +1,4 @@
-"""Mid-run checkpoints of the engine's programs (`RunBatch.state_dict`, `IterationBatch.state_dict`): a program
+"""Mid-run checkpoints of the engine's programs (`RoundProgram.state_dict`, `IterationProgram.state_dict`): a program
 stopped at a safe point and rebuilt from its saved state (through `torch.save`, as a checkpoint file holds it)
 yields the rest of its rows bit for bit as the program that never stopped, for every algorithm's batch of seeds and
 for a run alone."""

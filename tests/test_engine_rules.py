@@ -12,7 +12,7 @@ from fedbench.algorithms.base import HParams, Round, ScheduleError
 from fedbench.algorithms.fedavg import FedAvg
 from fedbench.algorithms.scd_pfl import SCDPFL
 from fedbench.oracle import Oracle
-from fedbench.runs import IterationBatch, RunBatch, RunOracle
+from fedbench.runs import IterationProgram, RoundProgram, RunOracle
 from fedbench.simulate import Federation, Simulation
 from helpers import SEEDS, curves_alone, pfl, rows_by_run
 from small_problems import small_lasso
@@ -40,8 +40,8 @@ class DrawsInEveryStep(SCDPFL):
 def test_an_iteration_wise_batch_refuses_what_its_inner_steps_do_not_define(algorithm):
     problem = pfl()
     sims = [Simulation(problem, algorithm(problem), Federation(4, 0, 1, 1), seed) for seed in SEEDS]
-    with pytest.raises(ScheduleError, match="iteration-wise batch's inner steps"):
-        list(IterationBatch(sims))
+    with pytest.raises(ScheduleError, match="iteration-wise program's inner steps"):
+        list(IterationProgram(sims))
     alone = Simulation(problem, algorithm(problem), Federation(4, 0, 1, 1), 0)  # round by round: defined
     assert alone.status == "running" and len(list(alone)) == 1 + 4 // 10 + 1
 
@@ -103,7 +103,7 @@ def test_hyperparameters_arrive_per_run_and_static_values_stay_python():
 
     sims = [Simulation(problem, Recording(problem, client_lr=lr, subgradient=False), federation, seed)
             for seed, lr in ((0, 0.01), (1, 0.02), (2, 0.04))]
-    rows_by_run(RunBatch(sims), 3)
+    rows_by_run(RoundProgram(sims), 3)
     hp = seen[0]
     assert isinstance(hp, HParams)
     assert hp.client_lr.shape == (3, 1, 1) and hp.client_lr.flatten().tolist() == [0.01, 0.02, 0.04]
@@ -115,8 +115,8 @@ def test_hyperparameters_arrive_per_run_and_static_values_stay_python():
 
 
 def test_a_run_alone_is_a_program_of_one():
-    """`Simulation` iterates the same engine as a batch: its rows equal a RunBatch of it alone, bit for bit."""
+    """`Simulation` iterates the same engine as a batch: its rows equal a RoundProgram of it alone, bit for bit."""
     problem, federation = small_lasso(), Federation(6, 3, 2, 5)
     make = lambda: Simulation(problem, fedbench.make_algorithm("fedmid", problem, client_lr=0.01), federation, 4, 2)  # noqa: E731
-    assert list(make()) == rows_by_run(RunBatch([make()]), 1)[0]
+    assert list(make()) == rows_by_run(RoundProgram([make()]), 1)[0]
     assert curves_alone(problem, "fedmid", federation, {"client_lr": 0.01}, [4], eval_every=2)[0] == list(make())

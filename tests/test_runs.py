@@ -5,9 +5,9 @@ Identity, per algorithm written for the run axis (`helpers.CASES`): bit for bit 
 is per run and per client (LSGD-PFL, and FedAvg/FedMiD on these instances), within 1e-12 relative where a server
 average over clients is a batched matrix product against the vector product of a run alone (measured ≤ 2e-15
 after a dozen rounds), 1e-9 where a finite-difference HVP divides those last-bit differences by τ ~ 1e-8 (measured
-~1e-11). Round-synchronous batches (`RunBatch`) for fixed-length rounds; iteration-wise batches
-(`IterationBatch`) for ACD-PFL's, ASCD-PFL's, ASVRCD-PFL's and L2SGD+'s coin-flip rounds. Runs may differ in the
-hyperparameters an algorithm declares `run_hparams` (`MIXED_CASES`); in any other, they run in separate batches
+~1e-11). Round-synchronous programs (`RoundProgram`) for fixed-length rounds; iteration-wise programs
+(`IterationProgram`) for ACD-PFL's, ASCD-PFL's, ASVRCD-PFL's and L2SGD+'s coin-flip rounds. Runs may differ in the
+float hyperparameters (`MIXED_CASES`); in any other, they run in separate programs
 (`why_not_batchable`). Seed 001's pair-score methods run in float32: within 5e-5 (a pAUC moves by one flipped
 near-tied pair). Every shipped algorithm is on the run axis; ASVRCD-PFL only when counting refreshes (else a
 ρ-coin at every iteration decides a full-data refresh inside the batched steps).
@@ -21,7 +21,7 @@ import torch
 
 import fedbench
 from fedbench.algorithms.pfl_rules import rules
-from fedbench.runs import NotBatchable, RunBatch, programs, why_not_batchable
+from fedbench.runs import NotBatchable, RoundProgram, programs, why_not_batchable
 from fedbench.simulate import Federation, Simulation, run_batch, run_seeds
 from helpers import CASES, FLOAT32, PAIRS, SEEDS, SMALL_BATCHES, assert_same, curves_alone, pauc, pfl, rows_by_run
 from small_problems import small_lasso, small_lowrank
@@ -47,7 +47,7 @@ def test_a_batch_run_in_chunks_gives_each_run_its_curve_alone(monkeypatch):
     monkeypatch.setattr(fedbench.runs, "GATHER_BUDGET", 1)  # one run per chunk
     problem = pauc()
     alone = curves_alone(problem, "fedxl2", PAIRS, {"client_lr": 0.5}, SEEDS)
-    batch = RunBatch([Simulation(problem, fedbench.make_algorithm("fedxl2", problem, client_lr=0.5), PAIRS, seed, 3)
+    batch = RoundProgram([Simulation(problem, fedbench.make_algorithm("fedxl2", problem, client_lr=0.5), PAIRS, seed, 3)
                       for seed in SEEDS])
     assert batch.chunk == 1
     assert_same(alone, rows_by_run(batch, len(SEEDS)), FLOAT32)
@@ -95,7 +95,7 @@ MIXED_CASES = {  # algorithm:case -> (problem, fixed hyperparameters, the second
 
 @pytest.mark.parametrize("case", sorted(MIXED_CASES))
 def test_runs_differing_in_seed_and_step_sizes_share_a_batch(case):
-    """Per-run hyperparameters (`Algorithm.run_hparams`): each run of a batch mixing seeds, step sizes and a second
+    """Per-run hyperparameters (every float one): each run of a program mixing seeds, step sizes and a second
     continuous hyperparameter gives its curve alone, the prox thresholds (client η_c, server η_s·η_c(·E)) per run
     too. Run 1's step size is too large: it diverges and leaves the batch, and the per-run values then follow the
     live runs."""
@@ -112,7 +112,7 @@ def test_runs_differing_in_seed_and_step_sizes_share_a_batch(case):
     alone = [list(sim) for sim in alone_sims]
     assert [sim.status for sim in alone_sims] == ["finished", "diverged", "finished", "finished"]
     batch = sims()
-    batched = rows_by_run(RunBatch(batch), len(MIXED))
+    batched = rows_by_run(RoundProgram(batch), len(MIXED))
     assert_same(alone, batched, 1e-12)
     assert [sim.status for sim in batch] == [sim.status for sim in alone_sims]
     assert len({curve[-1]["objective"] for curve in alone}) == len(MIXED)  # the runs really differ
@@ -144,7 +144,7 @@ def test_a_diverging_run_inside_a_batch_leaves_the_others_unchanged():
     alone = [list(sim) for sim in sims()]
     assert len(alone[1]) == 2 < len(alone[0])  # run 1 diverges alone at round 3
     batch = sims()
-    batched = rows_by_run(RunBatch(batch), len(SEEDS))
+    batched = rows_by_run(RoundProgram(batch), len(SEEDS))
     assert_same(alone, batched, 1e-12)
     assert [sim.status for sim in batch] == ["finished", "diverged", "finished", "finished"]
 
@@ -163,7 +163,7 @@ def test_an_svd_failing_in_one_run_fails_that_run_only():
 
     alone = [list(sim) for sim in sims()]
     batch = sims()
-    batched = rows_by_run(RunBatch(batch), len(SEEDS))
+    batched = rows_by_run(RoundProgram(batch), len(SEEDS))
     assert batch[2].status == "diverged" and all(math.isnan(v) for k, v in batched[2][-1].items()
                                                  if k not in ("round", "comm_up", "comm_down", "iterations"))
     assert_same([alone[i] for i in (0, 1, 3)], [batched[i] for i in (0, 1, 3)], 1e-12)
@@ -182,10 +182,10 @@ def test_what_cannot_share_a_batch_is_refused_with_the_reason():
     assert why_not_batchable([sim("pfedme", client_lr=0.1), sim("pfedme", client_lr=0.2)]) is None
     assert why_not_batchable([sim("fedda", client_lr=0.1), sim("fedda", client_lr=0.2)]) is None  # every float
     assert "problem instance" in why_not_batchable([sim(), sim(problem=small_lasso())])
-    blocks = pfl()  # ASVRCD-PFL with a refresh coin at every iteration draws inside an iteration-wise batch's steps
+    blocks = pfl()  # ASVRCD-PFL with a refresh coin at every iteration draws inside an iteration-wise program's steps
     assert "draws inside its rounds' steps" in why_not_batchable([sim("asvrcd_pfl", blocks, count_refresh=False)] * 2)
     with pytest.raises(NotBatchable, match="draws inside its rounds' steps"):
-        RunBatch([sim("asvrcd_pfl", blocks, count_refresh=False)] * 2)
+        RoundProgram([sim("asvrcd_pfl", blocks, count_refresh=False)] * 2)
     assert why_not_batchable([sim("asvrcd_pfl", blocks, count_refresh=False)]) is None  # a run alone is a program
 
 
@@ -214,7 +214,7 @@ def test_runs_whose_non_float_derived_values_differ_do_not_share_a_program():
     assert why_not_batchable(sims([0.1, 0.1 + 1e-12])) is None  # the same derived value: one program
     assert "derived values steps_per_unit" in why_not_batchable(sims([0.1, 0.05]))
     with pytest.raises(NotBatchable, match="steps_per_unit"):
-        RunBatch(sims([0.1, 0.05]))
+        RoundProgram(sims([0.1, 0.05]))
     from sweeps.driving import drive
 
     alone = [drive(sim).rows for sim in sims([0.1, 0.05])]
@@ -333,7 +333,7 @@ def test_a_sweep_batches_the_values_of_a_per_run_hyperparameter(ray_local, tmp_p
 @pytest.mark.parametrize("make", [pfl, lambda: fedbench.make_problem("pfl_images", classes=2, train=10, test=20)],
                          ids=["pfl_synthetic", "pfl_images"])
 def test_block_problems_draw_step_after_step(make):
-    """`draws_by_step`, on which iteration-wise batches rely to draw a run's rows ahead: 7 + 5 + 30 steps drawn
+    """`draws_by_step`, on which iteration-wise programs rely to draw a run's rows ahead: 7 + 5 + 30 steps drawn
     one round after another are the 42 steps drawn at once."""
     problem = make()
     assert problem.draws_by_step
@@ -382,7 +382,7 @@ def test_block_methods_take_per_run_step_sizes_and_probabilities(name):
 
 @pytest.mark.parametrize("name", ["ascd_pfl", "asvrcd_pfl", "l2sgd_plus"])
 def test_rows_drawn_ahead_a_few_iterations_at_a_time(monkeypatch, name):
-    """An iteration-wise batch draws its runs' rows ahead, here 7 iterations at a time: the draws that fall in the
+    """An iteration-wise program draws its runs' rows ahead, here 7 iterations at a time: the draws that fall in the
     middle of rounds still give every run its rows alone."""
     problem, federation = pfl(), Federation(6, 0, 1, 1)
     monkeypatch.setattr(fedbench.runs, "STREAM_BYTES", 8 * problem.num_clients * len(SEEDS) * 7)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fedbench
-from fedbench.runs import RunBatch
+from fedbench.runs import RoundProgram
 from fedbench.simulate import Federation, Simulation
 from helpers import assert_same, rows_by_run
 from small_problems import small_lasso
@@ -84,7 +84,7 @@ def test_scaffold_runs_in_a_batch_give_their_curves_alone(control):
 
     alone = [list(sim) for sim in sims()]
     batch = sims()
-    batched = rows_by_run(RunBatch(batch), len(runs))
+    batched = rows_by_run(RoundProgram(batch), len(runs))
     assert_same(alone, batched, 1e-12)
     assert [sim.status for sim in batch] == ["finished", "diverged", "finished", "finished"]
 

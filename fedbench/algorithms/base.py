@@ -32,7 +32,7 @@ methods too (`fedbench.oracle`); a point with a singleton client axis (`[R, 1, d
 
 Randomness inside a round goes through the round: `rnd.draw(lambda gen: torch.rand(3, generator=gen))` draws on
 each run's own stream of the algorithm (`random_stream`) and stacks the runs' draws on axis 0. What a schedule does
-not define raises (`ScheduleError`): an iteration-wise batch's runs are at different rounds, so its inner steps
+not define raises (`ScheduleError`): an iteration-wise program's runs are at different rounds, so its inner steps
 have no `rnd.index`, `rnd.iteration` or `rnd.step` (only `rnd.is_last_step`, False there), and draw nothing.
 
 Per run and outside the round loop, the algorithm object is one run's configuration: `self.hp` holds its
@@ -112,7 +112,7 @@ class Round:
 
     @property
     def is_last_step(self) -> bool:
-        """Whether this local step ends the round (False in an iteration-wise batch's inner steps)."""
+        """Whether this local step ends the round (False in an iteration-wise program's inner steps)."""
         return self._last
 
     def at(self, step: int) -> Round:
@@ -185,7 +185,7 @@ class Algorithm:
     @classmethod
     def draws_in_steps(cls, hp: Mapping[str, Any]) -> bool:
         """Whether its local steps other than a round's last draw (`rnd.draw`) with these hyperparameters, which an
-        iteration-wise batch does not allow (its runs' steps then run one after another)."""
+        iteration-wise program does not allow (its runs' steps then run one after another)."""
         return False
 
     @classmethod
