@@ -95,14 +95,20 @@ def test_sigkill_then_rerun_completes_the_sweep(tmp_path, tracking_uri, recipe, 
     assert len(parents) == 1 and parents[0].info.status == "FINISHED" and parents[0].data.tags["attempts"] == "2"
 
 
+def started_sweep(tmp_path: Path, tracking_uri: str, recipe: str) -> tuple[list[str], subprocess.Popen]:
+    """`fedbench sweep` of `recipe` started in a session of its own (as a terminal's foreground job), its output
+    piped: the command and the process."""
+    path = tmp_path / "resume.yaml"
+    path.write_text(recipe)
+    command = [sys.executable, "-m", "cli", "sweep", str(path), "--tracking-uri", tracking_uri, "--no-report"]
+    return command, subprocess.Popen(command, cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+
+
 def interrupt_while_running(tmp_path: Path, tracking_uri: str, presses: int) -> tuple[subprocess.CompletedProcess, float]:
     """Ctrl-C (SIGINT to the sweep's process group, as a terminal sends it) `presses` times, 0.5 s apart, once runs
     are going: the sweep's output and the seconds from the first press to its exit."""
-    path = tmp_path / "resume.yaml"
-    path.write_text(RECIPE)
-    command = [sys.executable, "-m", "cli", "sweep", str(path), "--tracking-uri", tracking_uri, "--no-report"]
-    sweep = subprocess.Popen(command, cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+    command, sweep = started_sweep(tmp_path, tracking_uri, RECIPE)
     deadline = time.monotonic() + 180
     while not any(run.info.status == "RUNNING" for run in by_role(tracking_uri, "trial")):
         assert sweep.poll() is None and time.monotonic() < deadline, "no run started"
@@ -154,13 +160,10 @@ def finished_runs(uri: str) -> int:
 
 @pytest.mark.slow
 def test_ctrl_c_while_the_store_catches_up_with_ray_stops_within_seconds(tmp_path, tracking_uri):
-    """Ctrl-C once the store holds 1,000 of 3,000 runs (of 11 rows each, as in issue 44): the sweep stores what Ray has handed over, marks the rest,
-    prints its summary and an interrupted line within ~10 s, and the store holds a run once per (config, seed)."""
-    path = tmp_path / "resume.yaml"
-    path.write_text(MANY)
-    command = [sys.executable, "-m", "cli", "sweep", str(path), "--tracking-uri", tracking_uri, "--no-report"]
-    sweep = subprocess.Popen(command, cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+    """Ctrl-C once the store holds 1,000 of 3,000 runs (of 11 rows each, as in issue 44): the sweep stores what Ray
+    has handed over, marks the rest, prints its summary and an interrupted line within ~10 s, and the store holds a
+    run once per (config, seed)."""
+    _, sweep = started_sweep(tmp_path, tracking_uri, MANY)
     deadline = time.monotonic() + 300
     try:
         while finished_runs(tracking_uri) < 1000:  # a query: MLflow's search of thousands of runs takes seconds
