@@ -28,16 +28,16 @@ class Deviation:
 
 
 DEVIATIONS: dict[str, Deviation] = {
-    # -- Bao, Crawshaw, Luo, Liu, ICML 2022 (spec 002) --------------------------------------------------------
+    # -- Bao, Crawshaw, Luo, Liu, ICML 2022 --------------------------------------------------------------------
     "bao2022-lasso-fedmid-support": Deviation(
         paper="bao2022", figure="Figure 1 (federated Lasso)",
         claim="FedMiD fails to recover the Lasso's support",
         reports="FedMiD's support recovery (F1) stays below the proposed methods'",
         measured={"FedMiD's final F1": 1.0}, unit="", tolerance=0.01,
         test="tests/test_paper_size.py::test_full_size_lasso_proposed_methods_reach_l2_one_sooner",
-        why="FedMiD's F1 reaches 1 on every seed, as spec 002 notes of the authors' released code; the proposed "
+        why="FedMiD's F1 reaches 1 on every seed, as the authors' released code also gives; the proposed "
             "methods still reach ℓ2 error 1 at least 20% sooner"),
-    # -- Guo, Jin, Luo, Yang, ICML 2023 (spec 001) ------------------------------------------------------------
+    # -- Guo, Jin, Luo, Yang, ICML 2023 ------------------------------------------------------------------------
     "guo2023-noisy-labels-codasca": Deviation(
         paper="guo2023", figure="Table 3 (20% flipped labels)",
         claim="FeDXL1 on the symmetric PSM loss is above CODASCA",
@@ -54,7 +54,7 @@ DEVIATIONS: dict[str, Deviation] = {
         test="tests/test_paper_size.py::test_femnist_pauc_fedxl2_beats_ce_and_codasca",
         why="a short budget (50 rounds, every curve still rising); FeDXL2 is above Local SGD (CE) and CODASCA and "
             "at least Local Pair's"),
-    # -- pFedFBE, ICLR 2023 submission (spec 000) --------------------------------------------------------------
+    # -- pFedFBE, ICLR 2023 submission --------------------------------------------------------------------------
     "pfedfbe-lasso1-feddual": Deviation(
         paper="pfedfbe", figure="Lasso setting I",
         claim="FedDual (FedDA) clearly worse than Fedmirror (FedMiD)",
@@ -71,8 +71,8 @@ DEVIATIONS: dict[str, Deviation] = {
         tolerance=0.05,
         test="tests/test_paper_pfedfbe.py::test_lasso_setting_two_personalized_parameters",
         why="one prox-gradient step of size 1/λ from the global model keeps the 8 shared coordinates and misses "
-            "the 2 client-specific ones (nor in spec 000's pre-check); its F1 stays below Fedmirror's global one "
-            "(0.79 against 0.89)"),
+            "the 2 client-specific ones (nor in an independent re-computation); its F1 stays below Fedmirror's "
+            "global one (0.79 against 0.89)"),
     "pfedfbe-matrix-rank": Deviation(
         paper="pfedfbe", figure="Matrix completion (personalized truths)",
         claim="only pFedFBE's personalized matrices reach the true rank 5, with the lowest recovery error",
@@ -91,7 +91,7 @@ DEVIATIONS: dict[str, Deviation] = {
         test="tests/test_paper_pfedfbe.py::test_digits_personalized_accuracy_above_global",
         why="with λ = 200 its personal step of size 1/λ barely moves the global model (0.749 against 0.741), and "
             "at the paper's step its global model trails the baselines tuned to a larger one"),
-    # -- Fallah, Mokhtari, Ozdaglar, NeurIPS 2020 (spec 004): adapted accuracy, %, paired over the seeds --------
+    # -- Fallah, Mokhtari, Ozdaglar, NeurIPS 2020: adapted accuracy, %, paired over the seeds -------------------
     "fallah2020-m2-raw-tie": Deviation(
         paper="fallah2020", figure="Table 1 row M2 (τ = 4, α = 0.01), raw pixels",
         claim="O1: HF above FedAvg + update beyond the CI; O2: HF ≥ FO",
@@ -119,7 +119,7 @@ DEVIATIONS: dict[str, Deviation] = {
             "every method lands above the majority-label baseline (50 %) and the three tie"),
     "fallah2020-c2-fo-above-fedavg": Deviation(
         paper="fallah2020", figure="Table 1 row C2 (CIFAR-10, τ = 4, α = 0.001)",
-        claim="FO below FedAvg + update (spec 004 §4.2, claim 6)",
+        claim="FO below FedAvg + update (Fallah et al. 2020, Table 1)",
         reports="FO 34.04 against FedAvg + update 38.38",
         measured={"FO − FedAvg + update": 3.37}, unit="points", tolerance=2.5,
         test="tests/test_paper_perfedavg.py::test_c2_hf_beats_fo_beats_fedavg_on_every_seed_near_the_paper",
@@ -143,7 +143,7 @@ DEVIATIONS: dict[str, Deviation] = {
         tolerance=4.0,
         test="tests/test_paper_perfedavg.py::test_a_larger_alpha_lifts_fo_where_the_paper_has_it_fall",
         why="the larger step puts C3 in the label-prior regime of C1 and C4: every method rises"),
-    # -- Hanzely, Zhao, Kolar (spec 003) ----------------------------------------------------------------------
+    # -- Hanzely, Zhao, Kolar ----------------------------------------------------------------------------------
     "hanzely2023-s1-early-asvrcd": Deviation(
         paper="hanzely2023", figure="Figure 1 / §7.1 item 3 (S1, MX2)",
         claim="ASCD below ASVRCD at r = 10 and r = 50 for every σ_h",

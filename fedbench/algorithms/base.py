@@ -233,8 +233,11 @@ class Algorithm:
 
     def client_final(self, local: State, rnd: Round, hp: HParams) -> tuple[State, State]:
         """(message, rows): the declared uploads (and replicated entries), and the kept per-client state."""
-        sent = [upload.name for upload in self.uploads] + list(self.replicated)
-        return {name: local[name] for name in sent}, {name: local[name] for name in self.keeps}
+        return {name: local[name] for name in self.message_names()}, {name: local[name] for name in self.keeps}
+
+    def message_names(self) -> list[str]:
+        """The entries of a round's message: the declared uploads, then the replicated entries."""
+        return [upload.name for upload in self.uploads] + list(self.replicated)
 
     def server_update(self, server: State, message: State, weights: Tensor, rnd: Round, hp: HParams) -> State:
         raise NotImplementedError
@@ -255,8 +258,7 @@ def upload_floats(algorithm: Algorithm, message: State) -> int:
     """Floats one client sends: the sizes of the declared uploads beyond the run and client axes (a `[R, 1, ...]`
     entry, one value every device holds after an all-reduce, is each device's share of that size). A message
     whose entries are not the declared `uploads` and `replicated` is refused: what is counted is what is sent."""
-    declared = [upload.name for upload in algorithm.uploads] + list(algorithm.replicated)
-    if message.keys() != set(declared):
+    if message.keys() != set(algorithm.message_names()):
         raise MessageError(f"{algorithm.name}: client_final sent {sorted(message)}, but the algorithm declares "
                            f"uploads {[upload.name for upload in algorithm.uploads]}"
                            + (f" and replicated {list(algorithm.replicated)}" if algorithm.replicated else "")
