@@ -34,14 +34,14 @@ def over_runs(method: Method) -> Method:
         *points, clients = args
         if clients.dim() == 1 and all(point.dim() < 3 for point in points):
             return method(problem, *points, clients)
-        runs = clients.shape[0] if clients.dim() == 2 else next(point.shape[0] for point in points if point.dim() == 3)
-        clients = clients.expand(runs, -1)
-        count = clients.shape[1]
-        result = method(problem, *(point.expand(runs, count, *point.shape[2:]).flatten(0, 1) for point in points),
-                        clients.flatten())
+        run_count = clients.shape[0] if clients.dim() == 2 else next(p.shape[0] for p in points if p.dim() == 3)
+        clients = clients.expand(run_count, -1)
+        client_count = clients.shape[1]
+        result = method(problem, *(point.expand(run_count, client_count, *point.shape[2:]).flatten(0, 1)
+                                   for point in points), clients.flatten())
 
         def unfolded(value: Tensor) -> Tensor:
-            return value.view(runs, count, *value.shape[1:])
+            return value.view(run_count, client_count, *value.shape[1:])
 
         return tuple(map(unfolded, result)) if isinstance(result, tuple) else unfolded(result)
 

@@ -131,6 +131,24 @@ def _rows_replaced(held: Tensor, runs: Tensor, values: Tensor) -> Tensor:
     return held.index_copy(0, runs, values)
 
 
+def _failing_alone(units: list[int], together: Callable[[], None], alone: Callable[[int], None]) -> list[int]:
+    """`together()`, the runs `units` in one computation; where an SVD raised there (LinAlgError: an iterate that
+    overflowed), `alone(unit)` for each of them, from the same state on the same draws, so that only the runs failing
+    alone fail. The failing ones are returned. Both schedules replay so: neither computation writes anything before
+    all it computes has succeeded."""
+    try:
+        together()
+        return []
+    except torch.linalg.LinAlgError:
+        failed = []
+        for unit in units:
+            try:
+                alone(unit)
+            except torch.linalg.LinAlgError:
+                failed.append(unit)
+        return failed
+
+
 def _stacked(tensors: list[Tensor]) -> Tensor:
     """The runs' tensors on a new leading run axis (a view for one run)."""
     return tensors[0].unsqueeze(0) if len(tensors) == 1 else torch.stack(tensors)
@@ -144,14 +162,14 @@ class RunOracle:
     which every oracle has and every local step calls, take a shorter path to the same result (the generic one
     costs ~8 µs a call, ~10% of a Lasso step at p = 1024)."""
 
-    def __init__(self, inner, runs: int, clients: int):
-        self.inner, self.runs, self.clients = inner, runs, clients
+    def __init__(self, inner, count: int, clients: int):
+        self.inner, self.count, self.clients = inner, count, clients  # R runs of S clients
 
     def _fold(self, x: Any) -> Any:
         if isinstance(x, Tensor):
-            if x.dim() >= 2 and x.shape[0] == self.runs:
+            if x.dim() >= 2 and x.shape[0] == self.count:
                 if x.shape[1] == 1 and self.clients > 1:
-                    x = x.expand(self.runs, self.clients, *x.shape[2:])
+                    x = x.expand(self.count, self.clients, *x.shape[2:])
                 return x.flatten(0, 1)
             return x
         if callable(x):
@@ -160,7 +178,7 @@ class RunOracle:
 
     def _unfold(self, x: Any) -> Any:
         if isinstance(x, Tensor):
-            return x.view(self.runs, -1, *x.shape[1:])
+            return x.view(self.count, -1, *x.shape[1:])
         if isinstance(x, tuple):
             return tuple([self._unfold(item) for item in x])
         return x
@@ -169,16 +187,16 @@ class RunOracle:
         value = getattr(self.inner, name)
         if not callable(value):
             return self._unfold(value)
-        runs, clients, fold, unfold = self.runs, self.clients, self._fold, self._unfold
+        count, clients, fold, unfold = self.count, self.clients, self._fold, self._unfold
 
         def lifted(*args, **kwargs):
             # `_fold` and `_unfold` inline for the usual arguments (`[R, S, ...]` tensors, and points `[R, 1, ...]`
             # a run's clients share), flags, and the usual answer (a tuple of tensors): this runs at every step
             folded = []
             for a in args:
-                if isinstance(a, Tensor) and a.dim() >= 2 and a.shape[0] == runs:
+                if isinstance(a, Tensor) and a.dim() >= 2 and a.shape[0] == count:
                     if a.shape[1] == 1 and clients > 1:
-                        a = a.expand(runs, clients, *a.shape[2:])
+                        a = a.expand(count, clients, *a.shape[2:])
                     folded.append(a.flatten(0, 1))
                 else:
                     folded.append(fold(a))
@@ -186,18 +204,18 @@ class RunOracle:
                 kwargs = {k: v if isinstance(v, (bool, int, float)) else fold(v) for k, v in kwargs.items()}
             out = value(*folded, **kwargs)
             if isinstance(out, tuple):
-                return tuple([a.view(runs, -1, *a.shape[1:]) if isinstance(a, Tensor) else unfold(a) for a in out])
+                return tuple([a.view(count, -1, *a.shape[1:]) if isinstance(a, Tensor) else unfold(a) for a in out])
             return unfold(out)
         self.__dict__[name] = lifted  # the next call of this oracle's method (ASVRCD makes two a step) skips the lookup
         return lifted
 
     def _point(self, w: Tensor) -> Tensor:
         if w.shape[1] != self.clients:
-            w = w.expand(self.runs, self.clients, *w.shape[2:])
+            w = w.expand(self.count, self.clients, *w.shape[2:])
         return w.flatten(0, 1)
 
     def loss(self, w: Tensor) -> Tensor:
-        return self.inner.loss(self._point(w)).view(self.runs, self.clients)
+        return self.inner.loss(self._point(w)).view(self.count, self.clients)
 
     def grad(self, w: Tensor) -> Tensor:
         point = w.flatten(0, 1) if w.shape[1] == self.clients else self._point(w)
@@ -271,8 +289,8 @@ class RoundProgram:
         `[..., R·S, b]`."""
         return rows if self.problem.oracles_take_runs else {k: v.flatten(-3, -2) for k, v in rows.items()}
 
-    def _batches(self, rows: dict[str, Tensor], runs: int, clients: int, noise) -> Batches:
-        """The oracles of one local step of `runs` runs of `clients` clients each, on their rows of each drawn
+    def _batches(self, rows: dict[str, Tensor], count: int, clients: int, noise) -> Batches:
+        """The oracles of one local step of `count` runs of `clients` clients each, on their rows of each drawn
         minibatch (`_layout`) with their minibatch noise (`_noise`): the problem's oracles themselves where they take
         the run axis, else lifted over it (`RunOracle`)."""
         oracles = step_oracles(self.problem, self.minibatches, rows, noise)
@@ -280,7 +298,7 @@ class RoundProgram:
             return Batches(oracles)
         lifted: dict[str, RunOracle] = {}
         for mb in self.minibatches:  # a batch `same_as` another shares its lifted oracle too
-            lifted[mb.name] = lifted[mb.same_as] if mb.same_as else RunOracle(oracles[mb.name], runs, clients)
+            lifted[mb.name] = lifted[mb.same_as] if mb.same_as else RunOracle(oracles[mb.name], count, clients)
         return Batches(lifted)  # type: ignore[arg-type]  # a RunOracle answers as the Oracle it lifts
 
     def _noise(self, ids: list[int]):
@@ -331,14 +349,8 @@ class RoundProgram:
         failed = []
         for first in range(0, len(self.live), self.chunk):
             positions = list(range(first, min(first + self.chunk, len(self.live))))
-            try:
-                self._advance(draws, positions, start)
-            except torch.linalg.LinAlgError:
-                for position in positions:
-                    try:
-                        self._advance(draws, [position], start)
-                    except torch.linalg.LinAlgError:
-                        failed.append(self.live[position])
+            failed += [self.live[p] for p in _failing_alone(positions, lambda: self._advance(draws, positions, start),
+                                                            lambda p: self._advance(draws, [p], start))]
         for i in self.live:
             self.sims[i].count_round(self._uploaded, down, draws[2])
         self.rounds_done += 1
@@ -348,17 +360,17 @@ class RoundProgram:
         """The round of the live runs at `positions` (indices into `self.live`) on their draws, from their state in
         `start` (server, clients) at the round's beginning."""
         clients, rows, steps = draws
-        algorithm, runs = self.algorithm, len(positions)
-        if runs < len(self.live):
+        algorithm, count = self.algorithm, len(positions)
+        if count < len(self.live):
             chosen = torch.tensor(positions, device=self.device)
             clients = clients[chosen]
             rows = {k: v[:, chosen] for k, v in rows.items()}
         ids = [self.live[p] for p in positions]
-        whole = runs == len(self.sims)
+        whole = count == len(self.sims)
         live = None if whole else torch.tensor(ids, device=self.device)
         server = start[0] if whole else {k: v.index_select(0, live) for k, v in start[0].items()}
         state = start[1] if whole else {k: v.index_select(0, live) for k, v in start[1].items()}
-        run_index = torch.arange(runs, device=self.device)[:, None] if state and not self.everyone else None
+        run_index = torch.arange(count, device=self.device)[:, None] if state and not self.everyone else None
         gathered = state if run_index is None else {k: v[run_index, clients] for k, v in state.items()}
         hp = self._hp_of(ids, live)
         sim = self.sims[ids[0]]
@@ -370,7 +382,7 @@ class RoundProgram:
         # the next gather the block still in cache (a Lasso step at p = 1024 gathers 800 KB; its gathers took ~10%
         # longer otherwise)
         for step, step_rows in enumerate(zip(*[v.unbind(0) for v in self._layout(rows).values()])):
-            local = algorithm.client_step(local, self._batches(dict(zip(names, step_rows)), runs, sampled, noise),
+            local = algorithm.client_step(local, self._batches(dict(zip(names, step_rows)), count, sampled, noise),
                                           rnd.at(step), hp)
         message, updated = algorithm.client_final(local, rnd, hp)
         server = algorithm.server_update(server, message, self._weights(clients), rnd, hp)
@@ -446,6 +458,16 @@ class RoundProgram:
                 self._stop(i, "diverged")
         return list(due.items())
 
+    def _rows_failed(self, failed: list[int]) -> list[tuple[int, dict[str, float]]]:
+        """The runs `failed`, whose computation failed alone (`_failing_alone`), end diverged, each with a row of
+        NaN metrics. Both schedules keep their books here."""
+        rows = []
+        for i in failed:
+            self.sync_run(i)
+            rows.append((i, self.sims[i].evaluate(failed=True)))
+            self._stop(i, "diverged")
+        return rows
+
     def _stop(self, i: int, status: str) -> None:
         """Run i ends: its state stays on its Simulation (copied out of the batch), and it leaves the batch."""
         sim = self.sims[i]
@@ -465,12 +487,7 @@ class RoundProgram:
         self._charge(time.perf_counter() - start)
         for i in self.live:  # charged every round: a caller of `run_round` reads its run's seconds
             self._settle(i)
-        rows = []
-        for i in failed:
-            self.sync_run(i)
-            rows.append((i, self.sims[i].evaluate(failed=True)))
-            self._stop(i, "diverged")
-        return rows + self._rows_due(list(self.live))
+        return self._rows_failed(failed) + self._rows_due(list(self.live))
 
     def _start(self) -> Iterator[tuple[int, dict[str, float]]]:
         """The rows at the start (their objective is each run's divergence reference); none on a resumed program."""
@@ -571,26 +588,48 @@ class IterationProgram(RoundProgram):
                 self.local[key] = value.new_zeros(len(self.sims), *value.shape[1:])
             self.local[key].index_copy_(0, runs, value)
 
-    def _end_rounds(self, ending: list[int], rows: dict[str, Tensor]) -> None:
+    def _end_rounds(self, ending: list[int], rows: dict[str, Tensor]) -> list[int]:
         """The last local step, client_final and server_update of the runs in `ending`: together, or one run at a
-        time for algorithms that branch on their draws there."""
+        time for algorithms that branch on their draws there. The runs whose round failed alone are returned."""
         groups = [[i] for i in ending] if self.algorithm.draws_at_round_end else [ending]
+        failed = []
         for group in groups:
-            runs = torch.tensor(group, device=self.device)
-            hp = self._hp_of(group, runs)
-            local, server = _rows(self.local, group, runs), _rows(self.server, group, runs)
-            rnd = self._round(group, ending=True)
-            oracles = self._batches(self._layout(_rows(rows, group, runs)), len(group), len(self.clients_all),
-                                    self._noise(group))
-            local = self.algorithm.client_step(local, oracles, rnd, hp)
-            message, updated = self.algorithm.client_final(local, rnd, hp)
-            server = self.algorithm.server_update(server, message, self._weights(rnd.clients), rnd, hp)
-            _write_rows(self.server, server, group, runs)
-            _write_rows(self.clients, updated, group, runs)
-            up = len(self.clients_all) * upload_floats(self.algorithm, message)
-            down = self._downloaded(len(self.clients_all))
-            for i in group:
-                self.sims[i].count_round(up, down, self.length[i])
+            failed += _failing_alone(group, lambda: self._end_round(group, rows), lambda i: self._end_round([i], rows))
+        return failed
+
+    def _end_round(self, group: list[int], rows: dict[str, Tensor]) -> None:
+        runs = torch.tensor(group, device=self.device)
+        hp = self._hp_of(group, runs)
+        local, server = _rows(self.local, group, runs), _rows(self.server, group, runs)
+        rnd = self._round(group, ending=True)
+        oracles = self._batches(self._layout(_rows(rows, group, runs)), len(group), len(self.clients_all),
+                                self._noise(group))
+        local = self.algorithm.client_step(local, oracles, rnd, hp)
+        message, updated = self.algorithm.client_final(local, rnd, hp)
+        server = self.algorithm.server_update(server, message, self._weights(rnd.clients), rnd, hp)
+        _write_rows(self.server, server, group, runs)
+        _write_rows(self.clients, updated, group, runs)
+        up = len(self.clients_all) * upload_floats(self.algorithm, message)
+        down = self._downloaded(len(self.clients_all))
+        for i in group:
+            self.sims[i].count_round(up, down, self.length[i])
+
+    def _inner_steps(self, stepping: list[int], rows: dict[str, Tensor]) -> list[int]:
+        """A local step of the runs `stepping`, in the middle of their rounds: every row of the batch at once (the
+        steps of the other rows are wasted, cheaper than selecting the stepping ones), replayed on each run's own
+        rows where an SVD failed. The runs whose step failed alone are returned."""
+        def every_row() -> None:
+            batches = self._batches(self._layout(rows), len(self.sims), len(self.clients_all), self.noise)
+            self.local = self.algorithm.client_step(self.local, batches, self.inside, self.hp)
+
+        def one_run(i: int) -> None:
+            run = torch.tensor([i], device=self.device)
+            batches = self._batches(self._layout(_rows(rows, [i], run)), 1, len(self.clients_all), self._noise([i]))
+            inside = Round(self.clients_all.expand(1, -1), where=self.INSIDE)
+            local = self.algorithm.client_step(_rows(self.local, [i], run), batches, inside, self._hp_of([i], run))
+            _write_rows(self.local, local, [i], run)
+
+        return _failing_alone(stepping, every_row, one_run)
 
     def _stop(self, i: int, status: str) -> None:
         """As `RoundProgram._stop`; the run's rows then take a live run's values, so that the batch, which steps every
@@ -633,15 +672,16 @@ class IterationProgram(RoundProgram):
             self.share += (time.perf_counter() - start) / len(self.live)
         while self.live:
             start = time.perf_counter()
-            ending = self.ends.pop(self.iteration, [])
+            ending = [i for i in self.ends.pop(self.iteration, []) if i in self.live]
             rows = self._step_rows()
-            if ending:
-                self._end_rounds(ending, rows)
-            if len(ending) < len(self.live):
-                batches = self._batches(self._layout(rows), len(self.sims), len(self.clients_all), self.noise)
-                self.local = self.algorithm.client_step(self.local, batches, self.inside, self.hp)
+            failed = self._end_rounds(ending, rows) if ending else []
+            stepping = [i for i in self.live if i not in ending]
+            if stepping:
+                failed += self._inner_steps(stepping, rows)
             self.iteration += 1
             self._charge(time.perf_counter() - start)
+            yield from self._rows_failed(sorted(failed))
+            ending = [i for i in ending if i in self.live]
             yield from self._rows_due(ending)
             for i in [i for i in ending if i in self.live and self.sims[i].rounds_done == self.federation.rounds]:
                 self._stop(i, "finished")

@@ -79,7 +79,7 @@ def test_any_oracle_method_is_lifted_over_runs():
         def through(self, w, f):
             return f(w * 2)
 
-    lifted = RunOracle(Richer(None, None), runs=2, clients=3)
+    lifted = RunOracle(Richer(None, None), count=2, clients=3)
     w = torch.arange(2 * 3 * 5, dtype=torch.float64).view(2, 3, 5)
     shift = torch.ones(2, 1, 5)
     plus, total = lifted.shifted(w, shift)

@@ -21,7 +21,8 @@ import torch
 
 import fedbench
 from fedbench.algorithms.pfl_rules import rules
-from fedbench.runs import NotBatchable, RoundProgram, programs, why_not_batchable
+from fedbench.algorithms.l2sgd_plus import L2SGDPlus
+from fedbench.runs import IterationProgram, NotBatchable, RoundProgram, programs, why_not_batchable
 from fedbench.simulate import Federation, Simulation, run_batch, run_seeds
 from helpers import CASES, FLOAT32, PAIRS, SEEDS, SMALL_BATCHES, assert_same, curves_alone, pauc, pfl, rows_by_run
 from small_problems import small_lasso, small_lowrank
@@ -166,6 +167,38 @@ def test_an_svd_failing_in_one_run_fails_that_run_only():
     batched = rows_by_run(RoundProgram(batch), len(SEEDS))
     assert batch[2].status == "diverged" and all(math.isnan(v) for k, v in batched[2][-1].items()
                                                  if k not in ("round", "comm_up", "comm_down", "iterations"))
+    assert_same([alone[i] for i in (0, 1, 3)], [batched[i] for i in (0, 1, 3)], 1e-12)
+
+
+class SvdCheckedL2SGD(L2SGDPlus):
+    """L2SGD+ whose local step first takes an SVD of each run's device models `[M, d]` (as a nuclear prox on them
+    would): it raises LinAlgError on a run whose models are not finite."""
+
+    def client_step(self, local, batches, rnd, hp):
+        torch.linalg.svdvals(local["x"])
+        return super().client_step(local, batches, rnd, hp)
+
+
+def test_an_svd_failing_in_one_run_of_an_iteration_wise_program_fails_that_run_only():
+    """As above, for coin-flip rounds advanced iteration by iteration (`IterationProgram`): run 2's models are not
+    finite, so the batched local step raises; the step is replayed run by run on the same rows: run 2 ends diverged
+    with a NaN row, the others go on exactly as alone."""
+    problem, federation = pfl(), Federation(8, 0, 1, 1)
+
+    def sims():
+        made = [Simulation(problem, SvdCheckedL2SGD(problem), federation, seed, 2) for seed in SEEDS]
+        made[2].clients["x"] = torch.full_like(made[2].clients["x"], math.inf)
+        return made
+
+    alone_sims = sims()
+    alone = [list(sim) for sim in alone_sims]
+    assert [sim.status for sim in alone_sims] == ["finished", "finished", "diverged", "finished"]
+    [(_, program)] = programs(batch := sims())
+    assert isinstance(program, IterationProgram)
+    batched = rows_by_run(program, len(SEEDS))
+    assert [sim.status for sim in batch] == ["finished", "finished", "diverged", "finished"]
+    assert all(math.isnan(v) for k, v in batched[2][-1].items() if k not in ("round", "comm_up", "comm_down",
+                                                                            "iterations"))
     assert_same([alone[i] for i in (0, 1, 3)], [batched[i] for i in (0, 1, 3)], 1e-12)
 
 

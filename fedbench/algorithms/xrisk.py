@@ -118,7 +118,7 @@ class StaleScores(Algorithm):
 
     def open_round(self, server: State, rnd) -> dict[str, Any]:
         """Empty score records `[R, S, 0]`, and the pools `[R, 1, P]` the clients received."""
-        empty = server["w"].new_zeros(*rnd.clients.shape, 0)
+        empty = server["w"].new_zeros(rnd.clients.shape + (0,))
         records = {"h_pos": empty, "h_neg": empty, **({"u_pos": empty} if self.with_u else {})}
         return {**records, "pools": {k: v for k, v in server.items() if k.startswith("pool_")}}
 
