@@ -131,22 +131,17 @@ def _rows_replaced(held: Tensor, runs: Tensor, values: Tensor) -> Tensor:
     return held.index_copy(0, runs, values)
 
 
-def _failing_alone(units: list[int], together: Callable[[], None], alone: Callable[[int], None]) -> list[int]:
-    """`together()`, the runs `units` in one computation; where an SVD raised there (LinAlgError: an iterate that
-    overflowed), `alone(unit)` for each of them, from the same state on the same draws, so that only the runs failing
-    alone fail. The failing ones are returned. Both schedules replay so: neither computation writes anything before
-    all it computes has succeeded."""
-    try:
-        together()
-        return []
-    except torch.linalg.LinAlgError:
-        failed = []
-        for unit in units:
-            try:
-                alone(unit)
-            except torch.linalg.LinAlgError:
-                failed.append(unit)
-        return failed
+def _failing_alone(units: list[int], alone: Callable[[int], None]) -> list[int]:
+    """After a computation of the runs `units` together raised LinAlgError (an SVD of an iterate that overflowed):
+    `alone(unit)` for each of them, from the same state on the same draws, so that only the runs failing alone fail;
+    those are returned. Both schedules replay so; neither writes anything before all it computes has succeeded."""
+    failed = []
+    for unit in units:
+        try:
+            alone(unit)
+        except torch.linalg.LinAlgError:
+            failed.append(unit)
+    return failed
 
 
 def _stacked(tensors: list[Tensor]) -> Tensor:
@@ -349,8 +344,10 @@ class RoundProgram:
         failed = []
         for first in range(0, len(self.live), self.chunk):
             positions = list(range(first, min(first + self.chunk, len(self.live))))
-            failed += [self.live[p] for p in _failing_alone(positions, lambda: self._advance(draws, positions, start),
-                                                            lambda p: self._advance(draws, [p], start))]
+            try:
+                self._advance(draws, positions, start)
+            except torch.linalg.LinAlgError:
+                failed += [self.live[p] for p in _failing_alone(positions, lambda p: self._advance(draws, [p], start))]
         for i in self.live:
             self.sims[i].count_round(self._uploaded, down, draws[2])
         self.rounds_done += 1
@@ -594,7 +591,10 @@ class IterationProgram(RoundProgram):
         groups = [[i] for i in ending] if self.algorithm.draws_at_round_end else [ending]
         failed = []
         for group in groups:
-            failed += _failing_alone(group, lambda: self._end_round(group, rows), lambda i: self._end_round([i], rows))
+            try:
+                self._end_round(group, rows)
+            except torch.linalg.LinAlgError:
+                failed += _failing_alone(group, lambda i: self._end_round([i], rows))
         return failed
 
     def _end_round(self, group: list[int], rows: dict[str, Tensor]) -> None:
@@ -614,27 +614,27 @@ class IterationProgram(RoundProgram):
         for i in group:
             self.sims[i].count_round(up, down, self.length[i])
 
-    def _inner_steps(self, stepping: list[int], rows: dict[str, Tensor]) -> list[int]:
-        """A local step of the runs `stepping`, in the middle of their rounds: every row of the batch at once (the
-        steps of the other rows are wasted, cheaper than selecting the stepping ones), replayed on each run's own
-        rows where an SVD failed. The runs whose step failed alone are returned."""
-        def every_row() -> None:
-            batches = self._batches(self._layout(rows), len(self.sims), len(self.clients_all), self.noise)
-            self.local = self.algorithm.client_step(self.local, batches, self.inside, self.hp)
+    def _step_every_row(self, rows: dict[str, Tensor]) -> None:
+        """A local step of every row of the batch, in the middle of its run's round: the steps of the rows of runs that
+        have just ended their round or stopped are wasted, cheaper than selecting the others."""
+        batches = self._batches(self._layout(rows), len(self.sims), len(self.clients_all), self.noise)
+        self.local = self.algorithm.client_step(self.local, batches, self.inside, self.hp)
 
-        def one_run(i: int) -> None:
-            run = torch.tensor([i], device=self.device)
-            batches = self._batches(self._layout(_rows(rows, [i], run)), 1, len(self.clients_all), self._noise([i]))
-            inside = Round(self.clients_all.expand(1, -1), where=self.INSIDE)
-            local = self.algorithm.client_step(_rows(self.local, [i], run), batches, inside, self._hp_of([i], run))
-            _write_rows(self.local, local, [i], run)
-
-        return _failing_alone(stepping, every_row, one_run)
+    def _step_run(self, i: int, rows: dict[str, Tensor]) -> None:
+        """Run i's local step alone, on its own rows (a replay after `_step_every_row` failed)."""
+        run = torch.tensor([i], device=self.device)
+        batches = self._batches(self._layout(_rows(rows, [i], run)), 1, len(self.clients_all), self._noise([i]))
+        inside = Round(self.clients_all.expand(1, -1), where=self.INSIDE)
+        local = self.algorithm.client_step(_rows(self.local, [i], run), batches, inside, self._hp_of([i], run))
+        _write_rows(self.local, local, [i], run)
 
     def _stop(self, i: int, status: str) -> None:
         """As `RoundProgram._stop`; the run's rows then take a live run's values, so that the batch, which steps every
         row, stays finite whatever the stopped run's iterate was."""
         super()._stop(i, status)
+        for runs in self.ends.values():  # a run that failed in mid-round ends no round
+            if i in runs:
+                runs.remove(i)
         if self.live:
             donor = self.live[0]
             for state in (self.local, self.server, self.clients):
@@ -672,17 +672,22 @@ class IterationProgram(RoundProgram):
             self.share += (time.perf_counter() - start) / len(self.live)
         while self.live:
             start = time.perf_counter()
-            ending = [i for i in self.ends.pop(self.iteration, []) if i in self.live]
+            ending = self.ends.pop(self.iteration, [])
             rows = self._step_rows()
             failed = self._end_rounds(ending, rows) if ending else []
-            stepping = [i for i in self.live if i not in ending]
-            if stepping:
-                failed += self._inner_steps(stepping, rows)
+            if len(ending) < len(self.live):
+                try:
+                    self._step_every_row(rows)
+                except torch.linalg.LinAlgError:
+                    stepping = [i for i in self.live if i not in ending]
+                    failed += _failing_alone(stepping, lambda i: self._step_run(i, rows))
             self.iteration += 1
             self._charge(time.perf_counter() - start)
-            yield from self._rows_failed(sorted(failed))
-            ending = [i for i in ending if i in self.live]
-            yield from self._rows_due(ending)
+            if failed:
+                yield from self._rows_failed(sorted(failed))
+                ending = [i for i in ending if i in self.live]
+            if ending:
+                yield from self._rows_due(ending)
             for i in [i for i in ending if i in self.live and self.sims[i].rounds_done == self.federation.rounds]:
                 self._stop(i, "finished")
             opening = [i for i in ending if i in self.live]

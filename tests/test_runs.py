@@ -20,8 +20,8 @@ import pytest
 import torch
 
 import fedbench
-from fedbench.algorithms.pfl_rules import rules
 from fedbench.algorithms.l2sgd_plus import L2SGDPlus
+from fedbench.algorithms.pfl_rules import rules
 from fedbench.runs import IterationProgram, NotBatchable, RoundProgram, programs, why_not_batchable
 from fedbench.simulate import Federation, Simulation, run_batch, run_seeds
 from helpers import CASES, FLOAT32, PAIRS, SEEDS, SMALL_BATCHES, assert_same, curves_alone, pauc, pfl, rows_by_run
