@@ -6,6 +6,7 @@ validation messages and the Optuna search space all read the same declaration. `
 """
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
@@ -32,6 +33,23 @@ class Param:
     # display names of a choice's values as the papers write them, (value, name) pairs: how a report names a
     # configuration that differs in this choice (Per-FedAvg's variant hf: "Per-FedAvg (HF)")
     labels: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        """A declaration that could not check a value is refused where it is written (a plugin's misspelled kind
+        was otherwise checked as a float, silently)."""
+        def refuse(what: str) -> None:
+            raise ValueError(f"Param {self.name!r}: {what}")
+        if self.kind not in KINDS:
+            near = difflib.get_close_matches(str(self.kind), KINDS, n=1)
+            refuse(f"kind {self.kind!r} is not one of {', '.join(KINDS)}"
+                   + (f" (did you mean {near[0]!r}?)" if near else ""))
+        if self.kind == "choice" and not self.choices:
+            refuse("a choice needs its choices (choices=(...))")
+        if self.default is not None:
+            try:
+                self.check(self.default)
+            except ValueError as err:
+                refuse(f"the default {self.default!r} fails the declaration's own check: {err}")
 
     def label_of(self, value: Any) -> str | None:
         """The display name of a choice's value (None: it has none)."""

@@ -42,6 +42,9 @@ def partial_auc(labels, scores, max_fpr: float = 1.0) -> float:
 
 # -- what a problem declares about each metric it evaluates ----------------------------------------------------------
 
+DIRECTIONS = ("min", "max", None)
+
+
 @dataclass(frozen=True)
 class Metric:
     """One evaluated quantity: its row key, the label plots and tables show, and which way is better
@@ -49,6 +52,10 @@ class Metric:
     name: str
     label: str
     direction: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.direction not in DIRECTIONS:  # "minimize" was taken as neither way, silently
+            raise ValueError(f"Metric {self.name!r}: direction {self.direction!r} is not one of 'min', 'max' or None")
 
     def personal(self) -> Metric:
         """The same quantity of each client's personal model on the client's own data."""

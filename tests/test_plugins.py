@@ -130,6 +130,18 @@ BROKEN = {
                          "plugin bad.py: algorithm my_method does not define client_step"),
     "parameters not declared as Param": (MY_METHOD.replace("hparams = (", "hparams = ('client_lr', "),
                                          "plugin bad.py: algorithm my_method: `hparams` must be a tuple of"),
+    # issue 47 item 7: both were accepted and then read as something else (the kind as a float, the direction as
+    # neither way)
+    "a Param kind misspelled": (MY_METHOD.replace('Param("beta", "float"', 'Param("beta", "flaot"'),
+                                "plugin bad.py: does not import: ValueError: Param 'beta': kind 'flaot' is not one "
+                                "of float, int, bool, choice, floats, ints, str (did you mean 'float'?)"),
+    "a metric direction misspelled": ("from fedbench.metrics import Metric\nSCORE = Metric('score', 'score', "
+                                      "'minimize')\n" + MY_METHOD,
+                                      "plugin bad.py: does not import: ValueError: Metric 'score': direction "
+                                      "'minimize' is not one of 'min', 'max' or None"),
+    "a default outside its range": (MY_METHOD.replace('0.9, "server momentum"', '1.5, "server momentum"'),
+                                    "plugin bad.py: does not import: ValueError: Param 'beta': the default 1.5 fails the declaration's own check: expected "
+                                    "float in [0, 1], found 1.5"),
 }
 
 
