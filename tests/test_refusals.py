@@ -135,6 +135,19 @@ def test_a_capability_refusal_names_the_essentials_and_explains_with_v(tmp_path)
     assert "X-risk pair oracles" in lines[1] and "lasso provides" in lines[1] and "norm_ball" in lines[1], lines[1]
 
 
+@pytest.mark.parametrize("override, place", [("rounds=200", "federation.rounds"), ("lam=0.1", "problem.lam"),
+                                             ("client_lr=0.1", "algorithms.fedmid.client_lr"),
+                                             ("max_concurrent=2", "resources.max_concurrent")])
+def test_a_sections_field_set_at_the_top_level_is_answered_with_its_path(tmp_path, override, place):
+    """Issue 47 item 3: `--set rounds=200` was answered "did you mean 'resources'?" (or 'max_runs'); a name that is
+    a field of a section is answered with the section's path."""
+    path = write(tmp_path, PROBLEM + "algorithms: {fedmid: {client_lr: 0.01}}\n")
+    name = override.partition("=")[0]
+    refused(invoke("validate", path, "--set", override),
+            f"{path}: {name}: unknown field at the top level; {name} is a field of {place.rpartition('.')[0]} "
+            f"(did you mean '{place}'?)")
+
+
 def test_an_unknown_name_is_refused_with_the_closest_one_and_every_valid_name_with_v(tmp_path):
     """The first line names the file, the field and the closest valid name; the list of every valid name, too long
     for it, is the -v line."""

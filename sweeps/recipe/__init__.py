@@ -108,11 +108,33 @@ def load_plugins(source: str, specs: list[str]) -> None:
             raise RecipeError(source, f"plugins[{i}]", str(err)) from None
 
 
+def nested_fields(raw: dict[str, Any]) -> dict[str, list[str]]:
+    """Each field name of the recipe's sections with its paths (`rounds` -> [`federation.rounds`]; `client_lr` ->
+    the paths of every algorithm of the recipe that has one), for a name given at the top level by mistake."""
+    places: dict[str, list[str]] = {}
+
+    def add(section: str, names) -> None:
+        for name in names:
+            places.setdefault(name, []).append(f"{section}.{name}")
+
+    problem, algorithms = raw.get("problem"), raw.get("algorithms")
+    if isinstance(problem, dict) and isinstance(problem.get("name"), str) and problem["name"] in PROBLEMS:
+        add("problem", [p.name for p in PROBLEMS[problem["name"]].params])
+    add("federation", [p.name for p in FEDERATION_PARAMS])
+    for algorithm in algorithms if isinstance(algorithms, dict) else ():
+        if isinstance(algorithm, str) and algorithm in ALGORITHMS:
+            add(f"algorithms.{algorithm}", [p.name for p in ALGORITHMS[algorithm].hparams])
+    for section, model in SECTIONS.items():
+        if section:
+            add(".".join(section), model.model_fields)
+    return places
+
+
 def parse(raw: dict[str, Any], source: str) -> Recipe:
     try:
         model = RecipeModel.model_validate(raw)
     except ValidationError as err:
-        raise schema_error(source, err) from None
+        raise schema_error(source, err, nested_fields(raw)) from None
 
     load_plugins(source, model.plugins)
     problem = dict(model.problem)

@@ -225,8 +225,9 @@ SECTIONS: dict[tuple[Any, ...], type[StrictModel]] = {
     ("tune", "pruner"): PrunerSpec, ("report",): ReportSpec, ("report", "select"): SelectSpec}
 
 
-def schema_error(source: str, err: ValidationError) -> RecipeError:
-    """The first pydantic error as one line: field path, what was found, what was expected."""
+def schema_error(source: str, err: ValidationError, nested: dict[str, list[str]] | None = None) -> RecipeError:
+    """The first pydantic error as one line: field path, what was found, what was expected. A top-level name that is
+    a field of a section (`nested`: name -> its paths, `rounds` -> `federation.rounds`) is answered with its path."""
     error = err.errors()[0]
     loc = [part for part in error["loc"] if part != "[key]"]
     path = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")
@@ -234,6 +235,11 @@ def schema_error(source: str, err: ValidationError) -> RecipeError:
     if kind == "missing":
         return RecipeError(source, path, "missing required field")
     if kind == "extra_forbidden":
+        places = (nested or {}).get(str(loc[-1]), []) if len(loc) == 1 else []
+        if places:
+            return RecipeError(source, path, f"unknown field at the top level; {path} is a field of "
+                               f"{' and '.join(place.rpartition('.')[0] for place in places)} "
+                               f"(did you mean {places[0]!r}?)")
         fields = list(SECTIONS.get(tuple(loc[:-1]), RecipeModel).model_fields)
         return unknown(source, path, f"unknown field{closest(str(loc[-1]), fields)}", fields)
     if kind == "value_error":
