@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from cli import app
 from sweeps.driving import build_simulation, drive
 from sweeps.recipe import load
-from sweeps.tuning import make_sampler, study_name
+from sweeps.tuning import best_recipe, make_sampler, study_name
 
 RECIPE = """\
 name: tune-lasso
@@ -137,3 +137,16 @@ def test_every_sampler_minimizes_a_quadratic(kind):
         warnings.simplefilter("ignore")  # e.g. CMA-ES on one dimension falls back to random sampling
         found.optimize(lambda t: (math.log10(t.suggest_float("lr", 1e-4, 1.0, log=True)) + 2) ** 2, n_trials=25)
     assert found.best_value < 0.1
+
+
+@pytest.mark.parametrize("name", ["bao2022_lasso", "fallah2020_c1"])
+def test_the_best_configuration_of_a_labelled_recipe_is_a_valid_recipe(name):
+    """Issue 47 item 1: the recipe tune re-runs with the best values keeps one algorithm and the report's labels of
+    the others, which were refused as unknown metrics after every trial had run (exit 2). Here the best
+    configuration of each algorithm of a shipped recipe whose report labels its algorithms is built (no Ray)."""
+    recipe = load(f"recipes/papers/{name}.yaml")
+    assert len(recipe.algorithms) > 1 and set(recipe.algorithms) & set(recipe.report.labels)
+    for algorithm in recipe.algorithms:
+        best = best_recipe(recipe, algorithm, {}, [1])
+        assert list(best.algorithms) == [algorithm] and best.seeds == [1]
+        assert best.report.labels.get(algorithm) == recipe.report.labels.get(algorithm)

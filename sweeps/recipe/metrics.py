@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from fedbench.algorithms import ALGORITHMS
 from fedbench.metrics import Metric
 from .loading import RecipeError, closest, unknown
 
@@ -26,13 +27,15 @@ def default_modes(recipe: Recipe, declared: dict[str, Metric]) -> None:
 
 def named_metrics(recipe: Recipe) -> list[tuple[str, str]]:
     """(field path, name) of every metric the tune and report blocks name; a `report.labels` key that is
-    not one of the recipe's algorithms names a metric."""
+    no algorithm names a metric. A label of an algorithm the recipe does not run is no metric: a recipe cut to one
+    of its algorithms (tune's best configuration, `--set`) keeps the labels of the others."""
     report = recipe.report
     named = [("tune.metric", recipe.tune.metric)] if recipe.tune else []
     named += [(f"report.metrics[{i}]", name) for i, name in enumerate(report.metrics)]
     named += [("report.select.metric", report.select.metric)] if report.select else []
     named += [(f"report.{section}.{name}", name) for section in ("target", "log") for name in getattr(report, section)]
-    named += [(f"report.labels.{name}", name) for name in report.labels if name not in recipe.algorithms]
+    named += [(f"report.labels.{name}", name) for name in report.labels
+              if name not in recipe.algorithms and name not in ALGORITHMS]
     return named
 
 
