@@ -24,6 +24,7 @@ import os
 import pickle
 import platform
 import queue
+import shlex
 import shutil
 import sqlite3
 import subprocess
@@ -444,7 +445,7 @@ class Store:
                     tags: dict[str, str]) -> str:
         """A run that groups others: the recipe (file and resolved) as artifacts, and provenance tags."""
         run = self.client.create_run(experiment_id, run_name=name, tags={
-            "recipe_hash": recipe.recipe_hash, "recipe": recipe.source, "overrides": " ".join(overrides),
+            "recipe_hash": recipe.recipe_hash, "recipe": recipe.source, "overrides": shlex.join(overrides),
             "git_commit": tool_commit(), "host": platform.node(), **tags})
         run_id = run.info.run_id
         if Path(recipe.source).is_file():

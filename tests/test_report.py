@@ -291,6 +291,8 @@ def test_report_refuses_a_trial_run_a_recipe_never_swept_and_a_misspelt_metric(s
     changed.write_text(RECIPE.replace("seeds: [0, 1, 2]", "seeds: [7]"))
     result = invoke("report", changed, "--tracking-uri", uri)
     assert result.exit_code == 2 and "no run with a curve" in result.output
+    parent = swept["parent"].info.run_id  # the other sweep of the experiment, and the command that reports it
+    assert f"the newest is run {parent} (fedbench report --run {parent})" in result.output
 
     misspelt = tmp_path / "misspelt.yaml"
     misspelt.write_text(RECIPE.replace("metrics: [objective_gap, l2_error, f1]", "metrics: [objective_gap, l2_eror]"))
@@ -300,6 +302,23 @@ def test_report_refuses_a_trial_run_a_recipe_never_swept_and_a_misspelt_metric(s
         assert f"{misspelt}: report.metrics[1]: found 'l2_eror'" in result.output
         assert "did you mean 'l2_error'" in result.output
     assert len(MlflowClient(uri).search_runs([swept["parent"].info.experiment_id], max_results=1000)) == 13
+
+
+@pytest.mark.ray
+def test_a_report_without_the_sweeps_overrides_names_them(swept, tmp_path):
+    """Issue 47 item 4: after `sweep R --set federation.rounds=10`, `report R` found no run ("runs: none") and said
+    nothing of the --set; it now names the sweep's overrides and the command, which then reports."""
+    path = tmp_path / "rounds.yaml"
+    path.write_text(RECIPE.replace("name: report-grid", "name: report-rounds").replace("seeds: [0, 1, 2]", "seeds: [0]")
+                    .replace("  fedda: {client_lr: [1e-3, 1e-2]}\n", ""))
+    uri = swept["uri"]
+    assert invoke("sweep", path, "--set", "federation.rounds=10", "--no-report", "--tracking-uri", uri).exit_code == 0
+    result = invoke("report", path, "--tracking-uri", uri)
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert (f"the store holds a sweep of this recipe made with --set federation.rounds=10: give report the same "
+            f"(fedbench report {path} --set federation.rounds=10)") in " ".join(result.output.split()), result.output
+    again = invoke("report", path, "--set", "federation.rounds=10", "--tracking-uri", uri, "--out", tmp_path / "out")
+    assert again.exit_code == 0, again.output
 
 
 def test_a_method_without_personal_models_is_drawn_with_its_global_metric(tmp_path, tracking_uri):

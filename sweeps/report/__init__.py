@@ -62,7 +62,7 @@ def write_report(store: Store, source: Source, out: Optional[Path] = None, x: Op
     runs = [run for run in source.runs if set(run.data.metrics) - set(SUMMARY_METRICS)]
     if not runs:
         raise ReportError(f"{source.description} in {store.uri}: no run with a curve to report "
-                          f"(runs: {statuses(source.runs) or 'none'})")
+                          f"(runs: {statuses(source.runs) or 'none'}){source.hint}")
     histories = Histories(store, runs)
     available = sorted(set().union(*(run.data.metrics for run in runs)) - set(SUMMARY_METRICS) - set(AXES))
     settings = resolve_settings(source.recipe, available, x)

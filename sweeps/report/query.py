@@ -2,6 +2,7 @@
 and their metric histories (`Histories`)."""
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Optional
@@ -29,6 +30,7 @@ class Source:
     recipe: Optional[Recipe]
     parent_id: Optional[str] = None  # where the report's artifacts go
     description: str = ""
+    hint: str = ""  # where there are no runs: what the store holds instead, and the command that reports it
 
 
 def one_per_seed(runs: list) -> list:
@@ -95,12 +97,32 @@ def find_source(store: Store, recipe: Optional[Recipe] = None, experiment: Optio
     if recipe is not None:
         # Artifacts only on the sweep of exactly this recipe: another recipe may share some configurations.
         sweeps = store.search(experiment_id, f"tags.role = 'sweep' and tags.recipe_hash = '{recipe.recipe_hash}'")
-        return Source(name, recipe_runs(store, experiment_id, recipe), recipe,
-                      sweeps[0].info.run_id if sweeps else None, f"the runs of {recipe.source}")
+        runs = recipe_runs(store, experiment_id, recipe)
+        return Source(name, runs, recipe, sweeps[0].info.run_id if sweeps else None, f"the runs of {recipe.source}",
+                      "" if runs else other_sweeps(store, experiment_id, recipe))
     every = store.search(experiment_id, "")  # newest first
     parents = [run for run in every if run.data.tags.get("role") in ("sweep", "tune")]
     return Source(name, one_per_seed([run for run in every if run.data.tags.get("role") in RUN_ROLES]),
                   stored_recipe(store, parents[0]) if parents else None, None, f"every run of experiment {name!r}")
+
+
+def other_sweeps(store: Store, experiment_id: str, recipe: Recipe) -> str:
+    """What a report of a recipe with no runs in the store can say: the overrides of the newest sweep of its file with
+    other settings (a sweep with `--set federation.rounds=200` is reported with the same `--set`), or the parent run
+    of the newest sweep of its experiment."""
+    others = [run for run in store.search(experiment_id, "tags.role = 'sweep'")  # newest first
+              if run.data.tags.get("recipe_hash") != recipe.recipe_hash]
+    if not others:
+        return ""
+    same_file = [run for run in others if run.data.tags.get("recipe") == recipe.source]
+    newest = (same_file or others)[0]
+    overrides = newest.data.tags.get("overrides", "")
+    if same_file and overrides:
+        sets = " ".join(f"--set {shlex.quote(item)}" for item in shlex.split(overrides))  # tagged by shlex.join
+        return (f"; the store holds a sweep of this recipe made with {sets}: give report the same "
+                f"(fedbench report {recipe.source} {sets})")
+    return (f"; the store holds {len(others)} sweep(s) of experiment {recipe.name!r} with other settings, the "
+            f"newest is run {newest.info.run_id} (fedbench report --run {newest.info.run_id})")
 
 
 class Histories:
