@@ -602,11 +602,11 @@ def list_components(with_plugins: Optional[List[str]] = WithOption) -> None:
             where = plugins.origin(title, name)
             table = Table(title=f"{title} [bold]{name}[/]" + ("" if where == "built-in" else f" (plugin: {where})"),
                           title_justify="left", show_lines=False)
-            table.add_column("parameter", no_wrap=True)
-            table.add_column("type", no_wrap=True)
-            table.add_column("default", no_wrap=True)
+            table.add_column("parameter", overflow="fold")  # folded, never cut to "…" at 80 columns
+            table.add_column("type", overflow="fold")
+            table.add_column("default", overflow="fold")
             table.add_column("range", overflow="fold")
-            table.add_column("description", ratio=1)
+            table.add_column("description", ratio=1, overflow="fold")
             for p in getattr(cls, attribute):
                 table.add_row(p.name, p.kind + (" (log)" if p.log else ""), str(p.default), p.describe_range(), p.help)
             console.print(table)
@@ -640,6 +640,9 @@ def contract_lines(kind: str, cls) -> list[str]:
     return lines
 
 
+WIDE_TABLE = 140  # columns from which `fedbench recipes` is a table: below, its five columns cut the text
+
+
 @app.command("recipes")
 def list_recipes() -> None:
     """The shipped recipes, each by the name that runs it from any folder (`fedbench sweep papers/bao2022_lasso`):
@@ -650,12 +653,7 @@ def list_recipes() -> None:
     shipped = names()
     if not shipped:
         fail(f"no shipped recipes in {root()}")
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("recipe", no_wrap=True)
-    table.add_column("paper")
-    table.add_column("reproduces")
-    table.add_column("runs", justify="right", no_wrap=True)
-    table.add_column("time on 2 cores")
+    rows = []
     for name in shipped:
         path = find(name)
         assert path is not None  # a shipped name
@@ -666,9 +664,23 @@ def list_recipes() -> None:
             runs = f"{count // len(recipe.seeds)} × {len(recipe.seeds)} = {count}"
         except RecipeError:  # e.g. a plugin it names is not installed: `validate` says why
             runs = "?"
-        table.add_row(name, about.get("paper", "—"), about.get("reproduces", "—"), runs,
-                      about.get("time on 2 cores", "—"))
-    console.print(table)
+        rows.append((name, about.get("paper", "—"), about.get("reproduces", "—"), runs,
+                     about.get("time on 2 cores", "—")))
+    if console.is_terminal and console.width >= WIDE_TABLE:
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        table.add_column("recipe", no_wrap=True)
+        table.add_column("paper")
+        table.add_column("reproduces")
+        table.add_column("runs", justify="right", no_wrap=True)
+        table.add_column("time on 2 cores")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+    else:  # a narrow terminal or a pipe: a block per recipe, its text whole (a table cut it to "Fast…")
+        for name, paper, reproduces, runs, time in rows:
+            console.print(f"{name}   {runs} runs   time on 2 cores: {time}\n    paper: {paper}\n"
+                          f"    reproduces: {reproduces}",
+                          highlight=False, soft_wrap=True, markup=False)
     example = "papers/bao2022_lasso" if "papers/bao2022_lasso" in shipped else shipped[0]
     say(f"runs = configurations × seeds; from any folder: {program()} sweep {example} (also run, tune, validate, "
         f"report, ui); the files: {root()}")

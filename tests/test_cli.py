@@ -381,6 +381,24 @@ def test_a_name_neither_a_file_nor_shipped_is_refused_with_the_closest(tmp_path,
     assert result.exit_code == 2 and "closest: papers/bao2022_lowrank" in result.output, result.output
 
 
+@pytest.mark.parametrize("columns", ["80", None], ids=["80 columns", "piped"])
+def test_recipes_and_list_cut_no_text_at_80_columns_or_piped(columns):
+    """Issue 47 item 5: at 80 columns, or piped (which rich takes as 80), the recipe column took 37 columns and the
+    paper and what it reproduces were cut to "Fast…", "repro…"; `list` cut long defaults and descriptions alike.
+    Each recipe's paper and what it reproduces are now printed whole, and nothing ends in "…". (CliRunner's output
+    is a pipe; COLUMNS=80 is a narrow terminal's width.)"""
+    from sweeps.shipped import describe, find, names
+
+    env = {"COLUMNS": columns} if columns else {"COLUMNS": None}
+    listed = CliRunner().invoke(app, ["recipes"], env=env)
+    assert listed.exit_code == 0 and "…" not in listed.output, listed.output
+    for name in names():
+        about = describe(find(name))
+        assert f"paper: {about['paper']}" in listed.output and f"reproduces: {about['reproduces']}" in listed.output
+    components = CliRunner().invoke(app, ["list"], env=env)
+    assert components.exit_code == 0 and "…" not in components.output, components.output
+
+
 def test_fedbench_recipes_lists_every_shipped_recipe_with_its_paper_and_runs():
     from sweeps.shipped import describe, find, names, root
 
