@@ -403,7 +403,7 @@ def sweep_one(recipe, recipe_path: Path, sets: Optional[List[str]], address: Opt
             f"({', '.join(summary.elsewhere)}); run the same command after it ends to report them all")
     for failure in summary.failures[:FAILURES_SHOWN]:
         hp = ", ".join(f"{k}={v}" for k, v in failure.hyperparameters.items())
-        where = (f"; the whole traceback: tag 'error' of MLflow run {failure.run_id}" if failure.run_id
+        where = (f"; the whole traceback: {program()} show {failure.run_id}" if failure.run_id
                  else "; set FEDBENCH_VERBOSE=1 (fedbench -v) to see the workers' output")
         errors.print(f"failed: {failure.algorithm} ({hp}) seed {failure.seed}: {failure.line}{where}",
                      highlight=False, soft_wrap=True)
@@ -517,7 +517,7 @@ def make_report(tracking_uri: Optional[str], **source):
 
 def show_report(result) -> None:
     """Each algorithm's best configuration, and where the files went."""
-    from .report import fmt, spread
+    from .report import final_text
 
     settings = result.settings
     table = Table(title=f"best configuration per algorithm (final {settings.label(settings.select.metric)}, "
@@ -526,9 +526,8 @@ def show_report(result) -> None:
         table.add_column(column)
     for config in result.configurations:
         if config.best:
-            mean, std = spread(config.finals[settings.select.metric])
             table.add_row(settings.label(config.algorithm), config.varying or "–", config.status,
-                          f"{fmt(mean)} ± {fmt(std, 2)}")
+                          final_text(config, settings.select.metric))
     console.print(table)
     logged = f"; {result.logged}" if result.logged else ""
     say(f"report: {result.out / 'index.html'} ({len(result.files)} files){logged}")
@@ -566,6 +565,33 @@ def report(
     except (ReportError, RecipeError) as err:
         fail(str(err), getattr(err, "detail", ""))
     show_report(result)
+
+
+@app.command()
+def show(
+    run_id: str = typer.Argument(..., metavar="RUN_ID", help="An MLflow run id, as a sweep's console names a failed "
+                                                            "run"),
+    tracking_uri: Optional[str] = TrackingOption,
+) -> None:
+    """One run: its algorithm, seed, status and configuration, its last metrics, and, for a run that failed, its
+    whole error (the traceback the console cut to its last line)."""
+    from mlflow.exceptions import MlflowException
+
+    store = open_store(tracking_uri, write=False)
+    try:
+        run = store.client.get_run(run_id)
+    except MlflowException:
+        fail(f"no run {run_id!r} in {store.uri}")
+    tags = run.data.tags
+    say(f"run {run_id} ({tags.get('role', 'untagged')}): {tags.get('algorithm', '–')} seed {tags.get('seed', '–')}, "
+        f"status {tags.get('status') or run.info.status.lower()}, experiment {run.info.experiment_id}")
+    for name, value in sorted(run.data.params.items()):
+        say(f"  {name} = {value}")
+    if run.data.metrics:
+        say("last values: " + ", ".join(f"{name} {value:.6g}" for name, value in sorted(run.data.metrics.items())))
+    if "error" in tags:
+        say("error:")
+        console.print(tags["error"], highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command()

@@ -334,7 +334,34 @@ def test_a_plugin_that_fails_only_in_the_workers_is_named_on_the_console(ray_loc
     assert result.exit_code == 1, result.output
     named = [line for line in result.output.splitlines() if line.startswith("failed: my_method")]
     assert len(named) == 4, result.output
-    run_ids = {line.rpartition("MLflow run ")[2] for line in named}
+    run_ids = {line.rpartition("fedbench show ")[2] for line in named}
     assert all("RuntimeError: the helper is missing on this worker" in line for line in named)
     client = MlflowClient(tracking_uri)
     assert all("the helper is missing" in client.get_run(run_id).data.tags["error"] for run_id in run_ids)
+
+
+@pytest.mark.ray
+def test_a_run_that_raises_mid_sweep_is_shown_whole_and_left_out_of_the_means(ray_local, folder, tracking_uri):
+    """Issue 47 item 2: a run that raised showed as "failed 1", its reason in a tag nothing pointed to, and the
+    summary table gave its partial curve's mean. The console names the command that prints the whole traceback
+    (`fedbench show RUN_ID`, which prints the run's configuration too), and the means leave failed runs out and
+    say how many."""
+    (folder / "my_method.py").write_text(MY_METHOD.replace(
+        "    def server_update(self, server, message, weights, rnd, hp):\n",
+        "    def server_update(self, server, message, weights, rnd, hp):\n"
+        "        if rnd.index == 3:\n"
+        "            raise FloatingPointError('the momentum overflowed at round 3')\n"))
+    result = invoke("sweep", folder / "r.yaml", "--tracking-uri", tracking_uri)
+    assert result.exit_code == 1, result.output
+    named = [line for line in result.output.splitlines() if line.startswith("failed: my_method")]
+    assert len(named) == 4 and all("FloatingPointError: the momentum overflowed at round 3" in line for line in named)
+    run_id = named[0].rpartition("; the whole traceback: fedbench show ")[2]
+    shown = invoke("show", run_id, "--tracking-uri", tracking_uri)
+    assert shown.exit_code == 0, shown.output
+    assert "my_method seed" in shown.output and "status failed" in shown.output
+    assert "algorithm.beta = " in shown.output and "Traceback (most recent call last)" in shown.output
+    assert shown.output.rstrip().endswith("FloatingPointError: the momentum overflowed at round 3")
+    best = [line for line in result.output.splitlines() if "2 failed" in line]  # the best configuration's row
+    assert best and "– (all 2 runs failed)" in best[0], result.output
+    missing = invoke("show", "nosuchrun", "--tracking-uri", tracking_uri)
+    assert missing.exit_code == 2 and "no run 'nosuchrun'" in missing.output and "Traceback" not in missing.output

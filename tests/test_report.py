@@ -362,3 +362,20 @@ def test_configurations_are_named_as_the_declarations_say():
                                                                                                   "exact HVP"]
     assert shown_value("per_fedavg", "algorithm.alpha", "0.0010000") == "alpha=0.001"
     assert shown_value("not_installed", "algorithm.variant", "hf") == "variant=hf"
+
+
+def test_a_final_mean_leaves_failed_runs_out_and_says_how_many():
+    """Issue 47 item 2: the mean of a configuration's final values is over its runs that did not fail."""
+    from types import SimpleNamespace
+
+    from sweeps.report.render import final_text
+    from sweeps.report.statistics import Configuration
+
+    def run(status):
+        return SimpleNamespace(data=SimpleNamespace(tags={"status": status}))
+
+    partly = Configuration("fedmid", "h", [run("finished"), run("failed"), run("diverged")], {},
+                           finals={"loss": [1.0, 3.0]})
+    assert partly.counted == partly.runs[::2] and final_text(partly, "loss") == "2 ± 1.4 (1 failed run left out)"
+    wholly = Configuration("fedmid", "h", [run("failed"), run("failed")], {}, finals={"loss": []})
+    assert final_text(wholly, "loss") == "– (all 2 runs failed)"

@@ -31,14 +31,14 @@ from typing import Optional
 from ..recipe import Recipe
 from ..tracking import SUMMARY_METRICS, Store
 from .query import AXES, Histories, ReportError, Source, find_source
-from .render import Page, fmt, save_figure, save_metric, table, write_csv, write_html, write_markdown
+from .render import Page, final_text, fmt, save_figure, save_metric, table, write_csv, write_html, write_markdown
 from .settings import Settings, headline_metrics, resolve_settings
 from .statistics import Configuration, configurations, curve, rounds_to, spread, statuses
 
 # The package's jobs, one module each: query (what the store holds), settings (the report block resolved),
 # statistics (pure functions of runs and histories), render (PNGs, tables, pages); this module puts them together.
-__all__ = ["Report", "ReportError", "Histories", "curve", "fmt", "headline_metrics", "report", "resolve_settings",
-           "rounds_to", "spread", "write_report"]
+__all__ = ["Report", "ReportError", "Histories", "curve", "fmt", "final_text", "headline_metrics", "report",
+           "resolve_settings", "rounds_to", "spread", "write_report"]
 
 INTERVALS = {"sd": "sample standard deviation over the configuration's runs (seeds)",
              "ci95": "95% confidence interval over the configuration's runs (seeds), 1.96 standard errors"}

@@ -108,6 +108,16 @@ def fmt(value: float, digits: int = 4) -> str:
     return "–" if math.isnan(value) else f"{value:.{digits}g}"
 
 
+def final_text(config: Configuration, metric: str, interval: str = "sd") -> str:
+    """A configuration's final value of `metric`: mean ± its spread over the runs that did not fail, and how many
+    failed runs that leaves out (their partial curves are no result)."""
+    if not config.finals[metric]:
+        return f"– (all {len(config.runs)} runs failed)" if config.failed == len(config.runs) else "–"
+    mean, spread_ = spread(config.finals[metric], interval)
+    failed = f" ({config.failed} failed run{'s' if config.failed > 1 else ''} left out)" if config.failed else ""
+    return f"{fmt(mean)} ± {fmt(spread_, 2)}{failed}"
+
+
 def reach_text(rounds: list[Optional[float]]) -> str:
     hit = [r for r in rounds if r is not None]
     mean = f"{np.mean(hit):.0f}" if hit else "never"
@@ -126,8 +136,7 @@ def table(configs: list[Configuration], settings: Settings) -> tuple[list[str], 
         cells = [settings.label(config.algorithm) + (" ★" if config.best else ""), config.varying or "–",
                  str(len(config.runs)), config.status, "{} ± {}".format(*map(fmt, spread(config.seconds), (3, 2)))]
         for metric in settings.table_metrics:
-            mean, interval = spread(config.finals[metric], settings.interval)
-            cells.append(f"{fmt(mean)} ± {fmt(interval, 2)}")
+            cells.append(final_text(config, metric, settings.interval))
         cells += [reach_text(config.reached[m]) for m in settings.targets]
         rows.append(cells)
     return header, rows

@@ -111,6 +111,16 @@ class Configuration:
         return statuses(self.runs)
 
     @property
+    def failed(self) -> int:
+        """Runs that raised: their partial curves are left out of the means (`counted`)."""
+        return len(self.runs) - len(self.counted)
+
+    @property
+    def counted(self) -> list:
+        """The runs the means are over: all but those that failed (raised) before their end."""
+        return [run for run in self.runs if run.data.tags.get("status") != "failed"]
+
+    @property
     def unfinished(self) -> int:
         return sum(run.data.tags.get("status") != "finished" for run in self.runs)
 
@@ -130,11 +140,12 @@ def configurations(runs: list, order: list[str], settings: Settings, histories: 
     for (algorithm, config_hash), members in groups.items():
         params = {k: v for k, v in members[0].data.params.items() if k != "seed"}
         config = Configuration(algorithm, config_hash, members, params)
+        counted = config.counted
         for metric in settings.table_metrics:
-            config.finals[metric] = [histories(run, metric)[1][-1] for run in members if len(histories(run, metric)[0])]
-        config.seconds = [per_thousand_rounds(run, histories(run, settings.select.metric)[0]) for run in members]
+            config.finals[metric] = [histories(run, metric)[1][-1] for run in counted if len(histories(run, metric)[0])]
+        config.seconds = [per_thousand_rounds(run, histories(run, settings.select.metric)[0]) for run in counted]
         for metric, target in settings.targets.items():
-            config.reached[metric] = [rounds_to(*histories(run, metric), target) for run in members]
+            config.reached[metric] = [rounds_to(*histories(run, metric), target) for run in counted]
         configs.append(config)
     algorithms = [a for a in order if any(c.algorithm == a for c in configs)]
     algorithms += sorted({c.algorithm for c in configs} - set(algorithms))
