@@ -12,6 +12,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import webbrowser
 from enum import Enum
 from pathlib import Path
@@ -751,17 +752,23 @@ def ui(
     base = uri.rstrip("/") if path is None else f"http://{host}:{port}"
     experiment_id = store.experiment(name) if name else None  # also marks an older experiment's kind
     table = runs_url(base, experiment_id)
-    say(f"runs:   {table}")
-    if experiment_id is not None:
-        say(f"charts: {runs_url(base, experiment_id, charts=True)}")
+
+    def pages() -> None:
+        say(f"runs:   {table}")
+        if experiment_id is not None:
+            say(f"charts: {runs_url(base, experiment_id, charts=True)}")
+            say(run_counts(store, experiment_id, name))
+
     if path is None:  # a tracking server serves its own UI
+        pages()
         if open_browser:
             webbrowser.open(table)
         return
     assert port is not None  # listen_port chose it
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", f"sqlite:///{path.resolve()}",
                "--host", host, "--port", str(port)]
-    log = path.resolve().parent / "mlflow-ui.log"  # the server's own lines, unless `fedbench -v`
+    # The server's own lines, unless `fedbench -v`: in the system's temporary folder, not the researcher's
+    log = Path(tempfile.gettempdir()) / f"fedbench-ui-{port}.log"
     output = None if os.environ.get("FEDBENCH_VERBOSE") == "1" else log.open("w")
     # One worker serves one researcher; its own process group, so that stopping `fedbench ui` (Ctrl-C or
     # SIGTERM) stops the server's workers too instead of leaving them running (~250 MB each).
@@ -772,6 +779,7 @@ def ui(
         if not serving(server, host, port):
             tail = "".join(log.read_text().splitlines(keepends=True)[-20:]) if output else ""
             fail(f"the MLflow UI server did not start on {host}:{port}\n{tail}")
+        pages()  # once the server answers: a page opened before (~30 s here) was an error page
         say(f"serving (its log: {log if output else 'above'}); Ctrl-C stops it")
         if open_browser:
             webbrowser.open(table)
@@ -782,6 +790,17 @@ def ui(
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGTERM)
             server.wait()
+
+
+def run_counts(store, experiment_id: str, name: str | None) -> str:
+    """How many runs the page lists, and the parent runs that group them, which MLflow's own counts include (a
+    15-run sweep is 16 runs there) and the page filters out."""
+    roles = collections.Counter(run.data.tags.get("role", "other") for run in store.search(experiment_id, ""))
+    parents = roles.pop("sweep", 0) + roles.pop("tune", 0)
+    listed = sum(roles.values())
+    return (f"experiment {name!r}: {listed} run{'s' if listed != 1 else ''} listed"
+            + (f", and {parents} parent run{'s' if parents != 1 else ''} (a sweep or tuning session, tag role) that "
+               f"group them, which the page filters out and MLflow's own counts include" if parents else ""))
 
 
 def listen_port(host: str, port: Optional[int]) -> int:

@@ -10,7 +10,7 @@ Speed and safety. On SQLite one `log_metric` costs ~10-30 ms; the curve goes out
 chunks of 1000 (~0.5 ms per value), or faster straight into MLflow's SQL store (`sweeps.mlflow_fast`). During a
 sweep all writes are made by one background thread on the driver (`SweepLog`), so parallel trials never contend
 for the database ("database is locked"). Several fedbench processes may open one new SQLite store at once: its
-creation is serialized by a lock file beside it (`open_sqlite`).
+creation is serialized by a lock of its folder (`open_sqlite`, `store_lock`).
 """
 from __future__ import annotations
 
@@ -107,9 +107,8 @@ _READY: set[Path] = set()  # SQLite stores this process has checked: opened agai
 
 def open_sqlite(path: Path, uri: str, write: bool = True) -> MlflowClient:
     """A client of a SQLite store, checked the first time in this process (`check_sqlite`), and made first if new
-    (`make_sqlite`): under the lock file `<store>.lock`, so that processes opening one new store at once make it
-    once; where the lock file cannot be made (a folder without write permission), a store that exists is read
-    without it."""
+    (`make_sqlite`): under the store's lock (`store_lock`), so that processes opening one new store at once make it
+    once."""
     key = path.resolve()
     if key not in _READY:
         if not made(path):
@@ -127,11 +126,15 @@ def open_sqlite(path: Path, uri: str, write: bool = True) -> MlflowClient:
 
 @contextmanager
 def store_lock(path: Path) -> Iterator[None]:
-    """The lock file `<store>.lock` of the processes that make or upgrade a store; released when the file closes,
-    also if its holder dies holding it."""
-    with open(path.with_name(path.name + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    """The lock of the processes that make or upgrade a store: an exclusive flock of the store's folder itself, so
+    that no lock file is left beside the store (`<store>.lock` was, in the researcher's folder); released when
+    closed, also if its holder dies holding it."""
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
         yield
+    finally:
+        os.close(folder)
 
 
 def made(path: Path) -> bool:
