@@ -246,3 +246,23 @@ def test_the_site_leads_from_home_to_the_tutorial_and_finds_an_algorithm_by_sear
     view.wait_for_url(f"{served}/reference/algorithms/scaffold/**")
     assert view.locator("h1").inner_text().startswith("Algorithm scaffold")
     assert not outside, f"the site fetched from outside itself: {outside}"
+
+
+LISTED = {"algorithms": ["fedmid", "fast_fedda", "c_fedda", "pfedme"],
+          "problems": ["lasso", "lowrank", "digits", "pfl_synthetic", "pfl_images"]}
+
+
+@pytest.mark.parametrize("kind, name", [(kind, name) for kind, names in LISTED.items() for name in names])
+def test_a_docstrings_bullet_list_is_a_list_on_its_reference_page(site, kind, name):
+    """Issue 47 item 11: these pages' docstring lists (`* bao — ...` after a line of text) rendered as one
+    paragraph, Markdown wanting a blank line before a list. Each bullet line of the docstring is an item now."""
+    import inspect as inspect_
+
+    from fedbench.algorithms import ALGORITHMS
+    from fedbench.problems import PROBLEMS
+
+    cls = (ALGORITHMS if kind == "algorithms" else PROBLEMS)[name]
+    doc = inspect_.cleandoc(inspect_.getmodule(cls).__doc__)
+    bullets = [line for line in doc.splitlines() if line.startswith(("* ", "- "))]
+    assert bullets, name
+    assert page(site, f"reference/{kind}/{name}").count("<li>") >= len(bullets), name

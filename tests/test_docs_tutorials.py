@@ -107,6 +107,9 @@ def test_compare_your_own_method_runs_as_shown(tmp_path, tracking_uri):
     assert mine == ["0.001", "0.01"], mine
     assert len(runs) == 7  # the paper's five methods and my_method's two step sizes, one seed each
     assert all(run.info.status == "FINISHED" for run in runs)
+    diverged = [(run.data.tags["algorithm"], run.data.params["algorithm.client_lr"]) for run in runs
+                if run.data.tags["status"] == "diverged"]
+    assert diverged == [("my_method", "0.01")], diverged  # as the page says (issue 47 item 11)
     assert "my_method" in (tmp_path / "reports" / "bao2022-lasso" / "report.md").read_text()
 
 

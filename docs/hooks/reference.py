@@ -77,9 +77,24 @@ def param_table(params) -> list[str]:
 
 def module_doc(cls) -> str:
     """The docstring of the module that defines `cls` (where each component states its paper and equations),
-    else the class's own."""
+    else the class's own, as Markdown (`markdown_lists`)."""
     module = inspect.getmodule(cls)
-    return inspect.cleandoc((module and module.__doc__) or cls.__doc__ or "")
+    return markdown_lists(inspect.cleandoc((module and module.__doc__) or cls.__doc__ or ""))
+
+
+BULLET = re.compile(r"(\*|-|\d+\.) ")
+
+
+def markdown_lists(text: str) -> str:
+    """A docstring's bullet lists as Markdown lists: Markdown needs a blank line before a list, which docstrings
+    leave out (`Server threshold:` then `* bao — ...`): without it the items ran into the paragraph above."""
+    lines: list[str] = []
+    for line in text.splitlines():
+        above = lines[-1] if lines else ""
+        if BULLET.match(line) and above.strip() and not BULLET.match(above) and not above.startswith(" "):
+            lines.append("")
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def source_path(cls) -> str:
