@@ -1,7 +1,7 @@
 """fedbench: batched federated optimization simulation (engine only: PyTorch, no Ray/MLflow/YAML).
 
     import fedbench
-    problem = fedbench.make_problem("lasso", seed=0)                       # spec 002's design
+    problem = fedbench.make_problem("lasso", seed=0)   # the Lasso of Bao et al. (ICML 2022), §4, Figure 1
     result = fedbench.run("fedmid", problem, rounds=2000, client_lr=1e-3)
     result.final                                                            # last evaluated metrics
     curves = fedbench.run_seeds(problem, "fedmid", Federation(2000), range(30), client_lr=1e-3)  # as one program
