@@ -12,6 +12,7 @@ from typing import Any
 
 from fedbench.algorithms import ALGORITHMS, Algorithm
 from fedbench.problems import PROBLEMS, Problem, make_problem
+from fedbench.saved import load_model
 from fedbench.simulate import Federation, Result, Simulation, run_batch, run_seeds, simulate
 
 
@@ -27,5 +28,5 @@ def run(algorithm: str, problem: Problem, rounds: int = 100, clients_per_round: 
     return simulate(problem, make_algorithm(algorithm, problem, **hyperparameters), federation, seed, eval_every)
 
 
-__all__ = ["ALGORITHMS", "PROBLEMS", "Federation", "Result", "Simulation", "make_algorithm", "make_problem",
-           "run", "run_batch", "run_seeds", "simulate"]
+__all__ = ["ALGORITHMS", "PROBLEMS", "Federation", "Result", "Simulation", "load_model", "make_algorithm",
+           "make_problem", "run", "run_batch", "run_seeds", "simulate"]

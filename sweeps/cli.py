@@ -596,6 +596,31 @@ def show(
 
 
 @app.command()
+def export(
+    run_id: str = typer.Argument(..., metavar="RUN_ID", help="An MLflow run id (a run of a sweep or of fedbench run)"),
+    path: Path = typer.Argument(..., metavar="PATH", help="The file to write (torch's format, see fedbench.saved)"),
+    tracking_uri: Optional[str] = TrackingOption,
+) -> None:
+    """Write a run's final model to PATH: the global model, in the problem's own shapes too, and each client's
+    model for a personalized method; `fedbench.load_model(PATH)` reads it back."""
+    from fedbench.saved import load_model
+    from .tracking import StoreError
+
+    store = open_store(tracking_uri, write=False)
+    try:
+        data = store.run_model(run_id)
+    except StoreError as err:
+        fail(str(err))
+    path.write_bytes(data)
+    model = load_model(data)
+    shapes = ", ".join(f"{name} {list(value.shape)}" for name, value in model["parameters"].items())
+    personal = model["personal"]
+    say(f"{path}: {model['algorithm']} on {model['problem']}, round {model['round']} ({model['status']}): {shapes}"
+        + (f"; personal models {list(personal.shape)}" if personal is not None else "")
+        + (f"; personal models left out ({model['personal_left_out']})" if model["personal_left_out"] else ""))
+
+
+@app.command()
 def validate(
     recipe_path: Path = typer.Argument(..., metavar="RECIPE", help=f"YAML recipe{OR_SHIPPED}"),
     sets: Optional[List[str]] = SetOption,

@@ -14,6 +14,7 @@ from fedbench import plugins
 from fedbench.algorithms import ALGORITHMS
 from fedbench.problems import PROBLEMS
 from fedbench.runs import RoundProgram, programs
+from fedbench.saved import model_bytes
 from fedbench.simulate import Simulation
 from .checkpoints import Checkpoint, Policy
 from .recipe import Trial
@@ -67,6 +68,7 @@ class Outcome:
     error: str | None = None
     end_time: float = field(default_factory=time.time)  # epoch seconds, where the run ran
     runs_in_batch: int = 1  # runs of the program it ran in (1: alone, or one after another)
+    model: bytes | None = None  # its final model's file (`fedbench.saved`), stored as the artifact model/final.pt
 
 
 OnRow = Callable[[int, dict[str, float], float], None]  # (run index, row, the run's training seconds by then)
@@ -112,7 +114,7 @@ def drive_batch(sims: list[Simulation], on_row: OnRow | None = None, checkpoints
     wall = (time.perf_counter() - start) / len(sims)
     together = {i: len(runs) for runs, _ in groups for i in runs}
     return [Outcome(rows[i], sim.status, str(sim.problem.device), seconds[i], sim.train_seconds, sim.eval_seconds,
-                    wall, runs_in_batch=together[i]) for i, sim in enumerate(sims)]
+                    wall, runs_in_batch=together[i], model=model_bytes(sim)) for i, sim in enumerate(sims)]
 
 
 def between_rounds(checkpoint: Checkpoint | None, tick: Callable[[], None] | None, rows: list[list],

@@ -457,9 +457,32 @@ class Store:
         return run_id
 
     def artifact_text(self, run_id: str, path: str) -> str:
+        return self.artifact_bytes(run_id, path).decode()
+
+    def artifact_bytes(self, run_id: str, path: str) -> bytes:
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one small file, no bar
         with tempfile.TemporaryDirectory() as scratch:
-            return Path(self.client.download_artifacts(run_id, path, scratch)).read_text()
+            return Path(self.client.download_artifacts(run_id, path, scratch)).read_bytes()
+
+    def log_models(self, models: dict[str, bytes]) -> None:
+        """Each run's final model (the bytes of its file, `fedbench.saved`) as its artifact `model/final.pt`."""
+        with tempfile.TemporaryDirectory() as scratch:
+            path = Path(scratch) / MODEL_FILE
+            for run_id, data in models.items():
+                path.write_bytes(data)
+                self.client.log_artifact(run_id, str(path), MODEL_FOLDER)
+
+    def run_model(self, run_id: str) -> bytes:
+        """The bytes of a run's saved final model (`log_models`); a run without one is refused in one line."""
+        try:
+            run = self.client.get_run(run_id)
+        except MlflowException:
+            raise StoreError(f"no run {run_id!r} in {self.uri}") from None
+        names = {item.path for item in self.client.list_artifacts(run_id, MODEL_FOLDER)}
+        if f"{MODEL_FOLDER}/{MODEL_FILE}" not in names:
+            raise StoreError(f"run {run_id} has no saved model (status {run.data.tags.get('status') or run.info.status}"
+                             f"; runs that failed, and runs stored before models were saved, have none)")
+        return self.artifact_bytes(run_id, f"{MODEL_FOLDER}/{MODEL_FILE}")
 
     def close_sweep(self, run_id: str, status: str, counts: dict[str, int]) -> None:
         """The latest attempt's counts as tags `runs_<count>` (tags, not metrics: the UI's chart view plots every
@@ -525,6 +548,8 @@ class Store:
         start_time = outcome["end_time"] - outcome["wall_seconds"]
         run_id = self.start_trial(experiment_id, trial, None, start_time, tags, role="run")
         self.finish_trial(run_id, outcome)
+        if outcome.get("model"):
+            self.log_models({run_id: outcome["model"]})
         return run_id
 
     def store_spilled(self) -> list[str]:
@@ -689,6 +714,14 @@ def new_run(trial: Trial, parent_id: str | None, start_time: float, tags: dict[s
                   {k: str(v) for k, v in trial.params().items()})
 
 
+def load_run_model(run_id: str, uri: str | None = None) -> dict[str, Any]:
+    """A stored run's final model (`fedbench.saved` format), read from the store at `uri` (default as the CLI's:
+    `MLFLOW_TRACKING_URI`, else `./mlflow.db`)."""
+    from fedbench.saved import load_model
+
+    return load_model(Store(uri, write=False).run_model(run_id))
+
+
 def ended_run(run_id: str, outcome: dict[str, Any], after: int = -1) -> EndedRun:
     """A run's end from its outcome: the curve beyond round `after` (the rows streamed while the run went, `log_rows`,
     are stored already; a Ray trial's outcome carries only the rows it had not streamed), the summary metrics, the
@@ -713,6 +746,7 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+MODEL_FOLDER, MODEL_FILE = "model", "final.pt"  # a run's saved final model (`fedbench.saved`), an artifact
 DRAIN = 500  # events one write of `SweepLog` takes at most: its transactions grow with it
 
 
@@ -778,6 +812,8 @@ class SweepLog:
         self.store.finish_trials([ended_run(self.run_ids[key], outcome, self.stored.get(key, -1))
                                   for key, outcome in ends if key in self.run_ids])
         self.ends_stored += sum(key in self.run_ids for key, _ in ends)
+        self.store.log_models({self.run_ids[key]: outcome["model"] for key, outcome in ends
+                               if key in self.run_ids and outcome.get("model")})
 
     def _abandons(self, abandoned: list[tuple]) -> None:
         for key, reason in abandoned:

@@ -19,6 +19,7 @@ from torch.func import grad as func_grad, vmap
 
 from fedbench.hparams import Param, ParamError, resolve
 from fedbench.metrics import Metric
+from fedbench.models import MLP
 from fedbench.oracle import Oracle, over_runs
 from fedbench.prox import Regularizer
 
@@ -275,6 +276,20 @@ class Problem:
 
     def evaluate_global(self, w: Tensor) -> dict[str, float]:
         raise NotImplementedError
+
+    def parameters(self, w: Tensor) -> dict[str, Tensor]:
+        """A model `[d]` in the problem's own shapes, by name (views of `w`; a saved model's `parameters`,
+        `fedbench.saved`): the layers of its MLP (`layer1.weight` `[in, out]`, `layer1.bias` `[out]`, ...) where it
+        has one, else the vector itself as `w`."""
+        model = getattr(self, "model", None)
+        if not isinstance(model, MLP):
+            return {"w": w}
+        named = {}
+        for depth, (weight, bias) in enumerate(model.layers(w), 1):
+            named[f"layer{depth}.weight"] = weight
+            if bias is not None:
+                named[f"layer{depth}.bias"] = bias
+        return named
 
     def evaluate_personal(self, models: Tensor) -> dict[str, float]:
         """Each client's model `models[k]` on client k's own data, averaged as the problem's metrics are."""

@@ -80,6 +80,10 @@ class LowRank(LeastSquares):
     def make_regularizer(self):
         return Nuclear(self.config["lam"], self.shape, self.config["domain_radius"])
 
+    def parameters(self, w: Tensor) -> dict[str, Tensor]:
+        """The model as the matrix it estimates, `W` `[rows, cols]`."""
+        return {"W": w.view(*self.shape)}
+
     def recovery_metrics(self, models: Tensor, truth: Tensor | None = None) -> dict[str, Tensor]:
         truth = self.truth if truth is None else truth
         matrices = models.reshape(-1, *self.shape)

@@ -1,0 +1,104 @@
+"""Models back (issue 47 item 8): every tracked run stores its final model (`fedbench.saved`, the artifact
+`model/final.pt`); `fedbench export` writes it out and `fedbench.load_model` reads it; the loaded model, evaluated
+on the run's problem, gives the metrics of the run's last row."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
+
+import fedbench
+from cli import app
+from sweeps.driving import build_simulation
+from sweeps.recipe import load
+from sweeps.tracking import load_run_model
+
+LASSO = """\
+name: models-lasso
+problem: {name: lasso, clients: 8, samples_per_client: 20, dim: 30, support: 10, lam: 0.05}
+federation: {rounds: 12, clients_per_round: 4, local_steps: 3, batch_size: 5}
+algorithms: {fedmid: {client_lr: 1.0e-2}, fedda: {client_lr: 1.0e-2}}
+seeds: [7, 8]
+eval_every: 5
+"""
+S1 = """\
+name: models-s1
+problem: {name: pfl_synthetic, preset: s1, sigma_h: 1.0}
+federation: {rounds: 6, clients_per_round: 0, local_steps: 1, batch_size: 1}
+algorithms: {ascd_pfl: {}}
+seeds: [0]
+eval_every: 2
+"""
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, [str(a) for a in args], env={"FEDBENCH_VERBOSE": None})
+
+
+def runs_of(uri: str, experiment: str, role: str) -> list:
+    client = MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    return [run for run in client.search_runs([found.experiment_id], max_results=1000)
+            if run.data.tags.get("role") == role]
+
+
+def assert_last_row(model: dict, recipe_path, algorithm: str, seed: int, run) -> None:
+    """The saved model, evaluated on the run's own problem instance, gives the run's last logged metrics."""
+    problem = build_simulation(load(recipe_path).single_trial(algorithm, seed=seed), "cpu").problem
+    evaluated = problem.evaluate(model["global"], model["personal"])
+    logged = run.data.metrics
+    shared = [key for key in evaluated if key in logged and math.isfinite(logged[key])]
+    assert len(shared) >= 3, (sorted(evaluated), sorted(logged))
+    assert {k: evaluated[k] for k in shared} == pytest.approx({k: logged[k] for k in shared}, rel=1e-12, abs=1e-15)
+
+
+def test_a_runs_model_is_exported_and_gives_its_last_rows_metrics(tmp_path, tracking_uri):
+    recipe = tmp_path / "lasso.yaml"
+    recipe.write_text(LASSO)
+    assert invoke("run", recipe, "-a", "fedmid", "--seed", 7, "--tracking-uri", tracking_uri).exit_code == 0
+    [run] = runs_of(tracking_uri, "models-lasso", "run")
+    path = tmp_path / "fedmid.pt"
+    exported = invoke("export", run.info.run_id, path, "--tracking-uri", tracking_uri)
+    assert exported.exit_code == 0, exported.output
+    assert f"{path}: fedmid on lasso, round 12 (finished): w [30]" in " ".join(exported.output.split())
+    model = fedbench.load_model(path)
+    assert model["format"] == 1 and model["round"] == 12 and model["personal"] is None
+    assert model["global"].shape == (30,) and model["parameters"]["w"].equal(model["global"])
+    assert_last_row(model, recipe, "fedmid", 7, run)
+    assert load_run_model(run.info.run_id, tracking_uri)["global"].equal(model["global"])
+
+
+def test_a_personalized_runs_client_models_come_back_too(tmp_path, tracking_uri):
+    recipe = tmp_path / "s1.yaml"
+    recipe.write_text(S1)
+    assert invoke("run", recipe, "--seed", 0, "--tracking-uri", tracking_uri).exit_code == 0
+    [run] = runs_of(tracking_uri, "models-s1", "run")
+    model = load_run_model(run.info.run_id, tracking_uri)
+    problem = fedbench.make_problem("pfl_synthetic", preset="s1", sigma_h=1.0)
+    assert model["personal"].shape == (problem.num_clients, problem.dim) and model["personal_left_out"] == ""
+    assert_last_row(model, recipe, "ascd_pfl", 0, run)
+
+
+def test_export_of_a_run_without_a_model_is_refused_in_one_line(tracking_uri, tmp_path):
+    missing = invoke("export", "nosuchrun", tmp_path / "x.pt", "--tracking-uri", tracking_uri)
+    assert missing.exit_code == 2 and "no run 'nosuchrun'" in missing.output and "Traceback" not in missing.output
+    assert not (tmp_path / "x.pt").exists()
+
+
+@pytest.mark.ray
+def test_every_run_of_a_sweep_stores_its_model(ray_local, tmp_path, tracking_uri):
+    """Through Ray: the workers send each run's model with its end, the driver stores it; the runs of one program
+    (the two seeds of a configuration) each get their own."""
+    recipe = tmp_path / "lasso.yaml"
+    recipe.write_text(LASSO)
+    assert invoke("sweep", recipe, "--tracking-uri", tracking_uri, "--no-report").exit_code == 0
+    trials = runs_of(tracking_uri, "models-lasso", "trial")
+    assert len(trials) == 4
+    models = {}
+    for run in trials:
+        model = load_run_model(run.info.run_id, tracking_uri)
+        models[(run.data.tags["algorithm"], int(run.data.tags["seed"]))] = model
+        assert_last_row(model, recipe, run.data.tags["algorithm"], int(run.data.tags["seed"]), run)
+    assert not models[("fedmid", 7)]["global"].equal(models[("fedmid", 8)]["global"])
