@@ -20,7 +20,7 @@ CAPABILITIES = {
                          "per-device blocks)",
     "block_objective": "an objective F(w, β) = (1/M) Σ f_m(w, β_m) with a global block and a block per device: "
                        "block gradients, and the constants μ, 𝓛^w, 𝓛^β of its parameter rules",
-    "mixture": "the mixture objective (9)/(10)/(11) of spec 003 with its penalty λ (mx2)",
+    "mixture": "the mixture objective (9)/(10)/(11) of Hanzely et al. (TMLR 2023, §2.4) with its penalty λ (mx2)",
     "linear_model": "a loss of a linear model's outputs: a sample's gradient is its residual (∂ℓ/∂outputs, k "
                     "numbers) times its features, so that SAGA tables can store the residuals",
 }

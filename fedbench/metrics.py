@@ -2,7 +2,8 @@
 and the McClish-standardised partial AUC.
 
 `partial_auc(labels, scores, max_fpr)` is what `sklearn.metrics.roc_auc_score(y, s, max_fpr=β)` returns, and
-what the FeDXL paper and LibAUC report (spec 001 §3.5): the ROC area over FPR ∈ [0, β] (the ROC
+what the FeDXL authors' released code (`FeDXL/main.py`) and LibAUC's `pauc_roc_score` compute, the scale of
+the test pAUC of Guo et al. (ICML 2023), Table 2: the ROC area over FPR ∈ [0, β] (the ROC
 interpolated linearly at β), standardised so that a random scorer gets 0.5 and a perfect one 1:
     pAUC = ½ (1 + (A − β²/2) / (β − β²/2)).
 With β = 1 it is the plain AUC. Ties are handled as in sklearn (one ROC point per distinct score).

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 # Bytes of minibatch rows a run gathers per local step beyond which its runs go one after another on the CPU
 # (`one_program`): the step is then bound by memory traffic, which a batch does not reduce, and the batch's bookkeeping
 # costs ~5%. Measured on 2 CPU cores (FedMiD, Lasso with S·b = 100 rows, R = 16): 50 KB a run 1.7x, 200 KB 1.15x,
-# 800 KB (spec 002's p = 1024) 0.91-1.05x whatever the chunk size. A GPU step of that size is bound by kernel
+# 800 KB (Bao et al.'s Lasso, p = 1024) 0.91-1.05x whatever the chunk size. A GPU step of that size is bound by kernel
 # launches, which a batch shares: there the runs always form one program.
 MEMORY_BOUND_RUN_BYTES = 512 * 2**10
 

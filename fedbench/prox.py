@@ -4,10 +4,11 @@ Parameters are flat vectors `[..., d]`. A regularizer penalizes the leading `siz
 as a vector for ℓ1, as a `shape` matrix for the nuclear norm); trailing coordinates (an intercept) are
 left free: their prox is the identity and their subgradient zero.
 
-Proximal map convention (spec 002 §1.5, spec 000 §1.2): `prox(v, step) = argmin_w ½‖w − v‖² + step·h(w)`.
-With `radius` set, the domain is the ball ‖w‖₂ ≤ radius (the theory's 𝒲 of spec 002 §1.1); the exact
-prox is then "threshold, then rescale onto the ball", because ℓ1 and nuclear norm are positively
-homogeneous (spec 002 §1.5).
+Proximal map convention: `prox(v, step) = argmin_w ½‖w − v‖² + step·h(w)`, i.e. prox_{step·h} as the pFedFBE
+paper (ICLR 2023 submission, §1) defines prox_h. With `radius` set, the domain is the ball ‖w‖₂ ≤ radius (the
+𝒲 = {w : ‖w‖ ≤ ρ} of Bao et al., ICML 2022, §3.1 and Theorem 2.1, which their released code never applies);
+the exact prox is then "threshold, then rescale onto the ball", because ℓ1 and nuclear norm are positively
+homogeneous.
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def project_l2_ball(u: Tensor, radius) -> Tensor:
 
 
 def project_l1_ball(u: Tensor, radius) -> Tensor:
-    """Projection of each row onto ‖·‖₁ ≤ radius (Duchi et al. 2008; spec 002 §1.5, `ProjectOntoL1Ball.m`); the
+    """Projection of each row onto ‖·‖₁ ≤ radius (Duchi et al. 2008; `ProjectOntoL1Ball.m` of Bao et al.'s code); the
     radius is a float or a tensor broadcastable to `[..., 1]`."""
     magnitude = u.abs()
     inside = magnitude.sum(-1, keepdim=True) <= radius
@@ -139,7 +140,7 @@ def _singular_value_threshold(a: Tensor, threshold) -> Tensor:
 def project_nuclear_ball(a: Tensor, radius) -> Tensor:
     """Projection of each matrix `[..., p1, p2]` onto ‖·‖_nuc ≤ radius (a float or a tensor broadcastable to
     `[..., 1]`, one radius per matrix): its singular values onto the capped simplex {σ ≥ 0, Σσ ≤ radius}
-    (spec 002 §1.5, `nuc_prox_cs.m` + `ProjectOntoSimplex.m`), i.e. singular value thresholding at that simplex
+    (`nuc_prox_cs.m` + `ProjectOntoSimplex.m` of Bao et al.'s code), i.e. singular value thresholding at that simplex
     projection's threshold (0 inside the ball)."""
     batch = a.shape[:-2]
 
@@ -218,8 +219,8 @@ class Regularizer:
         raise NotImplementedError(f"no {self.name} ball projection")
 
     def prox_in_ball(self, v: Tensor, step, anchor: Tensor, radius, exact: bool = False) -> Tensor:
-        """argmin_w ½‖w − v‖² + step·h(w) s.t. ℛ(w − anchor) ≤ radius: the constrained prox of C-/MC-FedDA
-        (spec 002 §1.5). Default: the released code's sequential approximation (`l1_soft_cs`,
+        """argmin_w ½‖w − v‖² + step·h(w) s.t. ℛ(w − anchor) ≤ radius: the constrained prox CProx of C-/MC-FedDA
+        (Bao et al., ICML 2022, §3.3). Default: their released code's sequential approximation (`l1_soft_cs`,
         `nuc_prox_cs`): prox, then, if outside the ball, project onto it around the anchor. Exact
         (ℓ1 only): `L1.exact_prox_in_ball`. Without a radius (None), the plain prox. `step` and `radius` are
         floats or tensors broadcastable to `[..., 1]` (per-run values `[R, 1, 1]`)."""
@@ -231,7 +232,7 @@ class Regularizer:
             return self.exact_prox_in_ball(v, step, anchor, radius)
         u = self.prox(v, step)
         outside = self.norm(u - anchor).unsqueeze(-1) > radius
-        if not outside.any():  # the usual case: the radii of the experiments rarely bind (spec 002 §1.5)
+        if not outside.any():  # the usual case: Bao et al.'s released radii never bind in their synthetic runs
             return u
         return torch.where(outside, anchor + self.project_norm_ball(u - anchor, radius), u)
 
@@ -267,7 +268,7 @@ class L1(Regularizer):
         return project_l1_ball(x, radius)
 
     def exact_prox_in_ball(self, v, step, anchor, radius, iterations: int = 100):
-        """Exact ℓ1 constrained prox (spec 002 §1.5, "optional exact variant"). With a multiplier β ≥ 0
+        """Exact ℓ1 constrained prox (an option; Bao et al.'s code has only the sequential one). With a multiplier β ≥ 0
         the problem separates into 1-D convex pieces ½(w − v)² + τ|w| + β|w − a|, each minimized over the
         kinks {0, a} and the stationary points v − τs₁ − βs₂ that lie where sign(w) = s₁ and
         sign(w − a) = s₂. ‖w(β) − a‖₁ is non-increasing in β: bisect on β until it equals the radius. `step` and
@@ -340,11 +341,12 @@ class Nuclear(Regularizer):
 
 
 class GroupL2(Regularizer):
-    """λ Σ_g ‖w_g‖₂, the non-squared Euclidean norm of each group (spec 000 §1.2, the MNIST MLP's h). A group
+    """λ Σ_g ‖w_g‖₂, the non-squared Euclidean norm of each group (the MNIST MLP's h, pFedFBE paper §4.3). A group
     is a list of index blocks (start, end) of the flat vector, so that it may span non-contiguous coordinates
     (all weight matrices of an MLP, with the biases between them left out); coordinates in no group are free.
     prox = block soft-thresholding max(0, 1 − τ/‖v_g‖)·v_g per group (τ = step·λ), exactly 0 when ‖v_g‖ ≤ τ
-    (the pFedFBE code's "l2" prox zeroes but never scales, reference_implementations §3: not followed);
+    (the public pFedFBE code's "l2" prox, `prox_map.py` of github.com/wlsgus3396/pFedFBE, zeroes but never
+    scales: not followed);
     subgradient λ w_g/‖w_g‖ (0 at w_g = 0); dual norm max_g ‖g_g‖₂. The base class's `size` is one past the
     last penalized coordinate (every coordinate from there on is free); no ℛ-ball projection."""
 

@@ -16,7 +16,7 @@ advance as one program; a run alone is R = 1 through the same code:
   state `[R, S, ...]`, float hyperparameters and derived values `[R, 1, 1]` (`batch_hparams`). The problem's oracles
   see the run axis folded into the client axis (`RunOracle`, for any oracle method), so problems need nothing new.
 * Schedules. Rounds of fixed length (or of a drawn length, for one run) advance round by round (`RoundProgram`). Rounds
-  of random length where every client takes part (coin-flip communication, seed 003's block methods) advance
+  of random length where every client takes part (coin-flip communication, Hanzely et al.'s block methods) advance
   iteration by iteration, each run through its own rounds (`IterationProgram`): round-synchronous runs would each
   wait for the longest of R geometric lengths, about ln R times the mean. Which runs share one: `fedbench.planning`.
 * Divergence. A run that diverges stops, as alone: its partial curve is kept, its final state is stored on its
@@ -25,7 +25,7 @@ advance as one program; a run alone is R = 1 through the same code:
 * Evaluation. On the same schedule as alone, the runs due together in one `Problem.evaluate_runs` call.
 
 Why explicit and not `torch.func.vmap` over runs (tried first): on this CPU vmap costs ~2x per elementwise op and
-~30x per gather (index_select with a batched index: 380 µs against 12 µs), where the runs of seed 003's
+~30x per gather (index_select with a batched index: 380 µs against 12 µs), where the runs of Hanzely et al.'s
 problems are streams of ~10 µs ops; the explicit layout's ops on `[R, S, d]` cost about what `[S, d]` costs.
 Identity of a run in a batch with the run alone: bit for bit where the batched kernels reduce in the same order,
 else within 1e-12 relative; `tests/test_runs.py` per algorithm.
@@ -247,7 +247,7 @@ class RoundProgram:
         self.settled = [0.0] * len(sims)  # `share` when each run was last charged (`_settle`)
         self._uploaded = 0  # floats each run uploaded in the last round
         # Runs per batched kernel: a local step gathers S·b rows per run; beyond GATHER_BUDGET bytes the gathered
-        # batch leaves the cache and the batch runs slower than its runs one after another (spec 002's Lasso,
+        # batch leaves the cache and the batch runs slower than its runs one after another (Bao et al.'s Lasso,
         # 800 KB a run: 1.2x at R = 4, 0.4x at R = 64, before `plan` sent such runs one after another), so
         # larger batches go through the round in chunks.
         self.chunk = max(1, GATHER_BUDGET // step_bytes(first))

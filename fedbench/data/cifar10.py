@@ -1,4 +1,5 @@
-"""CIFAR-10 (Krizhevsky 2009) from its official distribution folders, for spec 004 §3.1 (Per-FedAvg).
+"""CIFAR-10 (Krizhevsky 2009) from its official distribution folders, for Per-FedAvg
+(Fallah et al., NeurIPS 2020, §5 and Appendix I).
 
 Two layouts are read, NumPy only:
 * the **binary version** `cifar-10-batches-bin/`: `data_batch_<k>.bin` and `test_batch.bin`, each a run of

@@ -1,6 +1,6 @@
 """Federated EMNIST by writer (FEMNIST): loaders of three local formats, and the paper's client filter.
 
-Formats (spec 002 §5.5), each read into one `WriterImages`:
+Formats, each read into one `WriterImages`:
 * the shipped npz files `femnist_sample10.npz` / `femnist_full.npz` (see the data folder's SOURCE.md):
   uint8 pixels = 255 × intensity, writers contiguous, a per-sample `is_test` flag;
 * TFF HDF5 `fed_emnist_digitsonly_{train,test}.h5` or `fed_emnist_{train,test}.h5`, groups
@@ -8,10 +8,11 @@ Formats (spec 002 §5.5), each read into one `WriterImages`:
   are read, as Yuan et al.'s `subset_ratio`;
 * LEAF JSON folders `<root>/{train,test}/*.json` with `users`, `num_samples`, `user_data`.
 
-`select_clients` then applies the released `process_femnist.py` (spec 002 §3.3). Intensities are kept
-as stored (background ≈ 1, spec 002 §1.4); float pixels that are exact grey levels k/255 (LEAF, TFF)
-are stored as uint8 k, a quarter of the memory. Any missing or malformed input raises a ValueError
-that names the path and what was expected. `load_index` reads the labels, writers and split alone (no images),
+`select_clients` then applies `process_femnist.py` of Bao et al.'s released code (the filter behind the 367 / 379
+clients of their §4, ICML 2022). Intensities are kept as stored (background ≈ 1, not inverted, as that code
+keeps LEAF's pixels); float pixels that are exact grey levels k/255 (LEAF, TFF) are stored as uint8 k, a
+quarter of the memory. Any missing or malformed input raises a ValueError that names the path and what was
+expected. `load_index` reads the labels, writers and split alone (no images),
 what checking a problem's partition before building it needs.
 """
 from __future__ import annotations
@@ -76,7 +77,7 @@ class WriterImages:
 
 @dataclass(frozen=True)
 class Clients:
-    """The kept writers' train and test samples, each split contiguous per writer (spec 002 §3.3)."""
+    """The kept writers' train and test samples, each split contiguous per writer (as `process_femnist.py`)."""
 
     writer_ids: np.ndarray  # [K]
     x_train: np.ndarray | None  # [N_train, 784], dtype as WriterImages.x (None, as x_test, from an index alone)
@@ -219,7 +220,7 @@ def load_leaf(root: str | Path) -> WriterImages:
 # -- process_femnist.py --------------------------------------------------------------------------------------
 
 def select_clients(data: WriterImages, classes: int, min_train: int = 10, min_test: int = 1) -> Clients:
-    """The released `process_femnist.py` (spec 002 §3.3): keep labels < `classes`, then drop writers with
+    """`process_femnist.py` of Bao et al.'s released code (ICML 2022): keep labels < `classes`, then drop writers with
     fewer than `min_train` train or `min_test` test samples left."""
     writer = data.writer
     keep = data.y < classes

@@ -1,13 +1,14 @@
-"""The real-image devices of seed 003 (Hanzely, Zhao, Kolar; spec 003 §4.3, experiment R1; R4 of §4.6 uses
-the same construction with 30 / 100 images per device): M devices, each given K of the 10 classes and
+"""The real-image devices of Hanzely, Zhao, Kolar (TMLR 2023, §6.1, Figs. 3–5; the Λ study of §6.4, Fig. 8,
+uses the same construction with 30 / 100 images per device): M devices, each given K of the 10 classes and
 `train` + `test` images of them, carved out of one image pool.
 
-Pool (`load_pool`): the *training* split of an MNIST-format folder, as the authors' code (its test images are
-carved from that split too, spec 003 §6 item 8): Fashion-MNIST by default, or any folder of the four IDX files
+Pool (`load_pool`): the *training* split of an MNIST-format folder, as the authors' released code (its test images are
+carved from that split too): Fashion-MNIST by default, or any folder of the four IDX files
 (the user's MNIST or KMNIST). MNIST itself cannot be fetched offline; its stand-in `digits` is the FEMNIST
 digits (labels 0–9) of every writer, train and test samples pooled in file order.
 
-Devices (`device_split`), each of spec 003 §6 item 8's choices a switch whose default is the authors' code:
+Devices (`device_split`), each choice where the paper (§6.1) and the authors' code differ a switch whose
+default is the code (github.com/boxinz17/PFL-Unified-Framework, `CV/`):
 * labels: `np.random.RandomState(seed)`, K draws per device in device order, as the code's
   `np.random.seed(111)` then `np.random.choice(10, size=K)` per device: with replacement, so a device can hold
   fewer than K classes ("code"); "paper": K distinct classes (`replace=False`);
@@ -17,7 +18,7 @@ Devices (`device_split`), each of spec 003 §6 item 8's choices a switch whose d
   from the same RandomState after every device's labels;
 * normalisation: torchvision's `Normalize` with the dataset's scalar mean and std on pixel/255 ("code"), or
   every pixel standardised over all devices' training rows ("paper"); then each row is divided by its L2 norm
-  either way, so ‖x‖ = 1, which is why the spec takes 𝓛' = 1.
+  either way, so ‖x‖ = 1, which is why the paper takes 𝓛' = 1 (§6.1–6.2).
 """
 from __future__ import annotations
 

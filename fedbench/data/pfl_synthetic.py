@@ -1,5 +1,6 @@
-"""The synthetic logistic data of seed 003 (Hanzely, Zhao, Kolar; spec 003 §4.1–4.2), generated with NumPy's
-legacy global RNG in the authors' order, which reproduces their data bit for bit (seed 111 by default).
+"""The synthetic logistic data of Hanzely, Zhao, Kolar (TMLR 2023, §5.1–5.2), generated with NumPy's
+legacy global RNG in the order of the authors' released code (github.com/boxinz17/PFL-Unified-Framework,
+`Synthetic/MX2/` and `Synthetic/EWS/`), which reproduces their data bit for bit (seed 111 by default).
 
 * S1 (`mx2`, objective (11)): w* ~ U[0.49, 0.51]^15; per device β*_m = w* + U[μ_m ± 0.01]^15 with
   μ_m ~ N(0, σ_h²); x ~ U[0.2, 0.5]^15; y ~ Bernoulli(σ(xᵀβ*_m)) (the code's sign; the paper prints the
@@ -7,7 +8,7 @@ legacy global RNG in the authors' order, which reproduces their data bit for bit
 * S2 (`ews`, objective (16)): w* ~ N(0, 1)^10 (global block); β*_m ~ U[μ_m ± 0.01]^5 (local block);
   x ~ U[0, 0.1]^15; y ~ Bernoulli(σ(xᵀ[w*; β*_m])).
 
-RNG order (spec 003 §4.1–4.2): `seed(seed)`; w*; then `seed(seed)` again; μ (20 normals); every β*_m; then every
+RNG order (that code's): `seed(seed)`; w*; then `seed(seed)` again; μ (20 normals); every β*_m; then every
 device's X and Y in turn. The legacy `np.random` functions are used through one `RandomState`, which draws the
 same numbers as the module-level calls after `np.random.seed`.
 """
@@ -30,7 +31,7 @@ class DeviceData:
 
 
 def mx2(sigma_h: float, seed: int = 111, devices: int = DEVICES, samples: int = SAMPLES) -> DeviceData:
-    """S1: personal models β*_m around a common w* (spec 003 §4.1)."""
+    """S1: personal models β*_m around a common w* (Hanzely et al., TMLR 2023, §5.1)."""
     rng = np.random.RandomState(seed)
     w_true = rng.uniform(0.49, 0.51, 15)
     rng = np.random.RandomState(seed)
@@ -41,7 +42,7 @@ def mx2(sigma_h: float, seed: int = 111, devices: int = DEVICES, samples: int = 
 
 
 def ews(sigma_h: float, seed: int = 111, devices: int = DEVICES, samples: int = SAMPLES) -> DeviceData:
-    """S2: a shared block w* (10) and a local block β*_m (5) per device (spec 003 §4.2)."""
+    """S2: a shared block w* (10) and a local block β*_m (5) per device (Hanzely et al., TMLR 2023, §5.2)."""
     rng = np.random.RandomState(seed)
     w_true = rng.normal(0, 1, 10)
     rng = np.random.RandomState(seed)
@@ -65,8 +66,9 @@ def _features_and_labels(rng: np.random.RandomState, models: np.ndarray, low: fl
 
 def logistic_hessian(data: DeviceData, models: np.ndarray) -> np.ndarray:
     """(1/(nM)) Σ σ(1 − σ) x xᵀ at the models `models` `[M, d]`: the Hessian of the mean logistic loss over all
-    devices' samples, whose smallest eigenvalue is spec 003's μ' (the authors' code takes
-    `np.linalg.eig(H)[0][-1]`, an eigenvalue in LAPACK's order, 1–7% above the smallest here)."""
+    devices' samples, whose smallest eigenvalue at the true models is the μ' of Hanzely et al. (TMLR 2023, §5.1)
+    (the authors' code takes `np.linalg.eig(H)[0][-1]`, an eigenvalue in LAPACK's order, 1–7% above the smallest
+    here)."""
     p = expit(np.einsum("mnd,md->mn", data.x, models))
     weights = (p * (1 - p)).reshape(-1)
     x = data.x.reshape(-1, data.x.shape[-1])

@@ -128,7 +128,8 @@ def other_sweeps(store: Store, experiment_id: str, recipe: Recipe) -> str:
 class Histories:
     """Metric histories (finite points only, by round), read from the store on first use, for every run of the
     report at once (`Store.metric_histories`). A run of a non-personalized method has no `personal_X`: its
-    personal model is its global model (spec 000 §2.3), so its `X` stands in, and methods compare on one panel."""
+    personal model is its global model (as in the pFedFBE paper, §4.1), so its `X` stands in, and methods compare
+    on one panel."""
 
     def __init__(self, store: Store, runs: Iterable = ()):
         self.store = store
