@@ -1,5 +1,5 @@
-"""ACD-PFL, accelerated block-coordinate descent with full local gradients (Hanzely, Zhao, Kolar, Algorithm 2,
-Theorem 7; spec 003 §3.2), the minimax-optimal method (√(L^w/μ) communications):
+"""ACD-PFL, accelerated block-coordinate descent with full local gradients (Hanzely, Zhao, Kolar, TMLR 2023,
+§4.2, Algorithm 2, Theorem 7), the minimax-optimal method (√(L^w/μ) communications):
 
     ν = μ/(√L^w + √L^β)²,  θ = (√(ν² + 4ν) − ν)/2,  η = 1/θ,  p_w = √L^w/(√L^w + √L^β)
     x = (1 − θ) y + θ z                                                        (both blocks)

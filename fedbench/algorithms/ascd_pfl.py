@@ -1,4 +1,4 @@
-"""ASCD-PFL, accelerated stochastic coordinate descent on (w, β) (Hanzely, Zhao, Kolar, Algorithm 5; spec 003 §3.4):
+"""ASCD-PFL, accelerated stochastic coordinate descent on (w, β) (Hanzely, Zhao, Kolar, TMLR 2023, App. A, Alg. 5):
 ASVRCD-PFL without control variates, one sample j_m per device per iteration:
 
     x = θ z + (1 − θ) y                                                  (both blocks)

@@ -1,5 +1,5 @@
-"""ASVRCD-PFL, accelerated variance-reduced coordinate descent on (w, β) (Hanzely, Zhao, Kolar, Algorithm 4 with
-the parameters of Theorems 8/9; spec 003 §3.3). One sample j_m per device per iteration, the same at x and v:
+"""ASVRCD-PFL, accelerated variance-reduced coordinate descent on (w, β) (Hanzely, Zhao, Kolar, TMLR 2023, §4.3,
+Algorithm 4 with the parameters of Theorems 8/9). One sample j_m per device per iteration, the same at x and v:
 
     x = θ1 z + θ2 v + (1 − θ1 − θ2) y                                           (both blocks)
     with probability ρ: v ← y, recompute ∇F(v)           (the code flips this coin first, before g, x from the old v)
@@ -42,7 +42,7 @@ class ASVRCDPFL(BlockMethod):
     keeps = BETA_BLOCK
     requires = frozenset({"block_objective", "full_data"})
     hparams = (P_W, ETA, RHO, Param("count_refresh", "bool", True, "a refresh of v ends a communication round (the "
-                                    "synthetic code, §3.0) or happens inside one (the CV code)"))
+                                    "authors' synthetic code) or happens inside one (their CV code)"))
     draws_at_round_end = True  # the refresh and ζ coins (`coins`), branched on in Python
 
     @classmethod

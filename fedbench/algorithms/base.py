@@ -280,7 +280,8 @@ def aggregate(values: Tensor, weights: Tensor) -> Tensor:
 
 def composite_step(reg, h_mode: str, x: Tensor, direction: Tensor, lr) -> Tensor:
     """x − lr·(direction + g), g ∈ ∂h(x) (`subgradient`), or prox_{lr·h}(x − lr·direction) (`prox`): how the
-    smooth-FL baselines of spec 000 §2.3 treat the nonsmooth h."""
+    smooth-FL baselines treat the nonsmooth h (subgradients in place of gradients, as the pFedFBE paper, ICLR 2023
+    submission, §1, extends them; `prox` is an alternative of this project)."""
     if h_mode == "prox":
         return reg.prox(x - lr * direction, lr)
     if not reg.lam:  # h = 0: no zero subgradient to build and add in the inner loops

@@ -1,5 +1,5 @@
-"""C-FedDA, constrained federated dual averaging (Bao, Crawshaw, Luo, Liu, ICML 2022, Algorithm 2;
-spec 002 §2.2): round-level weights α_r, an optional ℛ-ball around the anchor w₀, and a server-only
+"""C-FedDA, constrained federated dual averaging (Bao, Crawshaw, Luo, Liu, ICML 2022, §3.3,
+Algorithm 2): round-level weights α_r, an optional ℛ-ball around the anchor w₀, and a server-only
 iterate history w̃_r, so that clients upload only g (p floats).
 
     CProx_r(z) = argmin_{ℛ(w − w₀) ≤ ε₀} ⟨w, z − γEw₀⟩ + (μA_r/2 + γ)E‖w‖²/2 + A_r E h(w)
@@ -8,7 +8,7 @@ iterate history w̃_r, so that clients upload only g (p floats).
         for j = 0..E−1:  g_k ← g_k + α_r ∇f(u; minibatch);   if j < E−1:  u ← CProx_r(g_k − μE w̃_r/2)
     server:  g ← Σ π̂_k g_k;   w̄_{r+1} ← CProx_r(g − μE w̃_r/2);   w̃_{r+1} ← w̃_r + α_{r+1} w̄_{r+1}
 
-Conventions (spec 002 §2.2, §2.7, §7 items 4–5):
+Conventions (the paper against its authors' MATLAB code, github.com/MingruiLiu-ML-Lab/Federated-Sparse-Learning):
 * `gamma_convention`: `code` [default] — γ multiplies the per-step quadratic as in the released
   scripts, so the paper's γ is γ_code / E (Appendix F's "L = 600" is γ_code); `paper` — γ as written.
 * `radius`: ε₀ of the ball (None: no ball, as every released C-FedDA run). `constrained_prox`:

@@ -1,6 +1,6 @@
 """CODASCA (Yuan, Guo, Xu, Ying, Yang, ICML 2021), federated min-max AUC maximization with control
-variates: the FeDXL paper's "CODASCA (min-max AUC)" baseline (spec 001 §2.4 item 2; LibAUC's example
-script is the reference, its defaults where the FeDXL paper states none).
+variates: the FeDXL paper's "CODASCA (min-max AUC)" baseline (Guo, Jin, Luo, Yang, ICML 2023, §4; LibAUC's
+example script is the reference, its defaults where the FeDXL paper states none).
 
 Objective (AUC-M, square loss with margin m), over the primal v = (w, a, b) and the dual α ≥ 0, with p
 the share of positives in the training data:

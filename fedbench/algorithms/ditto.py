@@ -1,15 +1,16 @@
-"""Ditto (Li, Hu, Beirami, Smith, ICML 2021; spec 000 §2.3(e)): FedAvg for the global model plus a
-persistent personal model v_k per client, pulled towards the global model.
+"""Ditto (Li, Hu, Beirami, Smith, ICML 2021), the pFedFBE paper's "pFedditto" baseline (§4.1): FedAvg for the
+global model plus a persistent personal model v_k per client, pulled towards the global model.
 
     client k (when sampled), for each of E local steps on one minibatch:
         u   ← u   − η_c (∇f(u; D) + g(u))                          # global-model local solver
         v_k ← v_k − η_p (∇f(v_k; D) + g(v_k) + λ_d (v_k − w))      # personal model, anchored at w
     server: w ← w + η_s Σ_k π̂_k (u_k − w)
 
-g is a subgradient of h (spec 000's default treatment of the nonsmooth part) or, with
+g is a subgradient of h (how the pFedFBE paper, §1, extends smooth-FL methods to h) or, with
 `h_mode: prox`, the step is followed by prox_{η h} instead. v_k starts at w₀ and lives across rounds
-(`[N, d]` client state); metrics evaluate the personal models. Defaults λ_d = 0.1, η_p = η_c
-(spec 000's proposal; `derive` gives η_p as `hp.personal_step`).
+(`[N, d]` client state); metrics evaluate the personal models. Defaults λ_d = 0.1 (from the Ditto paper's grid
+{0.05, 0.1, 0.2, 0.5, 1, 2}) and η_p = η_c, the pFedFBE paper giving neither (`derive` gives η_p as
+`hp.personal_step`).
 """
 from __future__ import annotations
 

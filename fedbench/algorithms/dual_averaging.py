@@ -1,12 +1,12 @@
-"""What Fast-FedDA, C-FedDA and MC-FedDA share (Bao, Crawshaw, Luo, Liu, ICML 2022; spec 002 §2.1–2.3):
+"""What Fast-FedDA, C-FedDA and MC-FedDA share (Bao, Crawshaw, Luo, Liu, ICML 2022, §2.1 and §3.3–3.4):
 the weights α and the closed-form prox of dual averaging with strong-convexity quadratics.
 
 Weights: `const` α ≡ 1, as the authors' released code [default]; `quadratic` α_t = (t + a)², the
 theory's choice (Thm 2.1), with A_t = Σ_{i=0}^{t} α_i.
 
-Prox (spec 002 §2.1, eq. (13) of the paper):
+Prox (the paper's Prox_t of §2.1, which its App. B.2 writes as dual averaging in eq. (13)):
     argmin_w ⟨w, z − γ w₀⟩ + (μA/2 + γ)‖w‖²/2 + A·h(w)  =  prox_{(A/c)·h}((γ w₀ − z)/c),  c = μA/2 + γ,
-optionally restricted to the ℛ-ball ℛ(w − w₀) ≤ ε around the anchor w₀ (C-/MC-FedDA, spec 002 §2.2).
+optionally restricted to the ℛ-ball ℛ(w − w₀) ≤ ε around the anchor w₀ (C-/MC-FedDA, the paper's §3.3).
 
 In a round, μ, γ, a and ε are per-run `[R, 1, 1]` tensors (`fedbench.algorithms.base`); these functions take
 them or Python floats alike. The algorithms use the derived μ/2 (`derive`): (μ/2)·x and (μ·x)/2 are the same

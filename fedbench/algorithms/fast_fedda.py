@@ -1,14 +1,14 @@
-"""Fast-FedDA (Bao, Crawshaw, Luo, Liu, ICML 2022, Algorithm 1; spec 002 §2.1): federated dual
+"""Fast-FedDA (Bao, Crawshaw, Luo, Liu, ICML 2022, §2.1, Algorithm 1): federated dual
 averaging whose prox adds strong-convexity quadratics centred at past iterates. Clients exchange the
 α-weighted cumulative gradient g and the α-weighted cumulative iterate w̃ (2p floats each way).
 
-    Prox_t(z) = argmin_w ⟨w, z − γw₀⟩ + (μA_t/2 + γ)‖w‖²/2 + A_t h(w)          (paper eq. (13))
+    Prox_t(z) = argmin_w ⟨w, z − γw₀⟩ + (μA_t/2 + γ)‖w‖²/2 + A_t h(w)          (§2.1; eq. (13), App. B.2)
     client k, round r (t = rE + j):  g_k ← g;  w̃_k ← w̃;  u ← w
         for j = 0..E−1:  g_k ← g_k + α_t ∇f(u; minibatch)
                          if j < E−1:  u ← Prox_t(g_k − μw̃_k/2);  w̃_k ← w̃_k + α_{t+1} u
     server:  g ← Σ π̂_k g_k;  w̃ ← Σ π̂_k w̃_k;  w ← Prox_{(r+1)E−1}(g − μw̃/2);  w̃ ← w̃ + α_{(r+1)E} w
 
-Conventions (spec 002 §2.1, §7 items 3 and 10):
+Conventions (the paper's theory against the authors' released MATLAB scripts):
 * `alpha`: const α ≡ 1 (released code, default) or quadratic (t + a)² (theory; γ = 2μa³ there, here γ
   is free).
 * `local_order`: `grad_then_prox` (LassoRun.m, EmnistRun.m) [default] or `prox_then_grad`
@@ -16,7 +16,7 @@ Conventions (spec 002 §2.1, §7 items 3 and 10):
   A = t + 1, then takes the gradient there and adds u to w̃_k).
 * `reference_compat` (grad_then_prox only): the released scripts also prox and add to w̃_k at the
   last local step, so w̃ gains one extra iterate per round [default true, as the code].
-γ here is the paper's γ (Appendix F's "L = 550" is this γ, spec 002 §2.7).
+γ here is the paper's γ (Appendix F's "L = 550" is this γ: it is the variable `gamma` of the released code).
 The anchor term γw₀ of the prox is the same all round: clients compute it once (`pull`).
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """FedAvg (McMahan et al. 2017) on the smooth part, optionally with a subgradient of h — the
-"FedAvg(∂)" baseline of spec 000 §2.3(a) and of Yuan et al. (2021).
+"FedAvg" baseline of the pFedFBE paper (ICLR 2023 submission, §4) and the "FedAvg(∂)" of Yuan et al. (2021).
 
     client:  u ← w;  repeat E times:  u ← u − η_c (∇f(u; minibatch) [+ g],  g ∈ ∂h(u))
     server:  w ← w + η_s Σ_k π̂_k (u_k − w)

@@ -1,13 +1,13 @@
-"""FedDA / FedDualAvg, federated dual averaging (Yuan, Zaheer, Reddi, ICML 2021; spec 002 §2.5,
-spec 000 §2.3(c)). The server keeps a dual vector z (z₀ = w₀); primal points are retrieved by a prox
-whose strength is the learning rate elapsed so far.
+"""FedDA / FedDualAvg, federated dual averaging (Yuan, Zaheer, Reddi, ICML 2021), a baseline of Bao et al.
+(ICML 2022, §4) and the pFedFBE paper's "FedDual" (§4.1). The server keeps a dual vector z (z₀ = w₀); primal
+points are retrieved by a prox whose strength is the learning rate elapsed so far.
 
     client k, round r:  z_k ← z
         for j = 0..E−1:  η̃ ← η_s η_c (r + o) E + η_c (j + o)
                          u ← prox_{η̃ h}(z_k);   z_k ← z_k − η_c ∇f(u; minibatch)
     server:  z ← z + η_s Σ_k π̂_k (z_k − z);   w ← prox_{η_s η_c (r + 1 + o) E · h}(z)
 
-Offset o (spec 002 §2.5 and §7 item 9): `bao` o = 1, the released code of Bao et al. (1-indexed
+Offset o: `bao` o = 1, the released code of Bao et al. (1-indexed
 rounds; one extra round of shrinkage) [default]; `yuan` o = 0, Yuan et al.'s paper and code.
 The elapsed learning rate is a function of the round index, so clients need only z (p floats); clients compute
 those of the round's E steps at its start (`elapsed`, `[E, R, 1, 1]`: step j's per run), in the order above.

@@ -1,13 +1,15 @@
-"""FedMiD, federated mirror descent with the Euclidean mirror map (Yuan, Zaheer, Reddi, ICML 2021;
-spec 002 §2.4, spec 000 §2.3(b)): client proximal SGD, then primal averaging and a server prox.
+"""FedMiD, federated mirror descent with the Euclidean mirror map (Yuan, Zaheer, Reddi, ICML 2021), a baseline
+of Bao et al. (ICML 2022, §4) and the pFedFBE paper's "Fedmirror" (§4.1): client proximal SGD, then primal
+averaging and a server prox.
 
     client:  u ← w;  repeat E times:  u ← prox_{η_c h}(u − η_c ∇f(u; minibatch))
     server:  Δ ← Σ_k π̂_k (u_k − w);   w ← prox_{τ_s h}(w + η_s Δ)
 
-Server threshold τ_s (spec 002 §7 item 9):
+Server threshold τ_s:
 * `bao`  — η_s·η_c, the released code of Bao et al. (2022) [default, reproduces their Figures 1–2];
 * `yuan` — η_s·η_c·E, Yuan et al.'s own implementation (the round's total client learning rate);
-* `none` — plain averaging, no server prox (spec 000's default "Fedmirror").
+* `none` — plain averaging, no server prox (how this project reads the pFedFBE paper's "Fedmirror", which
+  states no server step).
 """
 from __future__ import annotations
 

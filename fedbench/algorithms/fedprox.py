@@ -1,12 +1,13 @@
-"""FedProx (Li, Sahu, Zaheer, Sanjabi, Talwalkar, Smith, MLSys 2020; spec 000 §2.3(f)): local steps on the
+"""FedProx (Li, Sahu, Zaheer, Sanjabi, Talwalkar, Smith, MLSys 2020): local steps on the
 client loss plus a proximal pull toward the round's global model, then plain averaging.
 
     client:  w ← w_k;  repeat R times:  w ← w − η (∇f̃(w; D) + ∂h(w) + μ_p (w − w_k))
     server:  w_{k+1} ← Σ π̂_i w_i
 
 `h_mode: prox` takes the step on the smooth part and the pull, then prox_{η h}. The "pFedprox" of the
-pFedFBE paper is personalized by the client's own last local iterate (spec 000 §2.3(f) [proposal]): each
-client keeps the model it ended its last sampled round with; a client never sampled yet uses the global w.
+pFedFBE paper (§4.2, which does not define its personal model) is personalized here by the client's own last
+local iterate: each client keeps the model it ended its last sampled round with; a client never sampled yet uses
+the global w.
 With μ_p = 0 this is FedAvg(∂) with server step 1.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """FeDXL1, federated X-risk optimization for a linear outer f (Guo, Jin, Luo, Yang, ICML 2023,
-Algorithm 1; spec 001 §2.1), e.g. AUC maximization with the symmetric PSM loss (`pauc` with
+§3.1, Algorithm 1), e.g. AUC maximization with the symmetric PSM loss (`pauc` with
 `task: auc`): plain local SGD on the active–passive decomposition, no momentum and no u.
 
     client i, round r:  w ← w̄;   for k = 0..K−1:
@@ -9,7 +9,7 @@ Algorithm 1; spec 001 §2.1), e.g. AUC maximization with the symmetric PSM loss 
     server:  w̄ ← mean_i w_i;  merge the score lists (pools of the last `history_rounds` rounds)
 
 Algorithm 1 line 14 swaps B_{i,1} and B_{i,2}; G1 needs passive negatives and G2 passive positives
-(spec 001 §2.1). Passive draws and the bootstrap pools as FeDXL2 (`xrisk.StaleScores`).
+(eqs. (5)–(6)). Passive draws and the bootstrap pools as FeDXL2 (`xrisk.StaleScores`).
 """
 from __future__ import annotations
 

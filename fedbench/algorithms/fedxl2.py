@@ -1,5 +1,5 @@
 """FeDXL2, federated deep X-risk optimization for a nonlinear outer f (Guo, Jin, Luo, Yang, ICML 2023,
-Algorithm 2; spec 001 §2.2), e.g. the KL-OPAUC partial-AUC objective of the `pauc` problem.
+§3.2, Algorithm 2), e.g. the KL-OPAUC partial-AUC objective of the `pauc` problem.
 
     server:  w̄ ← mean_i w_i;  Ḡ ← mean_i G_i;  merge the clients' score lists H₁ (with their u) and H₂
     client i, round r:  w ← w̄;  G ← Ḡ;   for k = 0..K−1:
@@ -10,10 +10,10 @@ Algorithm 2; spec 001 §2.2), e.g. the KL-OPAUC partial-AUC objective of the `pa
         w ← w − η G;   record a (with u[idx]) and b for the next round's pools
     upload w, G, and the round's scores and u values (all counted as communication)
 
-Conventions (spec 001 §2.5–2.7), the released code's unless noted: passive values from pools of the
+Conventions, those of the authors' released code (`FeDXL/main.py`) unless noted: passive values from pools of the
 last `history_rounds` rounds, drawn with replacement (`xrisk.StaleScores`); `u_init` = 1 (the paper's 0
 is undefined for f = λ log), u on each client (`[N, n₊]` state); the server averages the momentum G as
-well as w (the paper; the released code averages only one tensor by a bug, §2.7 item 3):
+well as w (the paper; by a bug in its all-reduce loop, the released code averages only one tensor):
 `average_momentum`; the scores and u recorded are those of the update minibatch (no independent extra
 samples); step size η × `decay` every `decay_every` local iterations (the paper: ×0.1 every 5k).
 """

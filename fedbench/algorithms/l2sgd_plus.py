@@ -1,6 +1,6 @@
-"""L2SGD+ (Hanzely & Richtárik 2020, "Federated learning of a mixture of global and local models", Algorithm 2;
-spec 003 §3.6, the fixed version), the baseline of seed 003 for the mixture objective (9)
-min_X (1/M) Σ f'_m(x_m) + (λ/(2M)) Σ ‖x_m − x̄‖², on the devices' models x_m in natural variables:
+"""L2SGD+ (Hanzely & Richtárik 2020, "Federated learning of a mixture of global and local models", Algorithm 2,
+in its fixed version, see below), the baseline of Hanzely, Zhao, Kolar (TMLR 2023, §5.1) for their mixture
+objective (9) min_X (1/M) Σ f'_m(x_m) + (λ/(2M)) Σ ‖x_m − x̄‖², on the devices' models x_m in natural variables:
 
     with probability 1 − p (local step, each device, one sample j):  γ = ∇f'_{m,j}(x_m)
         g_m = (γ − J_m[j])/(M(1 − p)) + (1/(Mn)) Σ_l J_m[l] + Ψ_m/M;   x_m ← x_m − α g_m;   J_m[j] ← γ
@@ -13,10 +13,10 @@ authors' code made the stored curves converge to a wrong point). The losses are 
 softmax), whose sample gradient is its residual ∂ℓ/∂outputs (k numbers) times its features: the table stores the
 residuals, n·k numbers a device instead of n·d (15x fewer on S1, 785x on the image problems), and
 γ − J_m[j] = (r − r_j)·x_j with the sample's own features. α and p default to ASVRCD's η and p_w on the
-problem (§4.1), λ is the problem's. A round is the local steps up to and including the next averaging step; its
-x̄ is the mean over the client axis (participation = "all", an all-reduce). The row's global model is the
-devices' mean, so that the objective evaluated is (9) at X. α, p and the factors of g_m that follow from them are
-each run's own (`derive`).
+problem (as Hanzely, Zhao, Kolar set them, §5.1), λ is the problem's. A round is the local steps up to and
+including the next averaging step; its x̄ is the mean over the client axis (participation = "all", an
+all-reduce). The row's global model is the devices' mean, so that the objective evaluated is (9) at X. α, p and
+the factors of g_m that follow from them are each run's own (`derive`).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Local Pair (spec 001 §2.4 item 3), the FeDXL paper's baseline without cross-client pairs: each client
+"""Local Pair, the FeDXL paper's baseline without cross-client pairs (Guo, Jin, Luo, Yang, ICML 2023, §4): each client
 optimizes the same compositional X-risk on the pairs inside its own minibatches, by SOX (Wang & Yang
 2022): u moving averages for its positives, momentum β, and FedAvg of the model every round.
 

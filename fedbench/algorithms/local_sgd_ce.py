@@ -1,4 +1,4 @@
-"""Local SGD on cross-entropy (spec 001 §2.4 item 1), the FeDXL paper's "Local SGD (CE loss)" baseline:
+"""Local SGD on cross-entropy, the FeDXL paper's "Local SGD (CE loss)" baseline (Guo, Jin, Luo, Yang, ICML 2023, §4):
 each client runs plain SGD on the problem's minibatch gradient, which for `pauc` is the binary
 cross-entropy of a class-balanced minibatch (b/2 positives + b/2 negatives, as the released code), and
 the server averages the models every round (server step 1, no momentum). The step size is multiplied

@@ -1,10 +1,10 @@
-"""MC-FedDA, multi-stage C-FedDA (Bao, Crawshaw, Luo, Liu, ICML 2022, Algorithm 3; spec 002 §2.3):
+"""MC-FedDA, multi-stage C-FedDA (Bao, Crawshaw, Luo, Liu, ICML 2022, §3.4, Algorithm 3):
 C-FedDA restarted in stages with a decreasing λ_m and a shrinking ℛ-ball ε_m around each stage's anchor
 (a homotopy).
 
     for m = 0..M−1:  ŵ_{m+1} ← C-FedDA(anchor = ŵ_m, R_m rounds, λ_m, ε_m)
 
-Restart semantics of the released code (spec 002 §2.3): at a stage start the anchor and w̃ become the
+Restart semantics of the authors' released MATLAB code: at a stage start the anchor and w̃ become the
 last server iterate ŵ_m (not a weighted average), g ← 0, and the round counter (so A_r and the γ terms)
 restarts. The ball step is applied in every client and server prox. Stages are given explicitly
 (`stage_rounds`, `stage_lams`, `stage_radii`), as the experiments do, rather than by the theory's

@@ -1,12 +1,12 @@
-"""Per-FedAvg, personalized FedAvg via MAML (Fallah, Mokhtari, Ozdaglar, NeurIPS 2020; spec 004 §2.1–2.5). The
+"""Per-FedAvg, personalized FedAvg via MAML (Fallah, Mokhtari, Ozdaglar, NeurIPS 2020, §3 and §5). The
 clients run local steps on the meta-function F_i(w) = f_i(w − α∇f_i(w)) (eq. 4), whose gradient is
 (I − α∇²f_i(w)) ∇f_i(w − α∇f_i(w)) (eq. 5), estimated with three independent minibatches D, D′, D″ (eq. 8):
 
     w̃ = w − α ∇f̃(w; D)                 (the one-step adapted model)
     v = ∇f̃(w̃; D′)
     exact (Alg. 1):  direction = v − α ∇²f̃(w; D″) v                         (an HVP at the un-adapted w)
-    fo   (§2.4):     direction = v                                           (FO-MAML, the Hessian term dropped)
-    hf   (§2.5):     direction = v − α (∇f̃(w + δv; D″) − ∇f̃(w − δv; D″))/(2δ)  (App. H eqs. 119–121; the
+    fo   (§5 (i)):   direction = v                                           (FO-MAML, the Hessian term dropped)
+    hf   (§5 (ii)):  direction = v − α (∇f̃(w + δv; D″) − ∇f̃(w − δv; D″))/(2δ)  (App. H eqs. 119–121; the
                      main text's "/δ" and its u are typos)
     local step:  w ← w − β direction,  τ times;   server:  w ← the plain average of the participants' w
 

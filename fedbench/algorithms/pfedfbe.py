@@ -1,5 +1,5 @@
-"""pFedFBE, personalized federated composite learning with forward-backward envelopes (anonymous ICLR 2023
-submission, Algorithm 1; spec 000 §1.4, §2.1). Each client's composite loss f_i + h is replaced by its FBE
+"""pFedFBE, personalized federated composite learning with forward-backward envelopes (the pFedFBE paper, an
+anonymous ICLR 2023 submission, §2.1–2.2, Algorithm 1). Each client's composite loss f_i + h is replaced by its FBE
 
     F_i(w) = f_i(w) − ‖∇f_i(w)‖²/(2λ) + M_{λh}(w − ∇f_i(w)/λ)                                       (eq. 5)
 
@@ -11,18 +11,20 @@ whose gradient (λI − ∇²f_i(w))(w − T_i(w)), T_i(w) = prox_{h/λ}(w − �
     server: w ← Σ π̂_i w_i  (Algorithm 1: the plain average; `aggregation: uniform`, the federation's default)
 
 The personal model of client i is θ_i(w) = prox_{h/λ}(w − ∇f_i(w)/λ) on its full training data (eq. (8)
-without its typo: the 1/λ on ∇f_i, spec §7), computed for every client at evaluation, at the global w
-(`personal_point: global`) or at the client's last local iterate (`last_local`), per run with its own λ. Rows also
-carry the FBE objective F(w) = mean_i F_i(w) (eq. 5) at the global w.
+with the 1/λ on ∇f_i that its print omits, as Algorithm 1 and eq. (6) have it), computed for every client at
+evaluation, at the global w (`personal_point: global`) or at the client's last local iterate (`last_local`), per
+run with its own λ. Rows also carry the FBE objective F(w) = mean_i F_i(w) (eq. 5) at the global w.
 
 Hessian-vector products (`hvp`): `finite_diff` (∇f̃(w + τu; D̂) − ∇f̃(w; D̂))/τ with τ = ε/max(‖u‖, 1e-12),
-ε = 1e-3 in float32 and 1e-6 in float64 (spec §2.1); `autograd` (torch.func's HVP); `exact` (the problem's
-closed form, least squares); `none` (g = λu: the first-order estimate). `hvp_batch`: `same` (D̂ = D: the
-paper's "two minibatch gradient evaluations") or `independent` (Algorithm 1 literally).
+ε = 1e-3 in float32 and 1e-6 in float64 (the paper, §2.2, asks only for a small τ > 0); `autograd` (torch.func's
+HVP); `exact` (the problem's closed form, least squares); `none` (g = λu: the first-order estimate, §2.2).
+`hvp_batch`: `same` (D̂ = D: the paper's "two minibatch gradient evaluations", §2.2) or `independent`
+(Algorithm 1 literally).
 
-F_i is C¹ only when λ > L (the clients' smoothness): before the first round the algorithm estimates L by
-power iteration on every client's full-data Hessian at w₀ and refuses λ ≤ L (`allow_small_lambda` runs
-anyway), as the spec's pre-check saw pFedFBE diverge at λ = 2000 < L ≈ 2.1e3 with an unhalved MSE.
+F_i is C¹ only when λ > L (the clients' smoothness; the paper, §2.1): before the first round the algorithm
+estimates L by power iteration on every client's full-data Hessian at w₀ and refuses λ ≤ L (`allow_small_lambda`
+runs anyway). On the paper's Lasso (§4.1) with an unhalved MSE, L ≈ 2.1e3 exceeds the paper's λ = 2000, and a
+simulation of pFedFBE there diverged.
 """
 from __future__ import annotations
 
@@ -84,7 +86,7 @@ class PFedFBE(Algorithm):
             if lam <= smoothness:
                 raise ValueError(f"pfedfbe: λ = {lam:g} must exceed the clients' smoothness L ≈ {smoothness:.4g} "
                                  "(power iteration on the full-data Hessians at w₀), or the FBE is not smooth and "
-                                 "the method diverges (spec 000 §1.4); raise lam, or set allow_small_lambda: true")
+                                 "the method diverges (pFedFBE paper §2.1); raise lam, or set allow_small_lambda: true")
         return {"w": w0.clone()}
 
     def init_clients(self, w0, num_clients):

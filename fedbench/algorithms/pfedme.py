@@ -1,5 +1,6 @@
-"""pFedMe, personalized FL with Moreau envelopes (T Dinh, Tran, Nguyen, NeurIPS 2020, Algorithm 1; spec 000
-§1.3, §2.3(d); spec 003 §3.7). Client i approximately solves the Moreau subproblem
+"""pFedMe, personalized FL with Moreau envelopes (T Dinh, Tran, Nguyen, NeurIPS 2020, Algorithm 1), a baseline
+of the pFedFBE paper (ICLR 2023 submission, §2 eqs. (2)–(3), §4) and of Hanzely, Zhao, Kolar (TMLR 2023, §5.1).
+Client i approximately solves the Moreau subproblem
 θ_i(w) = argmin_θ f_i(θ) + h(θ) + (λ/2)‖θ − w‖² around its local copy and pulls the copy toward it:
 
     client i, round k:  w_loc ← w_k;  θ ← w_k
@@ -9,22 +10,23 @@
         upload w_loc;   the personal model θ_i is the last θ
     server:  w ← (1 − β) w + β Σ π̂_i w_loc,i
 
-θ is warm-started across the local steps. Where the two specs part (spec 000 and the official pFedMe code against
-spec 003 §3.7 and the authors' MX2 code), a hyperparameter says which:
-* `theta_start`: θ starts each round at the round's w (`round`: spec 000, the pFedMe code), or where the device's
-  last round left it (`carried`: spec 003 §3.7, "warm-started across rounds");
-* `minibatch`: ∇f̃(θ; D) averages D's rows as drawn, with replacement, a repeated row counted each time (`drawn`:
-  spec 000), or its distinct rows only (`distinct`: the MX2 code draws with replacement then dedups with set(...));
+θ is warm-started across the local steps. Where the official pFedMe code (github.com/CharlieDinh/pFedMe) and the
+pFedMe of the released code of Hanzely, Zhao, Kolar (`Synthetic/MX2/pFedMe.py`, the MX2 code) part, a
+hyperparameter says which:
+* `theta_start`: θ starts each round at the round's w (`round`: the pFedMe code), or where the device's last
+  round left it (`carried`: the MX2 code, whose θ starts at 0 and is warm-started across rounds);
+* `minibatch`: ∇f̃(θ; D) averages D's rows as drawn, with replacement, a repeated row counted each time
+  (`drawn`), or its distinct rows only (`distinct`: the MX2 code draws with replacement then dedups with set(...));
   computed from the rows' residuals (a linear model's loss, `linear_model`), the repeats weighted 0.
 Other conventions:
-* `h_mode`: the inner step uses a subgradient of h (spec 000's default for smooth-FL baselines) or, with
+* `h_mode`: the inner step uses a subgradient of h (as the pFedFBE paper, §1, extends smooth-FL methods) or, with
   `prox`, takes the step on the smooth part then prox_{η_p h};
 * `hidden_decay`: the pFedMe code's pFedMeOptimizer adds 0.001·θ to the inner gradient (default off);
 * sample-weighted averaging (the pFedMe code) is the federation's `aggregation: samples`; the default
   `uniform` is Algorithm 1 of the pFedFBE paper's comparison;
 * personal models of unsampled clients at evaluation: `personal_eval: stale` keeps each client's last θ
   (w₀ before it is first sampled); `resolve` runs the K_in-step inner solver for every client from the
-  current w on its full local data (spec 000 §2.3(d): the pFedMe code trains every client every round).
+  current w on its full local data (as in the pFedMe code, which trains every client every round).
 
 λ is `hp.moreau_lam` (`derive`: the declared λ, or the problem's mixture λ), and the pull η λ of the local copy is
 derived once per run (`hp.pull`).
@@ -57,18 +59,18 @@ class PFedMe(Algorithm):
     hparams = (
         Param("client_lr", "float", 0.005, "step η of the local copy toward θ", low=0, low_open=True, log=True),
         Param("personal_lr", "float", 0.09, "inner step size η_p", low=0, low_open=True, log=True),
-        Param("lam", "float", 15.0, "Moreau weight λ (pFedMe's λ; None: the problem's mixture λ, spec 003 §3.7)",
-              low=0, low_open=True, log=True, nullable=True),
+        Param("lam", "float", 15.0, "Moreau weight λ (pFedMe's λ; None: the problem's mixture λ, as in Hanzely "
+              "et al. §5.1)", low=0, low_open=True, log=True, nullable=True),
         Param("inner_steps", "int", 5, "inner steps K_in per local step", low=1),
         Param("beta", "float", 1.0, "server mixing β (1: plain averaging)", low=0, low_open=True),
         H_MODE,
         Param("hidden_decay", "bool", False, "add the pFedMe code's 0.001·θ to the inner gradient"),
         Param("personal_eval", "choice", "stale", "unsampled clients' personal models at evaluation: their last θ, "
               "or re-solved from the current w on full data", choices=("stale", "resolve")),
-        Param("theta_start", "choice", "round", "θ at a round's start: the round's w (spec 000, the pFedMe code) or "
-              "the device's θ as its last round left it (spec 003 §3.7)", choices=("round", "carried")),
-        Param("minibatch", "choice", "drawn", "∇f̃(θ; D) over D's rows as drawn, repeats counted (spec 000), or over "
-              "its distinct rows (spec 003 §3.7: the MX2 code dedups)", choices=("drawn", "distinct")),
+        Param("theta_start", "choice", "round", "θ at a round's start: the round's w (the pFedMe code) or "
+              "the device's θ as its last round left it (Hanzely et al.'s MX2 code)", choices=("round", "carried")),
+        Param("minibatch", "choice", "drawn", "∇f̃(θ; D) over D's rows as drawn, repeats counted, or over "
+              "its distinct rows (Hanzely et al.'s MX2 code dedups)", choices=("drawn", "distinct")),
     )
 
     @classmethod

@@ -1,5 +1,6 @@
-"""The parameter rules of seed 003's block methods (spec 003 §3.3, Theorems 8/9), from the problem's constants
-(`BlockProblem.constants`: μ, 𝓛^w, 𝓛^β of F) and the samples per device n, with per-run overrides:
+"""The parameter rules of the block methods of Hanzely, Zhao, Kolar (TMLR 2023, Theorem 8 in §4.3 and Theorem 9
+in App. B.9, with ρ = p_w/n as in their §5.1), from the problem's constants (`BlockProblem.constants`: μ, 𝓛^w,
+𝓛^β of F) and the samples per device n, with per-run overrides:
 
     p_w = 𝓛^w/(𝓛^w + 𝓛^β)            𝓛 = 2·max(𝓛^w/p_w, 𝓛^β/p_β)        η = 1/(4𝓛)         ρ = p_w/n
     θ2 = 1/2    θ1 = min{1/2, √(ημ·max{1/2, θ2/ρ})}    γ = 1/max{2μ, 4θ1/η}    ν = 1 − γμ
@@ -57,7 +58,7 @@ def rules(problem, p_w: float | None = None, eta: float | None = None, rho: floa
 
 
 def zeros_w(problem) -> Tensor:
-    """The global block's start (§3.0: every iterate starts at 0)."""
+    """The global block's start (every iterate starts at 0, as in the experiments of Hanzely, Zhao, Kolar, §5.1)."""
     return torch.zeros(problem.dim_w, dtype=problem.dtype, device=problem.device)
 
 
@@ -66,9 +67,9 @@ def zeros_beta(problem, devices: int) -> Tensor:
 
 
 class BlockMethod(Algorithm):
-    """What the block methods of seed 003 share: every device every round, the server's w (stored; the model is
-    w_scale·w) as the global model and the devices' β as the personal ones. The server's blocks are `[R, 1, d_w]`
-    in a round, the devices' `[R, M, d_β]`; the block oracles take the server's w as every device's."""
+    """What the block methods of Hanzely, Zhao, Kolar share: every device every round, the server's w (stored;
+    the model is w_scale·w) as the global model and the devices' β as the personal ones. The server's blocks are
+    `[R, 1, d_w]` in a round, the devices' `[R, M, d_β]`; the block oracles take the server's w as every device's."""
     personalized = True
     requires = frozenset({"block_objective"})
     participation = "all"

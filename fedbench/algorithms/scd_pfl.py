@@ -1,4 +1,4 @@
-"""SCD-PFL, stochastic coordinate descent on (w, β) (Hanzely, Zhao, Kolar, Appendix A, Algorithm 6; spec 003 §3.5):
+"""SCD-PFL, stochastic coordinate descent on (w, β) (Hanzely, Zhao, Kolar, TMLR 2023, App. A, Alg. 6):
 one sample j_m per device per iteration, and
 
     ζ = w with probability p_w:   w ← w − η (1/(p_w M)) Σ_m ∇_w f_{m,j_m}(w, β_m)      (a communication round)

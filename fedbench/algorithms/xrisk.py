@@ -1,5 +1,5 @@
-"""Pieces shared by the federated X-risk algorithms (Guo, Jin, Luo, Yang, ICML 2023 "FeDXL"; spec 001
-§1.3, §2): the compositional surrogates whose autograd gives the paper's gradient estimators, the
+"""Pieces shared by the federated X-risk algorithms (Guo, Jin, Luo, Yang, ICML 2023 "FeDXL",
+§3.1–3.2): the compositional surrogates whose autograd gives the paper's gradient estimators, the
 moving-average update of the inner function u, and the server's pools of stale scores.
 
 For F(w) = mean_{z∈S1} f(mean_{z'∈S2} ℓ(h(w,z), h(w,z'))):
@@ -47,13 +47,13 @@ def local_pair_surrogate(problem, a, b, c) -> Tensor:
 
 
 def updated_u(u_table: Tensor, index: Tensor, inner: Tensor, hp: HParams) -> Tensor:
-    """(1 − γ) u[idx] + γ ĝ for the sampled positives (spec 001 eq. (11)); the table is not modified. γ and
+    """(1 − γ) u[idx] + γ ĝ for the sampled positives (FeDXL's eq. (11)); the table is not modified. γ and
     1 − γ are the runs' `[R, 1, 1]` values (`moving_average_rates`)."""
     return hp.one_minus_gamma * u_table.gather(-1, index) + hp.gamma * inner.detach()
 
 
 def scatter_last(u_table: Tensor, index: Tensor, fresh: Tensor) -> Tensor:
-    """`u_table` with the sampled positives' fresh u (spec 001 eq. (11)) written at `index` along the last axis. The
+    """`u_table` with the sampled positives' fresh u (FeDXL's eq. (11)) written at `index` along the last axis. The
     positives are drawn with replacement and each draw has its own feature noise, so a positive drawn twice has two
     fresh values: the last one is kept, on every device. A CPU scatter writes in order (the last wins; ~3% of a
     FeDXL2 step saved by not deduplicating there) but a CUDA one in no defined order, so there each occurrence
@@ -78,7 +78,7 @@ def stage(decay_every: int, iteration: int) -> int:
 
 def step_size(client_lr: Tensor, decay: Tensor, decay_every: int, rnd: Round) -> Tensor:
     """η·decay^stage (the runs' `[R, 1, 1]` values) at the local step `rnd.step` of round `rnd`: the paper's
-    schedule in iterations (spec 001 §2.5), so that it does not change with K."""
+    schedule in iterations (§4: ×0.1 every 5K iterations), so that it does not change with K."""
     k = stage(decay_every, rnd.iteration + rnd.step)
     return client_lr * decay ** k if k else client_lr
 
@@ -98,9 +98,9 @@ HISTORY_ROUNDS = Param("history_rounds", "int", 2, "rounds of merged scores kept
 
 
 class StaleScores(Algorithm):
-    """FeDXL's federated merging (spec 001 §2.0–2.2): the server keeps pools of the scores its clients
-    recorded in the last `history_rounds` rounds, positives with their u values when `with_u`; each
-    local step draws its passive values from them uniformly with replacement (the released code; the
+    """FeDXL's federated merging (the FeDXL paper, §3.1–3.2, Algorithms 1–2): the server keeps pools of the
+    scores its clients recorded in the last `history_rounds` rounds, positives with their u values when `with_u`;
+    each local step draws its passive values from them uniformly with replacement (the released code; the
     paper shuffles the previous round's list), a positive score and its u by one index. Before round 1
     the pools hold every training sample's score under w₀ (u = `u_init`)."""
 
