@@ -1,21 +1,22 @@
-"""Per-FedAvg's heterogeneous users (Fallah, Mokhtari, Ozdaglar, NeurIPS 2020; spec 004 §3.1–3.2, §2.6).
+"""Per-FedAvg's heterogeneous users (Fallah, Mokhtari, Ozdaglar, NeurIPS 2020, §5 and Appendix I).
 
-Users (§3.1, Table 2): n = `users` (50), the first half of type A, a images of each of labels 0–4; the second
+Users (§5; Table 2 of App. I): n = `users` (50), the first half of type A, a images of each of labels 0–4; the second
 half of type B in five equal groups, group j holding a/2 images of label j and 2a of label j + 5 (`heterogeneity:
 diff`, the paper's "diff. hetero.", drops the a/2). The test data follow the same pattern with `a_test` (a
-smaller a: MNIST's test split cannot give a = 196 per user). Every label's images are dealt in a random order
-(data seed) without replacement, so shards are disjoint: training shards first, then test shards from the same
-pool for `digits` (the FEMNIST digits of every writer, pooled: the offline MNIST, inverted to MNIST's polarity);
-from the official training and test splits for `cifar10` (`fedbench.data.cifar10`). Pixels in [0, 1].
+smaller a, which the paper does not give: MNIST's test split cannot give a = 196 per user). Every label's images
+are dealt in a random order (data seed) without replacement, so shards are disjoint: training shards first, then
+test shards from the same pool for `digits` (the FEMNIST digits of every writer, pooled: the offline MNIST,
+inverted to MNIST's polarity); from the official training and test splits for `cifar10` (`fedbench.data.cifar10`).
+Pixels in [0, 1].
 
-Model (§3.2): the MLP input → 80 → ELU → 60 → ELU → 10 (`fedbench.models.MLP`, PyTorch's default initialisation,
+Model (§5): the MLP input → 80 → ELU → 60 → ELU → 10 (`fedbench.models.MLP`, PyTorch's default initialisation,
 float32), mean softmax cross-entropy of a user's minibatch.
 
-Metrics of the global model w (§2.6): every user adapts it by one SGD step of size `adapt_step` (α) on a batch of
+Metrics of the global model w (§5): every user adapts it by one SGD step of size `adapt_step` (α) on a batch of
 `adapt_batch` of its own training samples (`adapt_on: test`, the paper's literal protocol, uses its test samples),
 w_i = w − α∇f̃_i(w; B_i), batched over all users; `adapted_accuracy` is the mean over users of w_i's accuracy on
 user i's test data (Table 1's metric), `adapted_accuracy_weighted` the same pooled over test samples, `accuracy` the
-mean per-user accuracy of w itself (before adaptation, O8), `train_loss` the pooled training cross-entropy. The
+mean per-user accuracy of w itself (before adaptation), `train_loss` the pooled training cross-entropy. The
 adaptation batches come from the trial seed's "adaptation" stream, drawn afresh at every evaluation from the same
 seed: they do not depend on the evaluation schedule.
 """
@@ -37,7 +38,7 @@ from fedbench.prox import NoRegularizer
 from fedbench.rng import generator
 
 CLASSES, FIRST = 10, 5  # labels 0–4 are the "first five classes"
-PAPER_A = {"digits": (196, 32), "cifar10": (68, 14)}  # (a, a_test), spec 004 §3.1
+PAPER_A = {"digits": (196, 32), "cifar10": (68, 14)}  # (a, a_test): a of Fallah et al., §5; a_test our choice
 
 
 def class_counts(users: int, a: int, heterogeneity: str) -> np.ndarray:

@@ -42,8 +42,8 @@ class Problem:
     name: ClassVar[str]
     params: ClassVar[tuple[Param, ...]]
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
-    # True: a client with n_k < b takes all its n_k samples (spec 002 §2.0) and the problem's
-    # draw_minibatches/grad handle the short batches, so b may exceed the smallest client.
+    # True: a client with n_k < b takes all its n_k samples (as in the code of Bao et al., ICML 2022) and the
+    # problem's draw_minibatches/grad handle the short batches, so b may exceed the smallest client.
     caps_batches: ClassVar[bool] = False
     provides: ClassVar[frozenset[str]] = frozenset()  # capabilities (fedbench.contract), whatever the config
     row_elements: ClassVar[int | None] = None  # features per gathered sample (None: dim), for memory budgets
@@ -57,7 +57,8 @@ class Problem:
     # tensors with that leading run axis (`[R, S, ...]`; a point a run's clients share as `[R, 1, ...]`) by
     # broadcasting, so that the engine hands them over as they are. False: the engine folds the run axis into the
     # clients' (`[R·S, b]` rows, `[R·S, ...]` points) around every call (`fedbench.runs.RunOracle`), which costs
-    # a few µs a call, felt where a local step is a few small kernels (seed 003's one-sample coordinate steps)
+    # a few µs a call, felt where a local step is a few small kernels (the one-sample coordinate steps of
+    # Hanzely et al., TMLR 2023)
     oracles_take_runs: ClassVar[bool] = False
 
     num_clients: int
@@ -163,9 +164,9 @@ class Problem:
 
     def draw_minibatches(self, clients: Tensor, steps: int, batch_size: int, gen: torch.Generator) -> Tensor:
         """Row indices `[steps, S, b]` into the flat data: for every step and sampled client, a
-        minibatch drawn without replacement from that client's samples (spec 002 §2.0). With
-        `caps_batches`, a client with n_k < b takes all its n_k samples and the missing picks are row −1
-        (zero weight in `gather`)."""
+        minibatch drawn without replacement from that client's samples (as in the released code of Bao
+        et al., ICML 2022). With `caps_batches`, a client with n_k < b takes all its n_k samples and the
+        missing picks are row −1 (zero weight in `gather`)."""
         width = min(batch_size, self.max_size) if self.caps_batches else batch_size
         # The b largest of i.i.d. uniform keys are a uniform subset; topk is ~4x cheaper than argsort here.
         keys = torch.rand(steps, len(clients), self.max_size, generator=gen)

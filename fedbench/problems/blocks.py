@@ -1,15 +1,16 @@
-"""The objectives of seed 003 (Hanzely, Zhao, Kolar, "Personalized FL: a unified framework"): a global block w,
-a block β_m per device, and F(w, β) = (1/M) Σ_m f_m(w, β_m) (eq. 1), each f_m built from the device's
-ordinary loss f'_m (spec 003 §2):
+"""The objectives of Hanzely, Zhao, Kolar, "Personalized Federated Learning: A Unified Framework and Universal
+Optimization Techniques" (TMLR 2023): a global block w, a block β_m per device, and
+F(w, β) = (1/M) Σ_m f_m(w, β_m) (eq. 1), each f_m built from the device's ordinary loss f'_m (§2.3–2.6):
 
     mx2    f_m = f'_m(β_m) + (λ/2)‖β_m − w̃‖²                        (11), L2-regularised mixture
     mt2    f_m = Λ f'_m(w̃) + f'_m(β_m) + (λ/2)‖β_m − w̃‖²            (8); without reparametrisation (7) with λ/2
     apfl2  f_m = Λ f'_m(w̃) + f'_m((1 − α) β_m + α w̃)               (14), mixing in parameter space (= logits)
     ews    f_m = f'_m([w̃; β_m])                                       (16), explicit weight sharing
 
-where w̃ = w/√M with the reparametrisation of §1.3 (`reparam`), else w̃ = w. Everything here works in the
-natural variable w̃; the problem applies the chain-rule factor. Constants (Lemmas 1–4, spec 003 §2.1, with
-the Lemma/code values where Table 2 disagrees) refer to F, with 𝓛' the smoothness of one sample's f'.
+where w̃ = w/√M with the reparametrisation by M^{-1/2} of §2 (eqs. 8, 11, 14, 16; §6.3 tests it) (`reparam`),
+else w̃ = w. Everything here works in the natural variable w̃; the problem applies the chain-rule factor.
+Constants (Lemmas 1–4, Table 2; where Table 2 disagrees, the Lemmas' and the authors' code's values, e.g. MT2
+without Table 2's factor 1/2) refer to F, with 𝓛' the smoothness of one sample's f'.
 """
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ OBJECTIVES = ("mx2", "mt2", "apfl2", "ews")
 
 @dataclass(frozen=True)
 class Constants:
-    """Strong convexity μ of F and the block smoothness 𝓛^w, 𝓛^β of F's finite-sum components (A1–A2), in the
-    stored variables (with reparametrisation the w-constant carries the 1/M of §1.3)."""
+    """Strong convexity μ of F and the block smoothness 𝓛^w, 𝓛^β of F's finite-sum components (Assumptions 1–2), in
+    the stored variables (with reparametrisation the w-constant carries the 1/M of the rescaling by M^{-1/2})."""
     mu: float
     smooth_w: float
     smooth_beta: float
@@ -80,8 +81,9 @@ class BlockObjective:
 
     def constants(self, smooth: float | tuple[float, float], mu_prime: float, devices: int,
                   reparam: bool) -> Constants:
-        """μ, 𝓛^w, 𝓛^β of F (Lemmas 1–4; spec 003 §2.1, §4.1–4.3, §4.5). `smooth` is 𝓛' (for ews the pair
-        (𝓛'_w, 𝓛'_β)). Without reparametrisation the w-constant is not divided by M (the code, §4.5)."""
+        """μ, 𝓛^w, 𝓛^β of F (Lemmas 1–4, as the authors' code sets them for §5.1–5.2 and §6.1). `smooth`
+        is 𝓛' (for ews the pair (𝓛'_w, 𝓛'_β)). Without reparametrisation the w-constant is not divided by M (the
+        authors' code for Fig. 7, §6.3)."""
         lam, big, alpha, m = self.lam, self.big_lambda, self.alpha, devices
         if self.kind == "ews":
             smooth_w, smooth_beta = smooth  # type: ignore[misc]  # ews is given the pair (𝓛'_w, 𝓛'_β)

@@ -1,7 +1,7 @@
 """Federated handwritten-digit classification with an MLP and a group-ℓ2 penalty: pFedFBE's MNIST experiment
-(spec 000 §3.3, h from §1.2), on real digits that are available offline.
+(the pFedFBE paper, ICLR 2023 submission, §4.3), on real digits that are available offline.
 
-Data (§3.3). MNIST cannot be fetched offline (spec 000 §5.1), so the stand-in is the EMNIST digits (labels
+Data (§4.3). MNIST cannot be fetched offline, so the stand-in is the EMNIST digits (labels
 0–9) of every writer of the chosen FEMNIST source (`fedbench.data.femnist`; train and test samples of the
 writers pooled, as pFedMe pools MNIST's 70,000). Each digit's pool is put in random order and capped at
 `per_label` images (default 7000, MNIST's ~7000 per class, so that pFedMe's quotas, which are absolute
@@ -32,9 +32,9 @@ training data, the rest its test data (pFedMe: 0.75). Where this deviates from t
 * The copy of the script found in the code index (commit caf24b1f) draws the quotas with another rule
   (`ram_dom_gen`, whose per-label counts see labels 0 and 1 only); the lognormal rule above is the one of
   the pFedMe-derived 20-user generators for CIFAR-10 and Fashion-MNIST found beside it, and the one this
-  problem is specified to follow. Replayed with the script's seeds on MNIST's class counts it gives clients
-  of 844–4,996 images, not the 1,165–3,834 of spec 000 §3.3, so neither rule is confirmed to be the one
-  behind the published split.
+  problem follows. Replayed with the script's seeds on MNIST's class counts it gives clients of 844–4,996
+  images, not the 1,165–3,834 of the pFedFBE paper (§4.3), so neither rule is confirmed to be the one behind
+  the published split.
 
 With data seed 0 the shipped sample gives 32,970 images to the 20 clients (628–2,930 each); the full file,
 capped at 7000 per digit, 45,176 (1,016–4,486).
@@ -43,16 +43,17 @@ The standardised features are stored as float32 (26 MB per 10,000 images; ≤ 22
 measured against uint8 pixels standardised per use, a gathered batch costs the same (~0.1 ms for S·b = 200
 rows) and an evaluation chunk of 8192 rows ~4 ms less.
 
-Model and loss (§3.3): the MLP 784 → `hidden` (100) → 10 with ReLU (`fedbench.models.MLP`, PyTorch's
+Model and loss (§4.3): the MLP 784 → `hidden` (100) → 10 with ReLU (`fedbench.models.MLP`, PyTorch's
 default initialisation), mean softmax cross-entropy of a client's minibatch; h = `lam` Σ_g ‖W_g‖₂
-(`fedbench.prox.GroupL2`, §1.2) over one group per weight matrix (`scope: per_tensor`) or one group of all
-weight entries (`global`); biases are never penalised. π_k = 1/N (§1.1). Minibatches are drawn without
-replacement within a client and capped at n_k (`caps_batches`, spec 002 §2.0's rule): a skipped request can
-leave a client with only its first 10 images per label (15 training images with data seed 1 on the sample),
-which then all take part in every step.
+(`fedbench.prox.GroupL2`; the paper's "ℓ2 norm function on the weights" leaves the groups and the weight open)
+over one group per weight matrix (`scope: per_tensor`) or one group of all weight entries (`global`); biases
+are never penalised. π_k = 1/N (the paper's eq. (1)). Minibatches are drawn without replacement within a client
+and capped at n_k (`caps_batches`, the rule of Bao et al.'s code, ICML 2022): a skipped request can leave a
+client with only its first 10 images per label (15 training images with data seed 1 on the sample), which then
+all take part in every step.
 
-Metrics (§3.3). Global model: `train_loss` (mean cross-entropy over all training samples, pooled),
-`objective` = (1/N) Σ_k L_k(w) + h(w) (L_k: client k's mean training cross-entropy, §1.1), and `test_loss`,
+Metrics (§4.3). Global model: `train_loss` (mean cross-entropy over all training samples, pooled),
+`objective` = (1/N) Σ_k L_k(w) + h(w) (L_k: client k's mean training cross-entropy, eq. (1)), and `test_loss`,
 `test_accuracy` over all clients' test samples pooled (Σ correct / Σ n_test, as the pFedMe code). Personal
 models (each client's own model on its own samples, pooled over clients): `train_loss`, `test_loss`,
 `test_accuracy`.
@@ -237,7 +238,7 @@ class Digits(ImageClassification):
         Param("train_fraction", "float", 0.75, "share of each client's images used for training (the rest: "
               "its test data)", low=0, low_open=True, high=1),
         Param("hidden", "int", 100, "hidden units of the MLP 784 → hidden → 10", low=1),
-        Param("lam", "float", 1e-3, "weight of h = lam·Σ_g ‖W_g‖₂ (spec 000's μ)", low=0, log=True),
+        Param("lam", "float", 1e-3, "weight of h = lam·Σ_g ‖W_g‖₂ (not given in the paper)", low=0, log=True),
         Param("scope", "choice", "per_tensor", "groups of h: one per weight matrix, or one of all weights "
               "(biases are free either way)", choices=("per_tensor", "global")),
         Param("data_seed", "int", None, "seed of the data (None: the trial's seed)", low=0, nullable=True),
@@ -281,7 +282,7 @@ class Digits(ImageClassification):
         self.train_owner, self.test_owner = (torch.repeat_interleave(clients, sizes).to(self.device)
                                              for sizes in (self.client_sizes_cpu, self.test_sizes))
         self.client_weights = torch.full((self.num_clients,), 1.0 / self.num_clients, dtype=torch.float64,
-                                         device=self.device)  # spec 000 §1.1: equal weights
+                                         device=self.device)  # equal weights, the pFedFBE paper's eq. (1)
         self.model = MLP((femnist.PIXELS, config["hidden"], CLASSES))
         self.dim = self.model.dim
         blocks = weight_blocks(self.model)

@@ -1,26 +1,26 @@
-"""Federated multinomial ℓ1-logistic regression on FEMNIST writers (spec 002 §1.4, §3.3, §5.5).
+"""Federated multinomial ℓ1-logistic regression on FEMNIST writers (Bao et al., ICML 2022, §4 and App. F).
 
 Clients are NIST writers, read by `fedbench.data.femnist` (the shipped npz files, TFF HDF5 or LEAF JSON)
 and filtered as the released `process_femnist.py`: labels < C, then writers with at least `min_train`
 train and `min_test` test samples. The shipped 10% writer sample gives EMNIST-10: 358 writers, 36,639
 train / 4,082 test samples; EMNIST-62: 360 writers, 72,493 / 8,051 (the paper's own LEAF sample had
-367 / 379 writers, §3.3).
+367 / 379 writers, §4).
 
-Model (§1.4): W ∈ R^{784×C} stored row-major as the leading 784·C coordinates (then, with `bias`, C
-unpenalized bias entries, as Yuan et al.'s code; the paper's code has none), logits Wᵀx (+ bias), loss =
-mean softmax cross-entropy, h = λ‖W‖₁, W0 = 0, π_k = n_k / N. Features: stored value/255 (`raw`:
-background ≈ 1, no normalization, as the paper's code) or 1 − value/255 (`inverted`: ink = 1).
+Model (§4 and the authors' released code): W ∈ R^{784×C} stored row-major as the leading 784·C coordinates
+(then, with `bias`, C unpenalized bias entries, as Yuan et al.'s code; Bao et al.'s code has none), logits Wᵀx
+(+ bias), loss = mean softmax cross-entropy, h = λ‖W‖₁, W0 = 0, π_k = n_k / N. Features: stored value/255
+(`raw`: background ≈ 1, no normalization, as Bao et al.'s code) or 1 − value/255 (`inverted`: ink = 1).
 
-Minibatches are capped at n_k (§2.0): a client with fewer than b train samples uses all of them; the
-missing picks are row −1 and get zero weight in the gradient.
+Minibatches are capped at n_k (as in Bao et al.'s code): a client with fewer than b train samples uses all of
+them; the missing picks are row −1 and get zero weight in the gradient.
 
-Preset `bao2022`: the defaults, spec 002 §3.3 (the federation gives S = 36, b = 25, E = 40 for C = 10 or
+Preset `bao2022`: the defaults, §4 and App. F (the federation gives S = 36, b = 25, E = 40 for C = 10 or
 10 for C = 62, and `aggregation: samples` for π̂_k ∝ n_k).
 
-Metrics (§3.3, §7 items 13–14) of the global model, pooled over all clients' samples: train/test loss
-(mean CE, no penalty), train/test accuracy (argmax of Wᵀx), objective = train loss + λ‖W‖₁ (the pooled
-mean is Σ π_k L_k for π_k ∝ n_k), sparsity (fraction of exact zeros in W) and nonzeros. Personal models
-(one per writer) get the four loss/accuracy metrics with each writer's samples scored by its own model,
+Metrics (§4, Figs. 3–4; as the released `eval_metric_emnist.m`) of the global model, pooled over all clients'
+samples: train/test loss (mean CE, no penalty), train/test accuracy (argmax of Wᵀx), objective = train loss +
+λ‖W‖₁ (the pooled mean is Σ π_k L_k for π_k ∝ n_k), sparsity (fraction of exact zeros in W) and nonzeros.
+Personal models (one per writer) get the four loss/accuracy metrics with each writer's samples scored by its own model,
 pooled over all samples.
 """
 from __future__ import annotations

@@ -1,19 +1,21 @@
 """Federated sparse linear regression (the Lasso).
 
 Presets:
-* `bao2022` — spec 002 §3.1 (Bao et al. 2022, Example 3.1, Figure 1): 64 clients × 128 samples,
+* `bao2022` — Bao et al. (ICML 2022, §4, Example 3.1, Figure 1): 64 clients × 128 samples,
   p = 1024, w* = (1_512, 0_512), AR(1) covariance 0.5^|i−j|, client shifts δ_k ~ N(0, I),
-  λ = 0.5⁵, initial point N(0, I).
-* `fbe_iid` — spec 000 §3.1 setting (I): 30 clients × 128, shared w_real = (1_992, 0_32), identity
-  covariance, client means m_j ~ N(0, I), λ (spec 000's μ) = 0.1, initial point 0, an unpenalized intercept
-  b (b_real = 0) and 128 held-out samples per client for the test MSE.
-* `fbe_personalized` — spec 000 §3.1 setting (II): client j's truth has 1 on the 8 shared
+  λ = 0.5⁵, initial point N(0, I) (the authors' released `LassoRun.m`).
+* `fbe_iid` — setting (I) of the pFedFBE paper (ICLR 2023 submission, §4.1): 30 clients × 128, shared
+  w_real = (1_992, 0_32), identity covariance, client means m_j ~ N(0, I), λ = 0.1 (the paper's ℓ1 weight, which
+  it also calls λ beside its FBE λ), an unpenalized intercept b (b_real = 0); initial point 0 and 128 held-out
+  samples per client for the test MSE are our choices (the paper gives neither).
+* `fbe_personalized` — setting (II) of the pFedFBE paper (§4.1): client j's truth has 1 on the 8 shared
   coordinates and 0.5 on 2 client-specific coordinates drawn without replacement from the rest.
 
-Metrics (spec 002 §3.1, spec 000 §3.1): ℓ2 / ℓ1 error to the (client's) truth; support precision,
-recall, F1, density and support accuracy ((TP + TN)/p, one reading of spec 000's "test accuracy"; the test
-MSE is the other) with the support {j : |w_j| > threshold}, threshold 0.01; all averaged over clients
-(identical to the single value when the truth and the model are shared).
+Metrics (Bao et al., §4, as the released `eval_metric_lasso.m`; the pFedFBE paper, §4.1): ℓ2 / ℓ1 error to the
+(client's) truth; support precision, recall, F1, density and support accuracy ((TP + TN)/p, one reading of the
+pFedFBE paper's "test accuracy", which it does not define; the test MSE is the other) with the support
+{j : |w_j| > threshold}, threshold 0.01; all averaged over clients (identical to the single value when the truth
+and the model are shared).
 """
 from __future__ import annotations
 

@@ -2,12 +2,14 @@
 
 Client k draws a fixed feature shift m_k and samples x = m_k + z, z ~ N(0, Σ) with the AR(1)
 covariance Σ_ij = ρ^|i−j| (ρ = 0: identity), and labels y = ⟨x, w_k⟩ + ε, ε ~ N(0, σ²). This is
-the design of spec 002 §3.1 (Lasso, δ_k = m_k) and §3.2 (trace regression on vec(X)), and of
-spec 000 §3.1–3.2 (settings I/II and matrix completion, where w_k may differ per client).
+the design of Bao et al. (ICML 2022, §4: Example 3.1, the Lasso, δ_k = m_k; Example 3.2, trace regression on
+vec(X)), and of the pFedFBE paper (ICLR 2023 submission, §4.1–4.2: settings (I)/(II) and matrix completion,
+where w_k may differ per client).
 
 Per-sample loss f(w; x, y) = ½(⟨x, w⟩ − y)²; global objective Σ_k π_k L_k(w) + h(w) with
-L_k the client's empirical mean and π_k = n_k / N (spec 002 §1.1; equal to 1/N_c for equal n_k, as
-spec 000 §1.1 wants). Training loss metric: plain MSE over all samples, no ½ (spec 002 §7 item 14).
+L_k the client's empirical mean and π_k = n_k / N (Bao et al., Examples 3.1–3.2; equal to 1/N_c for equal n_k,
+the equal weights of the pFedFBE paper's eq. (1)). Training loss metric: plain MSE over all samples, no ½ (as
+Bao et al.'s released `eval_metric_lasso.m` and `eval_metric_nuc.m`).
 """
 from __future__ import annotations
 
@@ -30,13 +32,13 @@ COMMON_PARAMS = (
     Param("samples_per_client", "int", 128, "samples n_k held by each client", low=1),
     Param("shift", "float", 1.0, "scale of each client's feature shift m_k (feature heterogeneity)", low=0),
     Param("noise", "float", 1.0, "standard deviation of the label noise ε", low=0),
-    Param("intercept", "bool", False, "fit an unpenalized intercept (spec 000's b)"),
-    Param("init", "choice", "randn", "initial point: N(0, I) shared by all methods (002) or zeros (000)",
+    Param("intercept", "bool", False, "fit an unpenalized intercept (the b of the pFedFBE paper)"),
+    Param("init", "choice", "randn", "initial point: N(0, I) shared by all methods (Bao et al.'s code) or zeros",
           choices=("randn", "zeros")),
     Param("domain_radius", "float", None, "‖w‖₂ ≤ radius domain of the theory (None: unconstrained)",
           low=0, low_open=True, nullable=True),
     Param("test_samples_per_client", "int", 0, "held-out samples per client, drawn from the client's distribution "
-          "after the training data (0: none; spec 000's test MSE)", low=0),
+          "after the training data, for a test MSE (0: none)", low=0),
     Param("data_seed", "int", None, "seed of the data (None: the trial's seed)", low=0, nullable=True),
 )
 
@@ -89,7 +91,7 @@ class LeastSquares(Problem):
         p = self.feature_dim
         shifts = config["shift"] * torch.randn(n_clients, p, generator=gen, dtype=self.dtype)
         if config.get("shared_shift"):
-            shifts = shifts[-1:].expand(n_clients, p)  # the released NuclearRun.m's `Mu_set{m}` (spec 002 §7.8)
+            shifts = shifts[-1:].expand(n_clients, p)  # the `Mu_set{m}` of Bao et al.'s NuclearRun.m
         z = ar1_gaussian(torch.randn(n_clients * n, p, generator=gen, dtype=self.dtype), self.ar_rho)
         features = shifts[:, None, :] + z.view(n_clients, n, p)
         self.truth = self.make_truth(gen).to(self.dtype)  # [N, p]
@@ -256,7 +258,7 @@ def _per_client(products: Tensor, x: Tensor) -> Tensor:
 
 def ar1_gaussian(e: Tensor, rho: float) -> Tensor:
     """Rows of N(0, Σ) with Σ_ij = ρ^|i−j| from i.i.d. N(0,1) rows `e`, by the recursion
-    z_1 = e_1, z_j = ρ z_{j−1} + √(1−ρ²) e_j (spec 002 §3.1)."""
+    z_1 = e_1, z_j = ρ z_{j−1} + √(1−ρ²) e_j (Bao et al., ICML 2022, §4: ρ = 0.5)."""
     if rho == 0:
         return e
     columns = e.T.contiguous()

@@ -1,16 +1,18 @@
 """Federated low-rank matrix estimation (trace regression with dense Gaussian sensing matrices).
 
 Presets:
-* `bao2022` — spec 002 §3.2 (Example 3.2, Figure 2): 64 clients × 128 samples, 32×32, W* = diag(1_16, 0),
-  X = Z_k + A with per-client Z_k ~ N(0,1) entries (`shared_shift: true` mimics the released script,
-  where every client uses the last client's Z, spec 002 §7.8), λ = 0.1, initial point N(0, I).
-* `fbe_completion` — spec 000 §3.2 (an intercept, 128 held-out samples per client, rank threshold 0.01 as
-  spec 000 proposes): 30 clients × 128, client truth W_j = diag(1,1,1,1, 0, …) plus 0.25 on
-  one diagonal entry drawn per client from positions 5..32 (rank 5), λ (spec 000's μ) = 0.1, initial 0.
+* `bao2022` — Bao et al. (ICML 2022, §4, Example 3.2, Figure 2): 64 clients × 128 samples, 32×32,
+  W* = diag(1_16, 0), X = Z_k + A with per-client Z_k ~ N(0,1) entries (`shared_shift: true` mimics the
+  authors' released `NuclearRun.m`, where every client uses the last client's Z), λ = 0.1, initial point
+  N(0, I) (the released code).
+* `fbe_completion` — matrix completion of the pFedFBE paper (ICLR 2023 submission, §4.2): 30 clients × 128,
+  client truth W_j = diag(1,1,1,1, 0, …) plus 0.25 on one diagonal entry drawn per client from positions 5..32
+  (rank 5), λ = 0.1 (the paper's nuclear-norm weight), an unpenalized intercept; initial point 0, 128 held-out
+  samples per client and the rank threshold 0.01 are our choices (the paper gives none of them).
 
-Metrics (spec 002 §3.2; spec 000 §3.2): Frobenius and operator-norm error to the (client's) truth,
-numerical rank (default tolerance MATLAB's `rank`: max(p1,p2)·eps(σ_max); spec 000 proposes 0.01),
-averaged over clients.
+Metrics (Bao et al., §4, as the released `eval_metric_nuc.m`; the pFedFBE paper, §4.2): Frobenius and
+operator-norm error to the (client's) truth, numerical rank (default tolerance MATLAB's `rank`:
+max(p1,p2)·eps(σ_max); `fbe_completion` uses 0.01), averaged over clients.
 """
 from __future__ import annotations
 

@@ -1,16 +1,17 @@
-"""Federated one-way partial-AUC maximization on imbalanced data (Guo, Jin, Luo, Yang, ICML 2023 "FeDXL";
-spec 001 §1.4, §3.1–3.2, §5.2): the synthetic "SynthPAUC" benchmark, or a binary task on real FEMNIST.
+"""Federated one-way partial-AUC maximization on imbalanced data (Guo, Jin, Luo, Yang, ICML 2023 "FeDXL",
+§4 and App. C): the synthetic "SynthPAUC" benchmark, or a binary task on real FEMNIST.
 
-Synthetic data (`data: synthetic`, spec 001 §5.2): d features; positives x ~ N(μ₊, I); negatives a mixture
-of easy N(μ₋, I) and a fraction `hard_fraction` of hard negatives N(μ_h, 0.5² I) with μ₊ = e₁, μ₋ = −e₁,
-μ_h = 0.8e₁ + 1.5e₂, so that the best full-AUC ranking differs from the best low-FPR one. Train pos:neg =
-1:5 per client by default (`split: even`, as the paper's code cuts each class into N equal chunks, §3.2)
-or positives spread by a Dirichlet(α) over clients (`split: dirichlet`, the stress variant; every client
-keeps at least one positive). Test data: `test_size` clean samples of the same mixture, 1:5.
+Synthetic data (`data: synthetic`, our stand-in, not from the paper): d features; positives x ~ N(μ₊, I);
+negatives a mixture of easy N(μ₋, I) and a fraction `hard_fraction` of hard negatives N(μ_h, 0.5² I) with
+μ₊ = e₁, μ₋ = −e₁, μ_h = 0.8e₁ + 1.5e₂, so that the best full-AUC ranking differs from the best low-FPR one.
+Train pos:neg = 1:5 (the paper's imbalance, §4) per client by default (`split: even`, as the authors' released
+code cuts each class into N equal chunks) or positives spread by a Dirichlet(α) over clients (`split:
+dirichlet`, the stress variant; every client keeps at least one positive). Test data: `test_size` clean
+samples of the same mixture, 1:5.
 
-Real data (`data: femnist`, spec 001 §3.1 applied to `fedbench.data.femnist`, read from `source`/`path`/
-`data_dir` as the `emnist` problem): the labels in `positive_classes` are positive, all others negative.
-Clients: `clients: 0` makes one client per writer; `clients: N` deals the writers, in sorted-id order,
+Real data (`data: femnist`, the paper's imbalanced binary tasks (§4) built from `fedbench.data.femnist`, read
+from `source`/`path`/`data_dir` as the `emnist` problem): the labels in `positive_classes` are positive, all
+others negative. Clients: `clients: 0` makes one client per writer; `clients: N` deals the writers, in sorted-id order,
 into N contiguous groups of ⌊W/N⌋ or ⌈W/N⌉ writers (writer j of W goes to client ⌊jN/W⌋). Then each
 client's training positives are subsampled as LibAUC's ImbalancedDataGenerator does, to ⌊r/(1−r)·n₋⌋
 of them beside its n₋ negatives (r = `positive_ratio`; pos/(pos+neg) ≈ r; a client with fewer positives
@@ -19,18 +20,19 @@ left without a positive or without a negative training sample is dropped (the cl
 both; `dropped_clients` counts them), and with it its writers' test samples; a ValueError naming the
 parameter is raised when no client is left. Test and validation sets: the kept writers' test samples,
 binarised the same way, not subsampled, `val_size` of them (at most half) drawn for validation. Features: the pixel
-intensity v/255 (background ≈ 1) normalised as the paper's Normalize(0.5, 0.5), x = 2v/255 − 1 ∈ [−1, 1]; the
-pixels stay uint8 and are converted per gathered batch or scoring chunk (54 MB instead of 216 MB of float32 for the
+intensity v/255 (background ≈ 1) normalised as the released code's Normalize(0.5, 0.5), x = 2v/255 − 1 ∈ [−1, 1];
+the pixels stay uint8 and are converted per gathered batch or scoring chunk (54 MB instead of 216 MB of float32 for the
 10% sample).
 
-Heterogeneity (§3.2), both data sources: client i of N adds fresh N(μ_i, 0.2²) noise, μ_i = −0.08 +
+Heterogeneity (§4), both data sources: client i of N adds fresh N(μ_i, 0.2²) noise, μ_i = −0.08 +
 0.16·i/N (the paper's −0.08 + 0.01·i for N = 16), to every feature of every training draw (after the
-normalisation, as the paper), both scaled by `noise_scale`. Test data and the training metrics get none.
+normalisation, as the released code), both scaled by `noise_scale`. Test data and the training metrics get
+none.
 
-Model: a score h = σ(s(w, x)) ∈ [0, 1] (spec 001 §1.4, sigmoid output) with s linear (wᵀx + b) or an MLP
-d → hidden → 1 (ReLU); parameters are one flat vector, evaluated for all sampled clients at once.
+Model: a score h = σ(s(w, x)) ∈ [0, 1] (the sigmoid output of the released code) with s linear (wᵀx + b)
+or an MLP d → hidden → 1 (ReLU); parameters are one flat vector, evaluated for all sampled clients at once.
 
-Minibatches are class-balanced, as the paper's code (§2.4): each step draws b/2 positives and b/2
+Minibatches are class-balanced, as in the authors' released code: each step draws b/2 positives and b/2
 negatives of the client, uniformly with replacement. `grad` is the gradient of the binary cross-entropy
 on them, so FedAvg on this problem is the paper's "Local SGD (CE)" baseline.
 
@@ -38,7 +40,7 @@ Metrics on the averaged model: `test_pauc_0.3`, `test_pauc_0.5`, `test_auc` (McC
 `roc_auc_score(max_fpr)`, `fedbench.metrics`), the same on the training data and on the validation set
 (`val_*`, `val_size` clean samples, for model selection as the paper's), and `objective`, the
 pooled X-risk over the training pairs: KL-OPAUC mean₊ λ log mean₋ exp(ℓ̃/λ), ℓ̃ = (m − (h₊ − h₋))₊², for
-`task: pauc`; for `task: auc` (preset `guo2023_noisy_auc`, spec 001 §1.5) the symmetric PSM loss
+`task: pauc`; for `task: auc` (preset `guo2023_noisy_auc`, §4 and Table 3) the symmetric PSM loss
 mean₊ mean₋ σ(h₋ − h₊) with a linear f, on training labels of which `flip_rate` of the positives and of
 the negatives are flipped (test labels stay clean). The objective is exact over all n₊·n₋ pairs up to
 OBJECTIVE_PAIRS = 2²² (the synthetic defaults have 2.0·10⁶); above that (FEMNIST: ~6·10⁸) it is taken
@@ -76,7 +78,7 @@ SCORES = (("pauc_0.3", "pAUC, FPR ≤ 0.3 (McClish)"), ("pauc_0.5", "pAUC, FPR �
 
 
 class PartialAUC(Problem):
-    """Provides `pair_scores` (spec 001's X-risk algorithms use these and nothing else of it): `pair_loss`,
+    """Provides `pair_scores` (the FeDXL algorithms use these and nothing else of it): `pair_loss`,
     `outer_grad`, `scores_by_class`, `positive_counts`/`negative_counts`, and `PairOracle` minibatches."""
     name = "pauc"
     noisy_minibatches = True  # each client's feature noise, fresh at every draw
@@ -86,7 +88,7 @@ class PartialAUC(Problem):
     params = (
         Param("preset", "choice", "guo2023_synthetic", "paper setting whose defaults to start from",
               choices=("guo2023_synthetic", "guo2023_noisy_auc", "guo2023_femnist")),
-        Param("data", "choice", "synthetic", "training and test data: synthetic (SynthPAUC, spec 001 §5.2) or "
+        Param("data", "choice", "synthetic", "training and test data: synthetic (SynthPAUC, Gaussians) or "
               "femnist (real handwriting: positive_classes against the rest)", choices=("synthetic", "femnist")),
         Param("clients", "int", 16, "number of clients N; femnist: the writers (in sorted-id order) dealt into N "
               "contiguous groups, 0 = one client per writer", low=0),
@@ -124,7 +126,7 @@ class PartialAUC(Problem):
     presets = {
         "guo2023_synthetic": {},
         "guo2023_noisy_auc": {"task": "auc", "flip_rate": 0.2},
-        # Real images as the paper's imbalanced binary tasks (§3.1–3.2): digits 0–4 against all other digits
+        # Real images as the paper's imbalanced binary tasks (§4): digits 0–4 against all other digits
         # and letters (hard negatives such as O/o, I/l, Z/z, S), pos:neg 1:5 on each of 16 clients of 22–23
         # writers, the 784 → 64 → 1 MLP (50,305 parameters). A linear scorer tops out near test pAUC(0.3)
         # 0.65 (centralized logistic regression on clean data: 0.66). After 50 rounds (K = 32, b = 64) the
@@ -173,7 +175,7 @@ class PartialAUC(Problem):
         source = torch.repeat_interleave(torch.arange(n_clients), sizes)
         self.positive_counts = positive_counts
         self.negative_counts = sizes - positive_counts
-        if config["pooled"]:  # one machine with everything, each sample keeping its writer's noise (§3.2)
+        if config["pooled"]:  # one machine with everything, each sample keeping its writer's noise (not in the paper)
             order = torch.argsort(-labels, stable=True)
             features, labels, source = features[order], labels[order], source[order]
             self.positive_counts = self.positive_counts.sum(0, keepdim=True)
@@ -182,7 +184,7 @@ class PartialAUC(Problem):
         self.feature_dim = features.shape[1]
         sizes = self.positive_counts + self.negative_counts
         self._set_clients(sizes)
-        self.client_weights = torch.full((len(sizes),), 1.0 / len(sizes), device=self.device)  # spec 001 §1.2
+        self.client_weights = torch.full((len(sizes),), 1.0 / len(sizes), device=self.device)  # eqs. (3), (8)
         self.row_client = torch.repeat_interleave(torch.arange(len(sizes)), sizes).to(self.device)
         self.row_source = source.to(self.device)  # whose feature noise a row gets
         scale = config["noise_scale"]
@@ -248,7 +250,7 @@ class PartialAUC(Problem):
 
     def all_scores(self, w: Tensor, stored: Tensor) -> Tensor:
         """h(w, x) [n] of every stored row, for one parameter vector w [dim]. Stored pixels v become the
-        features 2v/white − 1 (the paper's Normalize(0.5, 0.5), spec 001 §3.1) chunk by chunk, in one
+        features 2v/white − 1 (Normalize(0.5, 0.5) of the authors' released code) chunk by chunk, in one
         reused float buffer (converting all at once costs ~3x: fresh memory)."""
         if self.pixel_scale is None:
             return self.scores(w.unsqueeze(0), stored.unsqueeze(0))[0]
@@ -280,12 +282,13 @@ class PartialAUC(Problem):
         return rows.to(self.device)
 
     def minibatch_noise(self, rows: Tensor, gen: torch.Generator) -> Tensor:
-        """ε ~ N(0, I) of every row's features `[S·b, features]`, fresh at every draw (spec 001 §3.2)."""
+        """ε ~ N(0, I) of every row's features `[S·b, features]`, fresh at every draw (as in the released
+        code; Guo et al., §4)."""
         return torch.randn(rows.numel(), self.feature_dim, generator=gen, dtype=self.dtype).to(self.device)
 
     def gather(self, rows: Tensor, noise: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Features with each client's noise μ_i + 0.2·scale·ε (spec 001 §3.2; ε from `minibatch_noise`, None: ε = 0,
-        the client's mean shift only), and labels."""
+        """Features with each client's noise μ_i + 0.2·scale·ε (Guo et al., §4; ε from `minibatch_noise`, None:
+        ε = 0, the client's mean shift only), and labels."""
         flat = rows.reshape(-1)  # rows `[S, b]`, or `[R, S, b]` (`oracles_take_runs`)
         if noise is None:
             noise = torch.zeros(len(flat), self.feature_dim, dtype=self.dtype, device=self.device)
@@ -314,7 +317,7 @@ class PartialAUC(Problem):
     def step_oracle(self, rows: Tensor, noise: Tensor | None = None) -> PairOracle:
         return PairOracle(self, rows, noise)
 
-    # -- the X-risk (spec 001 §1.4): F(w) = mean₊ f(mean₋ ℓ(h₊, h₋)), from the task (`xrisk_tasks`) ----------------
+    # -- the X-risk (Guo et al., eq. (8)): F(w) = mean₊ f(mean₋ ℓ(h₊, h₋)), from the task (`xrisk_tasks`) ---------
     def pair_loss(self, a: Tensor, b: Tensor) -> Tensor:
         """ℓ(a, b) for positive scores a and negative scores b (broadcast)."""
         return self.task.pair_loss(a, b)

@@ -1,4 +1,4 @@
-"""The data of the `pauc` problem (spec 001 §3.1–3.2, §5.2): binary training data per client, a clean test set
+"""The data of the `pauc` problem (Guo et al., ICML 2023, §4): binary training data per client, a clean test set
 and a validation set, from the synthetic SynthPAUC mixture or from real FEMNIST writers. Each builder reads the
 problem's resolved config and draws from the data stream; `fedbench.problems.pauc` describes the parameters.
 A new data source is one more function returning `BinaryData`.
@@ -38,7 +38,7 @@ def build(config: dict[str, Any], gen: torch.Generator) -> BinaryData:
 
 
 def synthetic(config: dict[str, Any], gen: torch.Generator) -> BinaryData:
-    """SynthPAUC (spec 001 §5.2), each client's rows positives first."""
+    """SynthPAUC (the `pauc` problem's Gaussian mixture, not from the paper), each client's rows positives first."""
     n_clients = config["clients"]
     positives = positive_counts(config, gen)
     negatives = torch.full((n_clients,), config["negatives_per_client"], dtype=torch.long)
@@ -189,7 +189,7 @@ def positive_counts(config: dict[str, Any], gen: torch.Generator) -> Tensor:
 
 
 def flip(config: dict[str, Any], y: Tensor, gen: torch.Generator) -> Tensor:
-    """Flip round(rate·n) random positives and as many of the negatives (spec 001 §1.5)."""
+    """Flip round(rate·n) random positives and as many of the negatives (Guo et al., §4: 20% of each)."""
     rate = config["flip_rate"]
     if not rate:
         return y

@@ -1,11 +1,11 @@
-"""Personalized-FL problems of seed 003 (spec 003): a block objective F(w, β) = (1/M) Σ_m f_m(w, β_m)
+"""Personalized-FL problems of Hanzely, Zhao, Kolar (TMLR 2023): a block objective F(w, β) = (1/M) Σ_m f_m(w, β_m)
 (`fedbench.problems.blocks`) over M devices that all hold n samples, with logistic losses f'_m.
 
 The problem serves two kinds of algorithms:
 * block methods (LSGD/ACD/ASCD/ASVRCD/SCD/SVRCD-PFL) ask a `BlockOracle` for ∇_w f_{m,j} and ∇_β f_{m,j} in the
-  stored variables (w, with the chain-rule factor 1/√M of the reparametrisation, §1.3), and read the problem's
+  stored variables (w, with the chain-rule factor 1/√M of the reparametrisation, §2.3 and §6.3), and read the problem's
   constants (`constants`: μ, 𝓛^w, 𝓛^β) and `beta_scale` (∇_{β_m}F = beta_scale·∇_β f_m: 1/M, or 1 where the
-  EWS code does not divide, §4.2);
+  authors' EWS code (`Synthetic/EWS`) does not divide);
 * methods on one model per device in the natural variables (pFedMe, L2SGD+) use the plain oracle of f'_m.
 
 Either way a metric row evaluates the point (w̃, β) in natural variables: the global model w̃ (`global_params`)
@@ -145,7 +145,7 @@ class Softmax:
 
 
 class BlockProblem(Problem):
-    """The shared machinery of seed 003's problems: subclasses set the data (`x` `[M, n, p]`, `y` `[M, n]`),
+    """The shared machinery of Hanzely et al.'s problems: subclasses set the data (`x` `[M, n, p]`, `y` `[M, n]`),
     `base` (the model of f'), `objective` and `constants` through `_setup`."""
     provides = frozenset({"block_objective", "full_data", "personal_evaluation", "linear_model"})
     evaluates_global_model = False  # a row needs the per-device blocks too
@@ -185,7 +185,8 @@ class BlockProblem(Problem):
 
     # -- data and oracles ---------------------------------------------------------------------------
     def init_params(self, gen: torch.Generator) -> Tensor:
-        return torch.zeros(self.dim, dtype=self.dtype, device=self.device)  # every method starts at 0 (§3.0)
+        # Every method starts at 0, as in the authors' code (§5.1 says so for pFedMe and L2SGD+).
+        return torch.zeros(self.dim, dtype=self.dtype, device=self.device)
 
     draws_by_step = True  # one randint over [steps, S, b], drawn element by element on the CPU generator
 
@@ -309,12 +310,13 @@ SYNTHETIC_METRICS = (OBJECTIVE, OBJECTIVE_GAP,
 
 
 class PFLSynthetic(BlockProblem):
-    """Seed 003's synthetic logistic data (spec 003 §4.1–4.2), generated bit for bit as the authors' code:
-    S1 (`s1`: devices' models around a common w*, objective MX2) and S2 (`s2`: a shared block and a local
-    block, objective EWS). The data seed is fixed (111); repetitions vary only the algorithms' randomness."""
+    """The synthetic logistic data of Hanzely et al. (TMLR 2023, §5.1–5.2), generated bit for bit as the authors'
+    code: S1 (`s1`, §5.1: devices' models around a common w*, objective MX2) and S2 (`s2`, §5.2: a shared block
+    and a local block, objective EWS). The data seed is fixed (111); repetitions vary only the algorithms'
+    randomness."""
     name = "pfl_synthetic"
     params = (
-        Param("preset", "choice", "s1", "spec 003 experiment: S1 (MX2, Fig. 1) or S2 (EWS, Fig. 2)",
+        Param("preset", "choice", "s1", "paper experiment: S1 (MX2, §5.1, Fig. 1) or S2 (EWS, §5.2, Fig. 2)",
               choices=("s1", "s2")),
         Param("sigma_h", "float", 1.0, "heterogeneity σ_h of the devices' true models", low=0, low_open=True),
         Param("objective", "choice", "mx2", "f_m of the objective (s2's data need ews)", choices=OBJECTIVES),
@@ -323,7 +325,7 @@ class PFLSynthetic(BlockProblem):
               choices=("code", "paper")),
         Param("big_lambda", "float", 1.0, "Λ of mt2/apfl2", low=0),
         Param("alpha", "float", 0.1, "α of apfl2", low=0, high=1, low_open=True),
-        Param("reparam", "bool", True, "feed w/√M into f_m (§1.3)"),
+        Param("reparam", "bool", True, "feed w/√M into f_m (§2.3)"),
         Param("smoothness", "choice", "code", "𝓛': the code's (s1: max‖x‖/4, unsquared; s2: max‖x‖ over row slices) "
               "or the paper's (max‖x‖²/4; s2 over the blocks' columns)", choices=("code", "paper")),
         Param("mu_prime", "choice", "code", "μ' of the Hessian at the truth: the code's np.linalg.eig(H)[0][-1] or "
@@ -377,7 +379,8 @@ class PFLSynthetic(BlockProblem):
 
     @staticmethod
     def _smoothness(x: np.ndarray, rule: str, s2: bool, split: int) -> float | tuple[float, float]:
-        """𝓛' (spec 003 §4.1–4.2, §6 item 3)."""
+        """𝓛' (the paper's max‖x‖²/4 of §5.1, or the authors' code: max‖x‖/4, and for s2 `mathcal_L_fun`'s
+        norms of row slices)."""
         norms = np.linalg.norm(x, axis=-1)
         if not s2:
             return float(norms.max() / 4 if rule == "code" else norms.max() ** 2 / 4)
@@ -407,14 +410,16 @@ def _pool(source: str, path: str | None) -> tuple[np.ndarray, np.ndarray]:
 
 
 class PFLImages(BlockProblem):
-    """Seed 003's real-image experiments (spec 003 §4.3–4.6): M devices with K classes each, multiclass logistic
-    regression 784 → 10 with bias, objective MT2 (8), MX2 (11) or APFL2 (14) with the paper's λ = 1/K, Λ = 1,
-    α = 0.05·K. `r1` is R1–R3 (n = 100 training, 300 test images per device), `r4` the Λ sweep of Fig. 8 on (8),
-    the rescaled (7) (K = 4, n = 30/100, λ = 0.1; `reparam: false` is (7) itself). Constants are the code's heuristic
-    𝓛' = 1 (unit-norm rows) and μ' = 0.01 (the problem is over-parametrised: μ' is really 0); no reference optimum."""
+    """The real-image experiments of Hanzely et al. (TMLR 2023, §6.1–6.4): M devices with K classes each,
+    multiclass logistic regression 784 → 10 with bias, objective MT2 (8), MX2 (11) or APFL2 (14) with the paper's
+    λ = 1/K, Λ = 1, α = 0.05·K. `r1` is §6.1–6.3 (n = 100 training, 300 test images per device), `r4` the Λ sweep
+    of Fig. 8 (§6.4) on (8), the rescaled (7) (K = 4, n = 30/100, λ = 0.1; `reparam: false` is (7) itself).
+    Constants are the code's heuristic 𝓛' = 1 (unit-norm rows) and μ' = 0.01 (the problem is over-parametrised: μ'
+    is really 0); no reference optimum."""
     name = "pfl_images"
     params = (
-        Param("preset", "choice", "r1", "spec 003 experiment: R1–R3 (Figs. 3–7) or R4 (Fig. 8)", choices=("r1", "r4")),
+        Param("preset", "choice", "r1", "paper experiment: §6.1–6.3 (Figs. 3–7) or §6.4 (Fig. 8)",
+              choices=("r1", "r4")),
         Param("source", "choice", "fashion-mnist", "image pool: Fashion-MNIST, FEMNIST digits (the offline MNIST) or "
               "an IDX folder (path)", choices=pfl_images.SOURCES),
         Param("path", "str", None, "the pool's folder or file (None: the source's default under FEDBENCH_DATA)",
@@ -427,7 +432,7 @@ class PFLImages(BlockProblem):
         Param("lam", "float", None, "penalty λ of mx2/mt2 (None: 1/K)", low=0, nullable=True, log=True),
         Param("big_lambda", "float", 1.0, "Λ of mt2/apfl2", low=0),
         Param("alpha", "float", None, "α of apfl2 (None: 0.05·K)", low=0, high=1, low_open=True, nullable=True),
-        Param("reparam", "bool", True, "feed w/√M into f_m (§1.3)"),
+        Param("reparam", "bool", True, "feed w/√M into f_m (§2.3)"),
         Param("label_draw", "choice", "code", "device classes with replacement (code) or K distinct (paper)",
               choices=pfl_images.LABEL_DRAWS),
         Param("selection", "choice", "code", "the first matching pool images in order (code) or random ones",

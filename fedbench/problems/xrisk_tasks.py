@@ -1,7 +1,7 @@
-"""The X-risk objectives of the `pauc` problem (spec 001 §1.4–1.5): F(w) = mean₊ f(mean₋ ℓ(h₊, h₋)) over
-pairs of a positive score h₊ and a negative score h₋. A task gives the pair loss ℓ, the outer function's
-derivative ∇f (what the FeDXL estimators weight by) and the exact pooled objective; a new X-risk is one
-more class with these three.
+"""The X-risk objectives of the `pauc` problem (Guo et al., ICML 2023, eq. (8) and §4): F(w) = mean₊ f(mean₋
+ℓ(h₊, h₋)) over pairs of a positive score h₊ and a negative score h₋. A task gives the pair loss ℓ, the outer
+function's derivative ∇f (what the FeDXL estimators weight by) and the exact pooled objective; a new X-risk is
+one more class with these three.
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ def pair_differences(positives: Tensor, negatives: Tensor):
 
 
 class PartialAUC:
-    """One-way partial AUC as KL-OPAUC (§1.4): f = λ log, ℓ(a, b) = exp((m − (a − b))₊² / λ)."""
+    """One-way partial AUC as KL-OPAUC (Guo et al., eq. (14)): f = λ log, ℓ(a, b) = exp((m − (a − b))₊² / λ), the
+    sign of the authors' released code (eq. (14) prints (h(w, z) + 1 − h(w, z'))₊², a sign slip)."""
     linear_outer = False
 
     def __init__(self, kl_lambda: float, margin: float):
@@ -43,7 +44,7 @@ class PartialAUC:
 
 
 class AUC:
-    """Full AUC with the symmetric PSM loss (§1.5): f linear, ℓ(a, b) = σ(b − a)."""
+    """Full AUC with the symmetric PSM loss (Guo et al., §4): f linear, ℓ(a, b) = σ(b − a)."""
     linear_outer = True
 
     def pair_loss(self, a: Tensor, b: Tensor) -> Tensor:
