@@ -1,8 +1,8 @@
 """High-precision centralized optimum of a problem's global objective, for the objective gap.
 
-Smooth objectives of a joint variable (seed 003's block objectives, `flat_objective`) are minimised by damped
-Newton (`minimize_smooth`); the composite least-squares objectives below by FISTA with a duality-gap
-certificate.
+Smooth objectives of a joint variable (the personalized objectives of Hanzely et al., TMLR 2023,
+`flat_objective`) are minimised by damped Newton (`minimize_smooth`); the composite least-squares objectives below
+by FISTA with a duality-gap certificate.
 
 φ(w) = ½ wᵀHw − cᵀw + κ + h(w) (the pooled least-squares loss of `LeastSquares.quadratic`) is
 minimized by accelerated proximal gradient (FISTA, Beck & Teboulle 2009) with the gradient-based

@@ -654,12 +654,14 @@ def list_components(with_plugins: Optional[List[str]] = WithOption) -> None:
             where = plugins.origin(title, name)
             table = Table(title=f"{title} [bold]{name}[/]" + ("" if where == "built-in" else f" (plugin: {where})"),
                           title_justify="left", show_lines=False)
-            table.add_column("parameter", overflow="fold")  # folded, never cut to "…" at 80 columns
-            table.add_column("type", overflow="fold")
+            params = getattr(cls, attribute)
+            # names whole (they are what --set takes); the other columns fold, never cut to "…" at 80 columns
+            table.add_column("parameter", no_wrap=True, min_width=max((len(p.name) for p in params), default=9))
+            table.add_column("type", no_wrap=True, min_width=max((len(p.kind) + 6 * p.log for p in params), default=4))
             table.add_column("default", overflow="fold")
             table.add_column("range", overflow="fold")
             table.add_column("description", ratio=1, overflow="fold")
-            for p in getattr(cls, attribute):
+            for p in params:
                 table.add_row(p.name, p.kind + (" (log)" if p.log else ""), str(p.default), p.describe_range(), p.help)
             console.print(table)
             for line in contract_lines(title, cls):
