@@ -253,7 +253,12 @@ def drive_runs(recipe, trials: list, sims: list, tracking_uri: Optional[str], re
             say("no checkpoint of these runs: starting at round 0")
         for checkpoint in saved if not resume else ():  # an earlier interrupted run's is not this run's start
             checkpoint.remove()
-        return drive_batch(sims, advance, policy, trials, planned=planned)
+        models: list[dict[int, bytes]] = [{} for _ in trials]
+        outcomes = drive_batch(sims, advance, policy, trials, planned=planned,
+                               on_model=lambda i, round_, data: models[i].__setitem__(round_, data))
+        for outcome, kept in zip(outcomes, models):
+            outcome.models = kept
+        return outcomes
 
 
 def log_runs(store, recipe, trials: list, outcomes: list) -> None:
@@ -599,6 +604,8 @@ def show(
 def export(
     run_id: str = typer.Argument(..., metavar="RUN_ID", help="An MLflow run id (a run of a sweep or of fedbench run)"),
     path: Path = typer.Argument(..., metavar="PATH", help="The file to write (torch's format, see fedbench.saved)"),
+    round_: Optional[int] = typer.Option(None, "--round", min=1, help="The model of this round (saved with the "
+                                         "recipe's tracking.models_every), not the final one"),
     tracking_uri: Optional[str] = TrackingOption,
 ) -> None:
     """Write a run's final model to PATH: the global model, in the problem's own shapes too, and each client's
@@ -608,7 +615,7 @@ def export(
 
     store = open_store(tracking_uri, write=False)
     try:
-        data = store.run_model(run_id)
+        data = store.run_model(run_id, round_)
     except StoreError as err:
         fail(str(err))
     path.write_bytes(data)

@@ -69,9 +69,13 @@ class Outcome:
     end_time: float = field(default_factory=time.time)  # epoch seconds, where the run ran
     runs_in_batch: int = 1  # runs of the program it ran in (1: alone, or one after another)
     model: bytes | None = None  # its final model's file (`fedbench.saved`), stored as the artifact model/final.pt
+    # its models by round (`tracking.models_every`) where its driver keeps them for the end (`fedbench run`; a Ray
+    # trial sends each as it is made)
+    models: dict[int, bytes] = field(default_factory=dict)
 
 
 OnRow = Callable[[int, dict[str, float], float], None]  # (run index, row, the run's training seconds by then)
+OnModel = Callable[[int, int, bytes], None]  # (run index, round, the file of the run's model then: `fedbench.saved`)
 Programs = list[tuple[list[int], RoundProgram]]  # `fedbench.runs.programs`: each program with the indices of its runs
 
 
@@ -82,17 +86,19 @@ def drive(simulation: Simulation, on_row: Callable[[dict[str, float]], None] | N
 
 def drive_batch(sims: list[Simulation], on_row: OnRow | None = None, checkpoints: Policy | None = None,
                 trials: list[Trial] | None = None, tick: Callable[[], None] | None = None,
-                planned: Programs | None = None) -> list[Outcome]:
+                planned: Programs | None = None, on_model: OnModel | None = None) -> list[Outcome]:
     """Run simulations (a run alone, or the runs of one planned program from `build_batch`) in their programs
     (`planned`, default `fedbench.runs.programs(sims)`: one where they can share one and are not memory-bound, else one
     after another); each run's outcome as `drive` gives it alone (its training seconds: its share of its program's).
     With a `checkpoints` policy (and the runs' `trials`, which name each program's checkpoint), a program resumes from
     its checkpoint, whose rows go to `on_row` again first, and saves checkpoints by the policy (`sweeps.checkpoints`).
-    `tick()` is called between rounds (a row stream's timer, `sweeps.events.RowStream`)."""
+    `tick()` is called between rounds (a row stream's timer, `sweeps.events.RowStream`). Where the runs' trials
+    ask for it (`models_every`), `on_model` gets each run's model at every row of a round that is a multiple of it."""
     start = time.perf_counter()
     rows: list[list[dict[str, float]]] = [[] for _ in sims]
     seconds: list[list[float]] = [[] for _ in sims]
     groups = programs(sims) if planned is None else planned
+    every = trials[0].models_every if trials and on_model is not None else 0
     for runs, program in groups:
         checkpoint = (Checkpoint(checkpoints, [trials[i] for i in runs])  # type: ignore[index]  # given with a policy
                       if checkpoints is not None and checkpoints.active else None)
@@ -109,6 +115,10 @@ def drive_batch(sims: list[Simulation], on_row: OnRow | None = None, checkpoints
             seconds[i].append(sims[i].train_seconds)
             if on_row is not None:
                 on_row(i, row, sims[i].train_seconds)
+            if every and row["round"] and row["round"] % every == 0:
+                if j in program.live:  # a stopped run's state is on its Simulation already (the batch's may be reused)
+                    program.sync_run(j)
+                on_model(i, int(row["round"]), model_bytes(sims[i]))  # type: ignore[misc]  # every > 0: given
         if checkpoint is not None:
             checkpoint.remove()
     wall = (time.perf_counter() - start) / len(sims)

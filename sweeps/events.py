@@ -106,6 +106,11 @@ class RowStream:
     def start(self, key: Any, tags: dict[str, str], device: str) -> None:
         self.send(self.stamped({"event": "start", "key": key, "time": time.time(), "tags": tags, "device": device}))
 
+    def model(self, i: int, round_: int, data: bytes) -> None:
+        """Run i's model at round `round_` (`tracking.models_every`), sent as it is made: stored as it comes, so that
+        an interrupted run keeps the ones made before."""
+        self.send(self.stamped({"event": "model", "key": self.keys[i], "round": round_, "model": data}))
+
     def end(self, i: int, outcome: dict[str, Any]) -> None:
         """Run i's end: its outcome (`asdict(Outcome)`), with the rows not streamed yet instead of all of them (the
         rows streamed already are not sent twice: the curve of a run evaluated every round is most of what a trial
@@ -211,6 +216,8 @@ class Runs:
             self.rows(event["runs"])
         elif event["event"] == "start":
             self.start(event["key"], event)
+        elif event["event"] == "model":
+            self.log.model(event["key"], event["round"], event["model"])
         else:
             self.end(event["key"], event["outcome"])
 

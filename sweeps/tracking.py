@@ -98,6 +98,14 @@ def store_folder(uri: str | None) -> Path:
     return path.resolve().parent if path is not None else Path.cwd()
 
 
+MODEL_FOLDER, MODEL_FILE = "model", "final.pt"  # a run's saved final model (`fedbench.saved`), an artifact
+
+
+def round_model(round_: int) -> str:
+    """The artifact file of a run's model at a round (`tracking.models_every`), in its folder `model/`."""
+    return f"round_{round_}.pt"
+
+
 class StoreError(ValueError):
     """A tracking store that cannot be used as it is; the message is one line: the file, what is wrong, what to do."""
 
@@ -464,25 +472,32 @@ class Store:
         with tempfile.TemporaryDirectory() as scratch:
             return Path(self.client.download_artifacts(run_id, path, scratch)).read_bytes()
 
-    def log_models(self, models: dict[str, bytes]) -> None:
-        """Each run's final model (the bytes of its file, `fedbench.saved`) as its artifact `model/final.pt`."""
+    def log_models(self, models: dict[str, bytes], name: str = MODEL_FILE) -> None:
+        """Each run's model (the bytes of its file, `fedbench.saved`) as its artifact `model/<name>`: the final one
+        `model/final.pt`, that of round r `model/round_<r>.pt` (`tracking.models_every`)."""
         with tempfile.TemporaryDirectory() as scratch:
-            path = Path(scratch) / MODEL_FILE
+            path = Path(scratch) / name
             for run_id, data in models.items():
                 path.write_bytes(data)
                 self.client.log_artifact(run_id, str(path), MODEL_FOLDER)
 
-    def run_model(self, run_id: str) -> bytes:
-        """The bytes of a run's saved final model (`log_models`); a run without one is refused in one line."""
+    def run_model(self, run_id: str, round_: int | None = None) -> bytes:
+        """The bytes of a run's saved model (`log_models`): its final one, or that of round `round_`; one it does not
+        have is refused in one line, with the rounds it has."""
         try:
             run = self.client.get_run(run_id)
         except MlflowException:
             raise StoreError(f"no run {run_id!r} in {self.uri}") from None
-        names = {item.path for item in self.client.list_artifacts(run_id, MODEL_FOLDER)}
-        if f"{MODEL_FOLDER}/{MODEL_FILE}" not in names:
-            raise StoreError(f"run {run_id} has no saved model (status {run.data.tags.get('status') or run.info.status}"
-                             f"; runs that failed, and runs stored before models were saved, have none)")
-        return self.artifact_bytes(run_id, f"{MODEL_FOLDER}/{MODEL_FILE}")
+        names = {item.path.rpartition("/")[2] for item in self.client.list_artifacts(run_id, MODEL_FOLDER)}
+        name = MODEL_FILE if round_ is None else round_model(round_)
+        if name not in names:
+            rounds = sorted(int(n[6:-3]) for n in names if n.startswith("round_") and n.endswith(".pt"))
+            status = run.data.tags.get("status") or run.info.status
+            raise StoreError(f"run {run_id} has no saved model" + (f" of round {round_}" if round_ is not None else "")
+                             + (f" (rounds saved: {', '.join(map(str, rounds))})" if rounds else
+                                f" (status {status}; runs that failed, and runs stored before models were saved, "
+                                "have none)"))
+        return self.artifact_bytes(run_id, f"{MODEL_FOLDER}/{name}")
 
     def close_sweep(self, run_id: str, status: str, counts: dict[str, int]) -> None:
         """The latest attempt's counts as tags `runs_<count>` (tags, not metrics: the UI's chart view plots every
@@ -550,6 +565,8 @@ class Store:
         self.finish_trial(run_id, outcome)
         if outcome.get("model"):
             self.log_models({run_id: outcome["model"]})
+        for round_, data in (outcome.get("models") or {}).items():
+            self.log_models({run_id: data}, round_model(round_))
         return run_id
 
     def store_spilled(self) -> list[str]:
@@ -714,12 +731,12 @@ def new_run(trial: Trial, parent_id: str | None, start_time: float, tags: dict[s
                   {k: str(v) for k, v in trial.params().items()})
 
 
-def load_run_model(run_id: str, uri: str | None = None) -> dict[str, Any]:
-    """A stored run's final model (`fedbench.saved` format), read from the store at `uri` (default as the CLI's:
-    `MLFLOW_TRACKING_URI`, else `./mlflow.db`)."""
+def load_run_model(run_id: str, uri: str | None = None, round_: int | None = None) -> dict[str, Any]:
+    """A stored run's final model (or that of round `round_`, `tracking.models_every`), in `fedbench.saved`'s format,
+    read from the store at `uri` (default as the CLI's: `MLFLOW_TRACKING_URI`, else `./mlflow.db`)."""
     from fedbench.saved import load_model
 
-    return load_model(Store(uri, write=False).run_model(run_id))
+    return load_model(Store(uri, write=False).run_model(run_id, round_))
 
 
 def ended_run(run_id: str, outcome: dict[str, Any], after: int = -1) -> EndedRun:
@@ -746,7 +763,6 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-MODEL_FOLDER, MODEL_FILE = "model", "final.pt"  # a run's saved final model (`fedbench.saved`), an artifact
 DRAIN = 500  # events one write of `SweepLog` takes at most: its transactions grow with it
 
 
@@ -776,8 +792,8 @@ class SweepLog:
             self._write([event for event in events if event is not None])
 
     def _write(self, events: list[tuple]) -> None:
-        for kind, write in (("start", self._starts), ("rows", self._rows), ("end", self._ends),
-                            ("abandon", self._abandons)):
+        for kind, write in (("start", self._starts), ("rows", self._rows), ("model", self._models),
+                            ("end", self._ends), ("abandon", self._abandons)):
             batch = [event[1:] for event in events if event[0] == kind]
             if batch:
                 try:
@@ -815,6 +831,11 @@ class SweepLog:
         self.store.log_models({self.run_ids[key]: outcome["model"] for key, outcome in ends
                                if key in self.run_ids and outcome.get("model")})
 
+    def _models(self, models: list[tuple]) -> None:
+        for key, round_, data in models:
+            if key in self.run_ids:
+                self.store.log_models({self.run_ids[key]: data}, round_model(round_))
+
     def _abandons(self, abandoned: list[tuple]) -> None:
         for key, reason in abandoned:
             if key in self.run_ids:
@@ -829,6 +850,10 @@ class SweepLog:
         """Rows of in-flight runs, by key, beyond those each has stored (a resumed run hands over its checkpoint's
         again): a trial's runs stream together."""
         self.queue.put(("rows", runs))
+
+    def model(self, key: Any, round_: int, data: bytes) -> None:
+        """A run's model at a round (`tracking.models_every`)."""
+        self.queue.put(("model", key, round_, data))
 
     def ended(self, key: Any, outcome: dict[str, Any]) -> None:
         self.queue.put(("end", key, outcome))

@@ -42,7 +42,8 @@ def run_program(program: Program, send: Callable[[dict[str, Any]], None], checkp
     start = time.perf_counter()
     device = device or resolve_device(trials[0].device, bool(gpu_ids))
     try:
-        outcomes = drive_batch(build_planned(trials, device), stream.add, checkpoints, trials, stream.tick)
+        outcomes = drive_batch(build_planned(trials, device), stream.add, checkpoints, trials, stream.tick,
+                               on_model=stream.model)
     except Exception:  # failing runs are recorded and the pack goes on
         wall = (time.perf_counter() - start) / len(program)
         outcomes = [Outcome([], "failed", trial.device, wall_seconds=wall, error=traceback.format_exc(),

@@ -81,6 +81,46 @@ def test_a_personalized_runs_client_models_come_back_too(tmp_path, tracking_uri)
     assert_last_row(model, recipe, "ascd_pfl", 0, run)
 
 
+def history_at(uri: str, run, round_: int) -> dict[str, float]:
+    """The run's logged metrics at round `round_`, from their MLflow histories."""
+    client = MlflowClient(uri)
+    values = {}
+    for key in run.data.metrics:
+        points = [m.value for m in client.get_metric_history(run.info.run_id, key) if m.step == round_]
+        if points:
+            values[key] = points[-1]
+    return values
+
+
+def assert_row_at(model: dict, recipe_path, algorithm: str, seed: int, uri: str, run, round_: int) -> None:
+    problem = build_simulation(load(recipe_path).single_trial(algorithm, seed=seed), "cpu").problem
+    evaluated = problem.evaluate(model["global"], model["personal"])
+    logged = history_at(uri, run, round_)
+    shared = [key for key in evaluated if key in logged and math.isfinite(logged[key])]
+    assert len(shared) >= 3 and model["round"] == round_, (sorted(evaluated), sorted(logged))
+    assert {k: evaluated[k] for k in shared} == pytest.approx({k: logged[k] for k in shared}, rel=1e-12, abs=1e-15)
+
+
+def test_models_every_k_rounds_come_back_with_their_rows_metrics(tmp_path, tracking_uri):
+    """`tracking.models_every: 5` on a 12-round run: the models of rounds 5 and 10 beside the final one, each giving
+    its round's row; the block changes neither the recipe's nor the run's hash (what resume finds)."""
+    recipe = tmp_path / "lasso.yaml"
+    recipe.write_text(LASSO)
+    sets = ["--set", "tracking.models_every=5"]
+    assert load(recipe, sets[1::2]).recipe_hash == load(recipe).recipe_hash
+    assert load(recipe, sets[1::2]).single_trial("fedmid", seed=7).config_hash == \
+        load(recipe).single_trial("fedmid", seed=7).config_hash
+    assert invoke("run", recipe, "-a", "fedmid", "--seed", 7, *sets, "--tracking-uri", tracking_uri).exit_code == 0
+    [run] = runs_of(tracking_uri, "models-lasso", "run")
+    for round_ in (5, 10):
+        assert_row_at(load_run_model(run.info.run_id, tracking_uri, round_), recipe, "fedmid", 7, tracking_uri, run,
+                      round_)
+    exported = invoke("export", run.info.run_id, tmp_path / "r5.pt", "--round", 5, "--tracking-uri", tracking_uri)
+    assert exported.exit_code == 0 and fedbench.load_model(tmp_path / "r5.pt")["round"] == 5, exported.output
+    missing = invoke("export", run.info.run_id, tmp_path / "r7.pt", "--round", 7, "--tracking-uri", tracking_uri)
+    assert missing.exit_code == 2 and "has no saved model of round 7 (rounds saved: 5, 10)" in missing.output
+
+
 def test_export_of_a_run_without_a_model_is_refused_in_one_line(tracking_uri, tmp_path):
     missing = invoke("export", "nosuchrun", tmp_path / "x.pt", "--tracking-uri", tracking_uri)
     assert missing.exit_code == 2 and "no run 'nosuchrun'" in missing.output and "Traceback" not in missing.output
@@ -89,16 +129,20 @@ def test_export_of_a_run_without_a_model_is_refused_in_one_line(tracking_uri, tm
 
 @pytest.mark.ray
 def test_every_run_of_a_sweep_stores_its_model(ray_local, tmp_path, tracking_uri):
-    """Through Ray: the workers send each run's model with its end, the driver stores it; the runs of one program
-    (the two seeds of a configuration) each get their own."""
+    """Through Ray: the workers send each run's model with its end, and with `tracking.models_every` each round's as
+    it is made; the driver stores them; the runs of one program (the two seeds of a configuration) each get their
+    own."""
     recipe = tmp_path / "lasso.yaml"
     recipe.write_text(LASSO)
-    assert invoke("sweep", recipe, "--tracking-uri", tracking_uri, "--no-report").exit_code == 0
+    assert invoke("sweep", recipe, "--set", "tracking.models_every=5", "--tracking-uri", tracking_uri,
+                  "--no-report").exit_code == 0
     trials = runs_of(tracking_uri, "models-lasso", "trial")
     assert len(trials) == 4
     models = {}
     for run in trials:
+        algorithm, seed = run.data.tags["algorithm"], int(run.data.tags["seed"])
         model = load_run_model(run.info.run_id, tracking_uri)
-        models[(run.data.tags["algorithm"], int(run.data.tags["seed"]))] = model
-        assert_last_row(model, recipe, run.data.tags["algorithm"], int(run.data.tags["seed"]), run)
+        models[(algorithm, seed)] = model
+        assert_last_row(model, recipe, algorithm, seed, run)
+        assert_row_at(load_run_model(run.info.run_id, tracking_uri, 5), recipe, algorithm, seed, tracking_uri, run, 5)
     assert not models[("fedmid", 7)]["global"].equal(models[("fedmid", 8)]["global"])

@@ -50,14 +50,15 @@ class Recipe:
     built: set[str] = field(default_factory=set, repr=False, compare=False)
     checkpoints: Checkpoints = field(default_factory=Checkpoints)
     max_runs: int = 2000  # the most runs `fedbench sweep` starts without --yes
+    models_every: int = 0  # `tracking.models_every`: a run's model stored every this many rounds (0: the final only)
 
     @property
     def recipe_hash(self) -> str:
         """Of what runs: the report block only changes how results are drawn, the checkpoints block how often
-        runs save their state and max_runs how many a sweep starts unasked, so a sweep is found again (and resumed)
-        after any of them is edited."""
+        runs save their state, the tracking block what they store beside their curves and max_runs how many a sweep
+        starts unasked, so a sweep is found again (and resumed) after any of them is edited."""
         return stable_hash({key: value for key, value in self.document.items()
-                            if key not in ("report", "checkpoints", "max_runs")})
+                            if key not in ("report", "checkpoints", "tracking", "max_runs")})
 
     def runs(self) -> int:
         """How many trials `trials` makes, counted from the grids' lengths without building them."""
@@ -127,7 +128,8 @@ class Recipe:
         trial = Trial(self.name, self.problem, PROBLEMS[self.problem].resolve_config(problem_values), algorithm,
                       resolve(ALGORITHMS[algorithm].hparams, hyperparameters, algorithm),
                       Federation(**federation_values), seed, self.eval_every, self.device, self.divergence_factor,
-                      plugins.sources("problem", self.problem) + plugins.sources("algorithm", algorithm))
+                      plugins.sources("problem", self.problem) + plugins.sources("algorithm", algorithm),
+                      self.models_every)
         self.check(trial)
         return trial
 

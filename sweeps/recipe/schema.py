@@ -165,6 +165,13 @@ def check_name(name: str) -> str:
     return name
 
 
+class Tracking(StrictModel):
+    """What each run stores beside its curve."""
+    # also the run's model every this many rounds, as the artifact model/round_<r>.pt (0: the final model only,
+    # model/final.pt, which every run stores)
+    models_every: int = Field(0, ge=0)
+
+
 class RecipeModel(StrictModel):
     name: Optional[str] = Field(None, min_length=1)  # default: the recipe file's name without .yaml
     plugins: list[str] = Field(default_factory=list)  # files (relative to the recipe) or modules of own components
@@ -183,6 +190,7 @@ class RecipeModel(StrictModel):
     resources: Resources = Field(default_factory=Resources)  # what each Ray trial holds (`resources:` below)
     # how often a program of runs saves its state (`checkpoints:` below)
     checkpoints: Checkpoints = Field(default_factory=Checkpoints)
+    tracking: Tracking = Field(default_factory=Tracking)  # what each run stores beside its curve (`tracking:` below)
     tune: Optional[TuneSpec] = None  # an Optuna search per algorithm (`tune:` below); absent: none
     report: Optional[ReportSpec] = None  # what `fedbench report` draws (`report:` below); absent: the defaults
     # the most runs (configurations × seeds) `fedbench sweep` starts without --yes
@@ -221,8 +229,8 @@ def is_seed(value: Any) -> bool:
 
 
 SECTIONS: dict[tuple[Any, ...], type[StrictModel]] = {
-    (): RecipeModel, ("resources",): Resources, ("checkpoints",): Checkpoints, ("tune",): TuneSpec,
-    ("tune", "pruner"): PrunerSpec, ("report",): ReportSpec, ("report", "select"): SelectSpec}
+    (): RecipeModel, ("resources",): Resources, ("checkpoints",): Checkpoints, ("tracking",): Tracking,
+    ("tune",): TuneSpec, ("tune", "pruner"): PrunerSpec, ("report",): ReportSpec, ("report", "select"): SelectSpec}
 
 
 def schema_error(source: str, err: ValidationError, nested: dict[str, list[str]] | None = None) -> RecipeError:

@@ -32,6 +32,8 @@ class Trial:
     divergence_factor: float = DIVERGENCE_FACTOR
     # the code of its algorithm and problem where they are plugins (`fedbench.plugins`)
     plugins: tuple[Source, ...] = ()
+    models_every: int = 0  # its model stored every this many rounds beside the final one (not in its config: it
+    # changes what is stored, not the run)
 
     def config(self) -> dict[str, Any]:
         """Everything that determines the run except the seed (and the device it runs on); for a plugin's run, the
