@@ -42,7 +42,7 @@ PLUGIN_RECIPE = """\
 name: NAME
 plugins: [SPEC]
 problem: {name: lasso, clients: 8, samples_per_client: 40, dim: 60, support: 10, lam: 0.05}
-federation: {rounds: 1000, clients_per_round: 4, local_steps: 5, batch_size: 5}
+federation: {rounds: 3000, clients_per_round: 4, local_steps: 5, batch_size: 5}
 algorithms: {NAME: {client_lr: [1e-2, 2e-2]}}
 seeds: 2
 eval_every: 50
