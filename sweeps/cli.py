@@ -581,13 +581,13 @@ def show(
 ) -> None:
     """One run: its algorithm, seed, status and configuration, its last metrics, and, for a run that failed, its
     whole error (the traceback the console cut to its last line)."""
-    from mlflow.exceptions import MlflowException
+    from .tracking import StoreError
 
     store = open_store(tracking_uri, write=False)
     try:
-        run = store.client.get_run(run_id)
-    except MlflowException:
-        fail(f"no run {run_id!r} in {store.uri}")
+        run = store.run(run_id)
+    except StoreError as err:
+        fail(str(err))
     tags = run.data.tags
     say(f"run {run_id} ({tags.get('role', 'untagged')}): {tags.get('algorithm', '–')} seed {tags.get('seed', '–')}, "
         f"status {tags.get('status') or run.info.status.lower()}, experiment {run.info.experiment_id}")

@@ -481,13 +481,17 @@ class Store:
                 path.write_bytes(data)
                 self.client.log_artifact(run_id, str(path), MODEL_FOLDER)
 
+    def run(self, run_id: str):
+        """A stored run; one this store does not hold is refused in one line (StoreError)."""
+        try:
+            return self.client.get_run(run_id)
+        except MlflowException:
+            raise StoreError(f"no run {run_id!r} in {self.uri}") from None
+
     def run_model(self, run_id: str, round_: int | None = None) -> bytes:
         """The bytes of a run's saved model (`log_models`): its final one, or that of round `round_`; one it does not
         have is refused in one line, with the rounds it has."""
-        try:
-            run = self.client.get_run(run_id)
-        except MlflowException:
-            raise StoreError(f"no run {run_id!r} in {self.uri}") from None
+        run = self.run(run_id)
         names = {item.path.rpartition("/")[2] for item in self.client.list_artifacts(run_id, MODEL_FOLDER)}
         name = MODEL_FILE if round_ is None else round_model(round_)
         if name not in names:

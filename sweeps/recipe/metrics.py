@@ -34,8 +34,7 @@ def named_metrics(recipe: Recipe) -> list[tuple[str, str]]:
     named += [(f"report.metrics[{i}]", name) for i, name in enumerate(report.metrics)]
     named += [("report.select.metric", report.select.metric)] if report.select else []
     named += [(f"report.{section}.{name}", name) for section in ("target", "log") for name in getattr(report, section)]
-    named += [(f"report.labels.{name}", name) for name in report.labels
-              if name not in recipe.algorithms and name not in ALGORITHMS]
+    named += [(f"report.labels.{name}", name) for name in report.labels if name not in ALGORITHMS]
     return named
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from mlflow.exceptions import MlflowException
 
 from ..recipe import Recipe, parse, yaml_value
-from ..tracking import PARENT_TAG, Store
+from ..tracking import PARENT_TAG, Store, StoreError
 
 COMM = ("comm_up", "comm_down")  # the x-axis of --x comm, not curves of their own
 AXES = (*COMM, "iterations")  # x-axis columns
@@ -78,9 +78,9 @@ def find_source(store: Store, recipe: Optional[Recipe] = None, experiment: Optio
     """The runs of a recipe's sweep, of a parent run (sweep or tuning session), or of a whole experiment."""
     if run_id is not None:
         try:
-            parent = store.client.get_run(run_id)
-        except MlflowException:
-            raise ReportError(f"no run {run_id!r} in {store.uri}") from None
+            parent = store.run(run_id)
+        except StoreError as err:
+            raise ReportError(str(err)) from None
         role = parent.data.tags.get("role")
         if role not in ("sweep", "tune"):
             raise ReportError(f"run {run_id} is a {role or 'untagged'} run, not a sweep or tuning session; "
