@@ -53,16 +53,14 @@ def by_role(uri, role):
     return [run for run in runs(uri) if run.data.tags.get("role") == role]
 
 
-@pytest.mark.parametrize("recipe, total", [(RECIPE, 8), (BATCHED, 9)], ids=["alone", "batched"])
-def test_sigkill_then_rerun_completes_the_sweep(tmp_path, tracking_uri, recipe, total):
-    path = tmp_path / "resume.yaml"
-    path.write_text(recipe)
-    command = [sys.executable, "-m", "cli", "sweep", str(path), "--tracking-uri", tracking_uri]
+def killed_while_running(command: list[str], tracking_uri: str) -> list:
+    """The trial runs in the store after the sweep `command`, started in a session of its own, was killed with
+    SIGKILL (the CLI and the Ray it started) once some runs had finished while others were going."""
     first = subprocess.Popen(command, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 180
     try:
-        while time.monotonic() < deadline:  # kill while some runs have finished and others are going
+        while time.monotonic() < deadline:
             statuses = Counter(run.info.status for run in by_role(tracking_uri, "trial"))
             if statuses["FINISHED"] >= 2 and statuses["RUNNING"] >= 1:
                 break
@@ -71,12 +69,27 @@ def test_sigkill_then_rerun_completes_the_sweep(tmp_path, tracking_uri, recipe, 
         else:
             raise AssertionError(f"no kill point reached: {statuses}")
     finally:
-        os.killpg(first.pid, signal.SIGKILL)  # the whole session: the CLI and the Ray it started
+        os.killpg(first.pid, signal.SIGKILL)
         first.wait()
+    return by_role(tracking_uri, "trial")
 
-    killed = by_role(tracking_uri, "trial")
-    finished_before = {run.info.run_id for run in killed if run.info.status == "FINISHED"}
-    running_before = {run.info.run_id for run in killed if run.info.status == "RUNNING"}
+
+@pytest.mark.parametrize("recipe, total", [(RECIPE, 8), (BATCHED, 9)], ids=["alone", "batched"])
+def test_sigkill_then_rerun_completes_the_sweep(tmp_path, tracking_uri, recipe, total):
+    path = tmp_path / "resume.yaml"
+    path.write_text(recipe)
+    command = [sys.executable, "-m", "cli", "sweep", str(path), "--tracking-uri", tracking_uri]
+    store = Path(tracking_uri.removeprefix("sqlite:///"))
+    empty = store.read_bytes()
+    for _ in range(3):  # a kill that lands after the runs it saw going have finished proves nothing: again
+        for journal in store.parent.glob(store.name + "-*"):  # a killed writer's -wal/-shm/-journal
+            journal.unlink()
+        store.write_bytes(empty)
+        killed = killed_while_running(command, tracking_uri)
+        finished_before = {run.info.run_id for run in killed if run.info.status == "FINISHED"}
+        running_before = {run.info.run_id for run in killed if run.info.status == "RUNNING"}
+        if len(finished_before) >= 2 and running_before:
+            break
     assert finished_before and running_before and by_role(tracking_uri, "sweep")[0].info.status == "RUNNING"
 
     second = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
