@@ -22,10 +22,11 @@ def make_algorithm(name: str, problem: Problem, **hyperparameters: Any) -> Algor
 
 def run(algorithm: str, problem: Problem, rounds: int = 100, clients_per_round: int = 10, local_steps: int = 10,
         batch_size: int = 10, aggregation: str = "uniform", seed: int | None = None, eval_every: int = 10,
-        **hyperparameters: Any) -> Result:
+        compile: str = "auto", **hyperparameters: Any) -> Result:
     federation = Federation(rounds, clients_per_round, local_steps, batch_size, aggregation)
     seed = problem.seed if seed is None else seed
-    return simulate(problem, make_algorithm(algorithm, problem, **hyperparameters), federation, seed, eval_every)
+    return simulate(problem, make_algorithm(algorithm, problem, **hyperparameters), federation, seed, eval_every,
+                    compile=compile)
 
 
 __all__ = ["ALGORITHMS", "PROBLEMS", "Federation", "Result", "Simulation", "load_model", "make_algorithm",

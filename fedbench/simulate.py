@@ -23,6 +23,7 @@ from torch import Tensor
 
 from fedbench.algorithms import ALGORITHMS
 from fedbench.algorithms.base import Algorithm
+from fedbench.compiling import check_mode
 from fedbench.federation import DIVERGENCE_FACTOR, Federation, RoundSampler, aggregation_weights, minibatch_sizes
 from fedbench.problems.base import Problem
 from fedbench.rng import generator
@@ -36,13 +37,15 @@ class Simulation:
     its value at the start; the partial curve is kept either way) as a program of one run (`fedbench.runs`)."""
 
     def __init__(self, problem: Problem, algorithm: Algorithm, federation: Federation, seed: int,
-                 eval_every: int = 10, divergence_factor: float = DIVERGENCE_FACTOR):
+                 eval_every: int = 10, divergence_factor: float = DIVERGENCE_FACTOR, compile: str = "auto"):
+        check_mode(compile)
         minibatches = algorithm.minibatches(algorithm.hp)
         sizes, fields = minibatch_sizes(minibatches, algorithm.hp, federation.batch_size)
         federation.check(problem.layout(), fields)
         self.problem, self.algorithm, self.federation = problem, algorithm, federation
         self.eval_every = max(1, int(eval_every))
         self.divergence_factor = divergence_factor
+        self.compile = compile  # whether its program's local steps are compiled (`fedbench.compiling`)
         self.start_objective: float | None = None
         self.sampler = RoundSampler(problem, federation, seed, minibatches, sizes)
         self.algorithm_gen = generator(seed, algorithm.random_stream)
@@ -140,8 +143,8 @@ class Result:
 
 
 def simulate(problem: Problem, algorithm: Algorithm, federation: Federation, seed: int = 0,
-             eval_every: int = 10, divergence_factor: float = DIVERGENCE_FACTOR) -> Result:
-    sim = Simulation(problem, algorithm, federation, seed, eval_every, divergence_factor)
+             eval_every: int = 10, divergence_factor: float = DIVERGENCE_FACTOR, compile: str = "auto") -> Result:
+    sim = Simulation(problem, algorithm, federation, seed, eval_every, divergence_factor, compile)
     rows = list(sim)
     return Result(rows, sim.status, algorithm.global_params(sim.server),
                   algorithm.personal_params(sim.server, sim.clients), sim.train_seconds, sim.eval_seconds)
@@ -152,13 +155,13 @@ def run_batch(sims: list[Simulation]) -> Iterable[tuple[int, dict[str, float]]]:
     return ((runs[i], row) for runs, each in programs(sims) for i, row in each)
 
 
-def run_seeds(problem, algorithm_name: str, federation, seeds, eval_every: int = 10,
+def run_seeds(problem, algorithm_name: str, federation, seeds, eval_every: int = 10, compile: str = "auto",
               **hyperparameters) -> list[list[dict[str, float]]]:
     """The rows of one algorithm run with each of `seeds` on `problem`, as one program where they can share one:
     `run_seeds(...)[k]` is seed k's curve."""
     seeds = list(seeds)
-    sims = [Simulation(problem, ALGORITHMS[algorithm_name](problem, **hyperparameters), federation, seed, eval_every)
-            for seed in seeds]
+    sims = [Simulation(problem, ALGORITHMS[algorithm_name](problem, **hyperparameters), federation, seed, eval_every,
+                       compile=compile) for seed in seeds]
     rows: list[list[dict[str, float]]] = [[] for _ in seeds]
     for i, row in run_batch(sims):
         rows[i].append(row)

@@ -172,7 +172,7 @@ def parse(raw: dict[str, Any], source: str) -> Recipe:
     recipe = Recipe(source, name, problem_name, problem_grid, federation_grid, algorithms, model.seeds,
                     model.eval_every, model.device, model.divergence_factor, model.resources, model.tune, raw,
                     dimensions, model.report or ReportSpec(), overrides, checkpoints=model.checkpoints,
-                    max_runs=model.max_runs, models_every=model.tracking.models_every)
+                    max_runs=model.max_runs, models_every=model.tracking.models_every, compile=model.compile)
     runs = recipe.runs()  # counted, not built: a grid of millions is refused before it takes minutes and GBs
     if runs > MAX_RUNS:
         seeds = len(recipe.seeds)

@@ -34,11 +34,13 @@ class Trial:
     plugins: tuple[Source, ...] = ()
     models_every: int = 0  # its model stored every this many rounds beside the final one (not in its config: it
     # changes what is stored, not the run)
+    compile: str = "auto"  # whether its local steps run compiled (`fedbench.compiling`; not in its config: as the
+    # device, it changes how the run is computed, its numbers only by rounding)
 
     def config(self) -> dict[str, Any]:
-        """Everything that determines the run except the seed (and the device it runs on); for a plugin's run, the
-        sha256 of the plugin's code too, so that an edited plugin's runs run again (a built-in's config is as it
-        was)."""
+        """Everything that determines the run except the seed (and the device it runs on, and whether its steps are
+        compiled); for a plugin's run, the sha256 of the plugin's code too, so that an edited plugin's runs run again
+        (a built-in's config is as it was)."""
         config = {"problem": {"name": self.problem, **self.problem_config},
                   "federation": asdict(self.federation),
                   "algorithm": {"name": self.algorithm, **self.hyperparameters},
