@@ -23,6 +23,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import platform
 import shlex
 import statistics
@@ -33,9 +34,9 @@ from pathlib import Path
 
 import torch
 
-from fedbench.compiling import Measured
+from fedbench.compiling import Measured, step_work
 from fedbench.memory import keep_freed_memory
-from fedbench.planning import plan, step_bytes
+from fedbench.planning import plan
 from fedbench.runs import IterationProgram, RoundProgram, programs
 from sweeps import shipped
 from sweeps.driving import build_planned
@@ -80,8 +81,10 @@ def built(runs: list[Trial], device: str, mode: str) -> RoundProgram:
 
 
 class Clock:
-    """Rounds of one program, timed: a round-wise program round by round (`run_round`), an iteration-wise one by its
-    rows, its training seconds counted (not its evaluations)."""
+    """Rounds of one program, timed: a round-wise program round by round (`run_round`), in the process's CPU seconds on
+    the CPU (so that other processes' load on a shared machine drops out; a recipe's trial runs on one thread), in
+    wall seconds to the device's end on a GPU; an iteration-wise one by its rows, its training seconds counted (wall
+    seconds, not its evaluations)."""
 
     def __init__(self, program: RoundProgram, device: str):
         self.program, self.device = program, device
@@ -99,19 +102,23 @@ class Clock:
             while program.rounds_progress() < target:
                 next(self.rows)
             return program.train_seconds - start
-        start = time.perf_counter()
+        clock = time.perf_counter if self.device.startswith("cuda") else time.process_time
+        start = clock()
         for _ in range(rounds):
             program.run_round()
         if self.device.startswith("cuda"):
             torch.cuda.synchronize()
-        return time.perf_counter() - start
+        return clock() - start
 
 
-def measure(runs: list[Trial], device: str, repeats: int) -> tuple[Measured, float]:
-    """The row of the table for this program, and the largest relative difference of the two copies' server states
-    after the same rounds."""
+def measure(recipe: str, runs: list[Trial], device: str, repeats: int) -> tuple[Measured, float]:
+    """The row of the table for this program of the shipped `recipe`, and the largest relative difference of the two
+    copies' server states after the same rounds."""
+    torch._dynamo.reset()  # nothing compiled before (the frames beyond a graph break are the algorithm's own)
     eager, compiled = Clock(built(runs, device, "off"), device), Clock(built(runs, device, "on"), device)
-    start = compiled.seconds(COMPILE_ROUNDS)
+    began = time.perf_counter()  # in wall seconds: Inductor compiles in worker processes
+    compiled.seconds(COMPILE_ROUNDS)
+    start = time.perf_counter() - began
     warm = eager.seconds(1)
     rounds = max(1, math.ceil(SAMPLE_SECONDS / warm))
     eager.seconds(COMPILE_ROUNDS - 1)  # both copies at the same round
@@ -124,9 +131,9 @@ def measure(runs: list[Trial], device: str, repeats: int) -> tuple[Measured, flo
     eager_s, compiled_s = (statistics.median(samples[way]) for way in ("eager", "compiled"))
     first = compiled.program.sims[0]
     row = Measured(first.problem.name, first.algorithm.name, first.problem.device.type, len(compiled.program),
-                   step_bytes(first) * len(compiled.program), first.federation.local_steps,
+                   step_work(compiled.program.sims), first.federation.local_steps,
                    round(eager_s * 1e3, 4), round(compiled_s * 1e3, 4),
-                   round(max(0.0, start - COMPILE_ROUNDS * compiled_s), 2), runs[0].recipe)
+                   round(max(0.0, start - COMPILE_ROUNDS * compiled_s), 2), recipe)
     return row, max(differences, default=0.0)
 
 
@@ -143,9 +150,10 @@ def main() -> None:
     torch._inductor.config.fx_graph_cache = False
     torch._functorch.config.enable_autograd_cache = False
     keep_freed_memory()
+    torch.compile(torch.sin)(torch.ones(1))  # Inductor's start, once a process (a sweep's worker pays it once)
     print(f"eager / compiled local steps, device={args.device}, torch {torch.__version__}, "
           f"{platform.machine()} with {torch.get_num_threads()} threads available")
-    print(f"{'recipe':32} {'algorithm':12} {'runs':>4} {'step KB':>9} {'eager ms':>10} {'compiled ms':>11} "
+    print(f"{'recipe':32} {'algorithm':12} {'runs':>4} {'work':>9} {'eager ms':>10} {'compiled ms':>11} "
           f"{'ratio':>6} {'compile s':>9} {'rel. diff':>9}")
     rows, seen = [], set()
     for name in args.recipes:
@@ -158,20 +166,25 @@ def main() -> None:
                 continue
             seen.add(key)
             try:
-                row, difference = measure(runs, args.device, args.repeats)
+                row, difference = measure(shipped.name_of(name), runs, args.device, args.repeats)
             except Exception:  # a program that fails to compile is left out of the table: `auto` runs it eager
                 print(f"{shipped.name_of(name):32} {runs[0].algorithm:12} failed:\n{traceback.format_exc(limit=-3)}")
                 continue
             rows.append(row)
-            print(f"{shipped.name_of(name):32} {row.algorithm:12} {row.runs:4} {row.step_bytes / 1e3:9.1f} "
+            print(f"{shipped.name_of(name):32} {row.algorithm:12} {row.runs:4} {row.work:9.2g} "
                   f"{row.eager_ms:10.3f} {row.compiled_ms:11.3f} {row.speedup:6.2f} {row.compile_s:9.1f} "
                   f"{difference:9.1e}", flush=True)
     if args.write:
-        command = "python bench/compile.py " + shlex.join(sys.argv[1:])
-        table = {"command": command, "torch": torch.__version__, "machine": f"{platform.machine()}, "
-                 f"{torch.get_num_threads()} threads", "rows": [dataclasses.asdict(row) for row in rows]}
-        args.write.write_text(json.dumps(table, indent=1) + "\n")
+        args.write.write_text(table_text("python bench/compile.py " + shlex.join(sys.argv[1:]), rows))
         print(f"written to {args.write}")
+
+
+def table_text(command: str, rows: list[Measured]) -> str:
+    """The table's file: JSON, one row a line."""
+    machine = f"{platform.machine()}, {os.cpu_count()} cores; each program on its recipe's cpus_per_trial threads"
+    head = {"command": command, "torch": torch.__version__, "machine": machine}
+    lines = ",\n".join(json.dumps(dataclasses.asdict(row)) for row in rows)
+    return json.dumps(head)[:-1] + f', "rows": [\n{lines}\n]}}\n'
 
 
 if __name__ == "__main__":
