@@ -105,12 +105,10 @@ class Batches:
 
     def __init__(self, oracles: dict[str, Oracle]):
         self._oracles = oracles
+        self.__dict__.update(oracles)  # `batches.D` a plain attribute: it is read at every local step
 
-    def __getattr__(self, name: str) -> Oracle:
-        try:
-            return self._oracles[name]
-        except KeyError:
-            raise AttributeError(f"no minibatch {name!r} was declared (declared: {', '.join(self._oracles)})") from None
+    def __getattr__(self, name: str) -> Oracle:  # only for a name that was not declared
+        raise AttributeError(f"no minibatch {name!r} was declared (declared: {', '.join(self._oracles)})")
 
     def __getitem__(self, name: str) -> Oracle:
         return self._oracles[name]
