@@ -1,10 +1,11 @@
-"""A run's federation and its random draws: the rounds, clients per round, local steps and batch size
-(`Federation`), the clients and minibatch rows a round draws on the run's streams (`RoundSampler`), the oracles of
-a local step (`step_oracles`) and the server's aggregation weights (`aggregation_weights`). The record of a run is
-`fedbench.simulate.Simulation`; the programs that advance runs are `fedbench.runs`."""
+"""A run's federation and its random draws: the rounds, clients per round, local steps and batch size, the uplink
+and downlink transforms (`Federation`), the clients and minibatch rows a round draws on the run's streams
+(`RoundSampler`), the oracles of a local step (`step_oracles`) and the server's aggregation weights
+(`aggregation_weights`). The record of a run is `fedbench.simulate.Simulation`; the programs that advance runs are
+`fedbench.runs`."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping
 
 import torch
@@ -14,6 +15,7 @@ from fedbench.hparams import Param, ParamError
 from fedbench.oracle import Batches, Minibatch
 from fedbench.problems.base import Layout, Problem
 from fedbench.rng import generator
+from fedbench.transforms import LINKS, Step, chain, chain_text, check_chain
 
 DIVERGENCE_FACTOR = 1e4
 
@@ -25,6 +27,10 @@ class Federation:
     local_steps: int = 10
     batch_size: int = 10
     aggregation: str = "uniform"  # "uniform": π̂_k = 1/S; "samples": π̂_k ∝ n_k over the sampled set
+    # transforms of each client's uploads and of the server's broadcast (`fedbench.transforms`); given as a recipe
+    # writes them (`[{"top_k": 0.05}, {"error_feedback": "ef21"}]`) or as steps
+    uplink: tuple[Step, ...] = ()
+    downlink: tuple[Step, ...] = ()
 
     params = (
         Param("rounds", "int", 100, "communication rounds R", low=0),
@@ -37,16 +43,35 @@ class Federation:
               choices=("uniform", "samples")),
     )
 
+    def __post_init__(self) -> None:
+        for link in LINKS:
+            try:
+                object.__setattr__(self, link, chain(getattr(self, link), link))
+            except ParamError as err:
+                raise ParamError(err.name, err.message, "federation") from None
+
+    def config(self) -> dict[str, Any]:
+        """Its fields as a run's configuration records them: a chain as its text (`top_k(k=0.05) → error_feedback(
+        kind=ef21)`), an empty one left out, so that a federation without transforms is recorded (and hashed) as it
+        was before they existed."""
+        config = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in LINKS}
+        return {**config, **{link: chain_text(getattr(self, link)) for link in LINKS if getattr(self, link)}}
+
     def check(self, layout: Layout, batch_sizes: Mapping[str, int] | None = None) -> None:
         """Refuse (ParamError, naming the field) a federation that cannot run on clients laid out as `layout` with
         minibatches of `batch_sizes` (by the field that sets each, `minibatch_sizes`; default: `batch_size`
         alone): the rule of the engine on a built problem and of a recipe's validator on a problem's declared layout
-        (where a part unknown is not checked)."""
+        (where a part unknown is not checked). Its chains are checked by `fedbench.transforms.check_chain`."""
         for param in self.params:
             try:
                 param.check(getattr(self, param.name))
             except ValueError as err:
                 raise ParamError(param.name, str(err), "federation") from None
+        for link in LINKS:
+            try:
+                check_chain(getattr(self, link), link, self.aggregation)
+            except ParamError as err:
+                raise ParamError(err.name, err.message, "federation") from None
         if layout.clients is not None and self.clients_per_round > layout.clients:
             raise ParamError("clients_per_round", f"found {self.clients_per_round}, expected at most the problem's "
                              f"{layout.clients} clients (or 0: all)", "federation")

@@ -68,4 +68,6 @@ ENGINE_COLUMNS = (
     Metric("comm_up", "floats sent to the server"),
     Metric("comm_down", "floats sent to clients"),
     Metric("iterations", "local iterations per client"),
+    Metric("comm_up_bits", "bits sent to the server"),  # as the uplink encodes them (`fedbench.transforms`)
+    Metric("comm_down_bits", "bits sent to clients"),
 )

@@ -23,6 +23,9 @@ advance as one program; a run alone is R = 1 through the same code:
   Simulation, and it leaves the batched arithmetic. A round in which an SVD fails (an iterate that overflowed
   between two evaluations) is replayed run by run on the same draws: the runs whose SVD fails end diverged there.
 * Evaluation. On the same schedule as alone, the runs due together in one `Problem.evaluate_runs` call.
+* Links. The federation's uplink and downlink transforms act between the algorithm's steps, on what crosses the
+  network (`fedbench.links`: receive before client_init, send between client_final and server_update, commit
+  after the round is written); without chains they hand everything through.
 
 Why explicit and not `torch.func.vmap` over runs (tried first): on this CPU vmap costs ~2x per elementwise op and
 ~30x per gather (index_select with a batched index: 380 µs against 12 µs), where the runs of Hanzely et al.'s
@@ -41,6 +44,7 @@ from torch import Tensor
 
 from fedbench.algorithms.base import HParams, Round, upload_floats
 from fedbench.federation import aggregation_weights, step_oracles
+from fedbench.links import Links
 from fedbench.oracle import Batches
 from fedbench.planning import groups, not_iteration_wise, random_rounds, step_bytes, why_not_batchable
 
@@ -241,11 +245,12 @@ class RoundProgram:
         self.everyone = self.algorithm.participation == "all"
         self.minibatches = first.sampler.minibatches
         self.resume_from_runs()
+        self.links = Links(sims, self.server)
         self.live = list(range(len(sims)))
         self.train_seconds = 0.0  # the whole batch's
         self.share = 0.0  # Σ over steps of the step's seconds / live runs: each live run's share of the time
         self.settled = [0.0] * len(sims)  # `share` when each run was last charged (`_settle`)
-        self._uploaded = 0  # floats each run uploaded in the last round
+        self._uploaded = (0, 0)  # floats and bits each run uploaded in the last round
         # Runs per batched kernel: a local step gathers S·b rows per run; beyond GATHER_BUDGET bytes the gathered
         # batch leaves the cache and the batch runs slower than its runs one after another (Bao et al.'s Lasso,
         # 800 KB a run: 1.2x at R = 4, 0.4x at R = 64, before `plan` sent such runs one after another), so
@@ -314,9 +319,16 @@ class RoundProgram:
     def _streams(self, ids: list[int]) -> tuple[torch.Generator, ...]:
         return tuple(self.sims[i].algorithm_gen for i in ids)
 
-    def _downloaded(self, clients: int) -> int:
-        """Floats the `clients` participants of one run download: the server state before the round."""
-        return clients * sum(self.server[k][0].numel() for k in self.algorithm.downloads)
+    def _downloaded(self, clients: int) -> tuple[int, int]:
+        """Floats and bits (as the downlink encodes them) the `clients` participants of one run download: the server
+        state before the round."""
+        downloads = self.algorithm.downloads
+        return (clients * sum(self.server[k][0].numel() for k in downloads),
+                clients * self.links.download_bits(self.server, downloads))
+
+    def _uploaded_by(self, message: dict[str, Tensor], clients: int) -> tuple[int, int]:
+        """Floats and bits (as the uplink encodes them) the `clients` participants of one run upload: `message`."""
+        return clients * upload_floats(self.algorithm, message), clients * self.links.upload_bits(message)
 
     # -- one round of every live run ----------------------------------------------------------------------
     def _draw(self):
@@ -372,7 +384,8 @@ class RoundProgram:
         hp = self._hp_of(ids, live)
         sim = self.sims[ids[0]]
         rnd = Round(clients, sim.rounds_done, steps, sim.iterations, streams=self._streams(ids))
-        local = algorithm.client_init(server, gathered, rnd, hp)
+        received = self.links.receive(server, ids)
+        local = algorithm.client_init(received, gathered, rnd, hp)
         names, noise, sampled = list(rows), self._noise(ids), clients.shape[1]
         # each step's rows `[R, S, b]` (or `[R·S, b]`, `_layout`), sliced in one call per minibatch. A step's
         # oracles are freed as the step ends, before the next step gathers its minibatch: the allocator then hands
@@ -382,6 +395,8 @@ class RoundProgram:
             local = algorithm.client_step(local, self._batches(dict(zip(names, step_rows)), count, sampled, noise),
                                           rnd.at(step), hp)
         message, updated = algorithm.client_final(local, rnd, hp)
+        self._uploaded = self._uploaded_by(message, sampled)
+        message = self.links.send(message, received, clients, ids)
         server = algorithm.server_update(server, message, self._weights(clients), rnd, hp)
         # The scatter comes last, after everything that may raise: a replayed chunk finds its rows as they were.
         for key, value in updated.items():
@@ -394,7 +409,7 @@ class RoundProgram:
         else:
             self.server = {k: _rows_replaced(self.server[k], live, v) for k, v in server.items()}
             self.clients = {k: _rows_replaced(self.clients[k], live, v) for k, v in state.items()}
-        self._uploaded = clients.shape[1] * upload_floats(algorithm, message)
+        self.links.commit()
 
     # -- checkpoints ----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -403,7 +418,7 @@ class RoundProgram:
         state). Tensors are the program's own; `torch.save` copies them."""
         return {"server": self.server, "clients": self.clients, "live": list(self.live),
                 "rounds_done": self.rounds_done, "train_seconds": self.train_seconds, "uploaded": self._uploaded,
-                "runs": [sim.state_dict() for sim in self.sims]}
+                "runs": [sim.state_dict() for sim in self.sims], **self.links.state_dict()}
 
     def rounds_progress(self) -> int:
         """Rounds the program's runs have gone through (of an iteration-wise program, on average)."""
@@ -416,6 +431,7 @@ class RoundProgram:
         self.server, self.clients, self.live = state["server"], state["clients"], list(state["live"])
         self.rounds_done, self.train_seconds, self._uploaded = (state["rounds_done"], state["train_seconds"],
                                                                 state["uploaded"])
+        self.links.load_state_dict(state)
         self.resumed = True
 
     # -- evaluation and the loop --------------------------------------------------------------------------
@@ -578,8 +594,10 @@ class IterationProgram(RoundProgram):
             self.length[i] = steps
             self.ends.setdefault(self.iteration + steps - 1, []).append(i)
         runs = torch.tensor(opening, device=self.device)
-        local = self.algorithm.client_init(_rows(self.server, opening, runs), _rows(self.clients, opening, runs),
-                                           self._round(opening), self._hp_of(opening, runs))
+        received = self.links.receive(_rows(self.server, opening, runs), opening)
+        local = self.algorithm.client_init(received, _rows(self.clients, opening, runs), self._round(opening),
+                                           self._hp_of(opening, runs))
+        self.links.commit()
         for key, value in local.items():
             if key not in self.local:
                 self.local[key] = value.new_zeros(len(self.sims), *value.shape[1:])
@@ -606,10 +624,12 @@ class IterationProgram(RoundProgram):
                                 self._noise(group))
         local = self.algorithm.client_step(local, oracles, rnd, hp)
         message, updated = self.algorithm.client_final(local, rnd, hp)
+        up = self._uploaded_by(message, len(self.clients_all))
+        message = self.links.send(message, self.links.received(server, group), rnd.clients, group)
         server = self.algorithm.server_update(server, message, self._weights(rnd.clients), rnd, hp)
         _write_rows(self.server, server, group, runs)
         _write_rows(self.clients, updated, group, runs)
-        up = len(self.clients_all) * upload_floats(self.algorithm, message)
+        self.links.commit()
         down = self._downloaded(len(self.clients_all))
         for i in group:
             self.sims[i].count_round(up, down, self.length[i])

@@ -9,8 +9,9 @@
 
 Random streams (see `fedbench.rng`): "init" (initial point), "clients" (who is sampled each round),
 "minibatches" (local minibatches), the algorithm's own (`Algorithm.random_stream`, default "algorithm":
-coins, round lengths); the problem's data use its own "data" stream. Evaluation draws from none of them,
-so the curve's schedule (`eval_every`) never changes a run.
+coins, round lengths), and "uplink" / "downlink" where the federation's chain there draws (`fedbench.transforms`);
+the problem's data use its own "data" stream. Evaluation draws from none of them, so the curve's schedule
+(`eval_every`) never changes a run.
 """
 from __future__ import annotations
 
@@ -24,9 +25,11 @@ from torch import Tensor
 from fedbench.algorithms import ALGORITHMS
 from fedbench.algorithms.base import Algorithm
 from fedbench.federation import DIVERGENCE_FACTOR, Federation, RoundSampler, aggregation_weights, minibatch_sizes
+from fedbench.links import check_uploads
 from fedbench.problems.base import Problem
 from fedbench.rng import generator
 from fedbench.runs import RoundProgram, evaluate_rows, programs
+from fedbench.transforms import LINKS, draws
 
 
 class Simulation:
@@ -40,12 +43,14 @@ class Simulation:
         minibatches = algorithm.minibatches(algorithm.hp)
         sizes, fields = minibatch_sizes(minibatches, algorithm.hp, federation.batch_size)
         federation.check(problem.layout(), fields)
+        check_uploads(federation, algorithm.uploads, algorithm.name)
         self.problem, self.algorithm, self.federation = problem, algorithm, federation
         self.eval_every = max(1, int(eval_every))
         self.divergence_factor = divergence_factor
         self.start_objective: float | None = None
         self.sampler = RoundSampler(problem, federation, seed, minibatches, sizes)
         self.algorithm_gen = generator(seed, algorithm.random_stream)
+        self.link_streams = {link: generator(seed, link) for link in LINKS if draws(getattr(federation, link))}
         w0 = problem.init_params(generator(seed, "init"))
         self.server = algorithm.init_server(w0)
         self.clients = algorithm.init_clients(w0, problem.num_clients)
@@ -53,6 +58,8 @@ class Simulation:
         self.iterations = 0  # local iterations per client so far
         self.comm_up = 0
         self.comm_down = 0
+        self.comm_up_bits = 0
+        self.comm_down_bits = 0
         self.train_seconds = 0.0
         self.eval_seconds = 0.0
         self.status = "running"
@@ -72,13 +79,13 @@ class Simulation:
         self._program.run_round()
         self._program.sync_run(0)
 
-    RECORD = ("rounds_done", "iterations", "comm_up", "comm_down", "train_seconds", "eval_seconds", "status",
-              "start_objective", "metric_names")
+    RECORD = ("rounds_done", "iterations", "comm_up", "comm_down", "comm_up_bits", "comm_down_bits", "train_seconds",
+              "eval_seconds", "status", "start_objective", "metric_names")
 
     def streams(self) -> dict[str, torch.Generator]:
         """Every random stream of the run by name (see the module's docstring)."""
         return {"clients": self.sampler.client_gen, "minibatches": self.sampler.batch_gen,
-                "feature-noise": self.sampler.noise_gen, "algorithm": self.algorithm_gen}
+                "feature-noise": self.sampler.noise_gen, "algorithm": self.algorithm_gen, **self.link_streams}
 
     def state_dict(self) -> dict[str, Any]:
         """The run's record: its state as it holds it, each stream's state and its counters (a program's
@@ -100,10 +107,12 @@ class Simulation:
         start = self.start_objective
         return start is not None and row["objective"] > self.divergence_factor * max(abs(start), 1e-12)
 
-    def count_round(self, uploaded: int, downloaded: int, steps: int) -> None:
-        """A round that the engine ended for this run: its floats up and down, its local steps."""
-        self.comm_up += uploaded
-        self.comm_down += downloaded
+    def count_round(self, uploaded: tuple[int, int], downloaded: tuple[int, int], steps: int) -> None:
+        """A round that the engine ended for this run: its (floats, bits) up and down, its local steps."""
+        self.comm_up += uploaded[0]
+        self.comm_up_bits += uploaded[1]
+        self.comm_down += downloaded[0]
+        self.comm_down_bits += downloaded[1]
         self.rounds_done += 1
         self.iterations += steps
 
@@ -122,7 +131,8 @@ class Simulation:
         else:
             self.metric_names = list(metrics)
         return {"round": self.rounds_done, **metrics, "comm_up": float(self.comm_up),
-                "comm_down": float(self.comm_down), "iterations": float(self.iterations)}
+                "comm_down": float(self.comm_down), "iterations": float(self.iterations),
+                "comm_up_bits": float(self.comm_up_bits), "comm_down_bits": float(self.comm_down_bits)}
 
 
 @dataclass

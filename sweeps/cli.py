@@ -511,6 +511,9 @@ def tune(
 class XAxis(str, Enum):
     rounds = "rounds"
     comm = "comm"
+    comm_bits = "comm_bits"
+    comm_up_bits = "comm_up_bits"
+    comm_down_bits = "comm_down_bits"
     iterations = "iterations"
     seconds = "seconds"
 
@@ -548,8 +551,9 @@ def report(
     run_id: Optional[str] = typer.Option(None, "--run", help="Report this sweep or tuning session (its parent run id)"),
     out: Optional[Path] = typer.Option(None, "--out", "-o",
                                        help="Folder to write (default: reports/<name>/ beside the MLflow store)"),
-    x: Optional[XAxis] = typer.Option(None, "--x", help="x-axis: rounds, floats communicated, local "
-                                  "iterations or training seconds (default: the recipe's report.x, else rounds)"),
+    x: Optional[XAxis] = typer.Option(None, "--x", help="x-axis: rounds, floats communicated, bits communicated "
+                                  "(both ways, up or down, as the uplink and downlink encode them), local iterations "
+                                  "or training seconds (default: the recipe's report.x, else rounds)"),
     sets: Optional[List[str]] = SetOption,
     with_plugins: Optional[List[str]] = WithOption,
     tracking_uri: Optional[str] = TrackingOption,
@@ -645,10 +649,12 @@ def validate(
 @app.command("list")
 def list_components(with_plugins: Optional[List[str]] = WithOption) -> None:
     """Problems and algorithms, with each parameter's type, default and valid range, and where each came from:
-    built in, or a plugin (installed packages' entry points, and those given with --with)."""
+    built in, or a plugin (installed packages' entry points, and those given with --with); then the transforms a
+    federation's uplink and downlink may chain."""
     from fedbench import plugins
     from fedbench.algorithms import ALGORITHMS
     from fedbench.problems import PROBLEMS
+    from fedbench.transforms import TRANSFORMS
 
     plugins.discover()
     for spec in with_plugins or []:
@@ -659,20 +665,16 @@ def list_components(with_plugins: Optional[List[str]] = WithOption) -> None:
     for title, registry, attribute in (("problem", PROBLEMS, "params"), ("algorithm", ALGORITHMS, "hparams")):
         for name, cls in registry.items():
             where = plugins.origin(title, name)
-            table = Table(title=f"{title} [bold]{name}[/]" + ("" if where == "built-in" else f" (plugin: {where})"),
-                          title_justify="left", show_lines=False)
-            params = getattr(cls, attribute)
-            # names whole (they are what --set takes); the other columns fold, never cut to "…" at 80 columns
-            table.add_column("parameter", no_wrap=True, min_width=max((len(p.name) for p in params), default=9))
-            table.add_column("type", no_wrap=True, min_width=max((len(p.kind) + 6 * p.log for p in params), default=4))
-            table.add_column("default", overflow="fold")
-            table.add_column("range", overflow="fold")
-            table.add_column("description", ratio=1, overflow="fold")
-            for p in params:
-                table.add_row(p.name, p.kind + (" (log)" if p.log else ""), str(p.default), p.describe_range(), p.help)
-            console.print(table)
+            console.print(param_table(f"{title} [bold]{name}[/]" + ("" if where == "built-in" else
+                                                                    f" (plugin: {where})"), getattr(cls, attribute)))
             for line in contract_lines(title, cls):
                 console.print(f"  {line}", highlight=False)
+    console.print("transforms of federation.uplink and federation.downlink, as [{name: value}, ...] (value: the first "
+                  "parameter, or {parameter: value}):", highlight=False)
+    for name, transform in TRANSFORMS.items():
+        title = f"transform [bold]{name}[/] ({'uplink and downlink' if transform.on_downlink else 'uplink'})"
+        console.print(param_table(title, transform.params) if transform.params else f"{title}, no parameters")
+        console.print(f"  {transform.help}", highlight=False)
     from fedbench.contract import CAPABILITIES
 
     for (title, name), why in sorted(plugins.broken_entry_points().items()):
@@ -680,6 +682,20 @@ def list_components(with_plugins: Optional[List[str]] = WithOption) -> None:
     console.print("capabilities an algorithm may require and a problem provide:", highlight=False)
     for name, meaning in CAPABILITIES.items():
         console.print(f"  {name}: {meaning}", highlight=False)
+
+
+def param_table(title: str, params) -> Table:
+    """The declared parameters (`fedbench.hparams.Param`) of a component, as `fedbench list` shows them."""
+    table = Table(title=title, title_justify="left", show_lines=False)
+    # names whole (they are what --set takes); the other columns fold, never cut to "…" at 80 columns
+    table.add_column("parameter", no_wrap=True, min_width=max((len(p.name) for p in params), default=9))
+    table.add_column("type", no_wrap=True, min_width=max((len(p.kind) + 6 * p.log for p in params), default=4))
+    table.add_column("default", overflow="fold")
+    table.add_column("range", overflow="fold")
+    table.add_column("description", ratio=1, overflow="fold")
+    for p in params:
+        table.add_row(p.name, p.kind + (" (log)" if p.log else ""), str(p.default), p.describe_range(), p.help)
+    return table
 
 
 def contract_lines(kind: str, cls) -> list[str]:

@@ -112,6 +112,51 @@ REFUSALS = {
 }
 
 
+# -- uplink and downlink chains (fedbench.transforms): each refused at the field that holds what is wrong --------
+
+FEDAVG = "algorithms: {fedavg: {}}\n"
+CHAINS = {  # id: (recipe, the field path, a phrase of the line)
+    "unknown transform": ("uplink: [{topk: 0.05}]", "federation.uplink.0", "did you mean 'top_k'"),
+    "k above 1": ("uplink: [{top_k: 1.5}]", "federation.uplink.0.top_k", "found 1.5"),
+    "k of 0 in a grid": ("uplink: [{rand_k: [0.05, 0]}]", "federation.uplink.0.rand_k[1]", "found 0"),
+    "k by name": ("uplink: [{top_k: {k: 2}}]", "federation.uplink.0.top_k.k", "found 2"),
+    "unknown parameter": ("uplink: [{qsgd: {level: 4}}]", "federation.uplink.0.qsgd.level", "did you mean 'levels'"),
+    "no levels": ("uplink: [{qsgd: 0}]", "federation.uplink.0.qsgd", "found 0"),
+    "not a list": ("uplink: {top_k: 0.05}", "federation.uplink", "expected a list of transforms"),
+    "two keys": ("uplink: [{top_k: 0.05, sign: null}]", "federation.uplink.0", "expected a transform's name"),
+    "error feedback alone": ("uplink: [{clip: 1.0}, error_feedback]", "federation.uplink.1.error_feedback",
+                             "no compressor right before"),
+    "two compressors": ("uplink: [{top_k: 0.1}, sign]", "federation.uplink.1.sign", "a second compressor"),
+    "gaussian without clip": ("uplink: [{gaussian: 1.0}]", "federation.uplink.0.gaussian", "no clip before"),
+    "gaussian not last": ("uplink: [{clip: 1.0}, {gaussian: 1.0}, sign]", "federation.uplink.1.gaussian",
+                          "expected it last"),
+    "gaussian weighted by samples": ("aggregation: samples, uplink: [{clip: 1.0}, {gaussian: 1.0}]",
+                                     "federation.uplink.1.gaussian", "found aggregation samples, expected uniform"),
+    "sign on the downlink": ("downlink: [sign]", "federation.downlink.0.sign", "expected one top_k or qsgd"),
+}
+
+
+@pytest.mark.parametrize("chain", CHAINS.values(), ids=CHAINS)
+def test_a_chain_is_refused_at_its_field_on_one_short_line(tmp_path, monkeypatch, chain):
+    text, field, phrase = chain
+    monkeypatch.chdir(tmp_path)  # the recipe named as a researcher would: a relative path of a usual length
+    (tmp_path / "recipes").mkdir()
+    recipe = PROBLEM.replace("batch_size: 5}", f"batch_size: 5, {text}}}") + FEDAVG
+    first = refused(invoke("validate", write(Path("recipes"), recipe, "lasso_grid.yaml")), f"{field}: ", phrase)
+    assert len(first) < LONGEST_LINE, f"{len(first)} characters: {first}"
+
+
+def test_a_chain_is_refused_on_an_upload_it_cannot_take_and_in_an_algorithms_own_federation(tmp_path):
+    block = "problem: {name: pfl_synthetic, preset: s1}\nfederation: {clients_per_round: 0, local_steps: 1, " \
+            "batch_size: 1, uplink: [sign]}\nalgorithms: {l2sgd_plus: {}}\n"
+    refused(invoke("validate", write(tmp_path, block)), "federation.uplink: found a chain for l2sgd_plus, which "
+            "all-reduces its upload 'w'")
+    own = PROBLEM + "algorithms: {fedavg: {federation: {uplink: [{top_k: 2}]}}}\n"
+    refused(invoke("validate", write(tmp_path, own)), "algorithms.fedavg.federation.uplink.0.top_k: ", "found 2")
+    fine = PROBLEM + "algorithms: {fedavg: {federation: {uplink: [{top_k: 0.2}, {error_feedback: ef21}]}}}\n"
+    assert invoke("validate", write(tmp_path, fine)).exit_code == 0
+
+
 @pytest.mark.parametrize("text", REFUSALS.values(), ids=REFUSALS)
 def test_every_refusal_is_one_short_line(tmp_path, monkeypatch, text):
     monkeypatch.chdir(tmp_path)  # the recipe named as a researcher would: a relative path of a usual length

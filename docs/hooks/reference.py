@@ -12,7 +12,8 @@ What is read, and from where:
   minibatches it draws, and the module's docstring (the update rule, with the paper and its equations);
 - the recipe: the pydantic models of `SECTIONS` (each field's type, default and constraints; the rule a field
   validator enforces, read from the message it gives a value it refuses; the comment beside the field in the
-  source), `FEDERATION_PARAMS`, the tune space's distributions and samplers;
+  source), `FEDERATION_PARAMS`, the transforms of `fedbench.transforms` (parameters, help, the module's docstring),
+  the tune space's distributions and samplers;
 - the CLI: the Typer app as Click sees it (every command, argument and option with its help and default);
 - the gallery's tables of shipped recipes: a page's `<!-- shipped-recipes: PREFIX -->` becomes the table of the
   recipes whose name starts with PREFIX, from their headers (`sweeps/shipped.py`, as `fedbench recipes`);
@@ -279,12 +280,34 @@ def recipe_page() -> str:
                       "hyperparameters (a list is a grid axis), or to nothing for the defaults; an entry may also "
                       "hold its own `problem:` and `federation:` overrides.", ""]
     lines += ["## `federation:`", "", "How rounds run; a list is a grid axis (generated from `FEDERATION_PARAMS`).",
-              "", *param_table(FEDERATION_PARAMS), "", "## `tune.space` distributions", "",
+              "", *param_table(FEDERATION_PARAMS), "", *transforms_section(), "## `tune.space` distributions", "",
               "Each entry of `tune.space` maps a parameter (bare name, `problem.X`, `federation.X` or "
               "`algorithms.ALGO.X`) to one distribution: " + ", ".join(map(code, DISTRIBUTIONS)) +
               ", e.g. `client_lr: {log_uniform: [1.0e-5, 1.0e-1]}`. `tune.sampler` is one of "
               + ", ".join(map(code, SAMPLERS)) + ".", ""]
     return "\n".join(lines) + "\n"
+
+
+def transforms_section() -> list[str]:
+    """`federation.uplink` and `federation.downlink`: the transforms (`fedbench.transforms.TRANSFORMS`), each with its
+    parameters, then the module's docstring (what a chain does, each transform's paper, its encoding in bits)."""
+    from fedbench.transforms import TRANSFORMS
+
+    lines = ["## `federation.uplink` and `federation.downlink`", "",
+             "Lists of transforms of each client's uploads and of the server's broadcast (generated from "
+             "`fedbench.transforms.TRANSFORMS`). An entry is a transform's name (its defaults), `{name: value}` (its "
+             "first parameter) or `{name: {parameter: value}}`; a list as a parameter's value is a grid axis, e.g. "
+             "`uplink: [{top_k: [0.01, 0.05]}, {error_feedback: ef21}]`, or "
+             "`--set federation.uplink.0.top_k=[0.01,0.05,0.1]`. Every row then has `comm_up_bits` and "
+             "`comm_down_bits`, which `report.x` can draw against.", "",
+             "| transform | on | parameters | what it does; what a message of d values of b bits costs |",
+             "|---|---|---|---|"]
+    for name, transform in TRANSFORMS.items():
+        params = "; ".join(f"`{p.name}` ({p.kind} in {p.describe_range()}, default {code(yaml_value(p.default))}): "
+                           f"{p.help}" for p in transform.params) or "none"
+        links = "uplink, downlink" if transform.on_downlink else "uplink"
+        lines.append(f"| {code(name)} | {links} | {cell(params)} | {cell(transform.help)} |")
+    return [*lines, "", module_doc(TRANSFORMS["top_k"]), ""]
 
 
 # -- the CLI ----------------------------------------------------------------------------------------------------

@@ -133,10 +133,13 @@ class Round:
 class Upload:
     """An entry of the local state that each client sends at a round's end (`name`), and the server entry it is a
     new value of (`relative_to`, e.g. FedMiD's local model as a new `w`; None where the upload is itself an update or
-    has no server counterpart, e.g. SCAFFOLD's Δy)."""
+    has no server counterpart, e.g. SCAFFOLD's Δy). `all_reduced`: the devices combine it by an all-reduce inside the
+    round, so that the entry is `[R, 1, ...]`, the one value every device then holds, not a message per client (the
+    uplink's transforms, `fedbench.transforms`, cannot act on it)."""
 
     name: str
     relative_to: str | None = None
+    all_reduced: bool = False
 
 
 MODEL = Upload("w", relative_to="w")  # a client's local model, a new value of the server's w

@@ -13,15 +13,17 @@ command-line option that stands for a recipe field.
 from __future__ import annotations
 
 import copy
+import itertools
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from fedbench import plugins
+from fedbench import plugins, transforms
 from fedbench.algorithms import ALGORITHMS
-from fedbench.hparams import LIST_KINDS, Param
+from fedbench.hparams import LIST_KINDS, Param, ParamError
 from fedbench.problems import PROBLEMS
+from fedbench.transforms import LINKS, Step
 from .grid import MAX_RUNS, Recipe, grid_points
 from .loading import (
     DuplicateKey,
@@ -97,6 +99,37 @@ def _check_params(source, path, declared, given: dict) -> dict[str, list[Any]]:
     return grid
 
 
+def _check_federation(source: str, path: str, given: dict) -> dict[str, list[Any]]:
+    """The federation's grid (a section at `path`): its parameters' values (a list is a grid axis), then the chains
+    each link's steps make (`_check_chain`)."""
+    given = dict(given)
+    chains = {link: _check_chain(source, f"{path}.{link}", link, given.pop(link)) for link in LINKS if link in given}
+    return {**_check_params(source, path, FEDERATION_PARAMS, given), **chains}
+
+
+def _check_chain(source: str, path: str, link: str, spec: Any) -> list[tuple[Step, ...]]:
+    """The chains a link's list of transforms (`federation.uplink`) makes: one, or where a step's parameter is given
+    a list (a grid axis, `{top_k: [0.01, 0.05]}`), one for each point of the product of those lists. Each value is
+    checked at its field's path (`federation.uplink.0.top_k[1]`); the chain's order with each trial's federation."""
+    if not isinstance(spec, list):
+        raise RecipeError(source, path, f"found {in_words(spec)}, expected a list of transforms, e.g. "
+                          "[{top_k: 0.05}]")
+    section = path.removesuffix(f".{link}")
+    options = []
+    for i, given in enumerate(spec):
+        try:
+            transform, values = transforms.entry(given, f"{link}.{i}")
+        except transforms.UnknownName as err:
+            raise unknown(source, f"{section}.{err.name}", err.message, err.options) from None
+        except ParamError as err:
+            raise RecipeError(source, f"{section}.{err.name}", err.message.replace(repr(given), shown(given))) from None
+        params = {p.name: p for p in transform.params}
+        grid = {name: _check_values(source, f"{section}.{where}", params[name], value)
+                for name, (where, value) in values.items()}
+        options.append([transform.step(point) for point in grid_points(grid)])
+    return [tuple(steps) for steps in itertools.product(*options)]
+
+
 def load_plugins(source: str, specs: list[str]) -> None:
     """Register the components of installed packages' entry points and of the recipe's `plugins` (a file relative
     to the recipe's folder, or a module); a plugin that cannot be registered is refused with its field."""
@@ -120,7 +153,7 @@ def nested_fields(raw: dict[str, Any]) -> dict[str, list[str]]:
     problem, algorithms = raw.get("problem"), raw.get("algorithms")
     if isinstance(problem, dict) and isinstance(problem.get("name"), str) and problem["name"] in PROBLEMS:
         add("problem", [p.name for p in PROBLEMS[problem["name"]].params])
-    add("federation", [p.name for p in FEDERATION_PARAMS])
+    add("federation", [p.name for p in FEDERATION_PARAMS] + list(LINKS))
     for algorithm in algorithms if isinstance(algorithms, dict) else ():
         if isinstance(algorithm, str) and algorithm in ALGORITHMS:
             add(f"algorithms.{algorithm}", [p.name for p in ALGORITHMS[algorithm].hparams])
@@ -146,7 +179,7 @@ def parse(raw: dict[str, Any], source: str) -> Recipe:
                       f"{closest(problem_name, PROBLEMS)}", PROBLEMS)
     problem_grid = _check_params(source, "problem", PROBLEMS[problem_name].params, problem)
 
-    federation_grid = _check_params(source, "federation", FEDERATION_PARAMS, model.federation)
+    federation_grid = _check_federation(source, "federation", model.federation)
     sections = {"problem": PROBLEMS[problem_name].params, "federation": FEDERATION_PARAMS}
     algorithms: dict[str, dict[str, list[Any]]] = {}
     overrides: dict[str, dict[str, dict[str, list[Any]]]] = {}  # algorithm -> section -> grid
@@ -162,7 +195,9 @@ def parse(raw: dict[str, Any], source: str) -> Recipe:
             if not isinstance(given, dict):
                 raise RecipeError(source, f"algorithms.{algo}.{section}", f"found {shown(given)}, expected a mapping "
                                   f"of {section} parameters that replace the recipe's for {algo}")
-            overrides[algo][section] = _check_params(source, f"algorithms.{algo}.{section}", sections[section], given)
+            path = f"algorithms.{algo}.{section}"
+            overrides[algo][section] = (_check_federation(source, path, given) if section == "federation"
+                                        else _check_params(source, path, sections[section], given))
         algorithms[algo] = _check_params(source, f"algorithms.{algo}", ALGORITHMS[algo].hparams, hps)
 
     dimensions = check_space(source, model.tune, problem_name, algorithms) if model.tune else ()

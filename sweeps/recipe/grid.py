@@ -15,8 +15,10 @@ from fedbench import contract, plugins
 from fedbench.algorithms import ALGORITHMS
 from fedbench.federation import Federation, minibatch_sizes
 from fedbench.hparams import ParamError, resolve
+from fedbench.links import check_uploads
 from fedbench.metrics import Metric
 from fedbench.problems import PROBLEMS
+from fedbench.transforms import LINKS, chain_text
 from .loading import RecipeError, closest, in_bytes
 from .schema import Checkpoints, ReportSpec, Resources, TuneSpec, is_seed
 from .space import Dimension
@@ -99,8 +101,10 @@ class Recipe:
             chosen[section] = {}
             for key, values in grid.items():
                 if f"{section}.{key}" not in fixed and len(values) != 1:
-                    raise RecipeError(self.source, f"{section}.{key}", f"found {len(values)} values {values}, "
-                                      f"expected one for a single run; pick one with --set {section}.{key}=VALUE")
+                    chains = section == "federation" and key in LINKS  # a step's value picks one: uplink.0.top_k
+                    found, pick = ([chain_text(v) for v in values], f"{key}.N.NAME") if chains else (values, key)
+                    raise RecipeError(self.source, f"{section}.{key}", f"found {len(values)} values {found}, "
+                                      f"expected one for a single run; pick one with --set {section}.{pick}=VALUE")
                 chosen[section][key] = values[0]
             chosen[section].update({path.removeprefix(section + "."): value for path, value in fixed.items()
                                     if path.startswith(section + ".")})
@@ -154,6 +158,10 @@ class Recipe:
         except contract.IncompatibleError as err:
             raise RecipeError(self.source, f"algorithms.{trial.algorithm}", str(err), err.detail) from None
         try:
+            check_uploads(trial.federation, algorithm.uploads, trial.algorithm)
+        except ParamError as err:
+            raise RecipeError(self.source, self.field(trial.algorithm, "federation", err.name), err.message) from None
+        try:
             layout = problem.declared_layout(trial.problem_config, read_data)
         except ParamError as err:
             raise RecipeError(self.source, self.field(trial.algorithm, "problem", err.name), err.message) from None
@@ -161,7 +169,7 @@ class Recipe:
         try:
             trial.federation.check(layout, batch_sizes)
         except ParamError as err:  # a federation field, or a minibatch size among the hyperparameters
-            path = (self.field(trial.algorithm, "federation", err.name) if err.name in FEDERATION_NAMES
+            path = (self.field(trial.algorithm, "federation", err.name) if err.name.split(".")[0] in FEDERATION_NAMES
                     else f"algorithms.{trial.algorithm}.{err.name}")
             raise RecipeError(self.source, path, err.message) from None
 
@@ -187,8 +195,9 @@ class Recipe:
                           f"needs ~{in_bytes(needed)}, this machine has {in_bytes(available)}")
 
     def field(self, algorithm: str, section: str, name: str) -> str:
-        """The path of a problem or federation parameter in the runs of `algorithm`: its own entry, if it has one."""
-        own = name in self.overrides.get(algorithm, {}).get(section, {})
+        """The path of a problem or federation parameter (or of a part of a federation's chain, `uplink.0.top_k`) in
+        the runs of `algorithm`: its own entry, if it has one."""
+        own = name.split(".")[0] in self.overrides.get(algorithm, {}).get(section, {})
         return f"algorithms.{algorithm}.{section}.{name}" if own else f"{section}.{name}"
 
     def metrics(self) -> dict[str, Metric]:

@@ -98,7 +98,7 @@ class SelectSpec(StrictModel):
         return _one_of(value, ("min", "max"))
 
 
-X_AXES = ("rounds", "comm", "iterations", "seconds")
+X_AXES = ("rounds", "comm", "comm_bits", "comm_up_bits", "comm_down_bits", "iterations", "seconds")
 
 
 class ReportSpec(StrictModel):
@@ -107,8 +107,9 @@ class ReportSpec(StrictModel):
     metrics: list[str] = Field(default_factory=list)  # panels of the paper-style figure, in order
     select: Optional[SelectSpec] = None  # default: the tune block's metric and mode, else the objective
     target: dict[str, float] = Field(default_factory=dict)  # metric -> value, for rounds-to-target
-    # the figure's x-axis: rounds; comm: floats communicated (uploads + downloads); iterations: local iterations;
-    # seconds: training wall-clock. A list draws the figure once per axis, the first being the main one.
+    # the figure's x-axis: rounds; comm: floats communicated (uploads + downloads); comm_bits, comm_up_bits,
+    # comm_down_bits: bits communicated (both ways, up, down) as the uplink and downlink encode them; iterations: local
+    # iterations; seconds: training wall-clock. A list draws the figure once per axis, the first being the main one.
     x: Union[str, list[str]] = Field("rounds", validate_default=True)
     interval: str = "sd"  # the tables' ± after each mean: sd, the sample standard deviation over seeds; ci95, 1.96 s.e.
     log: dict[str, bool] = Field(default_factory=dict)  # metric -> log scale, overriding the automatic choice

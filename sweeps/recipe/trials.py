@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from fedbench.algorithms import ALGORITHMS
@@ -15,6 +15,7 @@ from fedbench.hparams import Param
 from fedbench.metrics import ENGINE_COLUMNS, Metric
 from fedbench.plugins import Source
 from fedbench.problems import PROBLEMS
+from fedbench.transforms import LINKS
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class Trial:
         sha256 of the plugin's code too, so that an edited plugin's runs run again (a built-in's config is as it
         was)."""
         config = {"problem": {"name": self.problem, **self.problem_config},
-                  "federation": asdict(self.federation),
+                  "federation": self.federation.config(),
                   "algorithm": {"name": self.algorithm, **self.hyperparameters},
                   "eval_every": self.eval_every, "divergence_factor": self.divergence_factor}
         if self.plugins:
@@ -86,4 +87,4 @@ def stable_hash(value: Any) -> str:
 # so that a grid over local_steps compares methods at equal work (the FeDXL paper's K ablation).
 FEDERATION_PARAMS = (*Federation.params, Param("iterations", "int", None, "instead of rounds: local iterations per "
                                                "client, rounds = iterations / local_steps", low=1))
-FEDERATION_NAMES = {p.name for p in FEDERATION_PARAMS}
+FEDERATION_NAMES = {p.name for p in FEDERATION_PARAMS} | set(LINKS)  # the chains: lists of transforms

@@ -14,7 +14,8 @@ from ..recipe import Recipe, parse, yaml_value
 from ..tracking import PARENT_TAG, Store, StoreError
 
 COMM = ("comm_up", "comm_down")  # the x-axis of --x comm, not curves of their own
-AXES = (*COMM, "iterations")  # x-axis columns
+COMM_BITS = ("comm_up_bits", "comm_down_bits")  # of --x comm_bits, and each of its own --x
+AXES = (*COMM, *COMM_BITS, "iterations")  # x-axis columns
 RUN_ROLES = ("trial", "tune_trial", "run")
 
 
@@ -150,14 +151,14 @@ class Histories:
         return self.cache[run.info.run_id, metric]
 
     def x(self, run, steps: np.ndarray, axis: str) -> np.ndarray:
-        """The x of a run's points: their rounds, the local iterations, the training seconds or the floats
+        """The x of a run's points: their rounds, the local iterations, the training seconds, or the floats or bits
         communicated by then."""
         if axis == "rounds":
             return steps
-        if axis in ("iterations", "seconds"):
-            return np.interp(steps, *self(run, "iterations" if axis == "iterations" else "train_seconds"))
+        if axis in ("iterations", "seconds", *COMM_BITS):
+            return np.interp(steps, *self(run, "train_seconds" if axis == "seconds" else axis))
         total = np.zeros_like(steps, dtype=float)
-        for name in COMM:
+        for name in COMM if axis == "comm" else COMM_BITS:
             comm_steps, comm = self(run, name)
             total = total + np.interp(steps, comm_steps, comm)
         return total
