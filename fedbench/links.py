@@ -6,7 +6,7 @@ A round of the runs `ids` goes through three steps of the program (`fedbench.run
 
     received = links.receive(server, ids)         # the downloads as the clients receive them (the downlink)
     ...client_init(received, ...), local steps, client_final -> message
-    message = links.send(message, received, clients, ids)     # each client's uploads through the uplink
+    message = links.send(message, received, clients)   # each client's uploads through the uplink
     ...server_update, the per-client rows written back
     links.commit()                                # the round's new link state written
 
@@ -67,24 +67,26 @@ class Links:
         self.kept: State = {}  # upload -> each client's error-feedback vector [R, N, d]
         self.copies: State = {name: server[name].clone() for name in self.downloads}  # download -> ŵ [R, 1, ...]
         self.drawn: dict[int, dict[str, Tensor]] = {}  # run -> this round's draws, by what drew them
-        self.pending: list[tuple[Tensor, tuple[Tensor, ...], Tensor]] = []  # (held, index, value) for `commit`
+        self.pending: list[tuple[State, str, tuple[Tensor, ...], Tensor]] = []  # (state, entry, index, rows): `commit`
         self.ids: list[int] = []  # the runs of the round in progress
+        self.index = torch.zeros(0, dtype=torch.long)  # the same on the device
 
     # -- a round ----------------------------------------------------------------------------------------------------
     def receive(self, server: State, ids: list[int]) -> State:
         """What the clients of the runs `ids` start their round from: the server's entries `server` (those runs'
-        rows), each download as the downlink delivers it: ŵ + C(w − ŵ), the new copy (written at `commit`)."""
+        rows), each download as the downlink delivers it: ŵ + C(w − ŵ), the new copy (written at `commit`). A download
+        whose shape is not its copy's (FeDXL's score pools while they fill) goes whole (`download_bits`)."""
         self._begin(ids)
         if not self.downloads:
             return server
-        runs = self._index(ids)
         received = dict(server)
         for name in self.downloads:
-            copy, value = self.copies[name].index_select(0, runs), server[name]
-            step, _ = self._through(self.downlink, (value - copy).reshape(len(ids), 1, -1), None, ids,
-                                    f"downlink.{name}", self.streams["downlink"])
-            received[name] = copy + step.view(value.shape)
-            self.pending.append((self.copies[name], (runs,), received[name]))
+            copy, value = self.copies[name].index_select(0, self.index), server[name]
+            if copy.shape == value.shape:
+                step, _ = self._through(self.downlink, (value - copy).reshape(len(ids), 1, -1), None,
+                                        f"downlink.{name}", self.streams["downlink"])
+                received[name] = copy + step.view(value.shape)
+            self.pending.append((self.copies, name, (self.index,), received[name]))
         return received
 
     def received(self, server: State, ids: list[int]) -> State:
@@ -93,71 +95,75 @@ class Links:
         self._begin(ids)
         if not self.downloads:
             return server
-        runs = self._index(ids)
-        return {**server, **{name: self.copies[name].index_select(0, runs) for name in self.downloads}}
+        return {**server, **{name: self.copies[name].index_select(0, self.index) for name in self.downloads}}
 
-    def send(self, message: State, received: State, clients: Tensor, ids: list[int]) -> State:
-        """The message of the runs `ids`' clients `clients` `[R, S]` as the server receives it: each declared upload
-        through the uplink, on the update `upload − received[relative_to]` where it declares one (added back after)."""
+    def send(self, message: State, received: State, clients: Tensor) -> State:
+        """The message of the round's clients `clients` `[R, S]` (of the runs `receive` or `received` began it for) as
+        the server receives it: each declared upload through the uplink, on the update `upload − received[relative_to]`
+        where it declares one (added back after)."""
         if not self.uploads:
             return message
-        count, sampled = len(ids), clients.shape[1]
+        count, sampled = len(self.ids), clients.shape[1]
         sent = dict(message)
         for upload in self.uploads:
             value = message[upload.name]
             base = received[upload.relative_to] if upload.relative_to else None
             self._check(upload, value, base, sampled)
             x = (value if base is None else value - base).reshape(count, sampled, -1)
-            kept = self._kept(upload.name, x, ids, clients)
-            y, new = self._through(self.uplink, x, kept, ids, f"uplink.{upload.name}", self.streams["uplink"])
+            kept = self._kept(upload.name, x, clients)
+            y, new = self._through(self.uplink, x, kept, f"uplink.{upload.name}", self.streams["uplink"])
             if new is not None:
-                self.pending.append((self.kept[upload.name], (self._index(ids)[:, None], clients), new))
+                self.pending.append((self.kept, upload.name, (self.index[:, None], clients), new))
             sent[upload.name] = y.view(value.shape) if base is None else base + y.view(value.shape)
         return sent
 
     def commit(self) -> None:
-        """The round of the runs `ids` has succeeded: its new link state is written, its draws dropped."""
-        for held, index, value in self.pending:
-            held.index_put_(index, value)
-        for i in self.ids:
-            self.drawn.pop(i, None)
+        """The round of the runs `ids` has succeeded: its new link state is written (an entry whose rows changed shape
+        made anew, the other runs' rows zeros until their own round writes them), its draws dropped."""
+        for state, name, index, rows in self.pending:
+            held = state[name]
+            if held.shape[len(index):] != rows.shape[len(index):]:
+                held = state[name] = rows.new_zeros(*held.shape[:len(index)], *rows.shape[len(index):])
+            held.index_put_(index, rows)
         self.pending.clear()
+        if self.drawn:
+            for i in self.ids:
+                self.drawn.pop(i, None)
 
     def _begin(self, ids: list[int]) -> None:
         self.pending.clear()  # what a failed computation of these runs left
-        self.ids = ids
+        if self.active:
+            self.ids, self.index = ids, torch.tensor(ids, device=self.device)
 
-    def _index(self, ids: list[int]) -> Tensor:
-        return torch.tensor(ids, device=self.device)
-
-    def _through(self, transforms: list[Transform], x: Tensor, kept: Tensor | None, ids: list[int], what: str,
+    def _through(self, transforms: list[Transform], x: Tensor, kept: Tensor | None, what: str,
                  streams: list) -> tuple[Tensor, Tensor | None]:
-        """Messages x `[R, S, d]` through a compiled chain, with the clients' kept vectors: (y, the new ones)."""
+        """The round's messages x `[R, S, d]` through a compiled chain, with the clients' kept vectors: (y, the new
+        ones)."""
         new = None
         for j, transform in enumerate(transforms):
-            drawn = self._draws(transform, x, ids, f"{what}.{j}", streams) if transform.random else None
+            drawn = self._draws(transform, x, f"{what}.{j}", streams) if transform.random else None
             x, changed = transform.apply(x, kept, drawn)
             new = changed if changed is not None else new
         return x, new
 
-    def _draws(self, transform: Transform, x: Tensor, ids: list[int], what: str, streams: list) -> Tensor:
-        """This round's draws of `transform` for the runs `ids`, each on its own stream in the order it draws alone,
+    def _draws(self, transform: Transform, x: Tensor, what: str, streams: list) -> Tensor:
+        """This round's draws of `transform` for its runs, each on its own stream in the order it draws alone,
         stacked `[R, ...]` on the device; kept until `commit` (a replayed round draws nothing anew)."""
         drawn = []
-        for i in ids:
+        for i in self.ids:
             mine = self.drawn.setdefault(i, {})
             if what not in mine:
                 mine[what] = transform.draw(streams[i], x.shape[1], x.shape[2], x.dtype)
             drawn.append(mine[what])
         return (drawn[0].unsqueeze(0) if len(drawn) == 1 else torch.stack(drawn)).to(x.device)
 
-    def _kept(self, upload: str, x: Tensor, ids: list[int], clients: Tensor) -> Tensor | None:
-        """The error-feedback vectors `[R, S, d]` of the runs `ids`' clients `clients` for `upload` (zeros at first)."""
+    def _kept(self, upload: str, x: Tensor, clients: Tensor) -> Tensor | None:
+        """The error-feedback vectors `[R, S, d]` of the round's clients `clients` for `upload` (zeros at first)."""
         if not any(transform.keeps for transform in self.uplink):
             return None
         if upload not in self.kept:
             self.kept[upload] = x.new_zeros(self.runs, self.num_clients, x.shape[2])
-        return self.kept[upload][self._index(ids)[:, None], clients]
+        return self.kept[upload][self.index[:, None], clients]
 
     def _check(self, upload: Upload, value: Tensor, base: Tensor | None, sampled: int) -> None:
         where = f"federation.uplink: {self.name}'s upload {upload.name!r}"
@@ -180,10 +186,10 @@ class Links:
                    for upload in self.all_uploads)
 
     def download_bits(self, server: State, downloads: Sequence[str]) -> int:
-        """Bits one participant receives of the server's `downloads` (entries `[R, 1, ...]`): as the downlink encodes
-        each, else its values at their width."""
-        return sum(message_bits(self.downlink, server[name][0].numel(), value_bits(server[name]))
-                   for name in downloads)
+        """Bits one participant receives of the server's `downloads` (entries `[R, 1, ...]`) at a round's start: as the
+        downlink encodes each, else (no downlink, or a shape not its copy's) its values at their width."""
+        return sum(message_bits(self.downlink if name in self.copies and self.copies[name].shape == server[name].shape
+                                else (), server[name][0].numel(), value_bits(server[name])) for name in downloads)
 
     # -- checkpoints --------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

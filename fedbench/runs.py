@@ -396,7 +396,7 @@ class RoundProgram:
                                           rnd.at(step), hp)
         message, updated = algorithm.client_final(local, rnd, hp)
         self._uploaded = self._uploaded_by(message, sampled)
-        message = self.links.send(message, received, clients, ids)
+        message = self.links.send(message, received, clients)
         server = algorithm.server_update(server, message, self._weights(clients), rnd, hp)
         # The scatter comes last, after everything that may raise: a replayed chunk finds its rows as they were.
         for key, value in updated.items():
@@ -625,7 +625,7 @@ class IterationProgram(RoundProgram):
         local = self.algorithm.client_step(local, oracles, rnd, hp)
         message, updated = self.algorithm.client_final(local, rnd, hp)
         up = self._uploaded_by(message, len(self.clients_all))
-        message = self.links.send(message, self.links.received(server, group), rnd.clients, group)
+        message = self.links.send(message, self.links.received(server, group), rnd.clients)
         server = self.algorithm.server_update(server, message, self._weights(rnd.clients), rnd, hp)
         _write_rows(self.server, server, group, runs)
         _write_rows(self.clients, updated, group, runs)

@@ -112,6 +112,9 @@ class Transform:
 
 
 class Compressor(Transform):
+    """A compressor C: `compress(x, drawn)` of a batch of messages, its step C(x) (error feedback calls it on what it
+    makes of x)."""
+
     compressor = True
 
     def compress(self, x: Tensor, drawn: Tensor | None) -> Tensor:
@@ -122,6 +125,7 @@ class Compressor(Transform):
 
 
 def kept_count(fraction: float, numel: int) -> int:
+    """K = max(1, round(k·d)), Python's rounding (half to even)."""
     return max(1, round(fraction * numel))
 
 

@@ -31,7 +31,7 @@ from fedbench.rng import generator
 from fedbench.runs import programs
 from fedbench.simulate import Federation, Simulation, run_seeds
 from fedbench.transforms import TRANSFORMS
-from helpers import SEEDS, assert_same, build, curves_alone, interrupted, np_prox, pfl, rows_of
+from helpers import FLOAT32, PAIRS, SEEDS, assert_same, build, curves_alone, interrupted, np_prox, pauc, pfl, rows_of
 from small_problems import small_lasso
 from sweeps.recipe import ReportSpec, load
 from sweeps.report import Histories
@@ -246,34 +246,38 @@ def test_ef21_is_its_algorithm_one():
 # -- the run axis and checkpoints ---------------------------------------------------------------------------------
 
 SAMPLED = Federation(9, 3, 3, 5)
-BATCHED = {  # id: (problem maker, algorithm, federation, hyperparameters)
+BATCHED = {  # id: (problem maker, algorithm, federation, hyperparameters, tolerance as in `helpers.CASES`)
     "fedavg ef top_k, qsgd down": (small_lasso, "fedavg", replace(SAMPLED, uplink=[{"top_k": 0.2}, "error_feedback"],
-                                                                  downlink=[{"qsgd": 2}]), HP),
+                                                                  downlink=[{"qsgd": 2}]), HP, 1e-12),
     "fedmid ef21 rand_k": (small_lasso, "fedmid", replace(SAMPLED, uplink=[{"rand_k": 0.3}, {"error_feedback": "ef21"}]),
-                           HP),
-    "fedavg dp": (small_lasso, "fedavg", replace(SAMPLED, uplink=[{"clip": 0.3}, {"qsgd": 4}, {"gaussian": 1.0}]), HP),
-    "scaffold ef sign": (small_lasso, "scaffold", replace(SAMPLED, uplink=["sign", "error_feedback"]), HP),  # 2 uploads
+                           HP, 1e-12),
+    "fedavg dp": (small_lasso, "fedavg", replace(SAMPLED, uplink=[{"clip": 0.3}, {"qsgd": 4}, {"gaussian": 1.0}]), HP,
+                  1e-12),
+    "scaffold ef sign": (small_lasso, "scaffold", replace(SAMPLED, uplink=["sign", "error_feedback"]), HP, 1e-12),
+    # five uploads (the model, its momentum, three score vectors) and five downloads, the pools changing their shape
+    "fedxl2 ef qsgd, top_k down": (pauc, "fedxl2", replace(PAIRS, uplink=[{"qsgd": 4}, "error_feedback"],
+                                                           downlink=[{"top_k": 0.5}]), {"client_lr": 0.5}, FLOAT32),
     # iteration-wise (coin-flip rounds, every client): EF21 on the w-gradients the devices send
     "ascd_pfl ef21 top_k, top_k down": (pfl, "ascd_pfl", Federation(12, 0, 1, 1, uplink=[
-        {"top_k": 0.3}, {"error_feedback": "ef21"}], downlink=[{"top_k": 0.5}]), {}),
+        {"top_k": 0.3}, {"error_feedback": "ef21"}], downlink=[{"top_k": 0.5}]), {}, 1e-12),
 }
 
 
 @pytest.mark.parametrize("case", BATCHED)
 def test_a_batch_of_seeds_gives_each_seed_its_curve_alone(case):
-    make, name, federation, hp = BATCHED[case]
+    make, name, federation, hp, tolerance = BATCHED[case]
     problem = make()
     sims = [Simulation(problem, fedbench.make_algorithm(name, problem, **hp), federation, seed, 3) for seed in SEEDS]
     assert [runs for runs, _ in programs(sims)] == [list(range(len(SEEDS)))]  # one program
     batched = run_seeds(problem, name, federation, SEEDS, eval_every=3, **hp)
-    assert_same(curves_alone(problem, name, federation, hp, SEEDS), batched, 1e-12)
+    assert_same(curves_alone(problem, name, federation, hp, SEEDS), batched, tolerance)
     plain = run_seeds(problem, name, replace(federation, uplink=(), downlink=()), SEEDS[:1], eval_every=3, **hp)
     assert plain[0][-1]["objective"] != batched[0][-1]["objective"]  # the transforms changed the runs
 
 
 @pytest.mark.parametrize("case", ["fedavg ef top_k, qsgd down", "ascd_pfl ef21 top_k, top_k down"])
 def test_a_resumed_batch_with_transforms_gives_the_rows_of_one_never_stopped(case):
-    make, name, federation, hp = BATCHED[case]
+    make, name, federation, hp, _ = BATCHED[case]
     problem = make()
     whole = build(problem, name, federation, hp, SEEDS)
     points = []
@@ -339,6 +343,24 @@ def test_bits_of_a_float32_run_and_of_several_uploads():
     assert last["comm_up_bits"] == 3 * 3 * sum(kept(0.5, d) * (32 + math.ceil(math.log2(d))) for d in sizes)
 
 
+def test_a_download_whose_shape_changed_goes_whole():
+    """FeDXL's score pools grow over the first rounds: a pool whose shape is not the clients' copy's is sent whole
+    (its values at their width), the others through the downlink's top-k."""
+    problem = fedbench.make_problem("pauc", seed=0, preset="guo2023_noisy_auc", clients=4, positives_per_client=10,
+                                    negatives_per_client=50, features=6, test_size=60, val_size=0)
+    sim = Simulation(problem, fedbench.make_algorithm("fedxl1", problem), Federation(4, 3, 2, 8, downlink=[
+        {"top_k": 0.5}]), 0)
+    copies, expected, whole = {name: sim.server[name].shape for name in sim.algorithm.downloads}, 0, 0
+    for _ in range(4):
+        for name, copy in copies.items():
+            shape, numel = sim.server[name].shape, sim.server[name].numel()
+            expected += 3 * (kept(0.5, numel) * (32 + math.ceil(math.log2(numel))) if shape == copy else 32 * numel)
+            whole += shape != copy
+            copies[name] = shape
+        sim.run_round()
+    assert sim.comm_down_bits == expected and whole >= 2
+
+
 # -- what the engine refuses ----------------------------------------------------------------------------------------
 
 def test_a_federation_refuses_a_chain_at_its_field():
@@ -360,7 +382,7 @@ def test_an_upload_whose_shape_differs_from_its_server_entry_is_refused_at_its_f
     received = links.receive({"w": torch.zeros(1, 1, D, dtype=torch.float64)}, [0])
     with pytest.raises(ValueError, match=r"federation.uplink: fedavg's upload 'w' \[31\] is declared a new value of "
                                          r"server entry 'w' \[30\]"):
-        links.send(message, received, torch.zeros(1, 3, dtype=torch.long), [0])
+        links.send(message, received, torch.zeros(1, 3, dtype=torch.long))
 
 
 # -- recipes ------------------------------------------------------------------------------------------------------
