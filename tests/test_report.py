@@ -370,6 +370,29 @@ def test_configurations_are_named_as_the_declarations_say():
     assert shown_value("not_installed", "algorithm.variant", "hf") == "variant=hf"
 
 
+def test_a_field_some_configurations_leave_out_varies_too():
+    """A configuration without adversaries (or an uplink chain) records no such field: it still varies against those
+    that have one, whichever configuration ranks first, and reads `none`."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from sweeps.recipe import SelectSpec
+    from sweeps.report.settings import Settings
+    from sweeps.report.statistics import configurations
+
+    def run(config_hash, params, loss):
+        return SimpleNamespace(data=SimpleNamespace(tags={"algorithm": "fedavg", "config_hash": config_hash, "seed": "0",
+                                                          "status": "finished"}, params=params, metrics={}), loss=loss)
+
+    attacked = {"federation.aggregation": "median", "federation.adversaries": "sign_flip(fraction=0.2, scale=10.0)"}
+    runs = [run("a", {"federation.aggregation": "median"}, 1.0), run("b", attacked, 2.0)]
+    settings = Settings([], SelectSpec(metric="loss", mode="min"), {}, "rounds", {}, {}, 1, {})
+    configs = configurations(runs, ["fedavg"], settings, lambda r, metric: (np.array([0, 1]), np.array([3.0, r.loss])))
+    assert [c.varying for c in configs] == ["federation.adversaries=none",
+                                            "federation.adversaries=sign_flip(fraction=0.2, scale=10.0)"]
+
+
 def test_a_final_mean_leaves_failed_runs_out_and_says_how_many():
     """Issue 47 item 2: the mean of a configuration's final values is over its runs that did not fail."""
     from types import SimpleNamespace
