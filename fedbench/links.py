@@ -1,12 +1,13 @@
 """A program's uplink and downlink: the federation's chains of transforms (`fedbench.transforms`, where their maths,
-encodings and papers are) applied to R runs' rounds at once, with their state, draws and bits, outside the
-algorithm, which sees neither.
+encodings and papers are), its adversaries' attacks and its robust aggregation rule (`fedbench.robust`) applied to R
+runs' rounds at once, with their state, draws and bits, outside the algorithm, which sees none of them.
 
 A round of the runs `ids` goes through three steps of the program (`fedbench.runs`):
 
     received = links.receive(server, ids)         # the downloads as the clients receive them (the downlink)
     ...client_init(received, ...), local steps, client_final -> message
-    message = links.send(message, received, clients)   # each client's uploads through the uplink
+    message = links.send(message, received, clients)   # each client's uploads attacked, through the uplink, robustly
+                                                       # aggregated: as the server receives them
     ...server_update, the per-client rows written back
     links.commit()                                # the round's new link state written
 
@@ -15,12 +16,13 @@ State, kept here rather than among the algorithm's entries: each client's error-
 `[R, 1, ...]` of its last broadcast per download (the initial state at the start). A round writes its new state only
 at `commit`, after everything that may raise, and keeps its draws until then: a round the program replays run by
 run after a failed SVD (`fedbench.runs`) finds the state as it was and draws nothing anew, so that every run gets
-exactly what it gets alone. The state is in the program's checkpoint (`state_dict`) where there are chains.
+exactly what it gets alone. The state is in the program's checkpoint (`state_dict`) where there are chains. Which
+clients are adversarial is each run's own (`Simulation.adversarial`), drawn at its start.
 """
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -28,6 +30,7 @@ from torch import Tensor
 from fedbench.algorithms.base import Algorithm, MessageError, Upload
 from fedbench.federation import Federation
 from fedbench.hparams import ParamError
+from fedbench.robust import KRUMS, RULES, aggregate_robustly, attack
 from fedbench.transforms import Transform, compiled, message_bits
 
 if TYPE_CHECKING:
@@ -36,13 +39,31 @@ if TYPE_CHECKING:
 State = dict[str, Tensor]
 
 
-def check_uploads(federation: Federation, uploads: Sequence[Upload], algorithm: str) -> None:
-    """Refuse (ParamError of the federation's `uplink`) an uplink chain on an algorithm whose uploads include one its
-    devices all-reduce inside the round (`Upload.all_reduced`): the engine sees their sum, not a message per client."""
-    reduced = [upload.name for upload in uploads if upload.all_reduced]
-    if federation.uplink and reduced:
-        raise ParamError("uplink", f"found a chain for {algorithm}, which all-reduces its upload {reduced[0]!r} (no "
-                         "message per client); expected none", "federation")
+def check_uploads(federation: Federation, algorithm: type[Algorithm] | Algorithm, clients: int | None) -> None:
+    """Refuse (ParamError at the federation's field) what acts on each client's uploads where the algorithm has no
+    such message, on a problem of `clients` clients (None: unknown, not checked): an uplink chain or adversaries on an
+    upload its devices all-reduce inside the round (`Upload.all_reduced`: the engine sees their sum, not a message
+    per client); a robust aggregation rule there too, or where the server does not take its uploads in through a
+    mean (`Algorithm.uploads_averaged`); Krum and Multi-Krum with f too large for the clients a round, S ≤ 2f + 2
+    (Blanchard et al. 2017, §4)."""
+    name = algorithm.name
+    reduced = [upload.name for upload in algorithm.uploads if upload.all_reduced]
+    rule = federation.aggregation if federation.aggregation in RULES else None
+    acting = {"uplink": ("a chain" if federation.uplink else None, "none"), "aggregation": (rule, "uniform or samples"),
+              "adversaries": ("adversaries" if federation.adversaries else None, "none")}
+    for field, (found, expected) in acting.items():
+        if found and reduced:
+            raise ParamError(field, f"found {found} for {name}, which all-reduces its upload {reduced[0]!r} (no "
+                             f"message per client); expected {expected}", "federation")
+    if rule and not algorithm.uploads_averaged:
+        raise ParamError("aggregation", f"found {rule} for {name}, whose server uses each client's uploads (not "
+                         "only their mean); expected uniform or samples", "federation")
+    sampled = clients if algorithm.participation == "all" else federation.clients_per_round or clients
+    f = federation.byzantine
+    if rule in KRUMS and sampled is not None and sampled <= 2 * f + 2:
+        most = f", f ≤ {(sampled - 3) // 2}" if sampled >= 3 else ""
+        raise ParamError("byzantine", f"found {f} with {rule} on S = {sampled} clients a round; expected S > 2f + 2"
+                         f"{most}", "federation")
 
 
 def value_bits(value: Tensor) -> int:
@@ -54,16 +75,25 @@ class Links:
     server state `server` `[R, 1, ...]` at its start."""
 
     def __init__(self, sims: list[Simulation], server: State):
-        first = sims[0]
+        first, federation = sims[0], sims[0].federation
         algorithm: Algorithm = first.algorithm
         self.name, self.all_uploads = algorithm.name, algorithm.uploads
-        self.uplink = compiled(first.federation.uplink)
-        self.downlink = compiled(first.federation.downlink)
-        self.uploads = algorithm.uploads if self.uplink else ()
+        self.uplink = compiled(federation.uplink)
+        self.downlink = compiled(federation.downlink)
+        self.adversaries = federation.adversaries
+        self.rule = federation.aggregation if federation.aggregation in RULES else None
+        self.trim, self.byzantine = federation.trim, federation.byzantine
+        self.uploads = algorithm.uploads if self.uplink or self.adversaries or self.rule else ()
         self.downloads = algorithm.downloads if self.downlink else ()
-        self.active = bool(self.uplink or self.downlink)
+        self.chains = bool(self.uplink or self.downlink)  # link state to keep
+        self.active = bool(self.chains or self.uploads)
+        self.acting = ", ".join(f"federation.{field}" for field, given in (
+            ("adversaries", self.adversaries), ("uplink", self.uplink), ("aggregation", self.rule)) if given)
         self.streams = {link: [sim.link_streams.get(link) for sim in sims] for link in ("uplink", "downlink")}
         self.runs, self.num_clients, self.device = len(sims), first.problem.num_clients, first.problem.device
+        if self.adversaries:
+            self.streams["adversaries"] = [sim.adversary_gen for sim in sims]
+            self.adversarial = torch.stack([sim.adversarial for sim in sims]).to(self.device)  # [R, N]
         self.kept: State = {}  # upload -> each client's error-feedback vector [R, N, d]
         self.copies: State = {name: server[name].clone() for name in self.downloads}  # download -> ŵ [R, 1, ...]
         self.drawn: dict[int, dict[str, Tensor]] = {}  # run -> this round's draws, by what drew them
@@ -99,23 +129,45 @@ class Links:
 
     def send(self, message: State, received: State, clients: Tensor) -> State:
         """The message of the round's clients `clients` `[R, S]` (of the runs `receive` or `received` began it for) as
-        the server receives it: each declared upload through the uplink, on the update `upload − received[relative_to]`
-        where it declares one (added back after)."""
+        the server receives it. Each declared upload, on the update `upload − received[relative_to]` where it declares
+        one (added back after): the adversarial clients' attacked, then every client's through the uplink; then the
+        robust rule's aggregate of the S clients' values in place of each (`fedbench.robust`)."""
         if not self.uploads:
             return message
-        count, sampled = len(self.ids), clients.shape[1]
         sent = dict(message)
         for upload in self.uploads:
             value = message[upload.name]
             base = received[upload.relative_to] if upload.relative_to else None
-            self._check(upload, value, base, sampled)
-            x = (value if base is None else value - base).reshape(count, sampled, -1)
-            kept = self._kept(upload.name, x, clients)
-            y, new = self._through(self.uplink, x, kept, f"uplink.{upload.name}", self.streams["uplink"])
-            if new is not None:
-                self.pending.append((self.kept, upload.name, (self.index[:, None], clients), new))
-            sent[upload.name] = y.view(value.shape) if base is None else base + y.view(value.shape)
+            self._check(upload, value, base, clients.shape[1])
+            if self.adversaries or self.uplink:
+                value = self._transmitted(upload.name, value, base, clients)
+            if self.rule:
+                value = aggregate_robustly(value, self.rule, self.trim, self.byzantine).expand_as(value)
+            sent[upload.name] = value
         return sent
+
+    def _transmitted(self, upload: str, value: Tensor, base: Tensor | None, clients: Tensor) -> Tensor:
+        """An upload `[R, S, ...]` as it arrives: its update x `[R, S, d]` attacked where the client is adversarial,
+        then through the uplink (the clients' new error-feedback vectors pending until `commit`)."""
+        x = (value if base is None else value - base).reshape(len(self.ids), clients.shape[1], -1)
+        if self.adversaries:
+            x = self._attacked(upload, x, clients)
+        y, new = self._through(self.uplink, x, self._kept(upload, x, clients), f"uplink.{upload}",
+                               self.streams["uplink"])
+        if new is not None:
+            self.pending.append((self.kept, upload, (self.index[:, None], clients), new))
+        return y.view(value.shape) if base is None else base + y.view(value.shape)
+
+    def _attacked(self, upload: str, x: Tensor, clients: Tensor) -> Tensor:
+        """The updates x `[R, S, d]` with the adversarial clients' attacked (the gaussian attack's draws on each run's
+        adversaries stream, one `[S, d]` a round and upload)."""
+        adversaries = self.adversaries
+        assert adversaries is not None  # `send` calls it only then
+        noise = None
+        if adversaries.attack == "gaussian":
+            noise = self._draws(f"adversaries.{upload}", self.streams["adversaries"],
+                                lambda gen: torch.randn(x.shape[1:], dtype=x.dtype, generator=gen), x.device)
+        return attack(x, self.adversarial[self.index[:, None], clients], adversaries.attack, adversaries.scale, noise)
 
     def commit(self) -> None:
         """The round of the runs `ids` has succeeded: its new link state is written (an entry whose rows changed shape
@@ -141,21 +193,25 @@ class Links:
         ones)."""
         new = None
         for j, transform in enumerate(transforms):
-            drawn = self._draws(transform, x, f"{what}.{j}", streams) if transform.random else None
+            drawn = None
+            if transform.random:
+                drawn = self._draws(f"{what}.{j}", streams, lambda gen: transform.draw(gen, x.shape[1], x.shape[2],
+                                                                                       x.dtype), x.device)
             x, changed = transform.apply(x, kept, drawn)
             new = changed if changed is not None else new
         return x, new
 
-    def _draws(self, transform: Transform, x: Tensor, what: str, streams: list) -> Tensor:
-        """This round's draws of `transform` for its runs, each on its own stream in the order it draws alone,
-        stacked `[R, ...]` on the device; kept until `commit` (a replayed round draws nothing anew)."""
+    def _draws(self, what: str, streams: list, sample: Callable[[torch.Generator], Tensor], device) -> Tensor:
+        """This round's draws `sample(gen)` of `what` for its runs, each on its own stream (`streams`, by run) in the
+        order it draws alone, stacked `[R, ...]` on `device`; kept until `commit` (a replayed round draws nothing
+        anew)."""
         drawn = []
         for i in self.ids:
             mine = self.drawn.setdefault(i, {})
             if what not in mine:
-                mine[what] = transform.draw(streams[i], x.shape[1], x.shape[2], x.dtype)
+                mine[what] = sample(streams[i])
             drawn.append(mine[what])
-        return (drawn[0].unsqueeze(0) if len(drawn) == 1 else torch.stack(drawn)).to(x.device)
+        return (drawn[0].unsqueeze(0) if len(drawn) == 1 else torch.stack(drawn)).to(device)
 
     def _kept(self, upload: str, x: Tensor, clients: Tensor) -> Tensor | None:
         """The error-feedback vectors `[R, S, d]` of the round's clients `clients` for `upload` (zeros at first)."""
@@ -166,16 +222,16 @@ class Links:
         return self.kept[upload][self.index[:, None], clients]
 
     def _check(self, upload: Upload, value: Tensor, base: Tensor | None, sampled: int) -> None:
-        where = f"federation.uplink: {self.name}'s upload {upload.name!r}"
+        where = f"{self.acting}: {self.name}'s upload {upload.name!r}"
         if not value.is_floating_point():
             raise MessageError(f"{where} holds {value.dtype}, expected floating point values to transform")
         if value.shape[1] != sampled:
             raise MessageError(f"{where} has one value a run ([R, 1, ...]), not one a client: its devices all-reduce "
-                               "it (declare Upload(..., all_reduced=True)), and no transform acts on it")
+                               "it (declare Upload(..., all_reduced=True)), and nothing acts on it")
         if base is not None and base.shape[2:] != value.shape[2:]:
             raise MessageError(f"{where} {list(value.shape[2:])} is declared a new value of server entry "
                                f"{upload.relative_to!r} {list(base.shape[2:])}; expected the same shape (the "
-                               "transforms act on their difference)")
+                               "transforms and attacks act on their difference)")
 
     # -- bits ---------------------------------------------------------------------------------------------------
     def upload_bits(self, message: State) -> int:
@@ -195,8 +251,11 @@ class Links:
     def state_dict(self) -> dict[str, Any]:
         """The link state, under `links` (nothing without chains, so that such a program's checkpoint is as it was);
         taken between rounds, where nothing is pending."""
-        return {"links": {"kept": self.kept, "copies": self.copies}} if self.active else {}
+        return {"links": {"kept": self.kept, "copies": self.copies}} if self.chains else {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.active:
+        """The link state of a program's checkpoint (`state`), and the adversarial clients of its runs' records."""
+        if self.chains:
             self.kept, self.copies = dict(state["links"]["kept"]), dict(state["links"]["copies"])
+        if self.adversaries:
+            self.adversarial = torch.stack([run["adversarial"] for run in state["runs"]]).to(self.device)

@@ -9,9 +9,10 @@
 
 Random streams (see `fedbench.rng`): "init" (initial point), "clients" (who is sampled each round),
 "minibatches" (local minibatches), the algorithm's own (`Algorithm.random_stream`, default "algorithm":
-coins, round lengths), and "uplink" / "downlink" where the federation's chain there draws (`fedbench.transforms`);
-the problem's data use its own "data" stream. Evaluation draws from none of them, so the curve's schedule
-(`eval_every`) never changes a run.
+coins, round lengths), "uplink" / "downlink" where the federation's chain there draws (`fedbench.transforms`), and
+"adversaries" where the federation has some (which clients, at the start; the gaussian attack's noise,
+`fedbench.robust`); the problem's data use its own "data" stream. Evaluation draws from none of them, so the curve's
+schedule (`eval_every`) never changes a run.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from fedbench.federation import DIVERGENCE_FACTOR, Federation, RoundSampler, agg
 from fedbench.links import check_uploads
 from fedbench.problems.base import Problem
 from fedbench.rng import generator
+from fedbench.robust import adversarial_clients
 from fedbench.runs import RoundProgram, evaluate_rows, programs
 from fedbench.transforms import LINKS, draws
 
@@ -51,7 +53,7 @@ class Simulation:
         minibatches = algorithm.minibatches(algorithm.hp)
         sizes, fields = minibatch_sizes(minibatches, algorithm.hp, federation.batch_size)
         federation.check(problem.layout(), fields)
-        check_uploads(federation, algorithm.uploads, algorithm.name)
+        check_uploads(federation, algorithm, problem.num_clients)
         self.problem, self.algorithm, self.federation = problem, algorithm, federation
         self.eval_every = max(1, int(eval_every))
         self.divergence_factor = divergence_factor
@@ -59,6 +61,13 @@ class Simulation:
         self.sampler = RoundSampler(problem, federation, seed, minibatches, sizes)
         self.algorithm_gen = generator(seed, algorithm.random_stream)
         self.link_streams = {link: generator(seed, link) for link in LINKS if draws(getattr(federation, link))}
+        self.adversary_gen: torch.Generator | None = None
+        self.adversarial = torch.zeros(problem.num_clients, dtype=torch.bool)
+        """Which of the N clients are adversarial, `[N]` bool (none without the federation's adversaries)."""
+        if federation.adversaries is not None:
+            self.adversary_gen = generator(seed, "adversaries")
+            self.adversarial = adversarial_clients(problem.num_clients, federation.adversaries.fraction,
+                                                   self.adversary_gen)
         w0 = problem.init_params(generator(seed, "init"))
         self.server = algorithm.init_server(w0)
         """The run's server state, entries as `init_server` makes them (no run or client axis)."""
@@ -96,23 +105,29 @@ class Simulation:
 
     def streams(self) -> dict[str, torch.Generator]:
         """Every random stream of the run by name (see the module's docstring)."""
+        adversaries = {} if self.adversary_gen is None else {"adversaries": self.adversary_gen}
         return {"clients": self.sampler.client_gen, "minibatches": self.sampler.batch_gen,
-                "feature-noise": self.sampler.noise_gen, "algorithm": self.algorithm_gen, **self.link_streams}
+                "feature-noise": self.sampler.noise_gen, "algorithm": self.algorithm_gen, **self.link_streams,
+                **adversaries}
 
     def state_dict(self) -> dict[str, Any]:
-        """The run's record: its state as it holds it, each stream's state and its counters (a program's
-        checkpoint holds its runs' records, `fedbench.runs.RoundProgram.state_dict`)."""
+        """The run's record: its state as it holds it, each stream's state, its counters and, where it has
+        adversaries, which clients they are (a program's checkpoint holds its runs' records,
+        `fedbench.runs.RoundProgram.state_dict`)."""
+        adversarial = {} if self.adversary_gen is None else {"adversarial": self.adversarial}
         return {"server": self.server, "clients": self.clients,
                 "streams": {name: gen.get_state() for name, gen in self.streams().items()},
-                **{name: getattr(self, name) for name in self.RECORD}}
+                **{name: getattr(self, name) for name in self.RECORD}, **adversarial}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """The run as `state_dict` recorded it: its state, streams and counters."""
+        """The run as `state_dict` recorded it: its state, streams, counters and adversaries."""
         self.server, self.clients = state["server"], state["clients"]
         for name, gen in self.streams().items():
             gen.set_state(state["streams"][name].cpu())  # the generators live on the CPU (`fedbench.rng`)
         for name in self.RECORD:
             setattr(self, name, state[name])
+        if self.adversary_gen is not None:
+            self.adversarial = state["adversarial"]
 
     def exploded(self, row: dict[str, float]) -> bool:
         if not all(math.isfinite(v) for v in row.values()):

@@ -651,12 +651,14 @@ def validate(
 @app.command("list")
 def list_components(with_plugins: Optional[List[str]] = WithOption) -> None:
     """Problems and algorithms, with each parameter's type, default and valid range, and where each came from:
-    built in, or a plugin (installed packages' entry points, and those given with --with); then the transforms a
-    federation's uplink and downlink may chain."""
+    built in, or a plugin (installed packages' entry points, and those given with --with); then the federation's
+    parameters, its adversaries' and the transforms its uplink and downlink may chain."""
     from fedbench import plugins
     from fedbench.algorithms import ALGORITHMS
     from fedbench.problems import PROBLEMS
+    from fedbench.robust import Adversaries
     from fedbench.transforms import TRANSFORMS
+    from .recipe import FEDERATION_PARAMS
 
     plugins.discover()
     for spec in with_plugins or []:
@@ -671,6 +673,9 @@ def list_components(with_plugins: Optional[List[str]] = WithOption) -> None:
                                                                     f" (plugin: {where})"), getattr(cls, attribute)))
             for line in contract_lines(title, cls):
                 console.print(f"  {line}", highlight=False)
+    console.print(param_table("[bold]federation[/]", FEDERATION_PARAMS))
+    console.print(param_table("[bold]federation.adversaries[/] (a mapping, e.g. {fraction: 0.2, attack: gaussian})",
+                              Adversaries.params))
     console.print("transforms of federation.uplink and federation.downlink, as [{name: value}, ...] (value: the first "
                   "parameter, or {parameter: value}):", highlight=False)
     for name, transform in TRANSFORMS.items():

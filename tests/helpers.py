@@ -8,7 +8,7 @@ collected, not imported). `small_problems.py` (small instances of the shipped pr
 - Checkpoints: `build` (a program of seeds), `rows_of` (its rows by run), `interrupted` (its rows when stopped at a
   safe point and resumed from the state saved there: `tests/test_checkpoints.py`, `test_transforms.py`).
 - numpy transcriptions of the lasso/low-rank problems' data, gradient and prox (`tests/test_algorithms.py`,
-  `test_fastfedda.py`).
+  `test_fastfedda.py`), and of FedAvg's and FedMiD's rounds on a Lasso (`test_transforms.py`, `test_robust.py`).
 - Data files written out: an EMNIST npz in the shipped format (`write_npz`, `npz_problem`) and an MNIST-format
   IDX folder (`write_folder`).
 - `deviation_holds`: a paper-size test's check of a paper claim that does not reproduce, against its declaration
@@ -205,6 +205,25 @@ def np_prox(problem, v, step):
     if problem.name == "lasso":
         return np_soft(v, step * lam, problem.feature_dim)
     return np_svt(v, step * lam, problem.shape)
+
+
+def np_local(problem, name, start, rows, hp):
+    """FedAvg's (plain gradient steps) or FedMiD's (proximal steps) local iterate on a Lasso from `start` on rows
+    `[E, b]` (`tests/test_transforms.py`, `test_robust.py`)."""
+    features, labels = problem.features.numpy(), problem.labels.numpy()
+    u, lr = start.copy(), hp["client_lr"]
+    for step_rows in rows:
+        x, y = features[step_rows], labels[step_rows]
+        u = u - lr * x.T @ (x @ u - y) / len(step_rows)
+        if name == "fedmid":
+            u = np_prox(problem, u, lr)
+    return u
+
+
+def np_server(problem, name, w, mean, hp):
+    """FedAvg's or FedMiD's server step from the clients' `mean` (or what stands for it)."""
+    w = w + hp["server_lr"] * (mean - w)
+    return np_prox(problem, w, hp["server_lr"] * hp["client_lr"]) if name == "fedmid" else w
 
 
 # -- data files written out -------------------------------------------------------------------------------------

@@ -157,6 +157,55 @@ def test_a_chain_is_refused_on_an_upload_it_cannot_take_and_in_an_algorithms_own
     assert invoke("validate", write(tmp_path, fine)).exit_code == 0
 
 
+# -- robust aggregation and adversaries (fedbench.robust): each refused at its field -------------------------------
+
+ROBUST = {  # id: (federation fields, the field path, a phrase of the line)
+    "unknown rule": ("aggregation: medain", "federation.aggregation", "found 'medain'"),
+    "unknown rule in a grid": ("aggregation: [median, krumm]", "federation.aggregation[1]", "found 'krumm'"),
+    "trim of a half": ("aggregation: trimmed_mean, trim: 0.5", "federation.trim", "expected float in [0, 0.5)"),
+    "negative f": ("aggregation: krum, byzantine: -1", "federation.byzantine", "found -1"),
+    "krum's f too large": ("aggregation: krum", "federation.byzantine",
+                           "found 1 with krum on S = 4 clients a round; expected S > 2f + 2"),
+    "multi_krum's f too large in a grid": ("aggregation: multi_krum, byzantine: [0, 1]", "federation.byzantine",
+                                           "found 1 with multi_krum on S = 4"),
+    "unknown attack": ("adversaries: {attack: signflip}", "federation.adversaries.attack", "found 'signflip'"),
+    "unknown field": ("adversaries: {fractoin: 0.2}", "federation.adversaries.fractoin", "did you mean 'fraction'"),
+    "fraction of 1": ("adversaries: {fraction: 1.0}", "federation.adversaries.fraction", "expected float in [0, 1)"),
+    "negative fraction in a grid": ("adversaries: {fraction: [0.1, -0.1]}", "federation.adversaries.fraction[1]",
+                                    "found -0.1"),
+    "no mapping": ("adversaries: 0.2", "federation.adversaries", "found the number 0.2, expected a mapping"),
+    "nothing": ("adversaries: null", "federation.adversaries", "found nothing (null), expected a mapping"),
+}
+
+
+@pytest.mark.parametrize("robust", ROBUST.values(), ids=ROBUST)
+def test_a_rule_or_adversaries_are_refused_at_their_field_on_one_short_line(tmp_path, monkeypatch, robust):
+    text, field, phrase = robust
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipes").mkdir()
+    recipe = PROBLEM.replace("batch_size: 5}", f"batch_size: 5, {text}}}") + FEDAVG
+    first = refused(invoke("validate", write(Path("recipes"), recipe, "lasso_grid.yaml")), f"{field}: ", phrase)
+    assert len(first) < LONGEST_LINE, f"{len(first)} characters: {first}"
+
+
+def test_a_rule_is_refused_where_the_server_takes_no_mean_of_messages_per_client(tmp_path):
+    block = "problem: {name: pfl_synthetic, preset: s1}\nfederation: {clients_per_round: 0, local_steps: 1, " \
+            "batch_size: 1, aggregation: median}\nalgorithms: {l2sgd_plus: {}}\n"
+    refused(invoke("validate", write(tmp_path, block)), "federation.aggregation: found median for l2sgd_plus, which "
+            "all-reduces its upload 'w'", "expected uniform or samples")
+    attacked = block.replace("aggregation: median", "adversaries: {fraction: 0.1}")
+    refused(invoke("validate", write(tmp_path, attacked)), "federation.adversaries: found adversaries for l2sgd_plus")
+    pooled = "problem: {name: pauc, preset: guo2023_noisy_auc, clients: 4, positives_per_client: 10, " \
+             "negatives_per_client: 50, features: 6}\nfederation: {clients_per_round: 3, batch_size: 8}\n" \
+             "algorithms: {fedxl1: {federation: {aggregation: krum, byzantine: 0}}}\n"
+    refused(invoke("validate", write(tmp_path, pooled)), "algorithms.fedxl1.federation.aggregation: found krum for "
+            "fedxl1, whose server uses each client's uploads")
+    own = PROBLEM + "algorithms: {fedavg: {federation: {aggregation: krum, byzantine: [0, 1]}}}\n"
+    refused(invoke("validate", write(tmp_path, own)), "algorithms.fedavg.federation.byzantine: found 1 with krum")
+    fine = PROBLEM + "algorithms: {fedavg: {federation: {aggregation: krum, byzantine: 0, adversaries: {}}}}\n"
+    assert invoke("validate", write(tmp_path, fine)).exit_code == 0
+
+
 @pytest.mark.parametrize("text", REFUSALS.values(), ids=REFUSALS)
 def test_every_refusal_is_one_short_line(tmp_path, monkeypatch, text):
     monkeypatch.chdir(tmp_path)  # the recipe named as a researcher would: a relative path of a usual length

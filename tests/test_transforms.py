@@ -31,7 +31,20 @@ from fedbench.rng import generator
 from fedbench.runs import programs
 from fedbench.simulate import Federation, Simulation, run_seeds
 from fedbench.transforms import TRANSFORMS
-from helpers import FLOAT32, PAIRS, SEEDS, assert_same, build, curves_alone, interrupted, np_prox, pauc, pfl, rows_of
+from helpers import (
+    FLOAT32,
+    PAIRS,
+    SEEDS,
+    assert_same,
+    build,
+    curves_alone,
+    interrupted,
+    np_local,
+    np_server,
+    pauc,
+    pfl,
+    rows_of,
+)
 from small_problems import small_lasso
 from sweeps.recipe import ReportSpec, load
 from sweeps.report import Histories
@@ -101,23 +114,6 @@ class NumpyChain:
                     x = compress(x)
             i += 1
         return x
-
-
-def np_local(problem, name, start, rows, hp):
-    """FedAvg's (plain gradient steps) or FedMiD's (proximal steps) local iterate from `start` on rows `[E, b]`."""
-    features, labels = problem.features.numpy(), problem.labels.numpy()
-    u, lr = start.copy(), hp["client_lr"]
-    for step_rows in rows:
-        x, y = features[step_rows], labels[step_rows]
-        u = u - lr * x.T @ (x @ u - y) / len(step_rows)
-        if name == "fedmid":
-            u = np_prox(problem, u, lr)
-    return u
-
-
-def np_server(problem, name, w, mean, hp):
-    w = w + hp["server_lr"] * (mean - w)
-    return np_prox(problem, w, hp["server_lr"] * hp["client_lr"]) if name == "fedmid" else w
 
 
 def draws_of(steps, gen, clients, numel):

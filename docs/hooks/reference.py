@@ -12,8 +12,8 @@ What is read, and from where:
   minibatches it draws, and the module's docstring (the update rule, with the paper and its equations);
 - the recipe: the pydantic models of `SECTIONS` (each field's type, default and constraints; the rule a field
   validator enforces, read from the message it gives a value it refuses; the comment beside the field in the
-  source), `FEDERATION_PARAMS`, the transforms of `fedbench.transforms` (parameters, help, the module's docstring),
-  the tune space's distributions and samplers;
+  source), `FEDERATION_PARAMS`, the adversaries and robust rules of `fedbench.robust` and the transforms of
+  `fedbench.transforms` (parameters, help, the module's docstring), the tune space's distributions and samplers;
 - the CLI: the Typer app as Click sees it (every command, argument and option with its help and default);
 - the gallery's tables of shipped recipes: a page's `<!-- shipped-recipes: PREFIX -->` becomes the table of the
   recipes whose name starts with PREFIX, from their headers (`sweeps/shipped.py`, as `fedbench recipes`);
@@ -288,12 +288,27 @@ def recipe_page() -> str:
                       "hyperparameters (a list is a grid axis), or to nothing for the defaults; an entry may also "
                       "hold its own `problem:` and `federation:` overrides.", ""]
     lines += ["## `federation:`", "", "How rounds run; a list is a grid axis (generated from `FEDERATION_PARAMS`).",
-              "", *param_table(FEDERATION_PARAMS), "", *transforms_section(), "## `tune.space` distributions", "",
+              "", *param_table(FEDERATION_PARAMS), "", *robust_section(), *transforms_section(),
+              "## `tune.space` distributions", "",
               "Each entry of `tune.space` maps a parameter (bare name, `problem.X`, `federation.X` or "
               "`algorithms.ALGO.X`) to one distribution: " + ", ".join(map(code, DISTRIBUTIONS)) +
               ", e.g. `client_lr: {log_uniform: [1.0e-5, 1.0e-1]}`. `tune.sampler` is one of "
               + ", ".join(map(code, SAMPLERS)) + ".", ""]
     return "\n".join(lines) + "\n"
+
+
+def robust_section() -> list[str]:
+    """`federation.aggregation`'s robust rules and `federation.adversaries`: the adversaries' parameters, then the
+    module's docstring (each rule's and attack's paper, how the engine applies them)."""
+    from fedbench.robust import Adversaries
+
+    return ["## Robust aggregation and `federation.adversaries`", "",
+            "`aggregation: median | trimmed_mean | krum | multi_krum` puts a robust rule in place of the server's mean "
+            "(with `trim` β and `byzantine` f above); `adversaries` is a mapping of the parameters below (generated "
+            "from `fedbench.robust.Adversaries`), each a grid axis where it is a list, e.g. "
+            "`adversaries: {fraction: [0.1, 0.3], attack: sign_flip, scale: 10}` or "
+            "`--set federation.adversaries.attack=[sign_flip,gaussian]`.", "",
+            *param_table(Adversaries.params), "", module_doc(Adversaries), ""]
 
 
 def transforms_section() -> list[str]:

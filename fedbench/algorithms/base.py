@@ -241,6 +241,11 @@ class Algorithm:
     keeps: tuple[str, ...] = ()
     """Per-client state (entries of `init_clients`) that the default `client_init` adds to the local state from the
     clients' `rows` and the default `client_final` writes back. Default `()`: none."""
+    uploads_averaged: ClassVar[bool] = True
+    """True (the default): `server_update` takes each upload in only through a mean over the round's clients (with
+    `weights`, or uniform: SCAFFOLD's Σ_k Δc_k / N is (S/N) times one), so that a robust aggregation rule
+    (`federation.aggregation: median`, ..., `fedbench.robust`) may stand in for that mean. False where it uses the
+    clients' values one by one (FeDXL's pools of scores): robust rules are then refused."""
     replicated: ClassVar[tuple[str, ...]] = ()
     """Entries of the message beyond the uploads that every device computes itself after the round's all-reduce
     (participation "all": the block methods' w-block), handed to `server_update` and not counted as sent. Default

@@ -23,6 +23,7 @@ from fedbench import plugins, transforms
 from fedbench.algorithms import ALGORITHMS
 from fedbench.hparams import LIST_KINDS, Param, ParamError
 from fedbench.problems import PROBLEMS
+from fedbench.robust import Adversaries
 from fedbench.transforms import LINKS, Step
 from .grid import MAX_RUNS, Recipe, grid_points
 from .loading import (
@@ -101,10 +102,24 @@ def _check_params(source, path, declared, given: dict) -> dict[str, list[Any]]:
 
 def _check_federation(source: str, path: str, given: dict) -> dict[str, list[Any]]:
     """The federation's grid (a section at `path`): its parameters' values (a list is a grid axis), then the chains
-    each link's steps make (`_check_chain`)."""
+    each link's steps make (`_check_chain`) and the adversaries (`_check_adversaries`)."""
     given = dict(given)
-    chains = {link: _check_chain(source, f"{path}.{link}", link, given.pop(link)) for link in LINKS if link in given}
-    return {**_check_params(source, path, FEDERATION_PARAMS, given), **chains}
+    nested: dict[str, list[Any]] = {link: _check_chain(source, f"{path}.{link}", link, given.pop(link))
+                                    for link in LINKS if link in given}
+    if "adversaries" in given:
+        nested["adversaries"] = _check_adversaries(source, f"{path}.adversaries", given.pop("adversaries"))
+    return {**_check_params(source, path, FEDERATION_PARAMS, given), **nested}
+
+
+def _check_adversaries(source: str, path: str, spec: Any) -> list[Adversaries]:
+    """The adversaries a federation's `adversaries` mapping makes: one, or where a parameter is given a list (a grid
+    axis, `{fraction: [0.1, 0.2]}`), one for each point of the product of those lists; each value checked at its
+    field's path (`federation.adversaries.fraction[1]`)."""
+    if not isinstance(spec, dict):
+        raise RecipeError(source, path, f"found {in_words(spec)}, expected a mapping, e.g. {{fraction: 0.2, attack: "
+                          "sign_flip}")
+    grid = _check_params(source, path, Adversaries.params, spec)
+    return [Adversaries(**point) for point in grid_points(grid)]
 
 
 def _check_chain(source: str, path: str, link: str, spec: Any) -> list[tuple[Step, ...]]:
@@ -153,7 +168,7 @@ def nested_fields(raw: dict[str, Any]) -> dict[str, list[str]]:
     problem, algorithms = raw.get("problem"), raw.get("algorithms")
     if isinstance(problem, dict) and isinstance(problem.get("name"), str) and problem["name"] in PROBLEMS:
         add("problem", [p.name for p in PROBLEMS[problem["name"]].params])
-    add("federation", [p.name for p in FEDERATION_PARAMS] + list(LINKS))
+    add("federation", [p.name for p in FEDERATION_PARAMS] + list(LINKS) + ["adversaries"])
     for algorithm in algorithms if isinstance(algorithms, dict) else ():
         if isinstance(algorithm, str) and algorithm in ALGORITHMS:
             add(f"algorithms.{algorithm}", [p.name for p in ALGORITHMS[algorithm].hparams])

@@ -101,8 +101,11 @@ class Recipe:
             chosen[section] = {}
             for key, values in grid.items():
                 if f"{section}.{key}" not in fixed and len(values) != 1:
-                    chains = section == "federation" and key in LINKS  # a step's value picks one: uplink.0.top_k
-                    found, pick = ([chain_text(v) for v in values], f"{key}.N.NAME") if chains else (values, key)
+                    found, pick = values, key
+                    if section == "federation" and key in LINKS:  # a step's value picks one: uplink.0.top_k
+                        found, pick = [chain_text(v) for v in values], f"{key}.N.NAME"
+                    elif section == "federation" and key == "adversaries":
+                        found, pick = [str(v) for v in values], f"{key}.NAME"
                     raise RecipeError(self.source, f"{section}.{key}", f"found {len(values)} values {found}, "
                                       f"expected one for a single run; pick one with --set {section}.{pick}=VALUE")
                 chosen[section][key] = values[0]
@@ -158,13 +161,13 @@ class Recipe:
         except contract.IncompatibleError as err:
             raise RecipeError(self.source, f"algorithms.{trial.algorithm}", str(err), err.detail) from None
         try:
-            check_uploads(trial.federation, algorithm.uploads, trial.algorithm)
-        except ParamError as err:
-            raise RecipeError(self.source, self.field(trial.algorithm, "federation", err.name), err.message) from None
-        try:
             layout = problem.declared_layout(trial.problem_config, read_data)
         except ParamError as err:
             raise RecipeError(self.source, self.field(trial.algorithm, "problem", err.name), err.message) from None
+        try:
+            check_uploads(trial.federation, algorithm, layout.clients)
+        except ParamError as err:
+            raise RecipeError(self.source, self.field(trial.algorithm, "federation", err.name), err.message) from None
         _, batch_sizes = minibatch_sizes(algorithm.minibatches(hp), hp, trial.federation.batch_size)
         try:
             trial.federation.check(layout, batch_sizes)

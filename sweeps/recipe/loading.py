@@ -216,6 +216,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 def in_words(value: Any) -> str:
     """What a YAML value is, for a `found ...` (not Python's type names: a researcher wrote YAML)."""
+    if value is None:
+        return "nothing (null)"
     if isinstance(value, bool):
         return f"{str(value).lower()} (a boolean)"
     if isinstance(value, (int, float)):

@@ -87,4 +87,4 @@ def stable_hash(value: Any) -> str:
 # so that a grid over local_steps compares methods at equal work (the FeDXL paper's K ablation).
 FEDERATION_PARAMS = (*Federation.params, Param("iterations", "int", None, "instead of rounds: local iterations per "
                                                "client, rounds = iterations / local_steps", low=1))
-FEDERATION_NAMES = {p.name for p in FEDERATION_PARAMS} | set(LINKS)  # the chains: lists of transforms
+FEDERATION_NAMES = {p.name for p in FEDERATION_PARAMS} | {*LINKS, "adversaries"}  # and the chains, the adversaries
