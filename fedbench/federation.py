@@ -22,6 +22,16 @@ DIVERGENCE_FACTOR = 1e4
 
 @dataclass(frozen=True)
 class Federation:
+    """How a run's rounds go: `rounds`, `clients_per_round` S (0: every client), `local_steps` E, `batch_size` b and
+    the server's `aggregation` weights ("uniform": π̂_k = 1/S; "samples": π̂_k ∝ n_k over the sampled set), as a
+    recipe's `federation:` block sets them (each declared in `params`).
+
+    Example:
+        ```python
+        Federation(rounds=2000, clients_per_round=10, local_steps=10, batch_size=10)
+        ```
+    """
+
     rounds: int = 100
     clients_per_round: int = 10
     local_steps: int = 10

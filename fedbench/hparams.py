@@ -12,27 +12,56 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
 KINDS = ("float", "int", "bool", "choice", "floats", "ints", "str")
+"""The kinds of value a `Param` declares."""
 LIST_KINDS = ("floats", "ints")  # one value is a list (a grid over them is a list of lists)
 
 
 @dataclass(frozen=True)
 class Param:
+    """One parameter of an algorithm (`Algorithm.hparams`), a problem (`Problem.params`) or the federation: its
+    type, default, valid range, tuning scale and help. The recipe's validator, `--set`, `fedbench list`, the
+    reference pages and a `tune:` block's search space all read it; a declaration that could not check a value (an
+    unknown kind, a choice without choices, a default outside its own range) is refused where it is written.
+
+    An algorithm's round functions receive a float parameter as a per-run `[R, 1, 1]` tensor (`hp.client_lr`), every
+    other kind as its plain Python value, the same for every run of a program (`HParams`).
+
+    Example:
+        ```python
+        Param("beta", "float", 0.9, "server momentum", low=0, high=1, high_open=True)    # β ∈ [0, 1)
+        Param("control", "choice", "II", "client control update", choices=("I", "II"))
+        Param("data_seed", "int", None, "seed of the data (null: the trial's seed)", low=0, nullable=True)
+        ```
+    """
+
     name: str
-    kind: str  # one of KINDS; "floats"/"ints" a non-empty list of floats/integers (a per-stage schedule, a set of
-    # class labels), each element in the range; "str" any text (a path)
+    """The name a recipe sets it by (`algorithms.fedavg.client_lr`) and `hp` holds it under."""
+    kind: str
+    """One of `KINDS`: "float", "int", "bool", "choice", "str" (any text, e.g. a path), or "floats"/"ints", a
+    non-empty list of floats/integers (a per-stage schedule, a set of class labels), each element in the range."""
     default: Any
+    """The value a recipe that does not set it gets (None only where `nullable`)."""
     help: str
-    low: float | None = None  # inclusive unless low_open
-    high: float | None = None  # inclusive unless high_open
+    """What it is, in one line (shown by `fedbench list` and on the reference pages)."""
+    low: float | None = None
+    """The lower bound of a number's range, inclusive unless `low_open` (None: unbounded)."""
+    high: float | None = None
+    """The upper bound, inclusive unless `high_open` (None: unbounded)."""
     low_open: bool = False
+    """Whether `low` itself is refused."""
     high_open: bool = False
-    log: bool = False  # tune on a log scale
+    """Whether `high` itself is refused."""
+    log: bool = False
+    """Whether to tune it on a log scale."""
     choices: tuple[Any, ...] = ()
-    nullable: bool = False  # None is a valid value (e.g. "derive from the trial seed")
-    infinite: bool = False  # +inf is a valid value (e.g. "no ball")
-    # display names of a choice's values as the papers write them, (value, name) pairs: how a report names a
-    # configuration that differs in this choice (Per-FedAvg's variant hf: "Per-FedAvg (HF)")
+    """The values a "choice" may take."""
+    nullable: bool = False
+    """Whether None is a valid value (e.g. "derive from the trial seed")."""
+    infinite: bool = False
+    """Whether +inf is a valid value of a float (e.g. "no ball")."""
     labels: tuple[tuple[str, str], ...] = ()
+    """Display names of a choice's values as the papers write them, (value, name) pairs: how a report names a
+    configuration that differs in this choice (Per-FedAvg's variant hf: "Per-FedAvg (HF)")."""
 
     def __post_init__(self) -> None:
         """A declaration that could not check a value is refused where it is written (a plugin's misspelled kind
@@ -56,6 +85,7 @@ class Param:
         return dict(self.labels).get(value)
 
     def describe_range(self) -> str:
+        """The valid values in words, as messages and tables show them: `[0, 1)`, `I | II`, `true | false`."""
         if self.kind == "choice":
             return " | ".join(map(str, self.choices))
         if self.kind == "bool":

@@ -36,7 +36,15 @@ class Simulation:
     """One run's record: its problem, algorithm configuration, federation and streams, its state (without the run
     axis: server entries as `init_server` makes them, per-client `[N, ...]`), counters and status. Iterating runs
     it to `federation.rounds` or divergence (a non-finite metric, or an objective above `divergence_factor` times
-    its value at the start; the partial curve is kept either way) as a program of one run (`fedbench.runs`)."""
+    its value at the start; the partial curve is kept either way) as a program of one run (`fedbench.runs`).
+
+    Example:
+        ```python
+        sim = Simulation(problem, FedMiD(problem, client_lr=1e-3), Federation(2000, 10, 10, 10), seed=0)
+        rows = list(sim)                  # {'round': r, metric: value, ..., 'comm_up': ...} every eval_every rounds
+        sim.status, sim.algorithm.global_params(sim.server)
+        ```
+    """
 
     def __init__(self, problem: Problem, algorithm: Algorithm, federation: Federation, seed: int,
                  eval_every: int = 10, divergence_factor: float = DIVERGENCE_FACTOR):
@@ -53,8 +61,11 @@ class Simulation:
         self.link_streams = {link: generator(seed, link) for link in LINKS if draws(getattr(federation, link))}
         w0 = problem.init_params(generator(seed, "init"))
         self.server = algorithm.init_server(w0)
+        """The run's server state, entries as `init_server` makes them (no run or client axis)."""
         self.clients = algorithm.init_clients(w0, problem.num_clients)
+        """The run's per-client state, entries `[N, ...]`."""
         self.rounds_done = 0
+        """Rounds the run has taken."""
         self.iterations = 0  # local iterations per client so far
         self.comm_up = 0
         self.comm_down = 0
@@ -63,6 +74,7 @@ class Simulation:
         self.train_seconds = 0.0
         self.eval_seconds = 0.0
         self.status = "running"
+        """"running", then "finished" or "diverged"."""
         self.metric_names: list[str] = []
         self._program: RoundProgram | None = None  # `run_round`'s
 
@@ -95,6 +107,7 @@ class Simulation:
                 **{name: getattr(self, name) for name in self.RECORD}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The run as `state_dict` recorded it: its state, streams and counters."""
         self.server, self.clients = state["server"], state["clients"]
         for name, gen in self.streams().items():
             gen.set_state(state["streams"][name].cpu())  # the generators live on the CPU (`fedbench.rng`)
@@ -137,20 +150,39 @@ class Simulation:
 
 @dataclass
 class Result:
+    """A finished run (`simulate`, `fedbench.run`)."""
+
     rows: list[dict[str, float]]
+    """Its metrics rows, at round 0, every `eval_every` rounds and at the last: `round`, the problem's metrics,
+    `comm_up`, `comm_down`, `iterations`."""
     status: str
+    """"finished", or "diverged" (the rows stop where it did)."""
     params: Tensor
+    """The final global model `[d]` (`Algorithm.global_params`)."""
     personal: Tensor | None
+    """The final per-client models `[N, d]` of a personalized algorithm, else None."""
     train_seconds: float
+    """Seconds spent in rounds."""
     eval_seconds: float
+    """Seconds spent evaluating."""
 
     @property
     def final(self) -> dict[str, float]:
+        """The last row."""
         return self.rows[-1]
 
 
 def simulate(problem: Problem, algorithm: Algorithm, federation: Federation, seed: int = 0,
              eval_every: int = 10, divergence_factor: float = DIVERGENCE_FACTOR) -> Result:
+    """One run of `algorithm` (a configured instance) on `problem` with `federation`, its random streams from
+    `seed`, evaluated every `eval_every` rounds, ended early where it diverges (a non-finite metric, or an
+    objective above `divergence_factor` times its start).
+
+    Example:
+        ```python
+        result = simulate(problem, FedMiD(problem, client_lr=1e-3), Federation(rounds=2000), seed=0)
+        ```
+    """
     sim = Simulation(problem, algorithm, federation, seed, eval_every, divergence_factor)
     rows = list(sim)
     return Result(rows, sim.status, algorithm.global_params(sim.server),

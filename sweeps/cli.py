@@ -571,9 +571,11 @@ def report(
     recipe = load_recipe(recipe_path, sets, with_plugins=with_plugins) if recipe_path is not None else None
     try:
         result = make_report(tracking_uri, recipe=recipe, experiment=experiment, run_id=run_id, out=out,
-                             x=x.value if x else None)
+                             x=x.value if x else None, overridden=bool(sets))
     except (ReportError, RecipeError) as err:
         fail(str(err), getattr(err, "detail", ""))
+    if recipe is not None and result.source.recipe is not recipe:  # the sweep made with --set it stands for
+        say(f"reporting {result.source.description}")
     show_report(result)
 
 

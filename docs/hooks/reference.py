@@ -18,7 +18,10 @@ What is read, and from where:
 - the gallery's tables of shipped recipes: a page's `<!-- shipped-recipes: PREFIX -->` becomes the table of the
   recipes whose name starts with PREFIX, from their headers (`sweeps/shipped.py`, as `fedbench recipes`);
 - the gallery's deviations: a page's `<!-- deviations: PAPER -->` becomes the list of the paper claims fedbench
-  does not reproduce, as declared once in `sweeps/deviations.py` (which the paper-size tests check).
+  does not reproduce, as declared once in `sweeps/deviations.py` (which the paper-size tests check);
+- the Python API (`API_PAGES`): a page per topic whose text is the docstrings of the modules, classes, methods and
+  attributes it names, rendered by mkdocstrings; a name it shows without a docstring fails the build
+  (`undocumented`), since mkdocstrings would leave it out silently.
 
 Only built-in components are documented (plugins are not discovered): `fedbench list` shows a user's own.
 The hook adds the pages to the nav itself (`on_config`), so mkdocs.yml names only the reference's index.
@@ -26,13 +29,18 @@ The hook adds the pages to the nav itself (`on_config`), so mkdocs.yml names onl
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 import re
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from mkdocs.structure.files import File, Files
 
 REFERENCE = "reference"
+ROOT = Path(__file__).resolve().parents[2]  # the repository, where mkdocs.yml points mkdocstrings (`paths: [.]`)
+log = logging.getLogger("mkdocs.hooks.reference")  # a warning fails the strict build
 
 # -- values as a recipe writes them ---------------------------------------------------------------------------
 
@@ -361,6 +369,107 @@ def _context(group, command=None):
     return parent if command is None else command.context_class(command, parent=parent, info_name=command.name)
 
 
+# -- the Python API ---------------------------------------------------------------------------------------------
+
+EVERY = None  # an object's members on its page: every public one (no leading underscore)
+
+
+@dataclass(frozen=True)
+class ApiPage:
+    """One page of the Python API: its title, what it covers (the index's table), the module whose docstring opens
+    it, and the objects it documents in order (dotted paths), each with the members it shows: `EVERY` public member
+    of a class, or those named (none: `()`, for a dataclass whose docstring says its fields)."""
+    title: str
+    summary: str
+    module: str
+    objects: dict[str, tuple[str, ...] | None]
+
+
+BASE = "fedbench.algorithms.base"
+API_PAGES = {
+    "algorithm": ApiPage(
+        "Algorithm interface", "`Algorithm` and its hooks, with the shapes they take and give; `Round`, `Upload`, "
+        "the hyperparameters `hp` and the helpers of a round's maths", BASE,
+        {f"{BASE}.Algorithm": EVERY, f"{BASE}.Round": EVERY, "fedbench.hparams.HParams": (), f"{BASE}.Upload": (),
+         f"{BASE}.MODEL": (), f"{BASE}.State": (), f"{BASE}.CLIENT_LR": (), f"{BASE}.SERVER_LR": (),
+         f"{BASE}.H_MODE": (), f"{BASE}.broadcast": (), f"{BASE}.aggregate": (), f"{BASE}.composite_step": (),
+         f"{BASE}.coin_flips_to_success": (), f"{BASE}.per_client_copies": (), f"{BASE}.upload_floats": (),
+         f"{BASE}.ScheduleError": (), f"{BASE}.MessageError": ()}),
+    "problem": ApiPage(
+        "Problem interface", "`Problem`: its data layout, `gather`, the loss and its full-data oracles, metrics, "
+        "capabilities (`provides`) and config hooks; `Layout`", "fedbench.problems.base",
+        {"fedbench.problems.base.Problem": EVERY, "fedbench.problems.base.Layout": ()}),
+    "oracles": ApiPage(
+        "Oracles", "what a local step's `batches` hold: `Oracle` (`loss`, `grad`, `hvp`), `Batches`, `Minibatch`, "
+        "and the lifting of full-data oracles over runs", "fedbench.oracle",
+        {"fedbench.oracle.Oracle": EVERY, "fedbench.oracle.Batches": (), "fedbench.oracle.Minibatch": (),
+         "fedbench.oracle.RunAxisOracle": EVERY, "fedbench.oracle.over_runs": ()}),
+    "parameters": ApiPage(
+        "Parameters and metrics", "`Param` (type, default, range, help), `Metric` (label, direction) and the "
+        "errors a declaration or a value gets", "fedbench.hparams",
+        {"fedbench.hparams.Param": EVERY, "fedbench.hparams.KINDS": (), "fedbench.hparams.ParamError": (),
+         "fedbench.hparams.resolve": (), "fedbench.metrics.Metric": EVERY, "fedbench.contract.CAPABILITIES": (),
+         "fedbench.contract.IncompatibleError": ()}),
+    "running": ApiPage(
+        "Running", "`fedbench.run`, `make_problem`, `make_algorithm`, `simulate`, runs of several seeds as one "
+        "program, `Result`, `Federation`, saved models", "fedbench",
+        {"fedbench.run": (), "fedbench.problems.make_problem": (), "fedbench.make_algorithm": (),
+         "fedbench.simulate.simulate": (), "fedbench.simulate.run_seeds": (), "fedbench.simulate.run_batch": (),
+         "fedbench.simulate.Result": EVERY, "fedbench.federation.Federation": ("check",),
+         "fedbench.simulate.Simulation": ("server", "clients", "status", "rounds_done", "run_round", "streams",
+                                          "state_dict", "load_state_dict"),
+         "fedbench.saved.load_model": (), "fedbench.algorithms.ALGORITHMS": (), "fedbench.problems.PROBLEMS": ()}),
+    "plugins": ApiPage(
+        "Plugin loader", "registering your own algorithms and problems from a file, a module or an installed "
+        "package's entry points", "fedbench.plugins",
+        {"fedbench.plugins.load": (), "fedbench.plugins.discover": (), "fedbench.plugins.register": (),
+         "fedbench.plugins.ensure": (), "fedbench.plugins.origin": (), "fedbench.plugins.sources": (),
+         "fedbench.plugins.broken": (), "fedbench.plugins.Source": (), "fedbench.plugins.PluginError": (),
+         "fedbench.plugins.GROUPS": (), "fedbench.plugins.REQUIRED": (), "fedbench.plugins.ORIGINS": ()}),
+}
+
+
+def api_page(page: ApiPage) -> str:
+    """The page's Markdown: its title, the module's docstring, then an mkdocstrings block per object."""
+    lines = [f"# {page.title}", "", f"::: {page.module}", "    options:", "      members: false",
+             "      show_root_heading: false", "      show_root_toc_entry: false", ""]
+    for path, members in page.objects.items():
+        lines.append(f"::: {path}")
+        if members is not EVERY:
+            lines += ["    options:", f"      members: {list(members) if members else 'false'}"]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def load_api():
+    """The `fedbench` package as mkdocstrings reads it: griffe's static view of the repository's sources."""
+    import griffe
+
+    return griffe.load("fedbench", search_paths=[str(ROOT)])
+
+
+def documented(page: ApiPage, package) -> list:
+    """The griffe objects `page` shows: its module, each object, and each object's members as the page lists them
+    (`EVERY` public one: without a leading underscore, defined in the class itself)."""
+    def find(path: str):
+        return package if path == package.path else package[path.removeprefix(package.path + ".")]
+
+    shown = [find(page.module)]
+    for path, members in page.objects.items():
+        obj = find(path)
+        shown.append(obj)
+        if members is EVERY:
+            shown += [m for name, m in obj.members.items() if not name.startswith("_") and not m.is_alias]
+        else:
+            shown += [obj.members[name] for name in members]
+    return shown
+
+
+def undocumented(objects) -> list[str]:
+    """The paths of the objects without a docstring (or with an empty one)."""
+    return [obj.path for obj in objects if not (obj.docstring and obj.docstring.value.strip())]
+
+
 # -- the index and the site -------------------------------------------------------------------------------------
 
 
@@ -385,6 +494,9 @@ def index_page() -> str:
               "(`fedbench.contract.CAPABILITIES`); an impossible pairing is refused before anything runs.", "",
               "| capability | meaning |", "|---|---|"]
     lines += [f"| {code(n)} | {cell(m)} |" for n, m in CAPABILITIES.items()]
+    lines += ["", "## Python API", "", "The interfaces your own algorithms and problems are written against, and "
+              "running from Python, generated from the docstrings.", "", "| page | what it documents |", "|---|---|"]
+    lines += [f"| [{page.title}](api/{slug}.md) | {cell(page.summary)} |" for slug, page in API_PAGES.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -397,6 +509,7 @@ def pages() -> dict[str, str]:
            f"{REFERENCE}/cli.md": cli_page()}
     out.update({f"{REFERENCE}/problems/{n}.md": problem_page(n, c) for n, c in PROBLEMS.items()})
     out.update({f"{REFERENCE}/algorithms/{n}.md": algorithm_page(n, c) for n, c in ALGORITHMS.items()})
+    out.update({f"{REFERENCE}/api/{slug}.md": api_page(page) for slug, page in API_PAGES.items()})
     return out
 
 
@@ -407,7 +520,8 @@ def reference_nav() -> list:
     return [f"{REFERENCE}/index.md", {"Recipe schema": f"{REFERENCE}/recipe.md"},
             {"Command line": f"{REFERENCE}/cli.md"},
             {"Problems": [{n: f"{REFERENCE}/problems/{n}.md"} for n in PROBLEMS]},
-            {"Algorithms": [{n: f"{REFERENCE}/algorithms/{n}.md"} for n in ALGORITHMS]}]
+            {"Algorithms": [{n: f"{REFERENCE}/algorithms/{n}.md"} for n in ALGORITHMS]},
+            {"Python API": [{page.title: f"{REFERENCE}/api/{slug}.md"} for slug, page in API_PAGES.items()]}]
 
 
 def on_config(config):
@@ -421,6 +535,10 @@ def on_config(config):
 def on_files(files: Files, config) -> Files:
     for path, content in pages().items():
         files.append(File.generated(config, path, content=content))
+    package = load_api()
+    for slug, page in API_PAGES.items():
+        for path in undocumented(documented(page, package)):
+            log.warning(f"reference/api/{slug}.md: {path} has no docstring (mkdocstrings would leave it out)")
     return files
 
 

@@ -15,6 +15,8 @@ from fedbench.problems.pfl import PFLImages, PFLSynthetic
 
 PROBLEMS: dict[str, type[Problem]] = {cls.name: cls for cls in (Lasso, LowRank, EMNIST, PartialAUC, Digits,
                                                                   PFLSynthetic, PFLImages, ABUsers)}
+"""Every registered problem class by name: the built-in ones, and the plugins registered in this process
+(`fedbench.plugins`)."""
 
 
 def metric_catalog() -> dict[str, Metric]:
@@ -30,6 +32,15 @@ def metric_catalog() -> dict[str, Metric]:
 
 
 def make_problem(name: str, seed: int = 0, device: str = "cpu", **config: Any) -> Problem:
+    """The registered problem `name` built with its parameters `config` (by name; a `preset` among them; the others
+    at their defaults, every value checked: `Problem.resolve_config`), the trial `seed` and the `device`.
+
+    Example:
+        ```python
+        problem = fedbench.make_problem("lasso", seed=0, clients=32)
+        problem.num_clients, problem.dim                              # 32, ...
+        ```
+    """
     cls = PROBLEMS[name]
     return cls(cls.resolve_config(config), seed=seed, device=device)
 
