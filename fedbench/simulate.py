@@ -27,6 +27,7 @@ from fedbench.algorithms import ALGORITHMS
 from fedbench.algorithms.base import Algorithm
 from fedbench.federation import DIVERGENCE_FACTOR, Federation, RoundSampler, aggregation_weights, minibatch_sizes
 from fedbench.links import check_uploads
+from fedbench.privacy import EPSILON, Accountant, Mechanism
 from fedbench.problems.base import Problem
 from fedbench.rng import generator
 from fedbench.robust import adversarial_clients
@@ -38,7 +39,9 @@ class Simulation:
     """One run's record: its problem, algorithm configuration, federation and streams, its state (without the run
     axis: server entries as `init_server` makes them, per-client `[N, ...]`), counters and status. Iterating runs
     it to `federation.rounds` or divergence (a non-finite metric, or an objective above `divergence_factor` times
-    its value at the start; the partial curve is kept either way) as a program of one run (`fedbench.runs`).
+    its value at the start; the partial curve is kept either way) as a program of one run (`fedbench.runs`). With
+    `delta`, a run whose uplink adds DP-FedAvg's noise (a `gaussian` step) has in each row its `epsilon`: ε at δ
+    after the row's rounds (`fedbench.privacy`).
 
     Example:
         ```python
@@ -49,12 +52,16 @@ class Simulation:
     """
 
     def __init__(self, problem: Problem, algorithm: Algorithm, federation: Federation, seed: int,
-                 eval_every: int = 10, divergence_factor: float = DIVERGENCE_FACTOR):
+                 eval_every: int = 10, divergence_factor: float = DIVERGENCE_FACTOR, delta: float | None = None):
         minibatches = algorithm.minibatches(algorithm.hp)
         sizes, fields = minibatch_sizes(minibatches, algorithm.hp, federation.batch_size)
         federation.check(problem.layout(), fields)
         check_uploads(federation, algorithm, problem.num_clients)
         self.problem, self.algorithm, self.federation = problem, algorithm, federation
+        self.accountant = (None if delta is None else
+                           Accountant(Mechanism.of(federation, algorithm, problem.num_clients), delta))
+        """With `delta` (a gaussian uplink step's run), each row's `epsilon`: ε at δ after the row's rounds
+        (`fedbench.privacy`); else None."""
         self.eval_every = max(1, int(eval_every))
         self.divergence_factor = divergence_factor
         self.start_objective: float | None = None
@@ -158,9 +165,12 @@ class Simulation:
             metrics = dict.fromkeys(self.metric_names, math.nan)
         else:
             self.metric_names = list(metrics)
-        return {"round": self.rounds_done, **metrics, "comm_up": float(self.comm_up),
-                "comm_down": float(self.comm_down), "iterations": float(self.iterations),
-                "comm_up_bits": float(self.comm_up_bits), "comm_down_bits": float(self.comm_down_bits)}
+        row = {"round": self.rounds_done, **metrics, "comm_up": float(self.comm_up),
+               "comm_down": float(self.comm_down), "iterations": float(self.iterations),
+               "comm_up_bits": float(self.comm_up_bits), "comm_down_bits": float(self.comm_down_bits)}
+        if self.accountant is not None:
+            row[EPSILON] = self.accountant.epsilon(self.rounds_done)
+        return row
 
 
 @dataclass
@@ -169,7 +179,7 @@ class Result:
 
     rows: list[dict[str, float]]
     """Its metrics rows, at round 0, every `eval_every` rounds and at the last: `round`, the problem's metrics,
-    `comm_up`, `comm_down`, `iterations`."""
+    `comm_up`, `comm_down`, `iterations` (and `epsilon`, ε at the run's δ, where its uplink is accounted)."""
     status: str
     """"finished", or "diverged" (the rows stop where it did)."""
     params: Tensor
@@ -188,17 +198,18 @@ class Result:
 
 
 def simulate(problem: Problem, algorithm: Algorithm, federation: Federation, seed: int = 0,
-             eval_every: int = 10, divergence_factor: float = DIVERGENCE_FACTOR) -> Result:
+             eval_every: int = 10, divergence_factor: float = DIVERGENCE_FACTOR, delta: float | None = None) -> Result:
     """One run of `algorithm` (a configured instance) on `problem` with `federation`, its random streams from
     `seed`, evaluated every `eval_every` rounds, ended early where it diverges (a non-finite metric, or an
-    objective above `divergence_factor` times its start).
+    objective above `divergence_factor` times its start); with `delta`, the rows of a federation whose uplink adds
+    DP-FedAvg's noise carry `epsilon`, ε at that δ (`fedbench.privacy`).
 
     Example:
         ```python
         result = simulate(problem, FedMiD(problem, client_lr=1e-3), Federation(rounds=2000), seed=0)
         ```
     """
-    sim = Simulation(problem, algorithm, federation, seed, eval_every, divergence_factor)
+    sim = Simulation(problem, algorithm, federation, seed, eval_every, divergence_factor, delta)
     rows = list(sim)
     return Result(rows, sim.status, algorithm.global_params(sim.server),
                   algorithm.personal_params(sim.server, sim.clients), sim.train_seconds, sim.eval_seconds)

@@ -36,7 +36,9 @@ per client and per upload (a clip bounds each upload's norm on its own):
 * `gaussian` sigma: the last step, after a clip (whose C it takes), with uniform aggregation: y = x + z with one
   z ~ N(0, (σC/S)² I) a run, upload and round, the same for all S clients of the run, so that the server's mean with
   weights 1/S gains exactly z: DP-FedAvg's noise on the average (McMahan et al. 2018, Algorithm 1: σ = zS/(qW), with
-  weights w_k = 1 and qW = S; their z is this σ, their S this C).
+  weights w_k = 1 and qW = S; their z is this σ, their S this C). Its privacy loss ε at a δ, in every row of a run
+  given one: `fedbench.privacy`, which requires the steps between the clip and the noise to keep the clipped norm
+  (`shortens`: top_k, sign).
 
 Downlink. Each download goes through a compressor (`top_k` or `qsgd`) as a difference to what the clients last
 received: the server keeps a copy ŵ of its last broadcast per run (ŵ = the initial state at the start, which every
@@ -86,6 +88,9 @@ class Transform:
     on_downlink: ClassVar[bool] = False  # allowed on the downlink
     random = False  # draws each round (`draw`)
     keeps = False  # holds a vector `[d]` per client from one of its rounds to the next
+    # ‖y‖₂ ≤ ‖x‖₂ whatever x: after a clip, the clip's bound C still holds (what DP-FedAvg's noise is calibrated on,
+    # `fedbench.privacy`)
+    shortens: ClassVar[bool] = False
 
     def __init__(self, **values: Any):
         for param in self.params:
@@ -139,6 +144,7 @@ class TopK(Compressor):
     help = "the K = max(1, round(k·d)) coordinates of largest magnitude (biased); K·(b + ⌈log₂ d⌉) bits"
     params = (FRACTION,)
     on_downlink = True
+    shortens = True  # a subset of x's coordinates
     k: float
 
     def compress(self, x, drawn):
@@ -194,6 +200,7 @@ class QSGD(Compressor):
 class Sign(Compressor):
     name = "sign"
     help = "(‖x‖₁/d)·sign(x), the scaled sign; d + b bits"
+    shortens = True  # its norm is ‖x‖₁/√d ≤ ‖x‖₂ (Cauchy–Schwarz)
 
     def compress(self, x, drawn):
         return x.abs().mean(-1, keepdim=True) * x.sign()
@@ -235,6 +242,7 @@ class Clip(Transform):
     name = "clip"
     help = "scales each client's upload to ℓ2 norm at most C = norm"
     params = (Param("norm", "float", 1.0, "the bound C on each client's ℓ2 norm", low=0, low_open=True, log=True),)
+    shortens = True
     norm: float
 
     def apply(self, x, kept, drawn):

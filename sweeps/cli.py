@@ -652,7 +652,8 @@ def validate(
 def list_components(with_plugins: Optional[List[str]] = WithOption) -> None:
     """Problems and algorithms, with each parameter's type, default and valid range, and where each came from:
     built in, or a plugin (installed packages' entry points, and those given with --with); then the federation's
-    parameters, its adversaries' and the transforms its uplink and downlink may chain."""
+    parameters, its adversaries' and the transforms its uplink and downlink may chain, and the privacy accounting of
+    the uplink's noise."""
     from fedbench import plugins
     from fedbench.algorithms import ALGORITHMS
     from fedbench.problems import PROBLEMS
@@ -682,6 +683,9 @@ def list_components(with_plugins: Optional[List[str]] = WithOption) -> None:
         title = f"transform [bold]{name}[/] ({'uplink and downlink' if transform.on_downlink else 'uplink'})"
         console.print(param_table(title, transform.params) if transform.params else f"{title}, no parameters")
         console.print(f"  {transform.help}", highlight=False)
+    console.print("privacy: {delta: δ} at a recipe's top level, required with a gaussian step: each row's epsilon is "
+                  "ε at δ, user-level (one client's data replaced), S of N clients drawn without replacement a round, "
+                  "by dp-accounting's RDP accountant", highlight=False)
     from fedbench.contract import CAPABILITIES
 
     for (title, name), why in sorted(plugins.broken_entry_points().items()):

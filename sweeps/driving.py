@@ -37,7 +37,8 @@ def build_simulation(trial: Trial, device: str | None = None, problem=None) -> S
         problem = PROBLEMS[trial.problem](trial.problem_config, seed=trial.seed,
                                           device=resolve_device(device or trial.device))
     algorithm = ALGORITHMS[trial.algorithm](problem, **trial.hyperparameters)
-    return Simulation(problem, algorithm, trial.federation, trial.seed, trial.eval_every, trial.divergence_factor)
+    return Simulation(problem, algorithm, trial.federation, trial.seed, trial.eval_every, trial.divergence_factor,
+                      trial.delta)
 
 
 def build_batch(trials: list[Trial], device: str | None = None) -> list[Simulation]:

@@ -184,7 +184,8 @@ API_NAMES = {"algorithm": ["Algorithm.client_step", "Algorithm.client_final", "A
              "problem": ["Problem.gather", "Problem.minibatch_loss", "Problem.client_loss", "Problem.provides"],
              "oracles": ["Oracle.grad", "Batches", "Minibatch"],
              "parameters": ["Param", "Param.kind", "Metric.direction"],
-             "running": ["run", "simulate", "Result.final"],
+             "running": ["run", "simulate", "Result.final", "Simulation.accountant"],
+             "privacy": ["Accountant.epsilon", "Mechanism.of", "Mechanism.event"],
              "plugins": ["load", "discover", "PluginError"]}
 
 

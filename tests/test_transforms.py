@@ -431,8 +431,8 @@ def test_a_steps_values_are_grid_axes_and_set_reaches_inside_the_chain(recipe):
     assert ("clip(norm=2.0) → top_k(k=0.05) → error_feedback(kind=ef21)", "qsgd(levels=4)") in chains
     params = grid.trials()[0].params()
     assert params["federation.uplink"] == "clip(norm=2.0) → top_k(k=0.01) → error_feedback(kind=ef21)"
-    added = load(recipe, ["federation.uplink.3={gaussian: 0.5}"]).trials()[0]  # the index past the end adds a step
-    assert added.config()["federation"]["uplink"].endswith("error_feedback(kind=ef21) → gaussian(sigma=0.5)")
+    added = load(recipe, ["federation.uplink.3={clip: 0.5}"]).trials()[0]  # the index past the end adds a step
+    assert added.config()["federation"]["uplink"].endswith("error_feedback(kind=ef21) → clip(norm=0.5)")
     result = invoke("run", recipe, "--set", "federation.uplink.1.top_k=[0.01,0.05]", "--no-track")
     assert result.exit_code == 2 and "federation.uplink: found 2 values" in result.output
     assert "--set federation.uplink.N.NAME=VALUE" in result.output

@@ -431,9 +431,14 @@ API_PAGES = {
         {"fedbench.run": (), "fedbench.problems.make_problem": (), "fedbench.make_algorithm": (),
          "fedbench.simulate.simulate": (), "fedbench.simulate.run_seeds": (), "fedbench.simulate.run_batch": (),
          "fedbench.simulate.Result": EVERY, "fedbench.federation.Federation": ("check",),
-         "fedbench.simulate.Simulation": ("server", "clients", "status", "rounds_done", "run_round", "streams",
-                                          "state_dict", "load_state_dict"),
+         "fedbench.simulate.Simulation": ("server", "clients", "status", "rounds_done", "accountant", "run_round",
+                                          "streams", "state_dict", "load_state_dict"),
          "fedbench.saved.load_model": (), "fedbench.algorithms.ALGORITHMS": (), "fedbench.problems.PROBLEMS": ()}),
+    "privacy": ApiPage(
+        "Privacy accounting", "ε of DP-FedAvg's Gaussian uplink at a δ: the mechanism the engine runs (sampling, "
+        "adjacency, sensitivity) and dp-accounting's RDP accountant", "fedbench.privacy",
+        {"fedbench.privacy.Accountant": ("epsilon",), "fedbench.privacy.Mechanism": ("of", "noise_multiplier", "event"),
+         "fedbench.privacy.check": (), "fedbench.privacy.epsilon_metric": ()}),
     "plugins": ApiPage(
         "Plugin loader", "registering your own algorithms and problems from a file, a module or an installed "
         "package's entry points", "fedbench.plugins",

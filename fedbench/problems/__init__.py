@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from fedbench.metrics import ENGINE_COLUMNS, Metric
+from fedbench.privacy import epsilon_metric
 from fedbench.problems.ab_users import ABUsers
 from fedbench.problems.base import Problem
 from fedbench.problems.digits import Digits
@@ -21,8 +22,9 @@ PROBLEMS: dict[str, type[Problem]] = {cls.name: cls for cls in (Lasso, LowRank, 
 
 def metric_catalog() -> dict[str, Metric]:
     """Every metric any shipped problem declares (with every preset, personal ones included), and the engine's
-    columns, by name: how to label and rank a stored metric when its recipe is not at hand."""
-    catalog: dict[str, Metric] = {}
+    columns (`epsilon` without its δ, which the recipe gives), by name: how to label and rank a stored metric when
+    its recipe is not at hand."""
+    catalog: dict[str, Metric] = {epsilon_metric().name: epsilon_metric()}
     for cls in PROBLEMS.values():
         for preset in cls.presets:
             for metric in (*cls.declared_metrics(cls.resolve_config({"preset": preset}), personal=True),

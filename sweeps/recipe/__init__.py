@@ -222,7 +222,8 @@ def parse(raw: dict[str, Any], source: str) -> Recipe:
     recipe = Recipe(source, name, problem_name, problem_grid, federation_grid, algorithms, model.seeds,
                     model.eval_every, model.device, model.divergence_factor, model.resources, model.tune, raw,
                     dimensions, model.report or ReportSpec(), overrides, checkpoints=model.checkpoints,
-                    max_runs=model.max_runs, models_every=model.tracking.models_every)
+                    max_runs=model.max_runs, models_every=model.tracking.models_every,
+                    delta=model.privacy.delta if model.privacy else None)
     runs = recipe.runs()  # counted, not built: a grid of millions is refused before it takes minutes and GBs
     if runs > MAX_RUNS:
         seeds = len(recipe.seeds)
@@ -230,7 +231,11 @@ def parse(raw: dict[str, Any], source: str) -> Recipe:
                           f"at most {MAX_RUNS}")
     # Every grid point must make a valid trial (e.g. clients_per_round <= clients); their declared metrics are what
     # the tune and report blocks may name.
-    declared = metrics_of(recipe.trials())
+    trials = recipe.trials()
+    if recipe.delta is not None and all(trial.delta is None for trial in trials):
+        raise RecipeError(source, "privacy", "found no run with DP-FedAvg's noise, expected a gaussian step (after a "
+                          "clip) in federation.uplink")
+    declared = metrics_of(trials)
     check_metrics(recipe, list(declared))
     default_modes(recipe, declared)
     return recipe

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Optional
 
-from fedbench import contract, plugins
+from fedbench import contract, plugins, privacy
 from fedbench.algorithms import ALGORITHMS
 from fedbench.federation import Federation, minibatch_sizes
 from fedbench.hparams import ParamError, resolve
@@ -53,6 +53,7 @@ class Recipe:
     checkpoints: Checkpoints = field(default_factory=Checkpoints)
     max_runs: int = 2000  # the most runs `fedbench sweep` starts without --yes
     models_every: int = 0  # `tracking.models_every`: a run's model stored every this many rounds (0: the final only)
+    delta: Optional[float] = None  # `privacy.delta`: the δ of the rows' ε in runs with DP-FedAvg's noise
 
     @property
     def recipe_hash(self) -> str:
@@ -132,11 +133,12 @@ class Recipe:
                 raise RecipeError(self.source, "federation.iterations", f"found {iterations} with local_steps "
                                   f"{steps}; expected a multiple of local_steps")
             federation_values["rounds"] = iterations // steps
+        federation = Federation(**federation_values)
         trial = Trial(self.name, self.problem, PROBLEMS[self.problem].resolve_config(problem_values), algorithm,
-                      resolve(ALGORITHMS[algorithm].hparams, hyperparameters, algorithm),
-                      Federation(**federation_values), seed, self.eval_every, self.device, self.divergence_factor,
+                      resolve(ALGORITHMS[algorithm].hparams, hyperparameters, algorithm), federation, seed,
+                      self.eval_every, self.device, self.divergence_factor,
                       plugins.sources("problem", self.problem) + plugins.sources("algorithm", algorithm),
-                      self.models_every)
+                      self.models_every, self.delta if privacy.gaussian_step(federation.uplink) is not None else None)
         self.check(trial)
         return trial
 
@@ -175,6 +177,22 @@ class Recipe:
             path = (self.field(trial.algorithm, "federation", err.name) if err.name.split(".")[0] in FEDERATION_NAMES
                     else f"algorithms.{trial.algorithm}.{err.name}")
             raise RecipeError(self.source, path, err.message) from None
+        self.check_privacy(trial)
+
+    def check_privacy(self, trial: Trial) -> None:
+        """Refuse a trial whose uplink adds DP-FedAvg's noise without the recipe's `privacy` section, or whose ε cannot
+        be accounted (`fedbench.privacy.check`), at the step's field."""
+        at = privacy.gaussian_step(trial.federation.uplink)
+        if at is None:
+            return
+        if self.delta is None:
+            raise RecipeError(self.source, self.field(trial.algorithm, "federation", f"uplink.{at}.gaussian"),
+                              "found noise without a privacy section, expected `privacy: {delta: 1.0e-5}` at the "
+                              "top level (ε at that δ in every row)")
+        try:
+            privacy.check(trial.federation.uplink)
+        except ParamError as err:
+            raise RecipeError(self.source, self.field(trial.algorithm, "federation", err.name), err.message) from None
 
     def check_builds(self, trials: list[Trial] | None = None) -> None:
         """`check` every distinct configuration of `trials` (default: the recipe's) with the index of its data

@@ -173,6 +173,14 @@ class Tracking(StrictModel):
     models_every: int = Field(0, ge=0)
 
 
+class Privacy(StrictModel):
+    """Privacy accounting of DP-FedAvg's noise (a `gaussian` step of `federation.uplink`, after a clip): every row of
+    such a run has `epsilon`, ε at `delta` after the row's rounds, user-level with one client's data replaced, for the
+    fixed number of clients each round draws without replacement (or all of them), by dp-accounting's RDP accountant
+    (`fedbench.privacy`). Required where a run adds the noise, refused where none does."""
+    delta: float = Field(gt=0, lt=1)  # the δ of (ε, δ)-DP, e.g. 1.0e-5 (below 1/N, the clients' number, by custom)
+
+
 class RecipeModel(StrictModel):
     name: Optional[str] = Field(None, min_length=1)  # default: the recipe file's name without .yaml
     plugins: list[str] = Field(default_factory=list)  # files (relative to the recipe) or modules of own components
@@ -192,6 +200,8 @@ class RecipeModel(StrictModel):
     # how often a program of runs saves its state (`checkpoints:` below)
     checkpoints: Checkpoints = Field(default_factory=Checkpoints)
     tracking: Tracking = Field(default_factory=Tracking)  # what each run stores beside its curve (`tracking:` below)
+    # ε at this δ in every row of a run with DP-FedAvg's noise (`privacy:` below); absent: no such run
+    privacy: Optional[Privacy] = None
     tune: Optional[TuneSpec] = None  # an Optuna search per algorithm (`tune:` below); absent: none
     report: Optional[ReportSpec] = None  # what `fedbench report` draws (`report:` below); absent: the defaults
     # the most runs (configurations × seeds) `fedbench sweep` starts without --yes
@@ -231,7 +241,8 @@ def is_seed(value: Any) -> bool:
 
 SECTIONS: dict[tuple[Any, ...], type[StrictModel]] = {
     (): RecipeModel, ("resources",): Resources, ("checkpoints",): Checkpoints, ("tracking",): Tracking,
-    ("tune",): TuneSpec, ("tune", "pruner"): PrunerSpec, ("report",): ReportSpec, ("report", "select"): SelectSpec}
+    ("privacy",): Privacy, ("tune",): TuneSpec, ("tune", "pruner"): PrunerSpec, ("report",): ReportSpec,
+    ("report", "select"): SelectSpec}
 
 
 def schema_error(source: str, err: ValidationError, nested: dict[str, list[str]] | None = None) -> RecipeError:

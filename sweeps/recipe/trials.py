@@ -14,6 +14,7 @@ from fedbench.federation import DIVERGENCE_FACTOR, Federation
 from fedbench.hparams import Param
 from fedbench.metrics import ENGINE_COLUMNS, Metric
 from fedbench.plugins import Source
+from fedbench.privacy import epsilon_metric
 from fedbench.problems import PROBLEMS
 from fedbench.transforms import LINKS
 
@@ -35,15 +36,21 @@ class Trial:
     plugins: tuple[Source, ...] = ()
     models_every: int = 0  # its model stored every this many rounds beside the final one (not in its config: it
     # changes what is stored, not the run)
+    # the recipe's `privacy.delta` where its uplink adds DP-FedAvg's noise (its rows' `epsilon` is ε at it), else None
+    delta: float | None = None
 
     def config(self) -> dict[str, Any]:
         """Everything that determines the run except the seed (and the device it runs on); for a plugin's run, the
         sha256 of the plugin's code too, so that an edited plugin's runs run again (a built-in's config is as it
-        was)."""
+        was). A run accounted at a δ has it as `privacy.delta`: δ changes no iterate, but every row's `epsilon`,
+        and a store that holds the curve of a config must hold the curve at its δ (as `eval_every` changes only
+        which rows there are); a run without noise is recorded (and hashed) as before privacy existed."""
         config = {"problem": {"name": self.problem, **self.problem_config},
                   "federation": self.federation.config(),
                   "algorithm": {"name": self.algorithm, **self.hyperparameters},
                   "eval_every": self.eval_every, "divergence_factor": self.divergence_factor}
+        if self.delta is not None:
+            config["privacy"] = {"delta": self.delta}
         if self.plugins:
             config["plugins"] = sorted(source.sha256 for source in self.plugins)
         return config
@@ -54,10 +61,11 @@ class Trial:
 
     def metrics(self) -> tuple[Metric, ...]:
         """What the run's rows hold beside `round`: the problem's declared metrics (with the `personal_` ones
-        for a personalized algorithm), then the engine's columns."""
+        for a personalized algorithm), then the engine's columns, and `epsilon` where the run is accounted at a δ."""
         algorithm = ALGORITHMS[self.algorithm]
         problem = PROBLEMS[self.problem].declared_metrics(self.problem_config, algorithm.personalized)
-        return problem + algorithm.declared_metrics(self.hyperparameters) + ENGINE_COLUMNS
+        privacy = (epsilon_metric(self.delta),) if self.delta is not None else ()
+        return problem + algorithm.declared_metrics(self.hyperparameters) + ENGINE_COLUMNS + privacy
 
     def params(self) -> dict[str, Any]:
         """The configuration flattened to dotted names, plus the seed: what the tracker records."""
