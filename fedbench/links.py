@@ -245,7 +245,8 @@ class Links:
         """Bits one participant receives of the server's `downloads` (entries `[R, 1, ...]`) at a round's start: as the
         downlink encodes each, else (no downlink, or a shape not its copy's) its values at their width."""
         return sum(message_bits(self.downlink if name in self.copies and self.copies[name].shape == server[name].shape
-                                else (), server[name][0].numel(), value_bits(server[name])) for name in downloads)
+                                else (), math.prod(server[name].shape[1:]), value_bits(server[name]))
+                   for name in downloads)
 
     # -- checkpoints --------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

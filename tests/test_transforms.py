@@ -24,11 +24,12 @@ from typer.testing import CliRunner
 
 import fedbench
 from cli import app
+from fedbench.algorithms.fedavg import FedAvg
 from fedbench.federation import RoundSampler
 from fedbench.hparams import ParamError
 from fedbench.links import Links
 from fedbench.rng import generator
-from fedbench.runs import programs
+from fedbench.runs import RoundProgram, programs
 from fedbench.simulate import Federation, Simulation, run_seeds
 from fedbench.transforms import TRANSFORMS
 from helpers import (
@@ -43,6 +44,7 @@ from helpers import (
     np_server,
     pauc,
     pfl,
+    rows_by_run,
     rows_of,
 )
 from small_problems import small_lasso
@@ -269,6 +271,35 @@ def test_a_batch_of_seeds_gives_each_seed_its_curve_alone(case):
     assert_same(curves_alone(problem, name, federation, hp, SEEDS), batched, tolerance)
     plain = run_seeds(problem, name, replace(federation, uplink=(), downlink=()), SEEDS[:1], eval_every=3, **hp)
     assert plain[0][-1]["objective"] != batched[0][-1]["objective"]  # the transforms changed the runs
+
+
+class SvdCheckedFedAvg(FedAvg):
+    """FedAvg whose server update then takes an SVD of each run's new model (as a nuclear prox would): it raises
+    LinAlgError on a run whose model is not finite, after the round's links have drawn."""
+
+    def server_update(self, server, message, weights, rnd, hp):
+        server = super().server_update(server, message, weights, rnd, hp)
+        torch.linalg.svdvals(server["w"].view(len(server["w"]), 5, 6))
+        return server
+
+
+def test_a_round_replayed_run_by_run_draws_nothing_anew():
+    """Run 2's model is not finite, so the batched round fails in the server's SVD, after the downlink and the uplink
+    have drawn; the round is replayed run by run on the same draws and link state: run 2 ends diverged, the others
+    go on exactly as alone."""
+    problem = small_lasso()
+    federation = replace(SAMPLED, uplink=[{"rand_k": 0.3}, {"error_feedback": "ef21"}], downlink=[{"qsgd": 2}])
+
+    def sims():
+        made = [Simulation(problem, SvdCheckedFedAvg(problem, **HP), federation, seed, 3) for seed in SEEDS]
+        made[2].server["w"] = torch.full_like(made[2].server["w"], math.nan)
+        return made
+
+    alone = [list(sim) for sim in sims()]
+    batch = sims()
+    batched = rows_by_run(RoundProgram(batch), len(SEEDS))
+    assert [sim.status for sim in batch] == ["finished", "finished", "diverged", "finished"]
+    assert_same([alone[i] for i in (0, 1, 3)], [batched[i] for i in (0, 1, 3)], 1e-12)
 
 
 @pytest.mark.parametrize("case", ["fedavg ef top_k, qsgd down", "ascd_pfl ef21 top_k, top_k down"])
