@@ -5,13 +5,14 @@
     result = fedbench.run("fedmid", problem, rounds=2000, client_lr=1e-3)
     result.final                                                            # last evaluated metrics
     curves = fedbench.run_seeds(problem, "fedmid", Federation(2000), range(30), client_lr=1e-3)  # as one program
+    fedbench.run("fedmid", problem, rounds=2000, uplink=[{"top_k": 0.05}, {"error_feedback": "ef21"}])  # compressed
 
 `run` is one run in this process; `run_seeds` runs several seeds as one batched program, each as it runs alone.
 Your own algorithms and problems are registered by `fedbench.plugins` and then run by name like the built-in ones.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from fedbench.algorithms import ALGORITHMS, Algorithm
 from fedbench.problems import PROBLEMS, Problem, make_problem
@@ -34,11 +35,12 @@ def make_algorithm(name: str, problem: Problem, **hyperparameters: Any) -> Algor
 
 def run(algorithm: str, problem: Problem, rounds: int = 100, clients_per_round: int = 10, local_steps: int = 10,
         batch_size: int = 10, aggregation: str = "uniform", seed: int | None = None, eval_every: int = 10,
-        **hyperparameters: Any) -> Result:
+        uplink: Sequence = (), downlink: Sequence = (), **hyperparameters: Any) -> Result:
     """One run of the registered algorithm `algorithm` on `problem`, in this process: `Federation(rounds,
-    clients_per_round, local_steps, batch_size, aggregation)`, the run's random streams from `seed` (default: the
-    problem's), a metrics row every `eval_every` rounds, and the algorithm's `hyperparameters` (by name; the others
-    at their defaults).
+    clients_per_round, local_steps, batch_size, aggregation, uplink, downlink)` (the chains of transforms as a
+    recipe writes them, `fedbench.transforms`), the run's random streams from `seed` (default: the problem's), a
+    metrics row every `eval_every` rounds, and the algorithm's `hyperparameters` (by name; the others at their
+    defaults).
 
     Returns:
         The run's `Result`: its rows, status, final global model (and personal models).
@@ -48,9 +50,11 @@ def run(algorithm: str, problem: Problem, rounds: int = 100, clients_per_round: 
         problem = fedbench.make_problem("lasso", seed=0)
         result = fedbench.run("fedmid", problem, rounds=2000, client_lr=1e-3)
         result.final["objective"], result.status                    # the last row's value, 'finished'
+        fedbench.run("fedmid", problem, rounds=2000, uplink=[{"top_k": 0.05}, {"error_feedback": "ef21"}])
         ```
     """
-    federation = Federation(rounds, clients_per_round, local_steps, batch_size, aggregation)
+    federation = Federation(rounds, clients_per_round, local_steps, batch_size, aggregation, tuple(uplink),
+                            tuple(downlink))
     seed = problem.seed if seed is None else seed
     return simulate(problem, make_algorithm(algorithm, problem, **hyperparameters), federation, seed, eval_every)
 

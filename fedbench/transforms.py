@@ -20,16 +20,16 @@ per client and per upload (a clip bounds each upload's norm on its own):
     2018, "Sparsified SGD with Memory", top_k); biased.
   - `rand_k` k: K coordinates drawn uniformly without replacement, scaled by d/K, the others 0 (Stich et al.'s
     rand_k, scaled so that E C(x) = x).
-  - `qsgd` s: Q_s of Alistarh, Grubic, Li, Tomioka, Vojnovic 2017 (NeurIPS, §3.1): ‖x‖₂ · sgn(x_i) · ξ_i, where
+  - `qsgd` s: Q_s of Alistarh, Grubic, Li, Tomioka, Vojnovic 2017 (QSGD, NeurIPS, §3): ‖x‖₂ · sgn(x_i) · ξ_i, where
     ξ_i = (l + 1)/s with probability s|x_i|/‖x‖₂ − l and l/s otherwise, l = ⌊s|x_i|/‖x‖₂⌋; unbiased.
   - `sign`: (‖x‖₁/d) · sign(x), the scaled sign of Karimireddy, Rebjock, Stich, Jaggi 2019 ("Error Feedback Fixes
     SignSGD and other Gradient Compression Schemes", Algorithm 1).
 * `error_feedback` (kind), right after the compressor, which it wraps; each client keeps a vector `[d]`, 0 at the
   start and carried from one of its rounds to its next:
   - `ef`: a residual e: p = x + e, y = C(p), e ← p − y (Seide, Fu, Droppo, Li, Yu 2014, "1-Bit Stochastic Gradient
-    Descent"; Karimireddy et al. 2019, Algorithm 2 with p = γg + e as x + e).
-  - `ef21`: an estimate g: y = g + C(x − g), g ← y (Richtárik, Sokolov, Fatkhullin 2021, "EF21", Algorithm 1,
-    lines 4–5: the client sends C(x − g), from which the server, which holds each g it has built, makes g + C(x − g)).
+    Descent"; Karimireddy et al. 2019, Algorithm 2, whose p = γg + e is here x + e on the update x).
+  - `ef21`: an estimate g: y = g + C(x − g), g ← y (Richtárik, Sokolov, Fatkhullin 2021, "EF21", Algorithm 1: the
+    client sends C(x − g), from which the server, which holds each g it has built, makes g + C(x − g)).
     With g = 0 at the start, the first round sends C(x): Algorithm 1 with g_i⁰ = C(∇f_i(x⁰)).
 * `clip` norm: y = x · min(1, C/‖x‖₂), C = norm (McMahan, Ramage, Talwar, Zhang 2018, "Learning Differentially
   Private Recurrent Language Models", Algorithm 1, flat clipping).
@@ -44,15 +44,17 @@ Downlink. Each download goes through a compressor (`top_k` or `qsgd`) as a diffe
 received: the server keeps a copy ŵ of its last broadcast per run (ŵ = the initial state at the start, which every
 client knows from the run's seed) and at each round's start sets ŵ ← ŵ + C(w − ŵ) and sends C(w − ŵ); the round's
 clients start from ŵ (the primal error feedback of Gruntkowska, Tyurin, Richtárik 2023, "EF21-P and Friends"). The
-server's own state stays w.
+server's own state stays w. A download whose shape is not its copy's (FeDXL's score pools while they fill) goes whole,
+and becomes the copy.
 
 Bits of one client's message of d values of b bits (b: the width of the run's dtype), `Transform.bits`:
 top_k K·(b + ⌈log₂ d⌉), each kept value with its index; rand_k K·b, the mask drawn from the run's uplink stream,
 which the server replays (a seed shared at the start; Konečný et al. 2016, "Federated Learning: Strategies for
 Improving Communication Efficiency", §2, send the seed with each message instead); qsgd b + d·(1 + ⌈log₂(s + 1)⌉),
-the norm, and each coordinate's sign and level in a fixed-length code (Alistarh et al.'s Elias code, §3.2, is shorter
-for small s; not counted here); sign d + b, a bit per coordinate and the scale; error feedback, clip and gaussian
-change nothing (EF21 sends C(x − g)). Without a compressor a message costs d·b.
+the norm at the values' width (the run keeps it at that precision), and each coordinate's sign and level in a
+fixed-length code (Alistarh et al.'s Elias code is shorter for small s; not counted here); sign d + b, a bit per
+coordinate and the scale; error feedback, clip and gaussian change nothing (EF21 sends C(x − g)). Without a
+compressor a message costs d·b.
 
 Randomness: rand_k, qsgd and gaussian draw on the run's own stream of their link ("uplink", "downlink"), which
 exists only where the link has a random transform (runs without one keep exactly the streams they had); the draws

@@ -186,7 +186,7 @@ class RecipeModel(StrictModel):
     plugins: list[str] = Field(default_factory=list)  # files (relative to the recipe) or modules of own components
     # the problem: `name`, an optional `preset`, and any of its parameters (a list is a grid axis)
     problem: dict[str, Any]
-    # how rounds run (the `federation:` table below)
+    # how rounds run, and what crosses the network (the `federation:` tables below)
     federation: dict[str, Any] = Field(default_factory=dict)
     # the algorithms to compare, each mapped to its hyperparameters (a list is a grid axis)
     algorithms: dict[str, Optional[dict[str, Any]]] = Field(min_length=1)
