@@ -25,13 +25,15 @@ DIVERGENCE_FACTOR = 1e4
 class Federation:
     """How a run's rounds go: `rounds`, `clients_per_round` S (0: every client), `local_steps` E, `batch_size` b, the
     server's `aggregation` (weights "uniform": π̂_k = 1/S, or "samples": π̂_k ∝ n_k over the sampled set; or a robust
-    rule of `fedbench.robust`, with its `trim` β or `byzantine` f), the `uplink` and `downlink` transforms
-    (`fedbench.transforms`) and the `adversaries` (`fedbench.robust.Adversaries`, or None), as a recipe's
-    `federation:` block sets them (the scalar ones declared in `params`).
+    rule of `fedbench.robust`, with its `trim` β or `byzantine` f), the transforms of what crosses the network,
+    `uplink` and `downlink` (`fedbench.transforms`, given as a recipe writes them and held as steps), and the
+    `adversaries` (`fedbench.robust.Adversaries`, or None), as a recipe's `federation:` block sets them (the scalar
+    ones declared in `params`).
 
     Example:
         ```python
         Federation(rounds=2000, clients_per_round=10, local_steps=10, batch_size=10)
+        Federation(rounds=2000, uplink=[{"top_k": 0.05}, {"error_feedback": "ef21"}], downlink=[{"qsgd": 8}])
         ```
     """
 

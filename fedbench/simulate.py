@@ -179,7 +179,8 @@ class Result:
 
     rows: list[dict[str, float]]
     """Its metrics rows, at round 0, every `eval_every` rounds and at the last: `round`, the problem's metrics,
-    `comm_up`, `comm_down`, `iterations` (and `epsilon`, ε at the run's δ, where its uplink is accounted)."""
+    `comm_up`, `comm_down` (floats), `iterations`, `comm_up_bits`, `comm_down_bits` (as the links encode them), and
+    `epsilon` (ε at the run's δ, where its uplink is accounted)."""
     status: str
     """"finished", or "diverged" (the rows stop where it did)."""
     params: Tensor

@@ -84,15 +84,22 @@ class Transform:
     batch: `apply(x, kept, drawn)` on the flat messages x `[R, S, d]` of R runs' S clients."""
 
     name: ClassVar[str]
+    """Its name in a chain (`top_k`)."""
     help: ClassVar[str]
+    """What it does and what a message then costs, in a line (the reference's table, `fedbench list`)."""
     params: ClassVar[tuple[Param, ...]] = ()
-    compressor: ClassVar[bool] = False  # at most one a chain: what error_feedback wraps and what the message costs
-    on_downlink: ClassVar[bool] = False  # allowed on the downlink
-    random = False  # draws each round (`draw`)
-    keeps = False  # holds a vector `[d]` per client from one of its rounds to the next
-    # ‖y‖₂ ≤ ‖x‖₂ whatever x: after a clip, the clip's bound C still holds (what DP-FedAvg's noise is calibrated on,
-    # `fedbench.privacy`)
+    """Its parameters; a recipe's `{name: value}` sets the first."""
+    compressor: ClassVar[bool] = False
+    """A compressor: at most one a chain, what `error_feedback` wraps and what encodes the message (`bits`)."""
+    on_downlink: ClassVar[bool] = False
+    """Allowed on the downlink."""
+    random = False
+    """It draws each round (`draw`), on its link's stream of each run."""
+    keeps = False
+    """It holds a vector `[d]` per client from one of the client's rounds to its next (error feedback)."""
     shortens: ClassVar[bool] = False
+    """‖y‖₂ ≤ ‖x‖₂ whatever x: after a clip, the clip's bound C still holds (what DP-FedAvg's noise is calibrated on,
+    `fedbench.privacy`)."""
 
     def __init__(self, **values: Any):
         for param in self.params:
@@ -125,6 +132,7 @@ class Compressor(Transform):
     compressor = True
 
     def compress(self, x: Tensor, drawn: Tensor | None) -> Tensor:
+        """C of each message x `[R, S, d]`, with the runs' draws stacked `[R, ...]` (None where it draws none)."""
         raise NotImplementedError
 
     def apply(self, x, kept, drawn):
@@ -267,6 +275,7 @@ class Gaussian(Transform):
 
 
 TRANSFORMS: dict[str, type[Transform]] = {t.name: t for t in (TopK, RandK, QSGD, Sign, ErrorFeedback, Clip, Gaussian)}
+"""Every transform by its name in a chain."""
 
 
 @dataclass(frozen=True)

@@ -186,6 +186,7 @@ API_NAMES = {"algorithm": ["Algorithm.client_step", "Algorithm.client_final", "A
              "parameters": ["Param", "Param.kind", "Metric.direction"],
              "running": ["run", "simulate", "Result.final", "Simulation.accountant"],
              "privacy": ["Accountant.epsilon", "Mechanism.of", "Mechanism.event"],
+             "transforms": ["Transform.apply", "Transform.bits", "Compressor.compress", "chain"],
              "plugins": ["load", "discover", "PluginError"]}
 
 

@@ -439,6 +439,13 @@ API_PAGES = {
         "adjacency, sensitivity) and dp-accounting's RDP accountant", "fedbench.privacy",
         {"fedbench.privacy.Accountant": ("epsilon",), "fedbench.privacy.Mechanism": ("of", "noise_multiplier", "event"),
          "fedbench.privacy.check": (), "fedbench.privacy.epsilon_metric": ()}),
+    "transforms": ApiPage(
+        "Round transforms", "the uplink and downlink chains: `Transform` (parameters, `apply`, `bits`), the "
+        "registry, a chain's steps, how one is read and checked, the bits of a message", "fedbench.transforms",
+        {"fedbench.transforms.Transform": EVERY, "fedbench.transforms.Compressor": ("compress",),
+         "fedbench.transforms.Step": (),
+         "fedbench.transforms.TRANSFORMS": (), "fedbench.transforms.chain": (), "fedbench.transforms.check_chain": (),
+         "fedbench.transforms.compiled": (), "fedbench.transforms.message_bits": ()}),
     "plugins": ApiPage(
         "Plugin loader", "registering your own algorithms and problems from a file, a module or an installed "
         "package's entry points", "fedbench.plugins",
