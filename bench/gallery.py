@@ -14,15 +14,18 @@ evaluations fall on that line too, the shortened schedules keep either
   - the recipe's `eval_every` (evaluations per round kept): n a multiple of `eval_every` rounds in every configuration;
   - or the number of evaluations (`eval_every` scaled by n / B, the evaluations' cost then in `fixed`): n a multiple
     of B / eval_every;
-whichever allows the shorter n. A pair whose line would give a negative fixed cost or a negative slope (noise on a
-shared machine) is read as proportional, t = t(2n) · budget / 2n. A recipe that cannot be halved on either schedule,
+whichever allows the shorter n. A pair whose line would give a negative fixed cost (noise on a shared machine) is
+read as proportional, t = t(2n) · budget / 2n; one whose longer sweep was not the slower is refused (the budget's
+cost is lost in the noise: a smaller factor is needed). A recipe that cannot be halved on either schedule,
 or asked for at f = 1, runs once at full size, and that is its time.
 
 Timings on a shared machine are inflated by whatever else runs; the table records the cores this process could use,
-the accelerator, the commit and a note (`--note`). `--write-headers` writes a recipe's `# time on 2 cores:` line only
-from a cpu row measured with 2 cores, its `# time on one GPU:` line from a cuda row, and only where the header has
-none, or one that differs from the measurement by more than `--tolerance` times either way.
+the accelerator, the machine's load (its 5-minute load average when the recipe's sweeps ended), the commit and a
+note (`--note`). `--write-headers` writes a recipe's `# time on 2 cores:` line only from a cpu row measured with 2
+cores, its `# time on one GPU:` line from a cuda row, neither from a row measured under a load above `--max-load`, and
+only where the header has none, or one that differs from the measurement by more than `--tolerance` times either way.
 Usage: FEDBENCH_DATA=../shared/data python bench/gallery.py [--only NAME|FILE ...] [--factor F] [--device cuda]
+       python bench/gallery.py --merge GPU_SESSION_OUT/gallery.csv   (bench/gpu_session.sh's table)
        python bench/gallery.py --write-headers [--tolerance 2]
 """
 from __future__ import annotations
@@ -48,7 +51,7 @@ from sweeps.shipped import describe, find, name_of, names  # noqa: E402
 
 TABLE = ROOT / "bench" / "gallery.csv"
 COLUMNS = ("recipe", "device", "accelerator", "cores", "runs", "budget", "full", "short", "long", "factor",
-           "evaluations", "short_s", "long_s", "fixed_s", "per_unit_s", "full_s", "commit", "date", "note")
+           "evaluations", "short_s", "long_s", "fixed_s", "per_unit_s", "full_s", "load", "commit", "date", "note")
 CPU_FIELD, GPU_FIELD = "time on 2 cores", "time on one GPU"
 # Default factors, from the headers' times on 2 cores: each shortened sweep takes about a minute there, Ray's start
 # and the report included (a recipe not listed runs at full size). `--factor` overrides them.
@@ -75,9 +78,10 @@ class Budget:
     eval_every: int
 
     def quantum(self, keep_count: bool) -> int:
-        """The step of the shortened budgets: every configuration's rounds a multiple of `eval_every` (the period
-        kept), or whole rounds with `eval_every` scaled to a whole number, B / (local_steps · eval_every) rounds
-        apart, so that each configuration evaluates as often as at full size (the count kept)."""
+        """The step of the shortened budgets n: every configuration's rounds n / local_steps a multiple of
+        `eval_every` (the period kept); or whole rounds and `eval_every` · n / B a whole number, n a multiple of
+        B / gcd(B, eval_every) and of every local_steps, so that each configuration evaluates as many times as at full
+        size (the count kept)."""
         if keep_count:
             return math.lcm(self.full // math.gcd(self.full, self.eval_every), *self.steps)
         return math.lcm(*(k * self.eval_every for k in self.steps))
@@ -112,13 +116,17 @@ def budget_of(path: Path, recipe) -> Budget:
     return Budget(field, int(federation[field]), steps, recipe.eval_every)
 
 
-def fit(lengths: tuple[int, int], seconds: tuple[float, float]) -> tuple[float, float]:
+def fit(lengths: tuple[int, int], seconds: tuple[float, float]) -> tuple[float, float] | None:
     """(fixed, per_unit) of the line t = fixed + per_unit · budget through the two timings; proportional
-    (fixed 0) where that line would have a negative intercept or slope."""
+    (fixed 0) where that line would have a negative intercept (the longer more than twice the shorter); None where
+    the longer sweep was not the slower: the budget's cost is lost in the noise of the fixed cost, and a smaller
+    factor (longer sweeps) is needed."""
     (n1, n2), (t1, t2) = lengths, seconds
+    if t2 <= t1:
+        return None
     per_unit = (t2 - t1) / (n2 - n1)
     fixed = t2 - per_unit * n2
-    if per_unit < 0 or fixed < 0:
+    if fixed < 0:
         return 0.0, t2 / n2
     return fixed, per_unit
 
@@ -161,6 +169,8 @@ def header_value(row: dict[str, str]) -> str:
     factor = float(row["factor"])
     how = "full size" if factor == 1 else f"extrapolated from 1/{factor:g} of the {row['budget']}"
     machine = f"{row['accelerator']}, " if row["device"] != "cpu" else ""
+    if float(row["load"]) > int(row["cores"]):  # written only with --max-load above the default
+        how += f", the cores shared by a load of {row['load']}: an upper bound"
     return f"{approx(float(row['full_s']))} ({machine}{row['runs']} runs, report included; bench/gallery.py, {how})"
 
 
@@ -201,6 +211,11 @@ def accelerator(device: str) -> str:
     return torch.cuda.get_device_name(torch.device(device))
 
 
+def load_average() -> str:
+    """The machine's 5-minute load average: how many processes shared its cores while the sweeps ran."""
+    return f"{os.getloadavg()[1]:.1f}"
+
+
 def timed_sweep(path: Path, sets: list[str], device: str, timeout: float | None) -> float:
     """Wall seconds of one `fedbench sweep` of the recipe with `sets`, in a fresh directory with its own store;
     a sweep that fails raises, with the end of its output."""
@@ -237,19 +252,24 @@ def measure(name: str, path: Path, factor: float, device: str, timeout: float | 
         seconds = timed_sweep(path, [], device, timeout)
         print(f"    {seconds:7.1f} s", flush=True)
         return {**row, "short": "", "long": str(budget.full), "factor": "1", "evaluations": "as shipped",
-                "short_s": "", "long_s": f"{seconds:.1f}", "fixed_s": "", "per_unit_s": "", "full_s": f"{seconds:.1f}"}
+                "short_s": "", "long_s": f"{seconds:.1f}", "fixed_s": "", "per_unit_s": "", "full_s": f"{seconds:.1f}",
+                "load": load_average()}
     n1, n2, keep_count = lengths
     evaluations = "count kept" if keep_count else "period kept"
     print(f"{name}: {budget.field} {budget.full} -> {n1} and {n2} (factor {budget.full / n2:g}; "
           f"{' '.join(budget.overrides(n2, keep_count))}), {runs} runs", flush=True)
     seconds = tuple(timed_sweep(path, budget.overrides(n, keep_count), device, timeout) for n in (n1, n2))
-    fixed, per_unit = fit((n1, n2), seconds)
+    line = fit((n1, n2), seconds)
+    if line is None:
+        raise RuntimeError(f"{budget.field} {n2} took {seconds[1]:.1f} s, {n1} took {seconds[0]:.1f} s: the "
+                           f"{budget.field}' cost is lost in the noise; try a smaller --factor")
+    fixed, per_unit = line
     full_s = fixed + per_unit * budget.full
     print(f"    {seconds[0]:7.1f} s, {seconds[1]:7.1f} s: fixed {fixed:.1f} s + {per_unit:.4g} s per "
           f"{budget.field[:-1]} -> full size {full_s:.0f} s ({approx(full_s)})", flush=True)
     return {**row, "short": str(n1), "long": str(n2), "factor": f"{budget.full / n2:g}", "evaluations": evaluations,
             "short_s": f"{seconds[0]:.1f}", "long_s": f"{seconds[1]:.1f}", "fixed_s": f"{fixed:.1f}",
-            "per_unit_s": f"{per_unit:.6g}", "full_s": f"{full_s:.1f}"}
+            "per_unit_s": f"{per_unit:.6g}", "full_s": f"{full_s:.1f}", "load": load_average()}
 
 
 def read_table(path: Path) -> list[dict[str, str]]:
@@ -275,12 +295,16 @@ def recipe_path(name: str) -> Path | None:
     return found if found is not None else Path(name) if Path(name).is_file() else None
 
 
-def write_headers(table: Path, tolerance: float) -> None:
-    """Each recipe's time lines from the table, where missing or off by more than `tolerance` times."""
+def write_headers(table: Path, tolerance: float, max_load: float) -> None:
+    """Each recipe's time lines from the table, where missing or off by more than `tolerance` times, from the rows
+    measured on 2 cores (cpu) or one GPU under a load of at most `max_load`."""
     for row in read_table(table):
         path, measured = recipe_path(row["recipe"]), float(row["full_s"])
         if row["device"] == "cpu" and row["cores"] != "2":
             print(f"{row['recipe']}: left as it is (measured on {row['cores']} cores, not 2)")
+            continue
+        if float(row["load"]) > max_load:
+            print(f"{row['recipe']}: left as it is (measured under a load of {row['load']}, above {max_load:g})")
             continue
         if path is None:
             print(f"{row['recipe']}: no such recipe")
@@ -302,12 +326,21 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=TABLE, help="the table (CSV), updated by recipe and device")
     parser.add_argument("--timeout", type=float, help="seconds one sweep may take before it counts as failed")
     parser.add_argument("--note", default="", help="recorded in the table, e.g. what else ran on the machine")
+    parser.add_argument("--merge", type=Path, metavar="TABLE", help="add another table's rows (a GPU session's) to "
+                        "--out, replacing those of the same recipe and device, and run nothing")
     parser.add_argument("--write-headers", action="store_true", help="rewrite the recipes' time lines from --out")
     parser.add_argument("--tolerance", type=float, default=2.0, help="--write-headers: rewrite a stated time only "
                         "where it is off by more than this many times")
+    parser.add_argument("--max-load", type=float, default=2.5, help="--write-headers: only from rows measured under "
+                        "a 5-minute load average of at most this (2 cores busy, and a little more)")
     args = parser.parse_args()
+    if args.merge:
+        merged = read_table(args.merge)
+        write_table(args.out, merged)
+        print(f"{len(merged)} row(s) of {args.merge} merged into {args.out}")
+        return
     if args.write_headers:
-        write_headers(args.out, args.tolerance)
+        write_headers(args.out, args.tolerance, args.max_load)
         return
     chosen = args.only or names()
     rows, not_run = [], []

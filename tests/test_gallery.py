@@ -33,10 +33,13 @@ def test_the_line_through_two_timings_gives_the_fixed_cost_and_the_cost_per_roun
     assert got_fixed + got_per_round * 2000 == pytest.approx(120.0)  # the full size, 2000 rounds
 
 
-@pytest.mark.parametrize("timings", [(30.0, 25.0), (10.0, 30.0)], ids=["negative slope", "negative intercept"])
-def test_a_pair_whose_line_is_impossible_is_read_as_proportional(timings):
-    fixed, per_round = gallery.fit((100, 200), timings)
-    assert fixed == 0 and per_round == pytest.approx(timings[1] / 200)
+def test_a_pair_whose_line_has_a_negative_intercept_is_read_as_proportional():
+    assert gallery.fit((100, 200), (10.0, 30.0)) == (0.0, pytest.approx(30.0 / 200))
+
+
+@pytest.mark.parametrize("timings", [(30.0, 25.0), (30.0, 30.0)])
+def test_a_pair_whose_longer_sweep_was_not_the_slower_gives_no_line(timings):
+    assert gallery.fit((100, 200), timings) is None
 
 
 def test_a_budget_of_rounds_keeps_the_period_of_evaluations_where_that_is_the_shorter():
@@ -121,9 +124,10 @@ name: x
 
 def test_a_time_line_is_replaced_in_place_and_a_new_one_follows_the_header_fields(tmp_path):
     row = {"recipe": "papers/x", "device": "cuda", "accelerator": "NVIDIA H200", "runs": "15", "factor": "4",
-           "budget": "rounds", "full_s": "95.0"}
+           "budget": "rounds", "full_s": "95.0", "cores": "16", "load": "1.0"}
     gpu = gallery.with_field(HEADER, "time on one GPU", gallery.header_value(row))
-    cpu = gallery.with_field(gpu, "time on 2 cores", gallery.header_value({**row, "device": "cpu", "full_s": "610"}))
+    cpu = gallery.with_field(gpu, "time on 2 cores",
+                             gallery.header_value({**row, "device": "cpu", "full_s": "610", "cores": "2"}))
     lines = cpu.splitlines()
     assert lines[2] == "# time on 2 cores: ~10 min (15 runs, report included; bench/gallery.py, extrapolated from " \
                        "1/4 of the rounds)"
@@ -134,6 +138,8 @@ def test_a_time_line_is_replaced_in_place_and_a_new_one_follows_the_header_field
     path.write_text(cpu)
     about = describe(path)  # what `fedbench recipes` and the gallery read back
     assert about["time on 2 cores"].startswith("~10 min (") and about["time on one GPU"].startswith("~95 s (NVIDIA")
+    loaded = gallery.header_value({**row, "device": "cpu", "cores": "2", "load": "6.5"})
+    assert loaded.endswith("1/4 of the rounds, the cores shared by a load of 6.5: an upper bound)")
     bare = gallery.with_field("name: x\n", "time on 2 cores", "~5 s (1 runs, report included)")
     assert bare.splitlines()[0] == "# time on 2 cores: ~5 s (1 runs, report included)"
 
@@ -167,10 +173,16 @@ eval_every: 2
     assert (row["short"], row["long"], row["full"], row["factor"]) == ("6", "12", "48", "4")
     fixed, per_round, seconds = float(row["fixed_s"]), float(row["per_unit_s"]), float(row["long_s"])
     assert seconds > 0 and float(row["full_s"]) == pytest.approx(fixed + per_round * 48, abs=0.2)
-    with table.open("w", newline="") as file:  # as if measured on 2 cores, where headers are written from
-        writer = csv.DictWriter(file, gallery.COLUMNS)
-        writer.writeheader()
-        writer.writerow({**row, "cores": "2"})
-    subprocess.run([sys.executable, str(ROOT / "bench" / "gallery.py"), "--write-headers", "--out", str(table)],
-                   check=True, capture_output=True, text=True, cwd=tmp_path)
-    assert describe(recipe)["time on 2 cores"] == gallery.header_value({**row, "cores": "2"})
+
+    def write_headers(**measured):  # the row as if measured so
+        with table.open("w", newline="") as file:
+            writer = csv.DictWriter(file, gallery.COLUMNS)
+            writer.writeheader()
+            writer.writerow({**row, **measured})
+        subprocess.run([sys.executable, str(ROOT / "bench" / "gallery.py"), "--write-headers", "--out", str(table)],
+                       check=True, capture_output=True, text=True, cwd=tmp_path)
+        return describe(recipe).get("time on 2 cores")
+
+    assert write_headers(cores="16", load="2.0") is None  # not 2 cores
+    assert write_headers(cores="2", load="9.0") is None  # the cores shared by 9 processes
+    assert write_headers(cores="2", load="2.0") == gallery.header_value({**row, "cores": "2", "load": "2.0"})
