@@ -203,12 +203,13 @@ def commit() -> str:
     return head.stdout.strip() + ("+dirty" if dirty else "")
 
 
-def accelerator(device: str) -> str:
-    if device == "cpu":
+def accelerator(args: argparse.Namespace) -> str:
+    """What the sweeps ran on: the cores, or the GPU and each Ray trial's share of it."""
+    if args.device == "cpu":
         return f"{len(os.sched_getaffinity(0))} CPU cores"
     import torch
 
-    return torch.cuda.get_device_name(torch.device(device))
+    return f"{torch.cuda.get_device_name(torch.device(args.device))} ({args.gpus_per_trial:g} GPU a trial)"
 
 
 def load_average() -> str:
@@ -216,16 +217,18 @@ def load_average() -> str:
     return f"{os.getloadavg()[1]:.1f}"
 
 
-def timed_sweep(path: Path, sets: list[str], device: str, timeout: float | None) -> float:
-    """Wall seconds of one `fedbench sweep` of the recipe with `sets`, in a fresh directory with its own store;
-    a sweep that fails raises, with the end of its output."""
+def timed_sweep(path: Path, sets: list[str], args: argparse.Namespace) -> float:
+    """Wall seconds of one `fedbench sweep` of the recipe with `sets`, on `args.device` (on a GPU, each trial with
+    its share), in a fresh directory with its own store; a sweep that fails raises, with the end of its output."""
+    if args.device != "cpu":  # a sweep on cuda needs a GPU share per trial (docs/how-to/gpu.md)
+        sets = [*sets, f"resources.gpus_per_trial={args.gpus_per_trial:g}"]
     with tempfile.TemporaryDirectory(prefix="fedbench-gallery-") as workdir:
-        command = [sys.executable, str(ROOT / "cli.py"), "sweep", str(path.resolve()), "--device", device,
+        command = [sys.executable, str(ROOT / "cli.py"), "sweep", str(path.resolve()), "--device", args.device,
                    "--tracking-uri", f"sqlite:///{workdir}/mlflow.db", "--yes"]
         for item in sets:
             command += ["--set", item]
         start = time.perf_counter()
-        done = subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=timeout,
+        done = subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=args.timeout,
                               env={**os.environ, "PYTHONPATH": os.pathsep.join(
                                   [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])})
         seconds = time.perf_counter() - start
@@ -239,17 +242,17 @@ def needs_data(path: Path) -> bool:
     return "real data" in describe(path).get("reproduces", "")
 
 
-def measure(name: str, path: Path, factor: float, device: str, timeout: float | None, note: str) -> dict[str, str]:
+def measure(name: str, path: Path, factor: float, args: argparse.Namespace) -> dict[str, str]:
     """The table's row of one recipe: its shortened sweeps timed and its full-size time extrapolated."""
     recipe = load(path)
     budget, runs = budget_of(path, recipe), len(recipe.trials())
     lengths = budget.lengths(factor)
-    row = {"recipe": name, "device": device, "accelerator": accelerator(device),
+    row = {"recipe": name, "device": args.device, "accelerator": accelerator(args),
            "cores": str(len(os.sched_getaffinity(0))), "runs": str(runs), "budget": budget.field,
-           "full": str(budget.full), "commit": commit(), "date": datetime.date.today().isoformat(), "note": note}
+           "full": str(budget.full), "commit": commit(), "date": datetime.date.today().isoformat(), "note": args.note}
     if lengths is None:
         print(f"{name}: {budget.field} {budget.full}, at full size (factor 1), {runs} runs", flush=True)
-        seconds = timed_sweep(path, [], device, timeout)
+        seconds = timed_sweep(path, [], args)
         print(f"    {seconds:7.1f} s", flush=True)
         return {**row, "short": "", "long": str(budget.full), "factor": "1", "evaluations": "as shipped",
                 "short_s": "", "long_s": f"{seconds:.1f}", "fixed_s": "", "per_unit_s": "", "full_s": f"{seconds:.1f}",
@@ -258,7 +261,7 @@ def measure(name: str, path: Path, factor: float, device: str, timeout: float | 
     evaluations = "count kept" if keep_count else "period kept"
     print(f"{name}: {budget.field} {budget.full} -> {n1} and {n2} (factor {budget.full / n2:g}; "
           f"{' '.join(budget.overrides(n2, keep_count))}), {runs} runs", flush=True)
-    seconds = tuple(timed_sweep(path, budget.overrides(n, keep_count), device, timeout) for n in (n1, n2))
+    seconds = tuple(timed_sweep(path, budget.overrides(n, keep_count), args) for n in (n1, n2))
     line = fit((n1, n2), seconds)
     if line is None:
         raise RuntimeError(f"{budget.field} {n2} took {seconds[1]:.1f} s, {n1} took {seconds[0]:.1f} s: the "
@@ -323,6 +326,8 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", metavar="RECIPE", help="shipped names or recipe files (default: all)")
     parser.add_argument("--factor", type=float, help="shorten every recipe by this (default: FACTORS, else 1)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (as fedbench sweep --device)")
+    parser.add_argument("--gpus-per-trial", type=float, default=0.2, help="on a GPU: each Ray trial's share of it "
+                        "(resources.gpus_per_trial; 0.2: five trials share it)")
     parser.add_argument("--out", type=Path, default=TABLE, help="the table (CSV), updated by recipe and device")
     parser.add_argument("--timeout", type=float, help="seconds one sweep may take before it counts as failed")
     parser.add_argument("--note", default="", help="recorded in the table, e.g. what else ran on the machine")
@@ -344,7 +349,7 @@ def main() -> None:
         return
     chosen = args.only or names()
     rows, not_run = [], []
-    print(f"fedbench sweep of each recipe on {args.device} ({accelerator(args.device)}), commit {commit()}")
+    print(f"fedbench sweep of each recipe on {args.device} ({accelerator(args)}), commit {commit()}")
     for given in chosen:
         name = name_of(given) if find(given) is not None else given
         path = recipe_path(name)
@@ -356,7 +361,7 @@ def main() -> None:
             continue
         factor = args.factor if args.factor is not None else FACTORS.get(name, 1)
         try:
-            rows.append(measure(name, path, factor, args.device, args.timeout, args.note))
+            rows.append(measure(name, path, factor, args))
         except (RuntimeError, subprocess.TimeoutExpired) as err:
             not_run.append(f"{name}: failed ({str(err).splitlines()[0]})")
             print(f"    failed: {err}", flush=True)

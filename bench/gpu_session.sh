@@ -14,6 +14,9 @@
 #   dry, here:     FEDBENCH_GPU_SESSION_DRY=1 bash bench/gpu_session.sh
 #                  every step briefly on the CPU (output under ./gpu_session_out unless OUT is set), so that the script
 #                  is known to work apart from CUDA.
+# Variables: PYTHON, the interpreter (--fetch-wheels: the venv whose versions are pinned, default .venv/bin/python;
+# the session: default python3), GPU_PYTHON_VERSION (3.12: what the pack is built for), FEDBENCH_GPU_SITE (/tmp/site:
+# where the session unpacks it), FEDBENCH_DATA (--fetch-wheels: the data root, default ../shared/data).
 #
 # Why a packed site and not the wheels: Ray's wheel alone (ray 2.60.0, cp312 manylinux) is 79 MB, over the 64 MiB a
 # copy may hold. Installed here for that machine's Python (pip install --target --platform), without Ray's Java jars

@@ -186,3 +186,24 @@ eval_every: 2
     assert write_headers(cores="16", load="2.0") is None  # not 2 cores
     assert write_headers(cores="2", load="9.0") is None  # the cores shared by 9 processes
     assert write_headers(cores="2", load="2.0") == gallery.header_value({**row, "cores": "2", "load": "2.0"})
+
+
+def test_a_sweep_on_a_gpu_gives_each_trial_its_share(monkeypatch):
+    """A sweep on cuda without `resources.gpus_per_trial` is refused before anything runs (docs/how-to/gpu.md)."""
+    commands = []
+
+    def run(command, **kwargs):
+        commands.append(command)
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(gallery.subprocess, "run", run)
+    path = gallery.recipe_path("papers/bao2022_lasso")
+    for device in ("cuda", "cpu"):
+        args = gallery.argparse.Namespace(device=device, gpus_per_trial=0.2, timeout=None)
+        gallery.timed_sweep(path, ["federation.rounds=500"], args)
+    on_gpu, on_cpu = commands
+    assert on_gpu[on_gpu.index("--device") + 1] == "cuda"
+    sets = [on_gpu[i + 1] for i, word in enumerate(on_gpu) if word == "--set"]
+    assert sets == ["federation.rounds=500", "resources.gpus_per_trial=0.2"]
+    assert gallery.load(path, sets).resources.gpus_per_trial == 0.2  # the recipe takes them
+    assert "resources.gpus_per_trial=0.2" not in on_cpu and on_cpu[on_cpu.index("--device") + 1] == "cpu"
