@@ -13,11 +13,12 @@ run's set-up and logging, the report: `fixed`) from what does; the full-size tim
 evaluations fall on that line too, the shortened schedules keep either
   - the recipe's `eval_every` (evaluations per round kept): n a multiple of `eval_every` rounds in every configuration;
   - or the number of evaluations (`eval_every` scaled by n / B, the evaluations' cost then in `fixed`): n a multiple
-    of B / eval_every;
-whichever allows the shorter n. A pair whose line would give a negative fixed cost (noise on a shared machine) is
-read as proportional, t = t(2n) · budget / 2n; one whose longer sweep was not the slower is refused (the budget's
-cost is lost in the noise: a smaller factor is needed). A recipe that cannot be halved on either schedule,
-or asked for at f = 1, runs once at full size, and that is its time.
+    of B / gcd(B, eval_every) and of every local_steps;
+whichever allows the shorter n (f: FACTORS per recipe, about a minute a sweep on 2 cores, or --factor). A pair whose
+line would give a negative fixed cost (noise on a shared machine) is read as proportional, t = t(2n) · budget / 2n;
+one whose longer sweep was not the slower is refused (the budget's cost is lost in the noise: a smaller factor is
+needed). A recipe that cannot be halved on either schedule, or asked for at f = 1, runs once at full size, and that is
+its time.
 
 Timings on a shared machine are inflated by whatever else runs; the table records the cores this process could use,
 the accelerator, the machine's load (its 5-minute load average when the recipe's sweeps ended), the commit and a

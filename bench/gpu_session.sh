@@ -21,8 +21,9 @@
 # Why a packed site and not the wheels: Ray's wheel alone (ray 2.60.0, cp312 manylinux) is 79 MB, over the 64 MiB a
 # copy may hold. Installed here for that machine's Python (pip install --target --platform), without Ray's Java jars
 # (its cross-language workers) and its dashboard's source maps, and packed with xz, Ray and everything else fit in
-# ~40 MB. Without the pack the session degrades: the engine's benches run, and the sweeps only where Ray, MLflow,
-# Optuna and pydantic import (tests/test_gpu.py needs pydantic too, for the recipe code it imports).
+# 43 MB (2026-11-28: with the EMNIST sample, 9 MB, and the tree, 3 MB, 55 MB travel). Without the pack the session
+# degrades: the engine's benches run, and the sweeps only where Ray, MLflow, Optuna and pydantic import
+# (tests/test_gpu.py needs pydantic too, for the recipe code it imports).
 #
 # Steps and their limits (seconds): the environment and unpacking 30, tests/test_gpu.py 90, bench/clients_batched.py
 # --device cuda 30, bench/runs_batched.py --device cuda 50, bench/gallery.py --device cuda: the Lasso sweep
