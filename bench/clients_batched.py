@@ -1,5 +1,5 @@
-"""Clients as a batch dimension: one FedMiD round on the Lasso design of Bao et al. (ICML 2022, §4, Fig. 1:
-p = 1024, b = 10, E = 10) timed four ways in the same run, at S = 10 and S = 100 sampled clients:
+"""Clients as a batch dimension: one FedMiD round on the federated Lasso design of Bao, Crawshaw, Luo, Liu (ICML 2022,
+§4, Fig. 1: p = 1024, b = 10, E = 10) timed four ways in the same run, at S = 10 and S = 100 sampled clients:
 
   engine     `Simulation.run_round` (sampling, minibatch draws, gathers, E batched steps, server prox,
              communication accounting);
@@ -65,7 +65,7 @@ def timed(fn, rounds, device):
 
 
 def bench(clients_per_round: int, device: str, rounds: int, repeats: int) -> dict[str, float]:
-    # 128 clients so that S = 100 is possible; otherwise the design of Bao et al. (64 x 128 at paper size).
+    # 128 clients so that S = 100 is possible; otherwise Bao et al.'s Fig. 1 design (64 x 128 at paper size).
     problem = fedbench.make_problem("lasso", seed=0, device=device, clients=128)
     federation = Federation(10**6, clients_per_round, 10, 10)
     sim = Simulation(problem, fedbench.make_algorithm("fedmid", problem, client_lr=CLIENT_LR), federation, seed=0)

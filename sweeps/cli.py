@@ -734,7 +734,8 @@ WIDE_TABLE = 140  # columns from which `fedbench recipes` is a table: below, its
 @app.command("recipes")
 def list_recipes() -> None:
     """The shipped recipes, each by the name that runs it from any folder (`fedbench sweep papers/bao2022_lasso`):
-    the paper, what it reproduces, its runs (configurations × seeds) and, where measured, its time on 2 CPU cores."""
+    the paper, what it reproduces, its runs (configurations × seeds) and, where measured, its time on 2 CPU cores and
+    on one GPU."""
     from .recipe import RecipeError, load
     from .shipped import describe, find, names, root
 
@@ -753,7 +754,7 @@ def list_recipes() -> None:
         except RecipeError:  # e.g. a plugin it names is not installed: `validate` says why
             runs = "?"
         rows.append((name, about.get("paper", "—"), about.get("reproduces", "—"), runs,
-                     about.get("time on 2 cores", "—")))
+                     about.get("time on 2 cores", "—"), about.get("time on one GPU", "—")))
     if console.is_terminal and console.width >= WIDE_TABLE:
         table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
         table.add_column("recipe", no_wrap=True)
@@ -761,13 +762,15 @@ def list_recipes() -> None:
         table.add_column("reproduces")
         table.add_column("runs", justify="right", no_wrap=True)
         table.add_column("time on 2 cores")
+        table.add_column("time on one GPU")
         for row in rows:
             table.add_row(*row)
         console.print(table)
     else:  # a narrow terminal or a pipe: a block per recipe, its text whole (a table cut it to "Fast…")
-        for name, paper, reproduces, runs, time in rows:
+        for name, paper, reproduces, runs, time, gpu_time in rows:
+            gpu = f"\n    time on one GPU: {gpu_time}" if gpu_time != "—" else ""
             console.print(f"{name}   {runs} runs   time on 2 cores: {time}\n    paper: {paper}\n"
-                          f"    reproduces: {reproduces}",
+                          f"    reproduces: {reproduces}{gpu}",
                           highlight=False, soft_wrap=True, markup=False)
     example = "papers/bao2022_lasso" if "papers/bao2022_lasso" in shipped else shipped[0]
     say(f"runs = configurations × seeds; from any folder: {program()} sweep {example} (also run, tune, validate, "

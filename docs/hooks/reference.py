@@ -576,12 +576,13 @@ RECIPES_MARKER = re.compile(r"<!-- shipped-recipes: (\S+) -->")
 
 def recipes_table(prefix: str) -> str:
     """The shipped recipes whose name starts with `prefix`, as `fedbench recipes` describes them: what each
-    reproduces (its header), its runs (configurations × seeds, from the parsed recipe), its time on 2 cores where
-    the header gives one, and the command that runs it."""
+    reproduces (its header), its runs (configurations × seeds, from the parsed recipe), its time on 2 cores and on
+    one GPU where the header gives one (bench/gallery.py measures them; `—` where none was measured), and the command
+    that runs it."""
     from fedbench_sweeps.recipe import RecipeError, load
     from fedbench_sweeps.shipped import describe, find, names
 
-    lines = ["| recipe | reproduces | runs | time on 2 cores | command |", "|---|---|---|---|---|"]
+    lines = ["| recipe | reproduces | runs | time on 2 cores | time on one GPU | command |", "|---" * 6 + "|"]
     chosen = [name for name in names() if name.startswith(prefix)]
     if not chosen:
         raise ValueError(f"no shipped recipe starts with {prefix!r}")  # a gallery page naming a removed recipe
@@ -594,7 +595,8 @@ def recipes_table(prefix: str) -> str:
             runs = "?"
         data = " --data-dir ../shared/data" if "real data" in about.get("reproduces", "") else ""
         lines.append(f"| `{name}` | {cell(about.get('reproduces', '—'))} | {runs} | "
-                     f"{cell(about.get('time on 2 cores', 'not measured'))} | `fedbench sweep {name}{data}` |")
+                     f"{cell(about.get('time on 2 cores', '—'))} | {cell(about.get('time on one GPU', '—'))} | "
+                     f"`fedbench sweep {name}{data}` |")
     return "\n".join(lines)
 
 
