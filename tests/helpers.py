@@ -5,6 +5,9 @@ collected, not imported). `small_problems.py` (small instances of the shipped pr
 - The run axis: `CASES`, every algorithm written for it with a small problem, a federation, hyperparameters and
   the tolerance of its batched curves against its runs alone (`tests/test_runs.py`, `test_checkpoints.py`,
   `test_gpu.py`); `curves_alone`, `rows_by_run`, `assert_same`.
+- Refusals: `refused`, a command's one-line refusal (`tests/test_refusals.py`, `test_schedules.py`).
+- Checkpoints: `interrupted`, a program's rows stopped at a safe point and resumed from its state there
+  (`tests/test_checkpoints.py`, `test_schedules.py`).
 - numpy transcriptions of the lasso/low-rank problems' data, gradient and prox (`tests/test_algorithms.py`,
   `test_fastfedda.py`).
 - Data files written out: an EMNIST npz in the shipped format (`write_npz`, `npz_problem`) and an MNIST-format
@@ -15,12 +18,14 @@ collected, not imported). `small_problems.py` (small instances of the shipped pr
 from __future__ import annotations
 
 import gzip
+import io
 import math
 import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import fedbench
 from fedbench.data import femnist, idx
@@ -122,6 +127,55 @@ def assert_same(alone, batched, tolerance):
                     assert abs(x[key] - y[key]) <= pairs, (key, x[key], y[key])
                 else:
                     assert abs(x[key] - y[key]) <= tolerance * max(abs(x[key]), 1e-300), (key, x[key], y[key])
+
+
+# -- checkpoints ------------------------------------------------------------------------------------------------
+
+class Stop(Exception):
+    """The kill: raised from the safe point after the checkpoint was taken."""
+
+
+def rows_of(program, rows=None):
+    """A program's rows, one list per run (appended to `rows`, the rows a resumed program's runs had before)."""
+    rows = rows if rows is not None else [[] for _ in program.sims]
+    for i, row in program:
+        rows[i].append(row)
+    return rows
+
+
+def interrupted(make_program, at: int):
+    """The rows of a program stopped at its `at`-th safe point, then resumed from the checkpoint taken there by a
+    program built anew (through `torch.save`, as a checkpoint file holds it), and its runs' statuses."""
+    program, rows, saved, count = make_program(), None, io.BytesIO(), [0]
+
+    def safe_point(program):
+        count[0] += 1
+        if count[0] == at:
+            torch.save({"program": program.state_dict(), "rows": rows}, saved)
+            raise Stop
+
+    rows = [[] for _ in program.sims]
+    program.safe_point = safe_point
+    with pytest.raises(Stop):
+        rows_of(program, rows)
+    saved.seek(0)
+    checkpoint = torch.load(saved, weights_only=False)
+    again = make_program()
+    again.load_state_dict(checkpoint["program"])
+    return rows_of(again, checkpoint["rows"]), [sim.status for sim in again.sims]
+
+
+# -- refusals ---------------------------------------------------------------------------------------------------
+
+def refused(result, *expected: str) -> str:
+    """The refusal's first line, after checking exit 2, no traceback and the expected phrases in that line."""
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    first = result.output.splitlines()[0]
+    for phrase in expected:
+        assert phrase in first, (phrase, result.output)
+    return first
 
 
 # -- numpy transcriptions of the lasso and low-rank problems ------------------------------------------

@@ -11,7 +11,7 @@ from typing import Any
 
 from fedbench.algorithms import ALGORITHMS
 from fedbench.federation import DIVERGENCE_FACTOR, Federation
-from fedbench.hparams import Param
+from fedbench.hparams import Param, PerRound
 from fedbench.metrics import ENGINE_COLUMNS, Metric
 from fedbench.plugins import Source
 from fedbench.problems import PROBLEMS
@@ -36,12 +36,13 @@ class Trial:
     # changes what is stored, not the run)
 
     def config(self) -> dict[str, Any]:
-        """Everything that determines the run except the seed (and the device it runs on); for a plugin's run, the
-        sha256 of the plugin's code too, so that an edited plugin's runs run again (a built-in's config is as it
-        was)."""
+        """Everything that determines the run except the seed (and the device it runs on), as data: a schedule as
+        the recipe writes it (a mapping, `PerRound.as_config`); for a plugin's run, the sha256 of the plugin's code
+        too, so that an edited plugin's runs run again (a built-in's config is as it was)."""
+        hyperparameters = {k: v.as_config() if isinstance(v, PerRound) else v for k, v in self.hyperparameters.items()}
         config = {"problem": {"name": self.problem, **self.problem_config},
                   "federation": asdict(self.federation),
-                  "algorithm": {"name": self.algorithm, **self.hyperparameters},
+                  "algorithm": {"name": self.algorithm, **hyperparameters},
                   "eval_every": self.eval_every, "divergence_factor": self.divergence_factor}
         if self.plugins:
             config["plugins"] = sorted(source.sha256 for source in self.plugins)
@@ -59,14 +60,16 @@ class Trial:
         return problem + algorithm.declared_metrics(self.hyperparameters) + ENGINE_COLUMNS
 
     def params(self) -> dict[str, Any]:
-        """The configuration flattened to dotted names, plus the seed: what the tracker records."""
+        """The configuration flattened to dotted names, plus the seed: what the tracker records (a schedule as it
+        reads, `cosine(init=0.1, final=0.001)`)."""
         flat = {}
         for section, values in self.config().items():
             if isinstance(values, dict):
                 flat.update({f"{section}.{key}": value for key, value in values.items()})
             else:
                 flat[section] = values
-        return {**flat, "seed": self.seed}
+        scheduled = {f"algorithm.{k}": v for k, v in self.hyperparameters.items() if isinstance(v, PerRound)}
+        return {**flat, **scheduled, "seed": self.seed}
 
 
 def metrics_of(trials: list[Trial]) -> dict[str, Metric]:
