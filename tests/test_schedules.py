@@ -357,6 +357,12 @@ def test_tune_searches_a_field_of_a_schedule(tmp_path):
         refused(invoke("validate", path, "--set", f"tune.space={space}"), f"{path}: {where}", phrase)
 
 
+def test_list_names_the_kinds_with_their_formulas():
+    listing = invoke("list")
+    assert listing.exit_code == 0
+    assert "cosine: final + (init − final)·(1 + cos(πk/H))/2  (init, final, [warmup]" in listing.output
+
+
 REFUSALS = {  # the fedmid entry (or the algorithms block) -> the refusal's path and what it says
     "unknown kind": ("fedmid: {client_lr: {schedule: cosin, init: 0.1, final: 0.01}}",
                      "algorithms.fedmid.client_lr.schedule: found 'cosin'", "did you mean 'cosine'?"),
