@@ -171,8 +171,9 @@ class ParamError(ValueError):
         super().__init__(f"{owner}.{name}: {message}" if owner else f"{name}: {message}")
 
 
-def resolve(declared: Sequence[Param], given: dict[str, Any], owner: str) -> dict[str, Any]:
-    """Defaults overlaid with `given`, every value checked. Unknown names raise KeyError."""
+def resolve(declared: Sequence[Param], given: dict[str, Any], owner: str, per_round: bool = False) -> dict[str, Any]:
+    """Defaults overlaid with `given`, every value checked; a schedule (`PerRound`) only with `per_round` (an
+    algorithm's hyperparameters: the engine evaluates them at each round). Unknown names raise KeyError."""
     by_name = {p.name: p for p in declared}
     unknown = sorted(set(given) - set(by_name))
     if unknown:
@@ -180,6 +181,9 @@ def resolve(declared: Sequence[Param], given: dict[str, Any], owner: str) -> dic
     values = {}
     for p in declared:
         try:
+            if isinstance(given.get(p.name), PerRound) and not per_round:
+                raise ValueError(f"found the schedule {given[p.name]}, expected one value: only an algorithm's "
+                                 "hyperparameters follow schedules")
             values[p.name] = p.check(given[p.name]) if p.name in given else p.default
         except ValueError as err:
             raise ValueError(f"{owner}.{p.name}: {err}") from None

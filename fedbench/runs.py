@@ -20,8 +20,8 @@ advance as one program; a run alone is R = 1 through the same code:
   iteration by iteration, each run through its own rounds (`IterationProgram`): round-synchronous runs would each
   wait for the longest of R geometric lengths, about ln R times the mean. Which runs share one: `fedbench.planning`.
 * Hyperparameter schedules (`fedbench.schedules`). A scheduled hyperparameter's value at each run's round is handed
-  to the round's functions as a float's, `[R, 1, 1]` (`RoundProgram._at_rounds`, the one place both schedules call);
-  runs whose schedules differ share a program as runs whose floats differ do.
+  to the round's functions as a float's, `[R, 1, 1]` (`RoundProgram._at_rounds`, which the round-wise and the
+  iteration-wise programs both call); runs whose schedules differ share a program as runs whose floats differ do.
 * Divergence. A run that diverges stops, as alone: its partial curve is kept, its final state is stored on its
   Simulation, and it leaves the batched arithmetic. A round in which an SVD fails (an iterate that overflowed
   between two evaluations) is replayed run by run on the same draws: the runs whose SVD fails end diverged there.

@@ -687,9 +687,9 @@ def list_components(with_plugins: Optional[List[str]] = WithOption) -> None:
                   "value at round k after a linear warm-up of `warmup` rounds from `warmup_init` (default 0) to "
                   "init, of H rounds after it (a list in a field is a grid axis; [optional]):", highlight=False,
                   markup=False)
-    for kind, cls in KINDS.items():
-        fields = ", ".join(f if f in cls.required() else f"[{f}]" for f in cls.own_fields())
-        console.print(f"  {kind}: {cls.formula}  ({fields})", highlight=False, markup=False)
+    for kind, schedule in KINDS.items():
+        fields = ", ".join(f if f in schedule.required() else f"[{f}]" for f in schedule.own_fields())
+        console.print(f"  {kind}: {schedule.formula}  ({fields})", highlight=False, markup=False)
 
 
 def contract_lines(kind: str, cls) -> list[str]:

@@ -35,10 +35,10 @@ def np_values(kind: str, rounds: int, init, warmup=0, warmup_init=0.0, **own):
     k, horizon = r - warmup, max(rounds - warmup, 1)
     decayed = {
         "constant": lambda: np.full(rounds, init),
-        "step": lambda: init * np.power(own.get("factor", 1.0), np.floor(k / own.get("every", 1))),
-        "exponential": lambda: init * np.power(own.get("rate", 1.0), k),
-        "inverse_sqrt": lambda: init / np.sqrt(1 + k / own.get("scale", 1.0)),
-        "cosine": lambda: own.get("final", 0.0) + (init - own.get("final", 0.0)) * (1 + np.cos(np.pi * k / horizon)) / 2,
+        "step": lambda: init * np.power(own["factor"], np.floor(k / own["every"])),
+        "exponential": lambda: init * np.power(own["rate"], k),
+        "inverse_sqrt": lambda: init / np.sqrt(1 + k / own.get("scale", 1.0)),  # scale defaults to 1
+        "cosine": lambda: own["final"] + (init - own["final"]) * (1 + np.cos(np.pi * k / horizon)) / 2,
     }[kind]()
     warming = warmup_init + (init - warmup_init) * r / max(warmup, 1)
     return np.where(r < warmup, warming, decayed)
@@ -65,7 +65,7 @@ def test_values_follow_the_formula(schedule):
     expected = np_values(schedule.kind, rounds, **fields)
     got = np.array([schedule.value(r, rounds) for r in range(rounds)])
     np.testing.assert_allclose(got, expected, rtol=1e-14, atol=0)
-    assert got[schedule.warmup] == schedule.init  # the warm-up ends at init; the decay starts there
+    assert got[schedule.warmup] == pytest.approx(schedule.init, rel=1e-15)  # the warm-up ends at init
     if schedule.warmup:
         assert got[0] == schedule.warmup_init
 
@@ -134,8 +134,9 @@ def test_fedmid_with_schedules_equals_a_numpy_loop_round_by_round():
     server_lr = Exponential(init=1.0, rate=0.93)
     sim = Simulation(problem, fedbench.make_algorithm("fedmid", problem, client_lr=client_lr, server_lr=server_lr),
                      federation, seed=5)
-    expected = np_fedmid(problem, federation, 5, np_values("cosine", 14, 0.08, 3, 0.01, final=0.005),
-                         np_values("exponential", 14, 1.0, rate=0.93))
+    expected = np_fedmid(problem, federation, 5, np_values("cosine", 14, init=0.08, warmup=3, warmup_init=0.01,
+                                                           final=0.005),
+                         np_values("exponential", 14, init=1.0, rate=0.93))
     for r, w in enumerate(expected):
         sim.run_round()
         np.testing.assert_allclose(sim.server["w"].numpy(), w, rtol=1e-12, atol=1e-12, err_msg=f"round {r}")
@@ -204,37 +205,43 @@ class ScaledL2SGD(L2SGDPlus):
         return super().client_step(local, batches, rnd, HParams({**hp, "alpha": hp.alpha * hp.scale}))
 
 
-ITERATION_WISE = Federation(rounds=12, clients_per_round=0, local_steps=1, batch_size=1)
-SCALES = [Cosine(init=1.5, final=0.2), Step(init=1.0, every=2, factor=0.6, warmup=3), Exponential(init=1.2, rate=0.85)]
+ITERATION_WISE = Federation(rounds=6, clients_per_round=0, local_steps=1, batch_size=1)
+# each with its own seed: its rounds' lengths, so that the runs are at different rounds
+SCALED = [(Cosine(init=1.5, final=0.2), 0), (Step(init=1.0, every=2, factor=0.6, warmup=2), 4),
+          (Exponential(init=1.2, rate=0.85), 9)]
 
 
-def scaled_runs(problem, scales, seeds=(0, 4)):
-    return [Simulation(problem, ScaledL2SGD(problem, scale=scale), ITERATION_WISE, seed, 2)
-            for scale in scales for seed in seeds]
+def scaled_runs(problem, runs):
+    return [Simulation(problem, ScaledL2SGD(problem, scale=scale), ITERATION_WISE, seed, 3) for scale, seed in runs]
 
 
-def test_an_iteration_wise_program_gives_each_run_its_own_rounds_values():
+@pytest.fixture(scope="module")
+def problem():
+    return pfl()  # the synthetic problem of Hanzely et al., shared by the iteration-wise tests
+
+
+@pytest.mark.heavy  # the problem's reference solution at the first evaluation: ~6 s of CPU
+def test_an_iteration_wise_program_gives_each_run_its_own_rounds_values(problem):
     """The runs of an iteration-wise program are at different rounds: each takes its own schedule's value at its own
     round (against each run alone, round by round), at a round's opening, its steps and its end."""
-    problem = pfl()
-    sims = scaled_runs(problem, SCALES)
+    sims = scaled_runs(problem, SCALED)
     [(runs, program)] = programs(sims)
     assert isinstance(program, IterationProgram) and len(runs) == len(sims)
-    alone = [list(sim) for sim in scaled_runs(problem, SCALES)]
+    alone = [list(sim) for sim in scaled_runs(problem, SCALED)]
     assert_same(alone, rows_by_run(program, len(sims)), 1e-12)
-    assert len({sim.iterations for sim in sims}) > 1  # rounds of different lengths: the runs were at different rounds
-    constant = [list(sim) for sim in scaled_runs(problem, [1.5])]
-    assert alone[0][-1]["objective"] != constant[0][-1]["objective"]  # the schedule mattered
+    assert len({sim.iterations for sim in sims}) == len(sims)  # rounds of different lengths: at different rounds
+    constant = list(scaled_runs(problem, [(1.5, 0)])[0])
+    assert alone[0][-1]["objective"] != constant[-1]["objective"]  # the schedule mattered
 
 
-def test_an_iteration_wise_constant_schedule_is_the_plain_float_and_resumes():
-    problem = pfl()
-    plain = rows_by_run(programs(scaled_runs(problem, [0.8]))[0][1], 2)
-    scheduled = rows_by_run(programs(scaled_runs(problem, [Constant(init=0.8)]))[0][1], 2)
+@pytest.mark.heavy  # as above, where it runs alone
+def test_an_iteration_wise_constant_schedule_is_the_plain_float_and_resumes(problem):
+    plain = rows_by_run(programs(scaled_runs(problem, [(0.8, 0), (0.8, 4)]))[0][1], 2)
+    scheduled = rows_by_run(programs(scaled_runs(problem, [(Constant(init=0.8), 0), (Constant(init=0.8), 4)]))[0][1], 2)
     assert scheduled == plain
 
     def make():
-        [(_, program)] = programs(scaled_runs(problem, SCALES[:2]))
+        [(_, program)] = programs(scaled_runs(problem, SCALED))
         return program
     expected = rows_of(make())
     resumed, _ = interrupted(make, 9)
@@ -395,3 +402,11 @@ def test_validate_refuses_a_bad_schedule_in_one_line_with_its_field(tmp_path, ca
                           f"  {entry}")
     path = write(tmp_path, text)
     refused(invoke("validate", path), f"{path}: {where}", phrase)
+
+
+def test_a_problem_parameter_takes_no_schedule(tmp_path):
+    path = write(tmp_path)
+    refused(invoke("validate", path, "--set", "problem.lam={schedule: constant, init: 0.1}"),
+            f"{path}: problem.lam: found a mapping, expected float", "only an algorithm's hyperparameters")
+    with pytest.raises(ValueError, match="lasso.lam: found the schedule constant\\(init=0.1\\), expected one value"):
+        fedbench.make_problem("lasso", lam=Constant(init=0.1))

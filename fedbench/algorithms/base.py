@@ -267,7 +267,7 @@ class Algorithm:
         """The problem instance it runs on (its oracles beyond a step's minibatches, e.g. `client_grad`)."""
         self.reg = problem.regularizer
         """The problem's regularizer h (`fedbench.prox`): `self.reg.prox(v, step)`, `self.reg.subgradient(w)`."""
-        declared = resolve(self.hparams, hyperparameters, self.name)
+        declared = resolve(self.hparams, hyperparameters, self.name, per_round=True)
         self.check(declared)
         contract.check(self.name, self.requirements(declared), problem.name, problem.capabilities(problem.config))
         self.declared = declared

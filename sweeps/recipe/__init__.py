@@ -68,10 +68,11 @@ __all__ = ["DISTRIBUTIONS", "FEDERATION_NAMES", "FEDERATION_PARAMS", "OPTION_FIE
            "schema_error", "stable_hash", "yaml_value"]
 
 
-def _check_values(source: str, path: str, param: Param, value: Any) -> list[Any]:
+def _check_values(source: str, path: str, param: Param, value: Any, per_round: bool) -> list[Any]:
     """A list is a grid axis, a scalar one value; each value checked. For a list-valued parameter
-    (kind `floats` or `ints`, e.g. a per-stage schedule) one list is one value and a list of lists a grid axis. A
-    mapping is a schedule (`_schedules`), itself a grid where its fields are lists."""
+    (kind `floats` or `ints`, e.g. a per-stage schedule) one list is one value and a list of lists a grid axis. With
+    `per_round` (an algorithm's hyperparameters), a mapping is a schedule (`_schedules`), itself a grid where its
+    fields are lists."""
     if param.kind in LIST_KINDS:
         is_grid = isinstance(value, list) and bool(value) and all(isinstance(v, list) for v in value)
     else:
@@ -82,9 +83,12 @@ def _check_values(source: str, path: str, param: Param, value: Any) -> list[Any]
     checked = []
     for i, v in enumerate(values):
         where = f"{path}[{i}]" if is_grid else path
-        if isinstance(v, dict):
+        if isinstance(v, dict) and per_round:
             checked += _schedules(source, where, param, v)
             continue
+        if isinstance(v, dict):
+            raise RecipeError(source, where, f"found a mapping, expected {param.kind} in {param.describe_range()}: "
+                              "only an algorithm's hyperparameters follow schedules")
         try:
             checked.append(param.check(v))
         except ValueError as err:  # the engine's message holds the value whole: shown cut, as the recipe's checks do
@@ -131,13 +135,13 @@ def _schedules(source: str, path: str, param: Param, given: dict) -> list[Schedu
     return [kind(**point) for point in grid_points(grid)]
 
 
-def _check_params(source, path, declared, given: dict) -> dict[str, list[Any]]:
+def _check_params(source, path, declared, given: dict, per_round: bool = False) -> dict[str, list[Any]]:
     by_name = {p.name: p for p in declared}
     grid = {}
     for key, value in given.items():
         if key not in by_name:
             raise unknown(source, f"{path}.{key}", f"unknown parameter{closest(key, by_name)}", by_name)
-        grid[key] = _check_values(source, f"{path}.{key}", by_name[key], value)
+        grid[key] = _check_values(source, f"{path}.{key}", by_name[key], value, per_round)
     return grid
 
 
@@ -207,7 +211,7 @@ def parse(raw: dict[str, Any], source: str) -> Recipe:
                 raise RecipeError(source, f"algorithms.{algo}.{section}", f"found {shown(given)}, expected a mapping "
                                   f"of {section} parameters that replace the recipe's for {algo}")
             overrides[algo][section] = _check_params(source, f"algorithms.{algo}.{section}", sections[section], given)
-        algorithms[algo] = _check_params(source, f"algorithms.{algo}", ALGORITHMS[algo].hparams, hps)
+        algorithms[algo] = _check_params(source, f"algorithms.{algo}", ALGORITHMS[algo].hparams, hps, per_round=True)
 
     dimensions = check_space(source, model.tune, problem_name, algorithms) if model.tune else ()
     name = model.name or Path(source).stem

@@ -132,7 +132,7 @@ class Recipe:
                                   f"{steps}; expected a multiple of local_steps")
             federation_values["rounds"] = iterations // steps
         trial = Trial(self.name, self.problem, PROBLEMS[self.problem].resolve_config(problem_values), algorithm,
-                      resolve(ALGORITHMS[algorithm].hparams, hyperparameters, algorithm),
+                      resolve(ALGORITHMS[algorithm].hparams, hyperparameters, algorithm, per_round=True),
                       Federation(**federation_values), seed, self.eval_every, self.device, self.divergence_factor,
                       plugins.sources("problem", self.problem) + plugins.sources("algorithm", algorithm),
                       self.models_every)
