@@ -132,7 +132,7 @@ def _schedules(source: str, path: str, param: Param, given: dict) -> list[Schedu
             except ValueError as err:
                 raise RecipeError(source, f"{path}.{name}[{i}]" if isinstance(value, list) else f"{path}.{name}",
                                   str(err).replace(repr(v), shown(v))) from None
-    return [kind(**point) for point in grid_points(grid)]
+    return [schedules.make(kind.kind, **point) for point in grid_points(grid)]
 
 
 def _check_params(source, path, declared, given: dict, per_round: bool = False) -> dict[str, list[Any]]:
