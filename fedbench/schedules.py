@@ -48,8 +48,6 @@ class BadField(ValueError):
         super().__init__(f"{field}: {message}")
 
 
-# Each field of a schedule, declared once (what `check_field`, the recipe's refusals and the reference read). The
-# fields that are values of the hyperparameter (`VALUES`) take its range when the schedule is given to one.
 FIELDS = {p.name: p for p in (
     Param("init", "float", None, "the value at round 0 (with a warm-up: at its end, round W)"),
     Param("final", "float", None, "the value the cosine reaches at round T (every round takes a value above it)"),
@@ -60,7 +58,11 @@ FIELDS = {p.name: p for p in (
     Param("warmup", "int", 0, "rounds of linear warm-up before the decay (W)", low=0),
     Param("warmup_init", "float", 0.0, "the warm-up's value at round 0 (then linear up to init)"),
 )}
+"""Each field of a schedule by name, declared once: what `check_field`, a recipe's refusals, `fedbench list` and the
+reference read. The fields that are values of the hyperparameter (`VALUES`) take its range when the schedule is
+given to one."""
 VALUES = ("init", "final", "warmup_init")
+"""The fields that are values of the hyperparameter the schedule is given to."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,6 +101,8 @@ class Schedule(PerRound):
         return cls.field_param(name, param).check(value)
 
     def checked(self, param: Param) -> Schedule:
+        """This schedule, its values of the hyperparameter (`VALUES`) checked against `param`'s declaration (BadField
+        naming the field); what `Param.check` does with a schedule given to a float."""
         for name in VALUES:
             if hasattr(self, name):
                 try:
@@ -108,6 +112,7 @@ class Schedule(PerRound):
         return self
 
     def value(self, index: int, rounds: int) -> float:
+        """The value at round `index` (from 0) of a run of `rounds` rounds: the warm-up's, then `decay`'s."""
         if index < self.warmup:
             return self.warmup_init + (self.init - self.warmup_init) * index / self.warmup
         return self.decay(index - self.warmup, max(rounds - self.warmup, 1))
@@ -124,6 +129,7 @@ class Schedule(PerRound):
 
     @classmethod
     def required(cls) -> list[str]:
+        """The fields this kind needs (those without a default)."""
         return [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
 
     def as_config(self) -> dict[str, Any]:
@@ -140,6 +146,7 @@ class Schedule(PerRound):
 
 @dataclass(frozen=True, kw_only=True)
 class Constant(Schedule):
+    """`init` at every round (after the warm-up, if any): a float with a warm-up, or the float itself."""
     kind = "constant"
     formula = "init"
 
@@ -149,6 +156,7 @@ class Constant(Schedule):
 
 @dataclass(frozen=True, kw_only=True)
 class Step(Schedule):
+    """init·factor^⌊k/every⌋: multiplied by `factor` every `every` rounds (step decay)."""
     every: int
     factor: float
     kind = "step"
@@ -160,6 +168,7 @@ class Step(Schedule):
 
 @dataclass(frozen=True, kw_only=True)
 class Exponential(Schedule):
+    """init·rate^k: multiplied by `rate` every round (from init to final over H rounds: rate = (final/init)^(1/H))."""
     rate: float
     kind = "exponential"
     formula = "init·rate^k"
@@ -170,6 +179,7 @@ class Exponential(Schedule):
 
 @dataclass(frozen=True, kw_only=True)
 class InverseSqrt(Schedule):
+    """init/√(1 + k/scale): SGD's 1/√t rate, `scale` rounds to fall by √2 (1: init/√(k + 1))."""
     scale: float = 1.0
     kind = "inverse_sqrt"
     formula = "init/√(1 + k/scale)"
@@ -180,6 +190,7 @@ class InverseSqrt(Schedule):
 
 @dataclass(frozen=True, kw_only=True)
 class Cosine(Schedule):
+    """final + (init − final)·(1 + cos(πk/H))/2: half a cosine from init down to final, reached at round T."""
     final: float
     kind = "cosine"
     formula = "final + (init − final)·(1 + cos(πk/H))/2"
@@ -189,6 +200,7 @@ class Cosine(Schedule):
 
 
 KINDS: dict[str, type[Schedule]] = {cls.kind: cls for cls in (Constant, Step, Exponential, InverseSqrt, Cosine)}
+"""Each kind of schedule by the name a recipe gives it (`schedule: cosine`)."""
 
 
 def kind_of(name: Any) -> type[Schedule]:
@@ -201,6 +213,7 @@ def kind_of(name: Any) -> type[Schedule]:
 
 
 def unknown_fields(cls: type[Schedule], given: Mapping[str, Any]) -> list[str]:
+    """The names in `given` that are no field of the kind `cls`."""
     return [name for name in given if name not in cls.own_fields()]
 
 

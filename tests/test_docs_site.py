@@ -184,6 +184,7 @@ API_NAMES = {"algorithm": ["Algorithm.client_step", "Algorithm.client_final", "A
              "problem": ["Problem.gather", "Problem.minibatch_loss", "Problem.client_loss", "Problem.provides"],
              "oracles": ["Oracle.grad", "Batches", "Minibatch"],
              "parameters": ["Param", "Param.kind", "Metric.direction"],
+             "schedules": ["Cosine", "Schedule.value", "PerRound.value", "make"],
              "running": ["run", "simulate", "Result.final"],
              "plugins": ["load", "discover", "PluginError"]}
 

@@ -415,6 +415,16 @@ API_PAGES = {
         {"fedbench.hparams.Param": EVERY, "fedbench.hparams.KINDS": (), "fedbench.hparams.ParamError": (),
          "fedbench.hparams.resolve": (), "fedbench.metrics.Metric": EVERY, "fedbench.contract.CAPABILITIES": (),
          "fedbench.contract.IncompatibleError": ()}),
+    "schedules": ApiPage(
+        "Schedules", "a float hyperparameter's value per round: `Cosine`, `Step`, `Exponential`, `InverseSqrt`, "
+        "`Constant`, each with a linear warm-up, and the `PerRound` interface the engine evaluates",
+        "fedbench.schedules",
+        {"fedbench.schedules.Schedule": ("value", "decay", "as_config", "own_fields", "required", "checked",
+                                         "check_field", "field_param"),
+         "fedbench.schedules.Constant": (), "fedbench.schedules.Step": (), "fedbench.schedules.Exponential": (),
+         "fedbench.schedules.InverseSqrt": (), "fedbench.schedules.Cosine": (), "fedbench.schedules.KINDS": (),
+         "fedbench.schedules.FIELDS": (), "fedbench.schedules.VALUES": (), "fedbench.schedules.make": (),
+         "fedbench.schedules.kind_of": (), "fedbench.schedules.BadField": (), "fedbench.hparams.PerRound": EVERY}),
     "running": ApiPage(
         "Running", "`fedbench.run`, `make_problem`, `make_algorithm`, `simulate`, runs of several seeds as one "
         "program, `Result`, `Federation`, saved models", "fedbench",
