@@ -5,10 +5,12 @@
     result = fedbench.run("fedmid", problem, rounds=2000, client_lr=1e-3)
     result.final                                                            # last evaluated metrics
     curves = fedbench.run_seeds(problem, "fedmid", Federation(2000), range(30), client_lr=1e-3)  # as one program
+    fedbench.run("fedmid", problem, rounds=2000, client_lr=Cosine(init=1e-2, final=1e-4))  # fedbench.schedules
     fedbench.run("fedmid", problem, rounds=2000, uplink=[{"top_k": 0.05}, {"error_feedback": "ef21"}])  # compressed
 
 `run` is one run in this process; `run_seeds` runs several seeds as one batched program, each as it runs alone.
 Your own algorithms and problems are registered by `fedbench.plugins` and then run by name like the built-in ones.
+A float hyperparameter may follow a schedule (`fedbench.schedules`: `Cosine`, `Step`, ...), a value per round.
 """
 from __future__ import annotations
 

@@ -19,6 +19,9 @@ advance as one program; a run alone is R = 1 through the same code:
   of random length where every client takes part (coin-flip communication, Hanzely et al.'s block methods) advance
   iteration by iteration, each run through its own rounds (`IterationProgram`): round-synchronous runs would each
   wait for the longest of R geometric lengths, about ln R times the mean. Which runs share one: `fedbench.planning`.
+* Hyperparameter schedules (`fedbench.schedules`). A scheduled hyperparameter's value at each run's round is handed
+  to the round's functions as a float's, `[R, 1, 1]` (`RoundProgram._at_rounds`, which the round-wise and the
+  iteration-wise programs both call); runs whose schedules differ share a program as runs whose floats differ do.
 * Divergence. A run that diverges stops, as alone: its partial curve is kept, its final state is stored on its
   Simulation, and it leaves the batched arithmetic. A round in which an SVD fails (an iterate that overflowed
   between two evaluations) is replayed run by run on the same draws: the runs whose SVD fails end diverged there.
@@ -242,6 +245,7 @@ class RoundProgram:
         self.hp = batch_hparams(sims, self.dtype, self.device)
         self.differing = [key for key, value in self.hp.items() if _differs(value)]  # selected per sub-batch
         self._hp_alone: dict[int, HParams] = {}  # `_hp_of` one run
+        self.scheduled = list(self.algorithm.schedules)  # hyperparameters that follow a schedule (`_at_rounds`)
         self.everyone = self.algorithm.participation == "all"
         self.minibatches = first.sampler.minibatches
         self.resume_from_runs()
@@ -282,6 +286,17 @@ class RoundProgram:
         if len(ids) == 1:
             self._hp_alone[ids[0]] = hp
         return hp
+
+    def _at_rounds(self, hp: HParams, ids: list[int]) -> HParams:
+        """`hp` of the runs `ids` with each scheduled hyperparameter's value at each run's current round
+        (`fedbench.schedules`), as a float's (`_per_run`); `hp` itself where nothing follows a schedule. Computed on
+        the host from each run's own schedule and round counter, so that a run's values are the same alone and in a
+        batch."""
+        if not self.scheduled:
+            return hp
+        rounds = self.federation.rounds
+        return HParams({**hp, **{name: _per_run([self.sims[i].algorithm.schedules[name].value(
+            self.sims[i].rounds_done, rounds) for i in ids], self.dtype, self.device) for name in self.scheduled}})
 
     def _layout(self, rows: dict[str, Tensor]) -> dict[str, Tensor]:
         """Rows `[..., R, S, b]` of each drawn minibatch as the problem's step oracles take them: as they are where
@@ -381,7 +396,7 @@ class RoundProgram:
         state = start[1] if whole else {k: v.index_select(0, live) for k, v in start[1].items()}
         run_index = torch.arange(count, device=self.device)[:, None] if state and not self.everyone else None
         gathered = state if run_index is None else {k: v[run_index, clients] for k, v in state.items()}
-        hp = self._hp_of(ids, live)
+        hp = self._at_rounds(self._hp_of(ids, live), ids)
         sim = self.sims[ids[0]]
         rnd = Round(clients, sim.rounds_done, steps, sim.iterations, streams=self._streams(ids))
         received = self.links.receive(server, ids)
@@ -558,6 +573,7 @@ class IterationProgram(RoundProgram):
         self.local: dict[str, Tensor] = {}
         self.clients_all = torch.arange(self.problem.num_clients, device=self.device)
         self.inside = Round(self.clients_all.expand(len(sims), -1), where=self.INSIDE)
+        self.every_hp: HParams | None = None  # every run's values at its current round, until a run opens a round
 
     def _draw_ahead(self) -> None:
         """The rows of every live run for the next iterations, on its own stream (`sampler.draw` of that many
@@ -596,8 +612,9 @@ class IterationProgram(RoundProgram):
         runs = torch.tensor(opening, device=self.device)
         received = self.links.receive(_rows(self.server, opening, runs), opening)
         local = self.algorithm.client_init(received, _rows(self.clients, opening, runs), self._round(opening),
-                                           self._hp_of(opening, runs))
+                                           self._at_rounds(self._hp_of(opening, runs), opening))
         self.links.commit()
+        self.every_hp = None  # these runs' values change (`_step_every_row`)
         for key, value in local.items():
             if key not in self.local:
                 self.local[key] = value.new_zeros(len(self.sims), *value.shape[1:])
@@ -617,7 +634,7 @@ class IterationProgram(RoundProgram):
 
     def _end_round(self, group: list[int], rows: dict[str, Tensor]) -> None:
         runs = torch.tensor(group, device=self.device)
-        hp = self._hp_of(group, runs)
+        hp = self._at_rounds(self._hp_of(group, runs), group)
         local, server = _rows(self.local, group, runs), _rows(self.server, group, runs)
         rnd = self._round(group, ending=True)
         oracles = self._batches(self._layout(_rows(rows, group, runs)), len(group), len(self.clients_all),
@@ -638,14 +655,17 @@ class IterationProgram(RoundProgram):
         """A local step of every row of the batch, in the middle of its run's round: the steps of the rows of runs that
         have just ended their round or stopped are wasted, cheaper than selecting the others."""
         batches = self._batches(self._layout(rows), len(self.sims), len(self.clients_all), self.noise)
-        self.local = self.algorithm.client_step(self.local, batches, self.inside, self.hp)
+        if self.every_hp is None:
+            self.every_hp = self._at_rounds(self.hp, self.ids)
+        self.local = self.algorithm.client_step(self.local, batches, self.inside, self.every_hp)
 
     def _step_run(self, i: int, rows: dict[str, Tensor]) -> None:
         """Run i's local step alone, on its own rows (a replay after `_step_every_row` failed)."""
         run = torch.tensor([i], device=self.device)
         batches = self._batches(self._layout(_rows(rows, [i], run)), 1, len(self.clients_all), self._noise([i]))
         inside = Round(self.clients_all.expand(1, -1), where=self.INSIDE)
-        local = self.algorithm.client_step(_rows(self.local, [i], run), batches, inside, self._hp_of([i], run))
+        local = self.algorithm.client_step(_rows(self.local, [i], run), batches, inside,
+                                           self._at_rounds(self._hp_of([i], run), [i]))
         _write_rows(self.local, local, [i], run)
 
     def _stop(self, i: int, status: str) -> None:
@@ -672,6 +692,7 @@ class IterationProgram(RoundProgram):
         super().load_state_dict(state)
         for name in self.ITERATION_STATE:
             setattr(self, name, state[name])
+        self.every_hp = None  # of the runs' rounds as loaded
 
     def rounds_progress(self) -> int:
         return sum(sim.rounds_done for sim in self.sims) // len(self.sims)

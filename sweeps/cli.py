@@ -687,12 +687,20 @@ def list_components(with_plugins: Optional[List[str]] = WithOption) -> None:
                   "ε at δ, user-level (one client's data replaced), S of N clients drawn without replacement a round, "
                   "by dp-accounting's RDP accountant", highlight=False)
     from fedbench.contract import CAPABILITIES
+    from fedbench.schedules import KINDS
 
     for (title, name), why in sorted(plugins.broken_entry_points().items()):
         console.print(f"{title} {name}: not loaded: {why}", highlight=False)
     console.print("capabilities an algorithm may require and a problem provide:", highlight=False)
     for name, meaning in CAPABILITIES.items():
         console.print(f"  {name}: {meaning}", highlight=False)
+    console.print("an algorithm's float hyperparameter also takes a schedule, {schedule: KIND, init: ..., ...}: its "
+                  "value at round k after a linear warm-up of `warmup` rounds from `warmup_init` (default 0) to "
+                  "init, of H rounds after it (a list in a field is a grid axis; [optional]):", highlight=False,
+                  markup=False)
+    for kind, schedule in KINDS.items():
+        fields = ", ".join(f if f in schedule.required() else f"[{f}]" for f in schedule.own_fields())
+        console.print(f"  {kind}: {schedule.formula}  ({fields})", highlight=False, markup=False)
 
 
 def param_table(title: str, params) -> Table:

@@ -5,8 +5,10 @@ collected, not imported). `small_problems.py` (small instances of the shipped pr
 - The run axis: `CASES`, every algorithm written for it with a small problem, a federation, hyperparameters and
   the tolerance of its batched curves against its runs alone (`tests/test_runs.py`, `test_checkpoints.py`,
   `test_gpu.py`); `curves_alone`, `rows_by_run`, `assert_same`.
+- Refusals: `refused`, a command's one-line refusal (`tests/test_refusals.py`, `test_schedules.py`).
 - Checkpoints: `build` (a program of seeds), `rows_of` (its rows by run), `interrupted` (its rows when stopped at a
-  safe point and resumed from the state saved there: `tests/test_checkpoints.py`, `test_transforms.py`).
+  safe point and resumed from the state saved there: `tests/test_checkpoints.py`, `test_schedules.py`,
+  `test_transforms.py`).
 - numpy transcriptions of the lasso/low-rank problems' data, gradient and prox (`tests/test_algorithms.py`,
   `test_fastfedda.py`), and of FedAvg's and FedMiD's rounds on a Lasso (`test_transforms.py`, `test_robust.py`).
 - Data files written out: an EMNIST npz in the shipped format (`write_npz`, `npz_problem`) and an MNIST-format
@@ -142,6 +144,7 @@ def build(problem, name, federation, hp, seeds):
 
 
 def rows_of(program, rows=None):
+    """A program's rows, one list per run (appended to `rows`, the rows a resumed program's runs had before)."""
     rows = rows if rows is not None else [[] for _ in program.sims]
     for i, row in program:
         rows[i].append(row)
@@ -150,7 +153,7 @@ def rows_of(program, rows=None):
 
 def interrupted(make_program, at: int):
     """The rows of a program stopped at its `at`-th safe point, then resumed from the checkpoint taken there by a
-    program built anew."""
+    program built anew (through `torch.save`, as a checkpoint file holds it), and its runs' statuses."""
     program, rows, saved, count = make_program(), None, io.BytesIO(), [0]
 
     def safe_point(program):
@@ -168,6 +171,19 @@ def interrupted(make_program, at: int):
     again = make_program()
     again.load_state_dict(checkpoint["program"])
     return rows_of(again, checkpoint["rows"]), [sim.status for sim in again.sims]
+
+
+# -- refusals ---------------------------------------------------------------------------------------------------
+
+def refused(result, *expected: str) -> str:
+    """The refusal's first line, after checking exit 2, no traceback and the expected phrases in that line."""
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    first = result.output.splitlines()[0]
+    for phrase in expected:
+        assert phrase in first, (phrase, result.output)
+    return first
 
 
 # -- numpy transcriptions of the lasso and low-rank problems ------------------------------------------

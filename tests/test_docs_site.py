@@ -184,6 +184,7 @@ API_NAMES = {"algorithm": ["Algorithm.client_step", "Algorithm.client_final", "A
              "problem": ["Problem.gather", "Problem.minibatch_loss", "Problem.client_loss", "Problem.provides"],
              "oracles": ["Oracle.grad", "Batches", "Minibatch"],
              "parameters": ["Param", "Param.kind", "Metric.direction"],
+             "schedules": ["Cosine", "Schedule.value", "PerRound.value", "make"],
              "running": ["run", "simulate", "Result.final", "Simulation.accountant"],
              "privacy": ["Accountant.epsilon", "Mechanism.of", "Mechanism.event"],
              "transforms": ["Transform.apply", "Transform.bits", "Compressor.compress", "chain"],

@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
+from helpers import refused
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBLEM = """\
@@ -33,17 +34,6 @@ def write(tmp_path: Path, text: str, name: str = "r.yaml") -> Path:
     path = tmp_path / name
     path.write_text(text)
     return path
-
-
-def refused(result, *expected: str) -> str:
-    """The refusal's first line, after checking exit 2, no traceback and the expected phrases in that line."""
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output, result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    first = result.output.splitlines()[0]
-    for phrase in expected:
-        assert phrase in first, (phrase, result.output)
-    return first
 
 
 # -- duplicated keys ----------------------------------------------------------------------------------------

@@ -71,13 +71,15 @@ def code(text: Any) -> str:
     return f"`{text}`" if str(text) else ""
 
 
-def param_table(params) -> list[str]:
-    """One row per `fedbench.hparams.Param`: what `fedbench list` prints, as a table."""
+def param_table(params, schedules: bool = False) -> list[str]:
+    """One row per `fedbench.hparams.Param`: what `fedbench list` prints, as a table; with `schedules`, a float's
+    type says that it also takes a schedule (an algorithm's hyperparameters)."""
     if not params:
         return ["No parameters."]
     lines = ["| parameter | type | default | range | description |", "|---|---|---|---|---|"]
     for p in params:
         kind = p.kind + (", log scale" if p.log else "") + (", or null" if p.nullable else "")
+        kind += ", or a [schedule](../recipe.md#schedules)" if schedules and p.kind == "float" else ""
         labels = "; display names: " + ", ".join(f"{v} = {n}" for v, n in p.labels) if p.labels else ""
         lines.append(f"| {code(p.name)} | {cell(kind)} | {cell(code(yaml_value(p.default)))} | "
                      f"{cell(p.describe_range())} | {cell(p.help + labels)} |")
@@ -166,8 +168,10 @@ def algorithm_page(name: str, cls) -> str:
     lines = [f"# Algorithm `{name}`" + (f": {title}" if title != name else ""), "",
              f"Source: `{source_path(cls)}`. In a recipe: `algorithms: {{{name}: {{...}}}}`.", "",
              "## Update rule", "", module_doc(cls), "", "## Hyperparameters", "",
-             f"Set under `algorithms.{name}` (a list is a grid axis), with `--set algorithms.{name}.NAME=VALUE`, "
-             "or searched by a `tune:` block.", "", *param_table(cls.hparams), "", "## What it requires", "",
+             f"Set under `algorithms.{name}` (a list is a grid axis; a float also takes a "
+             f"[schedule](../recipe.md#schedules), a value per round), with `--set algorithms.{name}.NAME=VALUE`, "
+             "or searched by a `tune:` block.", "", *param_table(cls.hparams, schedules=True), "",
+             "## What it requires", "",
              "As `fedbench list` prints it:", "", "```text", *contract_lines("algorithm", cls), "```", ""]
     defaults = resolve(cls.hparams, {}, name)
     base = cls.requirements(defaults)
@@ -291,9 +295,10 @@ def recipe_page() -> str:
               "", *param_table(FEDERATION_PARAMS), "", *robust_section(), *transforms_section(),
               "## `tune.space` distributions", "",
               "Each entry of `tune.space` maps a parameter (bare name, `problem.X`, `federation.X` or "
-              "`algorithms.ALGO.X`) to one distribution: " + ", ".join(map(code, DISTRIBUTIONS)) +
-              ", e.g. `client_lr: {log_uniform: [1.0e-5, 1.0e-1]}`. `tune.sampler` is one of "
-              + ", ".join(map(code, SAMPLERS)) + ".", ""]
+              "`algorithms.ALGO.X`; or a field of the schedule a hyperparameter follows, `X.FIELD` or "
+              "`algorithms.ALGO.X.FIELD`) to one distribution: " + ", ".join(map(code, DISTRIBUTIONS)) +
+              ", e.g. `client_lr: {log_uniform: [1.0e-5, 1.0e-1]}` or `client_lr.init: {log_uniform: [1.0e-4, "
+              "1.0e-1]}`. `tune.sampler` is one of " + ", ".join(map(code, SAMPLERS)) + ".", "", *schedules_section()]
     return "\n".join(lines) + "\n"
 
 
@@ -331,6 +336,29 @@ def transforms_section() -> list[str]:
         links = "uplink, downlink" if transform.on_downlink else "uplink"
         lines.append(f"| {code(name)} | {links} | {cell(params)} | {cell(transform.help)} |")
     return [*lines, "", module_doc(TRANSFORMS["top_k"]), ""]
+
+
+def schedules_section() -> list[str]:
+    """The kinds of schedule a float hyperparameter takes and their fields (`fedbench.schedules`)."""
+    from fedbench.schedules import FIELDS, KINDS, VALUES
+
+    lines = ["## Schedules", "",
+             "An algorithm's float hyperparameter takes a schedule instead of a number, "
+             "`{schedule: KIND, init: ..., ...}` (a list in a field is a grid axis): its value at round r "
+             "(from 0) of T rounds, after a linear warm-up of W = `warmup` rounds from `warmup_init` to `init`, "
+             "is the kind's formula at k = r − W, with H = max(T − W, 1) (generated from `fedbench/schedules.py`; "
+             "[the recipe guide](../guide/recipes.md#schedules) has examples).", "",
+             "| `schedule:` | value | fields (required in bold) |", "|---|---|---|"]
+    for kind, cls in KINDS.items():
+        fields = ", ".join(f"**`{f}`**" if f in cls.required() else code(f) for f in cls.own_fields())
+        lines.append(f"| {code(kind)} | {cell(cls.formula)} | {fields} |")
+    lines += ["", "| field | type | default | range | description |", "|---|---|---|---|---|"]
+    for name, p in FIELDS.items():
+        value_range = ("the hyperparameter's" + (" (from its lower end)" if name == "warmup_init" else "")
+                       if name in VALUES else p.describe_range())
+        default = "required" if p.default is None else code(yaml_value(p.default))
+        lines.append(f"| {code(name)} | {p.kind} | {default} | {cell(value_range)} | {cell(p.help)} |")
+    return lines + [""]
 
 
 # -- the CLI ----------------------------------------------------------------------------------------------------
@@ -425,6 +453,16 @@ API_PAGES = {
         {"fedbench.hparams.Param": EVERY, "fedbench.hparams.KINDS": (), "fedbench.hparams.ParamError": (),
          "fedbench.hparams.resolve": (), "fedbench.metrics.Metric": EVERY, "fedbench.contract.CAPABILITIES": (),
          "fedbench.contract.IncompatibleError": ()}),
+    "schedules": ApiPage(
+        "Schedules", "a float hyperparameter's value per round: `Cosine`, `Step`, `Exponential`, `InverseSqrt`, "
+        "`Constant`, each with a linear warm-up, and the `PerRound` interface the engine evaluates",
+        "fedbench.schedules",
+        {"fedbench.schedules.Schedule": ("value", "decay", "as_config", "own_fields", "required", "checked",
+                                         "check_field", "field_param"),
+         "fedbench.schedules.Constant": (), "fedbench.schedules.Step": (), "fedbench.schedules.Exponential": (),
+         "fedbench.schedules.InverseSqrt": (), "fedbench.schedules.Cosine": (), "fedbench.schedules.KINDS": (),
+         "fedbench.schedules.FIELDS": (), "fedbench.schedules.VALUES": (), "fedbench.schedules.make": (),
+         "fedbench.schedules.kind_of": (), "fedbench.schedules.BadField": (), "fedbench.hparams.PerRound": EVERY}),
     "running": ApiPage(
         "Running", "`fedbench.run`, `make_problem`, `make_algorithm`, `simulate`, runs of several seeds as one "
         "program, `Result`, `Federation`, saved models", "fedbench",

@@ -21,11 +21,11 @@ uploads' shapes: each of the S clients sends Σ_uploads (floats per client) (`up
 One rank convention, so that the maths needs no helper: the server state is `[R, 1, ...]` (one row per run, a
 singleton client axis), the round's local state `[R, S, ...]`, per-client state (`init_clients`) `[R, N, ...]`,
 the aggregation weights `[R, S]`, and every float hyperparameter `hp.x` a `[R, 1, 1]` tensor (one value per run;
-`[1, 1, 1]` where the runs share it) that broadcasts against all of them. Choice, integer, boolean and list
-hyperparameters are plain Python values, the same for every run of a program. Values derived from the
-hyperparameters and the problem (step-size rules, couplings) come from one declared pure function, `derive(hp)`,
-which the engine evaluates per run and hands in with them (`hp.rules.eta`). Reductions over the clients are over
-axis 1 (`aggregate`, `.mean(1, keepdim=True)`).
+`[1, 1, 1]` where the runs share it; for one that follows a schedule, `fedbench.schedules`, its value at the run's
+round) that broadcasts against all of them. Choice, integer, boolean and list hyperparameters are plain Python
+values, the same for every run of a program. Values derived from the hyperparameters and the problem (step-size
+rules, couplings) come from one declared pure function, `derive(hp)`, which the engine evaluates per run and hands
+in with them (`hp.rules.eta`). Reductions over the clients are over axis 1 (`aggregate`, `.mean(1, keepdim=True)`).
 
 `batches` holds one oracle per declared minibatch (`minibatches(hp)`, default one batch `D` of the federation's batch
 size): `batches.D.grad(u)` is ∇f̃(u; D) for every run and client, `.loss`, `.hvp` and the problem's other oracle
@@ -39,7 +39,8 @@ have no `rnd.index`, `rnd.iteration` or `rnd.step` (only `rnd.is_last_step`, Fal
 Per run and outside the round loop, the algorithm object is one run's configuration: `self.hp` holds its
 resolved hyperparameters and derived values as Python values, which `init_server`, `init_clients`,
 `round_length` and the evaluation hooks (`global_params`, `personal_params`, `evaluate`, on one run's state
-without the run axis: server `[...]`, clients `[N, ...]`) read.
+without the run axis: server `[...]`, clients `[N, ...]`) read. A hyperparameter that follows a schedule has no one
+value there, nor in `derive`: reading it raises ParamError (`fedbench validate` refuses such a recipe).
 
 Beyond that shape an algorithm may declare: `requires` (capabilities the problem must provide,
 `fedbench.contract`), `participation = "all"` (every client every round instead of S sampled ones),
@@ -57,7 +58,7 @@ import torch
 from torch import Tensor
 
 from fedbench import contract
-from fedbench.hparams import HParams, Param, resolve
+from fedbench.hparams import HParams, Param, PerRound, resolve
 from fedbench.metrics import Metric
 from fedbench.oracle import Batches, Minibatch
 
@@ -274,12 +275,22 @@ class Algorithm:
         """The problem instance it runs on (its oracles beyond a step's minibatches, e.g. `client_grad`)."""
         self.reg = problem.regularizer
         """The problem's regularizer h (`fedbench.prox`): `self.reg.prox(v, step)`, `self.reg.subgradient(w)`."""
-        declared = resolve(self.hparams, hyperparameters, self.name)
+        declared = resolve(self.hparams, hyperparameters, self.name, per_round=True)
         self.check(declared)
         contract.check(self.name, self.requirements(declared), problem.name, problem.capabilities(problem.config))
         self.declared = declared
         """The resolved hyperparameters alone, by name (what a batch of runs compares)."""
-        self.hp = HParams({**declared, **self.derive(HParams(declared))})
+        self.schedules = {name: value for name, value in declared.items() if isinstance(value, PerRound)}
+        """The hyperparameters that follow a schedule (`fedbench.schedules`), by name: the engine hands the round
+        functions their values at each round. `derive` and `self.hp` hold one value for the whole run, so there they
+        have none: reading one raises ParamError."""
+        fixed = {name: value for name, value in declared.items() if name not in self.schedules}
+
+        def unset(where: str) -> dict[str, str]:
+            why = f"follows a schedule, but {self.name} reads it {where}, which holds one value for the whole run"
+            return dict.fromkeys(self.schedules, f"{why}: give it one value")
+        self.hp = HParams({**fixed, **self.derive(HParams(fixed, unset("in derive")))},
+                          unset("outside its rounds (self.hp: init_server, round_length, evaluation)"))
         """One run's hyperparameters and derived values (`derive`) as Python values, for the hooks that run outside
         the round loop (`init_server`, `round_length`, the evaluation hooks); the round functions get them per run
         as their `hp` argument."""

@@ -19,11 +19,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from fedbench import plugins, transforms
+from fedbench import plugins, schedules, transforms
 from fedbench.algorithms import ALGORITHMS
 from fedbench.hparams import LIST_KINDS, Param, ParamError
 from fedbench.problems import PROBLEMS
 from fedbench.robust import Adversaries
+from fedbench.schedules import Schedule
 from fedbench.transforms import LINKS, Step
 from .grid import MAX_RUNS, Recipe, grid_points
 from .loading import (
@@ -70,9 +71,11 @@ __all__ = ["DISTRIBUTIONS", "FEDERATION_NAMES", "FEDERATION_PARAMS", "OPTION_FIE
            "schema_error", "stable_hash", "yaml_value"]
 
 
-def _check_values(source: str, path: str, param: Param, value: Any) -> list[Any]:
+def _check_values(source: str, path: str, param: Param, value: Any, per_round: bool) -> list[Any]:
     """A list is a grid axis, a scalar one value; each value checked. For a list-valued parameter
-    (kind `floats` or `ints`, e.g. a per-stage schedule) one list is one value and a list of lists a grid axis."""
+    (kind `floats` or `ints`, e.g. a per-stage schedule) one list is one value and a list of lists a grid axis. With
+    `per_round` (an algorithm's hyperparameters), a mapping is a schedule (`_schedules`), itself a grid where its
+    fields are lists."""
     if param.kind in LIST_KINDS:
         is_grid = isinstance(value, list) and bool(value) and all(isinstance(v, list) for v in value)
     else:
@@ -82,21 +85,66 @@ def _check_values(source: str, path: str, param: Param, value: Any) -> list[Any]
         raise RecipeError(source, path, "found an empty list, expected at least one value")
     checked = []
     for i, v in enumerate(values):
+        where = f"{path}[{i}]" if is_grid else path
+        if isinstance(v, dict) and per_round:
+            checked += _schedules(source, where, param, v)
+            continue
+        if isinstance(v, dict):
+            raise RecipeError(source, where, f"found a mapping, expected {param.kind} in {param.describe_range()}: "
+                              "only an algorithm's hyperparameters follow schedules")
         try:
             checked.append(param.check(v))
         except ValueError as err:  # the engine's message holds the value whole: shown cut, as the recipe's checks do
-            message = str(err).replace(repr(v), shown(v))
-            raise RecipeError(source, f"{path}[{i}]" if is_grid else path, message) from None
+            raise RecipeError(source, where, str(err).replace(repr(v), shown(v))) from None
     return checked
 
 
-def _check_params(source, path, declared, given: dict) -> dict[str, list[Any]]:
+def _schedules(source: str, path: str, param: Param, given: dict) -> list[Schedule]:
+    """The schedules of a mapping `{schedule: KIND, field: value, ...}` (`fedbench.schedules`): a list in a field is
+    a grid axis, as for a float; each field checked where it is written, the values of the hyperparameter (init,
+    final, warmup_init) against its range."""
+    if param.kind != "float":
+        raise RecipeError(source, path, f"found a schedule, expected {param.kind} in {param.describe_range()}: "
+                          "a schedule is for a float")
+    if "schedule" not in given:
+        raise RecipeError(source, path, "found a mapping without schedule:, expected a number or a schedule "
+                          f"{{schedule: KIND, init: ...}} (KIND one of {', '.join(schedules.KINDS)})")
+    if isinstance(given["schedule"], list):
+        raise RecipeError(source, f"{path}.schedule", "found a list, expected one schedule (a grid over schedules is a "
+                          "list of them: [{schedule: ..., ...}, {schedule: ..., ...}])")
+    try:
+        kind = schedules.kind_of(given["schedule"])
+    except ValueError as err:
+        raise RecipeError(source, f"{path}.schedule", str(err)) from None
+    fields = {name: value for name, value in given.items() if name != "schedule"}
+    for name in schedules.unknown_fields(kind, fields):
+        raise RecipeError(source, f"{path}.{name}", f"unknown field of a {kind.kind} schedule"
+                          f"{closest(name, kind.own_fields())}; expected one of {', '.join(kind.own_fields())}")
+    for name in kind.required():
+        if name not in fields:
+            raise RecipeError(source, path, f"a {kind.kind} schedule needs {name}: {schedules.FIELDS[name].help}")
+    grid: dict[str, list[Any]] = {}
+    for name, value in fields.items():
+        values = value if isinstance(value, list) else [value]
+        if not values:
+            raise RecipeError(source, f"{path}.{name}", "found an empty list, expected at least one value")
+        grid[name] = []
+        for i, v in enumerate(values):
+            try:
+                grid[name].append(kind.check_field(name, v, param))
+            except ValueError as err:
+                raise RecipeError(source, f"{path}.{name}[{i}]" if isinstance(value, list) else f"{path}.{name}",
+                                  str(err).replace(repr(v), shown(v))) from None
+    return [schedules.make(kind.kind, **point) for point in grid_points(grid)]
+
+
+def _check_params(source, path, declared, given: dict, per_round: bool = False) -> dict[str, list[Any]]:
     by_name = {p.name: p for p in declared}
     grid = {}
     for key, value in given.items():
         if key not in by_name:
             raise unknown(source, f"{path}.{key}", f"unknown parameter{closest(key, by_name)}", by_name)
-        grid[key] = _check_values(source, f"{path}.{key}", by_name[key], value)
+        grid[key] = _check_values(source, f"{path}.{key}", by_name[key], value, per_round)
     return grid
 
 
@@ -213,7 +261,7 @@ def parse(raw: dict[str, Any], source: str) -> Recipe:
             path = f"algorithms.{algo}.{section}"
             overrides[algo][section] = (_check_federation(source, path, given) if section == "federation"
                                         else _check_params(source, path, sections[section], given))
-        algorithms[algo] = _check_params(source, f"algorithms.{algo}", ALGORITHMS[algo].hparams, hps)
+        algorithms[algo] = _check_params(source, f"algorithms.{algo}", ALGORITHMS[algo].hparams, hps, per_round=True)
 
     dimensions = check_space(source, model.tune, problem_name, algorithms) if model.tune else ()
     name = model.name or Path(source).stem

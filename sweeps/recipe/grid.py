@@ -4,6 +4,7 @@ by the rules building its run applies (`check`, `check_builds`).
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import os
@@ -14,10 +15,11 @@ from typing import Any, Optional
 from fedbench import contract, plugins, privacy
 from fedbench.algorithms import ALGORITHMS
 from fedbench.federation import Federation, minibatch_sizes
-from fedbench.hparams import ParamError, resolve
+from fedbench.hparams import ParamError, PerRound, resolve
 from fedbench.links import check_uploads
 from fedbench.metrics import Metric
 from fedbench.problems import PROBLEMS
+from fedbench.simulate import Simulation
 from fedbench.transforms import LINKS, chain_text
 from .loading import RecipeError, closest, in_bytes
 from .schema import Checkpoints, ReportSpec, Resources, TuneSpec, is_seed
@@ -82,7 +84,8 @@ class Recipe:
     def single_trial(self, algorithm: str | None = None, seed: int | None = None,
                      fixed: dict[str, Any] | None = None) -> Trial:
         """The one trial `fedbench run` runs: every parameter must have exactly one value, except those
-        `fixed` gives (by recipe path, e.g. `problem.lam` or `algorithms.fedmid.client_lr`)."""
+        `fixed` gives (by recipe path, e.g. `problem.lam`, `algorithms.fedmid.client_lr` or a field of its schedule,
+        `algorithms.fedmid.client_lr.init`)."""
         if algorithm is None:
             if len(self.algorithms) != 1:
                 raise RecipeError(self.source, "algorithms",
@@ -110,8 +113,11 @@ class Recipe:
                     raise RecipeError(self.source, f"{section}.{key}", f"found {len(values)} values {found}, "
                                       f"expected one for a single run; pick one with --set {section}.{pick}=VALUE")
                 chosen[section][key] = values[0]
-            chosen[section].update({path.removeprefix(section + "."): value for path, value in fixed.items()
-                                    if path.startswith(section + ".")})
+            for path, value in fixed.items():
+                if path.startswith(section + "."):
+                    key, _, field = path.removeprefix(section + ".").partition(".")  # a schedule's field (tune)
+                    held = chosen[section][key]
+                    chosen[section][key] = dataclasses.replace(held, **{field: value}) if field else value
         return self._trial(chosen["problem"], chosen["federation"], algorithm,
                            chosen[f"algorithms.{algorithm}"], self.seeds[0] if seed is None else seed)
 
@@ -135,8 +141,8 @@ class Recipe:
             federation_values["rounds"] = iterations // steps
         federation = Federation(**federation_values)
         trial = Trial(self.name, self.problem, PROBLEMS[self.problem].resolve_config(problem_values), algorithm,
-                      resolve(ALGORITHMS[algorithm].hparams, hyperparameters, algorithm), federation, seed,
-                      self.eval_every, self.device, self.divergence_factor,
+                      resolve(ALGORITHMS[algorithm].hparams, hyperparameters, algorithm, per_round=True), federation,
+                      seed, self.eval_every, self.device, self.divergence_factor,
                       plugins.sources("problem", self.problem) + plugins.sources("algorithm", algorithm),
                       self.models_every, self.delta if privacy.gaussian_step(federation.uplink) is not None else None)
         self.check(trial)
@@ -197,11 +203,33 @@ class Recipe:
     def check_builds(self, trials: list[Trial] | None = None) -> None:
         """`check` every distinct configuration of `trials` (default: the recipe's) with the index of its data
         read: what `validate`, `run`, `sweep` and `tune` do before anything runs (before Ray starts, or the
-        tracking store is touched), so that what building a run would refuse is refused first, with its field."""
+        tracking store is touched), so that what building a run would refuse is refused first, with its field. A
+        configuration with a schedule is built too (`check_schedules`)."""
+        problems: dict[str, Any] = {}
         for trial in self.trials() if trials is None else trials:
             if trial.config_hash not in self.built:
                 self.check(trial, read_data=True)
+                if any(isinstance(value, PerRound) for value in trial.hyperparameters.values()):
+                    self.check_schedules(trial, problems)
                 self.built.add(trial.config_hash)
+
+    def check_schedules(self, trial: Trial, problems: dict[str, Any]) -> None:
+        """Refuse a trial whose algorithm reads a hyperparameter that follows a schedule where it holds one value for
+        the whole run (`derive`, or `self.hp` in `init_server` and `init_clients`): its run built, on the CPU, on one
+        problem instance per problem configuration (`problems`, by hash), as only the algorithm's code can say
+        what it reads."""
+        key = stable_hash(trial.config()["problem"])
+        try:
+            if key not in problems:
+                problems[key] = PROBLEMS[trial.problem](trial.problem_config, seed=trial.seed, device="cpu")
+            algorithm = ALGORITHMS[trial.algorithm](problems[key], **trial.hyperparameters)
+            Simulation(problems[key], algorithm, trial.federation, trial.seed)
+        except ParamError as err:
+            if err.name in trial.hyperparameters:
+                raise RecipeError(self.source, f"algorithms.{trial.algorithm}.{err.name}", err.message) from None
+            raise RecipeError(self.source, f"algorithms.{trial.algorithm}", str(err)) from None
+        except ValueError as err:  # what else building the run refuses (pfedfbe's λ below the clients' smoothness)
+            raise RecipeError(self.source, f"algorithms.{trial.algorithm}", str(err)) from None
 
     def check_memory(self, trial: Trial) -> None:
         """Refuse a run whose estimate (`Problem.run_bytes`) exceeds this machine's memory, naming the size parameter

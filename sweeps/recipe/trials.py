@@ -11,7 +11,7 @@ from typing import Any
 
 from fedbench.algorithms import ALGORITHMS
 from fedbench.federation import DIVERGENCE_FACTOR, Federation
-from fedbench.hparams import Param
+from fedbench.hparams import Param, PerRound
 from fedbench.metrics import ENGINE_COLUMNS, Metric
 from fedbench.plugins import Source
 from fedbench.privacy import epsilon_metric
@@ -40,14 +40,16 @@ class Trial:
     delta: float | None = None
 
     def config(self) -> dict[str, Any]:
-        """Everything that determines the run except the seed (and the device it runs on); for a plugin's run, the
-        sha256 of the plugin's code too, so that an edited plugin's runs run again (a built-in's config is as it
-        was). A run accounted at a δ has it as `privacy.delta`: δ changes no iterate, but every row's `epsilon`,
-        and a store that holds the curve of a config must hold the curve at its δ (as `eval_every` changes only
-        which rows there are); a run without noise is recorded (and hashed) as before privacy existed."""
+        """Everything that determines the run except the seed (and the device it runs on), as data: a schedule as
+        the recipe writes it (a mapping, `PerRound.as_config`); for a plugin's run, the sha256 of the plugin's code
+        too, so that an edited plugin's runs run again (a built-in's config is as it was). A run accounted at a δ
+        has it as `privacy.delta`: δ changes no iterate, but every row's `epsilon`, and a store that holds the curve
+        of a config must hold the curve at its δ (as `eval_every` changes only which rows there are); a run without
+        noise is recorded (and hashed) as before privacy existed."""
+        hyperparameters = {k: v.as_config() if isinstance(v, PerRound) else v for k, v in self.hyperparameters.items()}
         config = {"problem": {"name": self.problem, **self.problem_config},
                   "federation": self.federation.config(),
-                  "algorithm": {"name": self.algorithm, **self.hyperparameters},
+                  "algorithm": {"name": self.algorithm, **hyperparameters},
                   "eval_every": self.eval_every, "divergence_factor": self.divergence_factor}
         if self.delta is not None:
             config["privacy"] = {"delta": self.delta}
@@ -68,14 +70,16 @@ class Trial:
         return problem + algorithm.declared_metrics(self.hyperparameters) + ENGINE_COLUMNS + privacy
 
     def params(self) -> dict[str, Any]:
-        """The configuration flattened to dotted names, plus the seed: what the tracker records."""
+        """The configuration flattened to dotted names, plus the seed: what the tracker records (a schedule as it
+        reads, `cosine(init=0.1, final=0.001)`)."""
         flat = {}
         for section, values in self.config().items():
             if isinstance(values, dict):
                 flat.update({f"{section}.{key}": value for key, value in values.items()})
             else:
                 flat[section] = values
-        return {**flat, "seed": self.seed}
+        scheduled = {f"algorithm.{k}": v for k, v in self.hyperparameters.items() if isinstance(v, PerRound)}
+        return {**flat, **scheduled, "seed": self.seed}
 
 
 def metrics_of(trials: list[Trial]) -> dict[str, Metric]:
