@@ -187,7 +187,7 @@ def _check_chain(source: str, path: str, link: str, spec: Any) -> list[tuple[Ste
         except ParamError as err:
             raise RecipeError(source, f"{section}.{err.name}", err.message.replace(repr(given), shown(given))) from None
         params = {p.name: p for p in transform.params}
-        grid = {name: _check_values(source, f"{section}.{where}", params[name], value)
+        grid = {name: _check_values(source, f"{section}.{where}", params[name], value, per_round=False)
                 for name, (where, value) in values.items()}
         options.append([transform.step(point) for point in grid_points(grid)])
     return [tuple(steps) for steps in itertools.product(*options)]
