@@ -37,12 +37,12 @@ def make_algorithm(name: str, problem: Problem, **hyperparameters: Any) -> Algor
 
 def run(algorithm: str, problem: Problem, rounds: int = 100, clients_per_round: int = 10, local_steps: int = 10,
         batch_size: int = 10, aggregation: str = "uniform", seed: int | None = None, eval_every: int = 10,
-        uplink: Sequence = (), downlink: Sequence = (), **hyperparameters: Any) -> Result:
+        uplink: Sequence = (), downlink: Sequence = (), compile: str = "auto", **hyperparameters: Any) -> Result:
     """One run of the registered algorithm `algorithm` on `problem`, in this process: `Federation(rounds,
     clients_per_round, local_steps, batch_size, aggregation, uplink, downlink)` (the chains of transforms as a
     recipe writes them, `fedbench.transforms`), the run's random streams from `seed` (default: the problem's), a
-    metrics row every `eval_every` rounds, and the algorithm's `hyperparameters` (by name; the others at their
-    defaults).
+    metrics row every `eval_every` rounds, its local steps compiled or not (`compile`: auto, on or off,
+    `fedbench.compiling`), and the algorithm's `hyperparameters` (by name; the others at their defaults).
 
     Returns:
         The run's `Result`: its rows, status, final global model (and personal models).
@@ -58,7 +58,8 @@ def run(algorithm: str, problem: Problem, rounds: int = 100, clients_per_round: 
     federation = Federation(rounds, clients_per_round, local_steps, batch_size, aggregation, tuple(uplink),
                             tuple(downlink))
     seed = problem.seed if seed is None else seed
-    return simulate(problem, make_algorithm(algorithm, problem, **hyperparameters), federation, seed, eval_every)
+    return simulate(problem, make_algorithm(algorithm, problem, **hyperparameters), federation, seed, eval_every,
+                    compile=compile)
 
 
 __all__ = ["ALGORITHMS", "PROBLEMS", "Federation", "Result", "Simulation", "load_model", "make_algorithm",

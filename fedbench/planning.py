@@ -157,9 +157,10 @@ def why_not_batchable(sims: list[Simulation]) -> str | None:
         if derived:
             return (f"the runs' derived values {', '.join(derived)} differ in more than floats (per-run values): "
                     "a program holds one value of anything else")
-        if (sim.federation, sim.eval_every, sim.sampler.sizes, sim.divergence_factor) != (
-                first.federation, first.eval_every, first.sampler.sizes, first.divergence_factor):
-            return "the runs must share the federation, batch sizes, evaluation schedule and divergence rule"
+        if (sim.federation, sim.eval_every, sim.sampler.sizes, sim.divergence_factor, sim.compile) != (
+                first.federation, first.eval_every, first.sampler.sizes, first.divergence_factor, first.compile):
+            return ("the runs must share the federation, batch sizes, evaluation schedule, divergence rule and compile "
+                    "mode")
     return None
 
 

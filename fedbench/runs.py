@@ -46,6 +46,7 @@ import torch
 from torch import Tensor
 
 from fedbench.algorithms.base import HParams, Round, upload_floats
+from fedbench.compiling import compiled, compiles
 from fedbench.federation import aggregation_weights, step_oracles
 from fedbench.links import Links
 from fedbench.oracle import Batches
@@ -248,6 +249,8 @@ class RoundProgram:
         self.scheduled = list(self.algorithm.schedules)  # hyperparameters that follow a schedule (`_at_rounds`)
         self.everyone = self.algorithm.participation == "all"
         self.minibatches = first.sampler.minibatches
+        self.compiled = compiles(sims)  # whether its local steps run compiled (`fedbench.compiling`)
+        self.local_step = compiled(self._local_step) if self.compiled else self._local_step
         self.resume_from_runs()
         self.links = Links(sims, self.server)
         self.live = list(range(len(sims)))
@@ -315,6 +318,12 @@ class RoundProgram:
         for mb in self.minibatches:  # a batch `same_as` another shares its lifted oracle too
             lifted[mb.name] = lifted[mb.same_as] if mb.same_as else RunOracle(oracles[mb.name], count, clients)
         return Batches(lifted)  # type: ignore[arg-type]  # a RunOracle answers as the Oracle it lifts
+
+    def _local_step(self, local: dict[str, Tensor], rows: dict[str, Tensor], count: int, clients: int, noise,
+                    rnd: Round, hp: HParams) -> dict[str, Tensor]:
+        """One local step of `count` runs of `clients` clients each on their rows of each drawn minibatch (`_batches`):
+        the algorithm's `client_step` (the program calls it as `local_step`, compiled or as it is)."""
+        return self.algorithm.client_step(local, self._batches(rows, count, clients, noise), rnd, hp)
 
     def _noise(self, ids: list[int]):
         """The minibatch noise of the runs `ids`' rows (`_layout`), each run's on its own stream, one entry per row
@@ -407,8 +416,7 @@ class RoundProgram:
         # the next gather the block still in cache (a Lasso step at p = 1024 gathers 800 KB; its gathers took ~10%
         # longer otherwise)
         for step, step_rows in enumerate(zip(*[v.unbind(0) for v in self._layout(rows).values()])):
-            local = algorithm.client_step(local, self._batches(dict(zip(names, step_rows)), count, sampled, noise),
-                                          rnd.at(step), hp)
+            local = self.local_step(local, dict(zip(names, step_rows)), count, sampled, noise, rnd.at(step), hp)
         message, updated = algorithm.client_final(local, rnd, hp)
         self._uploaded = self._uploaded_by(message, sampled)
         message = self.links.send(message, received, clients)
@@ -637,9 +645,8 @@ class IterationProgram(RoundProgram):
         hp = self._at_rounds(self._hp_of(group, runs), group)
         local, server = _rows(self.local, group, runs), _rows(self.server, group, runs)
         rnd = self._round(group, ending=True)
-        oracles = self._batches(self._layout(_rows(rows, group, runs)), len(group), len(self.clients_all),
-                                self._noise(group))
-        local = self.algorithm.client_step(local, oracles, rnd, hp)
+        local = self.local_step(local, self._layout(_rows(rows, group, runs)), len(group), len(self.clients_all),
+                                self._noise(group), rnd, hp)
         message, updated = self.algorithm.client_final(local, rnd, hp)
         up = self._uploaded_by(message, len(self.clients_all))
         message = self.links.send(message, self.links.received(server, group), rnd.clients)
@@ -654,18 +661,18 @@ class IterationProgram(RoundProgram):
     def _step_every_row(self, rows: dict[str, Tensor]) -> None:
         """A local step of every row of the batch, in the middle of its run's round: the steps of the rows of runs that
         have just ended their round or stopped are wasted, cheaper than selecting the others."""
-        batches = self._batches(self._layout(rows), len(self.sims), len(self.clients_all), self.noise)
         if self.every_hp is None:
             self.every_hp = self._at_rounds(self.hp, self.ids)
-        self.local = self.algorithm.client_step(self.local, batches, self.inside, self.every_hp)
+        self.local = self.local_step(self.local, self._layout(rows), len(self.sims), len(self.clients_all), self.noise,
+                                     self.inside, self.every_hp)
 
     def _step_run(self, i: int, rows: dict[str, Tensor]) -> None:
         """Run i's local step alone, on its own rows (a replay after `_step_every_row` failed)."""
         run = torch.tensor([i], device=self.device)
-        batches = self._batches(self._layout(_rows(rows, [i], run)), 1, len(self.clients_all), self._noise([i]))
         inside = Round(self.clients_all.expand(1, -1), where=self.INSIDE)
-        local = self.algorithm.client_step(_rows(self.local, [i], run), batches, inside,
-                                           self._at_rounds(self._hp_of([i], run), [i]))
+        local = self.local_step(_rows(self.local, [i], run), self._layout(_rows(rows, [i], run)), 1,
+                                len(self.clients_all), self._noise([i]), inside,
+                                self._at_rounds(self._hp_of([i], run), [i]))
         _write_rows(self.local, local, [i], run)
 
     def _stop(self, i: int, status: str) -> None:

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from fedbench.algorithms import ALGORITHMS
 from fedbench.algorithms.base import Algorithm
+from fedbench.compiling import check_mode
 from fedbench.federation import DIVERGENCE_FACTOR, Federation, RoundSampler, aggregation_weights, minibatch_sizes
 from fedbench.links import check_uploads
 from fedbench.privacy import EPSILON, Accountant, Mechanism
@@ -52,7 +53,9 @@ class Simulation:
     """
 
     def __init__(self, problem: Problem, algorithm: Algorithm, federation: Federation, seed: int,
-                 eval_every: int = 10, divergence_factor: float = DIVERGENCE_FACTOR, delta: float | None = None):
+                 eval_every: int = 10, divergence_factor: float = DIVERGENCE_FACTOR, delta: float | None = None,
+                 compile: str = "auto"):
+        check_mode(compile)
         minibatches = algorithm.minibatches(algorithm.hp)
         sizes, fields = minibatch_sizes(minibatches, algorithm.hp, federation.batch_size)
         federation.check(problem.layout(), fields)
@@ -64,6 +67,7 @@ class Simulation:
         (`fedbench.privacy`); else None."""
         self.eval_every = max(1, int(eval_every))
         self.divergence_factor = divergence_factor
+        self.compile = compile  # whether its program's local steps are compiled (`fedbench.compiling`)
         self.start_objective: float | None = None
         self.sampler = RoundSampler(problem, federation, seed, minibatches, sizes)
         self.algorithm_gen = generator(seed, algorithm.random_stream)
@@ -199,18 +203,20 @@ class Result:
 
 
 def simulate(problem: Problem, algorithm: Algorithm, federation: Federation, seed: int = 0,
-             eval_every: int = 10, divergence_factor: float = DIVERGENCE_FACTOR, delta: float | None = None) -> Result:
+             eval_every: int = 10, divergence_factor: float = DIVERGENCE_FACTOR, delta: float | None = None,
+             compile: str = "auto") -> Result:
     """One run of `algorithm` (a configured instance) on `problem` with `federation`, its random streams from
     `seed`, evaluated every `eval_every` rounds, ended early where it diverges (a non-finite metric, or an
     objective above `divergence_factor` times its start); with `delta`, the rows of a federation whose uplink adds
-    DP-FedAvg's noise carry `epsilon`, ε at that δ (`fedbench.privacy`).
+    DP-FedAvg's noise carry `epsilon`, ε at that δ (`fedbench.privacy`); its local steps compiled or not (`compile`,
+    `fedbench.compiling`).
 
     Example:
         ```python
         result = simulate(problem, FedMiD(problem, client_lr=1e-3), Federation(rounds=2000), seed=0)
         ```
     """
-    sim = Simulation(problem, algorithm, federation, seed, eval_every, divergence_factor, delta)
+    sim = Simulation(problem, algorithm, federation, seed, eval_every, divergence_factor, delta, compile)
     rows = list(sim)
     return Result(rows, sim.status, algorithm.global_params(sim.server),
                   algorithm.personal_params(sim.server, sim.clients), sim.train_seconds, sim.eval_seconds)
@@ -221,13 +227,13 @@ def run_batch(sims: list[Simulation]) -> Iterable[tuple[int, dict[str, float]]]:
     return ((runs[i], row) for runs, each in programs(sims) for i, row in each)
 
 
-def run_seeds(problem, algorithm_name: str, federation, seeds, eval_every: int = 10,
+def run_seeds(problem, algorithm_name: str, federation, seeds, eval_every: int = 10, compile: str = "auto",
               **hyperparameters) -> list[list[dict[str, float]]]:
     """The rows of one algorithm run with each of `seeds` on `problem`, as one program where they can share one:
     `run_seeds(...)[k]` is seed k's curve."""
     seeds = list(seeds)
-    sims = [Simulation(problem, ALGORITHMS[algorithm_name](problem, **hyperparameters), federation, seed, eval_every)
-            for seed in seeds]
+    sims = [Simulation(problem, ALGORITHMS[algorithm_name](problem, **hyperparameters), federation, seed, eval_every,
+                       compile=compile) for seed in seeds]
     rows: list[list[dict[str, float]]] = [[] for _ in seeds]
     for i, row in run_batch(sims):
         rows[i].append(row)

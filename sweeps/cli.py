@@ -180,7 +180,8 @@ def run(
     outcomes = drive_runs(recipe, trials, sims, tracking_uri, resume)
     console.print(final_table([t.seed for t in trials], outcomes))
     wall = sum(o.wall_seconds for o in outcomes)
-    console.print(f"{wall:.1f} s wall: {sum(o.train_seconds for o in outcomes):.1f} s training, "
+    compiled = " (local steps compiled)" if any(o.compiled for o in outcomes) else ""
+    console.print(f"{wall:.1f} s wall: {sum(o.train_seconds for o in outcomes):.1f} s training{compiled}, "
                   f"{sum(o.eval_seconds for o in outcomes):.1f} s evaluation "
                   f"({sum(len(o.rows) for o in outcomes)} evaluations)", highlight=False)
     if json_path is not None:

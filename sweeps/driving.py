@@ -38,7 +38,7 @@ def build_simulation(trial: Trial, device: str | None = None, problem=None) -> S
                                           device=resolve_device(device or trial.device))
     algorithm = ALGORITHMS[trial.algorithm](problem, **trial.hyperparameters)
     return Simulation(problem, algorithm, trial.federation, trial.seed, trial.eval_every, trial.divergence_factor,
-                      trial.delta)
+                      trial.delta, trial.compile)
 
 
 def build_batch(trials: list[Trial], device: str | None = None) -> list[Simulation]:
@@ -69,6 +69,7 @@ class Outcome:
     error: str | None = None
     end_time: float = field(default_factory=time.time)  # epoch seconds, where the run ran
     runs_in_batch: int = 1  # runs of the program it ran in (1: alone, or one after another)
+    compiled: bool = False  # whether its program's local steps ran compiled (`fedbench.compiling`)
     model: bytes | None = None  # its final model's file (`fedbench.saved`), stored as the artifact model/final.pt
     # its models by round (`tracking.models_every`) where its driver keeps them for the end (`fedbench run`; a Ray
     # trial sends each as it is made)
@@ -124,8 +125,10 @@ def drive_batch(sims: list[Simulation], on_row: OnRow | None = None, checkpoints
             checkpoint.remove()
     wall = (time.perf_counter() - start) / len(sims)
     together = {i: len(runs) for runs, _ in groups for i in runs}
+    compiled = {i: program.compiled for runs, program in groups for i in runs}
     return [Outcome(rows[i], sim.status, str(sim.problem.device), seconds[i], sim.train_seconds, sim.eval_seconds,
-                    wall, runs_in_batch=together[i], model=model_bytes(sim)) for i, sim in enumerate(sims)]
+                    wall, runs_in_batch=together[i], compiled=compiled[i], model=model_bytes(sim))
+            for i, sim in enumerate(sims)]
 
 
 def between_rounds(checkpoint: Checkpoint | None, tick: Callable[[], None] | None, rows: list[list],

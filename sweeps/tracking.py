@@ -756,7 +756,8 @@ def ended_run(run_id: str, outcome: dict[str, Any], after: int = -1) -> EndedRun
     metrics += [Metric(key, float(outcome[key]), stamp, last_round)
                 for key in SUMMARY_METRICS if not (key == "train_seconds" and has_history)]
     tags = {"status": outcome["status"], "device": outcome["device"],
-            "runs_in_batch": str(outcome.get("runs_in_batch", 1))}  # as run: memory-bound ones alone
+            "runs_in_batch": str(outcome.get("runs_in_batch", 1)),  # as run: memory-bound ones alone
+            "compiled": str(outcome.get("compiled", False)).lower()}  # its local steps (recipe field compile)
     if outcome.get("error"):
         tags["error"] = outcome["error"][-5000:]
     return EndedRun(run_id, metrics, tags, "FAILED" if outcome["status"] == "failed" else "FINISHED",

@@ -57,7 +57,8 @@ RTOL = {"bao2022_lasso": 1e-11, "bao2022_lowrank": 1e-11, "guo2023_pauc_syntheti
 
 
 def rows_of(recipe_path: str, algorithm: str, overrides: list[str]) -> list[dict[str, float]]:
-    recipe = load(ROOT / recipe_path, overrides)
+    """The run's rows, its local steps eager (`compile: off`): the records are the eager engine's."""
+    recipe = load(ROOT / recipe_path, [*overrides, "compile=off"])
     trial = recipe.single_trial(algorithm, seed=0)
     simulation = build_simulation(trial, "cpu")
     return [{k: v for k, v in row.items()} for row in simulation]

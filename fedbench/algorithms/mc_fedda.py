@@ -14,7 +14,6 @@ first rounds and regularizers h_m = λ_m·ℛ are derived from them (`derive`).
 """
 from __future__ import annotations
 
-import bisect
 import itertools
 
 from fedbench.algorithms.c_fedda import CFedDA
@@ -50,7 +49,9 @@ class MCFedDA(CFedDA):
 
     @staticmethod
     def _stage(round_index: int, hp) -> int:
-        return bisect.bisect_right(hp.stage_starts, round_index) - 1
+        # the stages begun by round r, counted: `bisect` is C code, which a compiled step (`fedbench.compiling`) cannot
+        # trace
+        return sum(start <= round_index for start in hp.stage_starts) - 1
 
     def stage_round(self, round_index, hp):
         return round_index - hp.stage_starts[self._stage(round_index, hp)]

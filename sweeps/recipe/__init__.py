@@ -271,7 +271,7 @@ def parse(raw: dict[str, Any], source: str) -> Recipe:
                     model.eval_every, model.device, model.divergence_factor, model.resources, model.tune, raw,
                     dimensions, model.report or ReportSpec(), overrides, checkpoints=model.checkpoints,
                     max_runs=model.max_runs, models_every=model.tracking.models_every,
-                    delta=model.privacy.delta if model.privacy else None)
+                    delta=model.privacy.delta if model.privacy else None, compile=model.compile)
     runs = recipe.runs()  # counted, not built: a grid of millions is refused before it takes minutes and GBs
     if runs > MAX_RUNS:
         seeds = len(recipe.seeds)

@@ -56,14 +56,16 @@ class Recipe:
     max_runs: int = 2000  # the most runs `fedbench sweep` starts without --yes
     models_every: int = 0  # `tracking.models_every`: a run's model stored every this many rounds (0: the final only)
     delta: Optional[float] = None  # `privacy.delta`: the δ of the rows' ε in runs with DP-FedAvg's noise
+    compile: str = "auto"  # whether runs' local steps are compiled (`fedbench.compiling`)
 
     @property
     def recipe_hash(self) -> str:
         """Of what runs: the report block only changes how results are drawn, the checkpoints block how often
-        runs save their state, the tracking block what they store beside their curves and max_runs how many a sweep
-        starts unasked, so a sweep is found again (and resumed) after any of them is edited."""
+        runs save their state, the tracking block what they store beside their curves, max_runs how many a sweep
+        starts unasked and compile how the runs' steps are computed (their numbers only by rounding, as the device),
+        so a sweep is found again (and resumed) after any of them is edited."""
         return stable_hash({key: value for key, value in self.document.items()
-                            if key not in ("report", "checkpoints", "tracking", "max_runs")})
+                            if key not in ("report", "checkpoints", "tracking", "max_runs", "compile")})
 
     def runs(self) -> int:
         """How many trials `trials` makes, counted from the grids' lengths without building them."""
@@ -144,7 +146,8 @@ class Recipe:
                       resolve(ALGORITHMS[algorithm].hparams, hyperparameters, algorithm, per_round=True), federation,
                       seed, self.eval_every, self.device, self.divergence_factor,
                       plugins.sources("problem", self.problem) + plugins.sources("algorithm", algorithm),
-                      self.models_every, self.delta if privacy.gaussian_step(federation.uplink) is not None else None)
+                      self.models_every, self.delta if privacy.gaussian_step(federation.uplink) is not None else None,
+                      self.compile)
         self.check(trial)
         return trial
 

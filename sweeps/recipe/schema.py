@@ -10,6 +10,7 @@ from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from fedbench.compiling import MODES as COMPILE_MODES
 from fedbench.federation import DIVERGENCE_FACTOR
 from .loading import RecipeError, closest, shown, unknown
 
@@ -194,6 +195,8 @@ class RecipeModel(StrictModel):
     seeds: Any = Field(1, validate_default=True)
     eval_every: int = Field(10, ge=1)  # evaluate every this many rounds (communication rounds)
     device: str = "auto"  # auto (CUDA where available), cpu, cuda or cuda:N
+    # local steps compiled with torch.compile: auto (where bench/compile.py measured that they win), on, off
+    compile: Any = "auto"
     # a run whose objective exceeds this times its start stops as diverged
     divergence_factor: float = Field(DIVERGENCE_FACTOR, gt=1)
     resources: Resources = Field(default_factory=Resources)  # what each Ray trial holds (`resources:` below)
@@ -232,6 +235,16 @@ class RecipeModel(StrictModel):
         if value.split(":")[0] not in ("auto", "cpu", "cuda"):
             raise ValueError(f"found {value!r}, expected auto, cpu or cuda[:N]")
         return value
+
+
+    @field_validator("compile")
+    @classmethod
+    def _compile(cls, value: Any) -> str:
+        # YAML reads a bare on / off as true / false: both spellings mean the mode
+        mode = {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+        if mode not in COMPILE_MODES:
+            raise ValueError(f"found {shown(value)}, expected auto, on or off")
+        return mode
 
 
 def is_seed(value: Any) -> bool:

@@ -38,14 +38,17 @@ class Trial:
     # changes what is stored, not the run)
     # the recipe's `privacy.delta` where its uplink adds DP-FedAvg's noise (its rows' `epsilon` is ε at it), else None
     delta: float | None = None
+    compile: str = "auto"  # whether its local steps run compiled (`fedbench.compiling`; not in its config: as the
+    # device, it changes how the run is computed, its numbers only by rounding)
 
     def config(self) -> dict[str, Any]:
-        """Everything that determines the run except the seed (and the device it runs on), as data: a schedule as
-        the recipe writes it (a mapping, `PerRound.as_config`); for a plugin's run, the sha256 of the plugin's code
-        too, so that an edited plugin's runs run again (a built-in's config is as it was). A run accounted at a δ
-        has it as `privacy.delta`: δ changes no iterate, but every row's `epsilon`, and a store that holds the curve
-        of a config must hold the curve at its δ (as `eval_every` changes only which rows there are); a run without
-        noise is recorded (and hashed) as before privacy existed."""
+        """Everything that determines the run except the seed (and the device it runs on, and whether its steps are
+        compiled), as data: a schedule as the recipe writes it (a mapping, `PerRound.as_config`); for a plugin's
+        run, the sha256 of the plugin's code too, so that an edited plugin's runs run again (a built-in's config is
+        as it was). A run accounted at a δ has it as `privacy.delta`: δ changes no iterate, but every row's
+        `epsilon`, and a store that holds the curve of a config must hold the curve at its δ (as `eval_every`
+        changes only which rows there are); a run without noise is recorded (and hashed) as before privacy
+        existed."""
         hyperparameters = {k: v.as_config() if isinstance(v, PerRound) else v for k, v in self.hyperparameters.items()}
         config = {"problem": {"name": self.problem, **self.problem_config},
                   "federation": self.federation.config(),
