@@ -44,6 +44,7 @@ bench: install
 	$(PY) bench/clients_batched.py
 	$(PY) bench/sweep_overhead.py
 	$(PY) bench/store_throughput.py --runs 1000
+	$(PY) bench/privacy_rows.py
 	FEDBENCH_DATA=$${FEDBENCH_DATA:-../shared/data} $(PY) bench/per_fedavg_round.py
 
 .PHONY: install demo test test-fast test-slow docs lint bench

@@ -2,7 +2,8 @@
 of small matrices: exact options timed against `torch.linalg.svd`, and their accuracy measured.
 
 SVT: prox_{t‖·‖_*}(X) = U diag(max(s − t, 0)) Vᵀ, timed for B in (1, 10, 100) matrices of 32×32 (the low-rank
-problem of spec 002: S = 10 clients, 1 at the server), 64×64 and 32×48, float64. Options:
+matrix estimation of Bao, Crawshaw, Luo, Liu, ICML 2022, §4, Fig. 2: S = 10 clients, 1 at the server), 64×64 and
+32×48, float64. Options:
 
   svd        (a) torch.linalg.svd(full_matrices=False), the implementation before this bench (the reference);
   gram       (b) eigh of the smaller Gram matrix XᵀX: s = √eig, P = (X V) diag(max(1 − t/s, 0)) Vᵀ, no check;

@@ -1,5 +1,6 @@
-"""The cost of one pFedFBE round over one FedAvg round on spec 000's Lasso (setting II: 30 clients × 128,
-p = 1024 + intercept, S = 10, R = 20, b = 50), measured in the same run.
+"""The cost of one pFedFBE round over one FedAvg round on pFedFBE's federated Lasso, setting (II) (anonymous ICLR 2023
+submission, §4.1; recipes/papers/pfedfbe_lasso2.yaml: 30 clients × 128, p = 1024 + intercept, S = 10, R = 20, b = 50),
+measured in the same run.
 
 pFedFBE's local step takes a gradient, a prox and a Hessian-vector product; with the exact (closed-form)
 HVP that is two gradient-sized batched products per step, so the target is ≤ 2.5× FedAvg(∂)'s round.
@@ -42,7 +43,7 @@ def main() -> None:
                                seed=0)
 
     medians = median_round_seconds(sims, args.rounds, args.repeats, args.device)
-    print(f"one round, spec 000 Lasso (II) p=1025 S=10 R=20 b=50, device={args.device}, torch {torch.__version__}, "
+    print(f"one round, pFedFBE Lasso (II) p=1025 S=10 R=20 b=50, device={args.device}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")
     for way, seconds in medians.items():
         print(f"{way:22s} {seconds / medians['fedavg']:5.2f}x FedAvg   ({seconds * 1e3:.2f} ms per round)")

@@ -2,13 +2,14 @@
 runs one after another (each a `Simulation`, as `fedbench sweep` ran them before the run axis) over the time of
 the R runs as one program (`run_batch`), measured in the same process, with evaluation on the usual schedule:
 
-  ascd_pfl   ASCD-PFL on seed 003's S1 (MX2, σ_h = 1.0, 20 devices × 1000 samples, d = 15), coin-flip rounds:
-             iteration-wise program (`IterationProgram`); 100 communication rounds, metrics every 10;
-  fedmid     FedMiD on spec 002's Lasso (p = 1024, 64 clients, S = 10, E = 10, b = 10), the data fixed
-             (`data_seed: 0`) so that the seeds share them; 60 rounds, metrics every 10. Its steps gather 800 KB
-             a run, beyond `fedbench.runs.MEMORY_BOUND_RUN_BYTES`: memory-bound on the CPU, so there `run_batch`
-             runs them one after another (a round-synchronous program measured 0.91-1.05x here, whatever its
-             chunking); on a GPU they form one program (2.5-3.4x on an H200);
+  ascd_pfl   ASCD-PFL on Hanzely, Zhao, Kolar's S1 (TMLR 2023, §5.1, Fig. 1: MX2, σ_h = 1.0, 20 devices × 1000
+             samples, d = 15), coin-flip rounds: iteration-wise program (`IterationProgram`); 100 communication
+             rounds, metrics every 10;
+  fedmid     FedMiD on Bao et al.'s Lasso (ICML 2022, §4, Fig. 1: p = 1024, 64 clients, S = 10, E = 10, b = 10), the
+             data fixed (`data_seed: 0`) so that the seeds share them; 60 rounds, metrics every 10. Its steps gather
+             800 KB a run, beyond `fedbench.runs.MEMORY_BOUND_RUN_BYTES`: memory-bound on the CPU, so there
+             `run_batch` runs them one after another (a round-synchronous program measured 0.91-1.05x here, whatever
+             its chunking); on a GPU they form one program (2.5-3.4x on an H200);
   fedxl2     FeDXL2 on FeDXL's synthetic pAUC with recipes/papers/guo2023_pauc_synthetic.yaml's federation and
              step size (16 clients all sampled, K = 32, b = 32, float32; metrics every 6 rounds, the paper code's
              ~200 iterations), the data fixed (`data_seed: 0`); each run's feature noise and passive-score draws on

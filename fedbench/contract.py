@@ -24,6 +24,7 @@ CAPABILITIES = {
     "linear_model": "a loss of a linear model's outputs: a sample's gradient is its residual (∂ℓ/∂outputs, k "
                     "numbers) times its features, so that SAGA tables can store the residuals",
 }
+"""Every capability by name, with what it means: the names `Algorithm.requires` and `Problem.provides` use."""
 
 
 class IncompatibleError(ValueError):

@@ -49,10 +49,23 @@ DIRECTIONS = ("min", "max", None)
 @dataclass(frozen=True)
 class Metric:
     """One evaluated quantity: its row key, the label plots and tables show, and which way is better
-    (`min`, `max`, or None where neither is, e.g. a recovered rank or a density)."""
+    (`min`, `max`, or None where neither is, e.g. a recovered rank or a density). A problem declares its metrics so
+    (`Problem.metrics`), an algorithm the ones it adds (`Algorithm.declared_metrics`); another direction is refused
+    where it is written. A report ranks configurations by a metric's direction.
+
+    Example:
+        ```python
+        Metric("objective_gap", "objective gap F(w) − F*", "min")
+        Metric("test_accuracy", "test accuracy", "max")
+        ```
+    """
+
     name: str
+    """The key of its value in a row (`evaluate_global`'s dict)."""
     label: str
+    """What plots and tables call it."""
     direction: str | None = None
+    """"min" or "max", the better way; None where neither is."""
 
     def __post_init__(self) -> None:
         if self.direction not in DIRECTIONS:  # "minimize" was taken as neither way, silently
@@ -68,4 +81,6 @@ ENGINE_COLUMNS = (
     Metric("comm_up", "floats sent to the server"),
     Metric("comm_down", "floats sent to clients"),
     Metric("iterations", "local iterations per client"),
+    Metric("comm_up_bits", "bits sent to the server"),  # as the uplink encodes them (`fedbench.transforms`)
+    Metric("comm_down_bits", "bits sent to clients"),
 )

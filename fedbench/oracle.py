@@ -11,6 +11,11 @@ The problem computes them (`Problem.loss/grad/hvp`: torch.func over its per-clie
 hand-written where that is faster). An algorithm declares its minibatches (`Minibatch`); the engine
 draws each one that is not a reuse of another, and hands them to `client_step` as `Batches`, so that
 `batches.D.grad(u)` reads like the paper's ∇f̃(u; D).
+
+In `client_step` the oracles take the run axis too (the engine lifts them, or the problem's take it,
+`Problem.oracles_take_runs`): `batches.D.grad(u)` at `u` `[R, S, d]` is `[R, S, d]`, `batches.D.loss(u)` `[R, S]`,
+and a point the clients of a run share, `[R, 1, d]`, is each client's (`[R, S, d]` gradients). The loss is the
+smooth f alone: h is the algorithm's to handle (`self.reg`).
 """
 from __future__ import annotations
 
@@ -28,7 +33,17 @@ def over_runs(method: Method) -> Method:
     leading run axis as the minibatch oracles are: points `[R, C, ...]`, or `[R, 1, ...]` (each run's, every
     client's), with clients `[R, C]`, or `[C]` (the same in every run), give results `[R, C, ...]`. The runs' clients
     are one batch of R·C, each with its run's point: a client's values reduce over its own data only, so each run
-    gets the numbers it gets alone."""
+    gets the numbers it gets alone.
+
+    Example:
+        How `Problem.client_grad` is declared:
+
+        ```python
+        @over_runs
+        def client_grad(self, w, clients):          # [C, d], [C] -> [C, d]
+            ...
+        ```
+    """
     @functools.wraps(method)
     def lifted(problem, *args):
         *points, clients = args
@@ -50,27 +65,55 @@ def over_runs(method: Method) -> Method:
 
 @dataclass(frozen=True)
 class Minibatch:
-    """One minibatch an algorithm draws per local step. `size`: the hyperparameter holding its size, or a fixed
-    size (None: the federation's `batch_size`); `same_as`: another declared batch whose draw it reuses (no second
-    draw)."""
+    """One minibatch an algorithm draws per local step (`Algorithm.minibatches`), by the name `client_step` reads
+    it by (`batches.D`). `size`: the hyperparameter holding its size, or a fixed size (None: the federation's
+    `batch_size`); `same_as`: another declared batch whose draw it reuses (no second draw).
+
+    Example:
+        A batch sized by the hyperparameter `outer_batch`, one of a single sample, and one that reuses D1's draw:
+
+        ```python
+        (Minibatch("D1", size="outer_batch"), Minibatch("J", size=1), Minibatch("D2", same_as="D1"))
+        ```
+    """
     name: str
     size: str | int | None = None
     same_as: str | None = None
 
 
 class Oracle:
+    """A problem bound to one gathered minibatch of the clients (`Problem.step_oracle`) or to their whole data
+    (`Problem.full_data`). Its methods take a point per client, `[S, d]` (in `client_step`, `[R, S, d]` or `[R, 1,
+    d]`: the module's docstring), and evaluate the smooth loss f only.
+
+    Example:
+        A gradient step and a Hessian-vector product on the step's batch `D`:
+
+        ```python
+        u = u - hp.client_lr * batches.D.grad(u)       # [R, S, d]
+        hv = batches.D.hvp(u, v)                       # needs the problem's `hvp` capability
+        ```
+    """
+
     def __init__(self, problem, batch: Any):
+        """The oracle of `problem` on `batch`, `gather`'s tuple."""
         self.problem = problem
+        """The problem whose loss it evaluates."""
         self.batch = batch
+        """The gathered data (`Problem.gather`'s tuple, leading axes the clients')."""
 
     def loss(self, w: Tensor) -> Tensor:
+        """Each client's loss on its batch at its point: `w` `[S, d]` -> `[S]` (`Problem.loss`)."""
         return self.problem.loss(w, self.batch)
 
     def grad(self, w: Tensor) -> Tensor:
+        """Each client's gradient of its batch loss at its point: `w` `[S, d]` -> `[S, d]` (`Problem.grad`)."""
         return self.problem.grad(w, self.batch)
 
     def hvp(self, w: Tensor, v: Tensor) -> Tensor:
-        """The problem's HVP: a closed form where it has one (`exact_hvp`), else torch.func's."""
+        """∇²f(w_k; batch_k) v_k for each client, `w`, `v` `[S, d]` -> `[S, d]`: the problem's HVP, a closed form
+        where it has one (`exact_hvp`), else torch.func's. An algorithm that calls it declares that it `requires`
+        `hvp`."""
         return self.problem.hvp(w, v, self.batch)
 
     def autograd_hvp(self, w: Tensor, v: Tensor) -> Tensor:
@@ -86,31 +129,44 @@ class RunAxisOracle(Oracle):
     shape."""
 
     clients: tuple[int, ...]
+    """The rows' leading shape, `(R, S)` or `(S,)`, which a subclass sets."""
 
     def each_client(self, point: Tensor) -> Tensor:
+        """A point as each client's: `[R, 1, d]` expanded to `[R, S, d]` (a client's own point as it is)."""
         return point.expand(*self.clients, point.shape[-1])
 
     def grad(self, w: Tensor) -> Tensor:
+        """`Oracle.grad` at each client's point (`each_client`): `[R, S, d]`."""
         return super().grad(self.each_client(w))
 
     def hvp(self, w: Tensor, v: Tensor) -> Tensor:
+        """`Oracle.hvp` at each client's points (`each_client`): `[R, S, d]`."""
         return super().hvp(self.each_client(w), self.each_client(v))
 
     def autograd_hvp(self, w: Tensor, v: Tensor) -> Tensor:
+        """`Oracle.autograd_hvp` at each client's points (`each_client`): `[R, S, d]`."""
         return super().autograd_hvp(self.each_client(w), self.each_client(v))
 
 
 class Batches:
-    """The oracles of one local step, by declared name (`batches.D`, `batches["D"]`)."""
+    """The oracles of one local step, by declared name (`batches.D`, `batches["D"]`): `client_step`'s `batches`.
+    An attribute no `Minibatch` declares raises AttributeError, naming those declared.
+
+    Example:
+        Per-FedAvg's first-order meta-gradient reads its inner batch D and its outer batch D1:
+
+        ```python
+        v = batches.D1.grad(w - hp.alpha * batches.D.grad(w))
+        ```
+    """
 
     def __init__(self, oracles: dict[str, Oracle]):
+        """The oracles by minibatch name."""
         self._oracles = oracles
+        self.__dict__.update(oracles)  # `batches.D` a plain attribute: it is read at every local step
 
-    def __getattr__(self, name: str) -> Oracle:
-        try:
-            return self._oracles[name]
-        except KeyError:
-            raise AttributeError(f"no minibatch {name!r} was declared (declared: {', '.join(self._oracles)})") from None
+    def __getattr__(self, name: str) -> Oracle:  # only for a name that was not declared
+        raise AttributeError(f"no minibatch {name!r} was declared (declared: {', '.join(self._oracles)})")
 
     def __getitem__(self, name: str) -> Oracle:
         return self._oracles[name]

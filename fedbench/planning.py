@@ -6,9 +6,9 @@ and one after:
 * Before building (`plan`), from each run's specification (`RunSpec`: what a sweep's `Trial` holds): the seeds of one
   configuration may share one problem instance, and so one program, where the problem allows it (`shares_problem`:
   its data do not follow the seed), and runs whose configurations differ only in the algorithm's float
-  hyperparameters (per-run values) may too (`program_key`); at most `cap` runs a program, split further so that
-  there are at least as many programs as slots to run them in where the runs allow; a program that saved a
-  checkpoint is planned again as it was, so that it resumes from it.
+  hyperparameters or their schedules (per-run values) may too (`program_key`); at most `cap` runs a program, split
+  further so that there are at least as many programs as slots to run them in where the runs allow; a program that
+  saved a checkpoint is planned again as it was, so that it resumes from it.
 * After building (`groups`), from the simulations: what the engine can batch (`why_not_batchable`: one problem
   instance, one algorithm, static hyperparameters and schedule alike; rounds of random length only where every
   client takes part, `not_iteration_wise`) and what gains from it (`one_program`: on the CPU a run whose local step
@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from fedbench.algorithms.base import Algorithm
+from fedbench.hparams import PerRound
 from fedbench.problems import PROBLEMS
 
 if TYPE_CHECKING:
@@ -83,9 +84,11 @@ def shares_problem(run: RunSpec) -> bool:
 
 def program_key(run: RunSpec) -> str:
     """The configurations whose seeds may share one program: the same but for the algorithm's float hyperparameters
-    (per-run values, `fedbench.runs.batch_hparams`)."""
+    and schedules (per-run values, `fedbench.runs.batch_hparams`; a schedule is a mapping in a run's configuration,
+    `PerRound.as_config`)."""
     config = run.config()
-    config["algorithm"] = {k: v for k, v in config["algorithm"].items() if not isinstance(v, float)}
+    config["algorithm"] = {k: "schedule" if isinstance(v, dict) else v for k, v in config["algorithm"].items()
+                           if not isinstance(v, float)}
     return json.dumps(config, sort_keys=True, default=str)
 
 
@@ -145,10 +148,10 @@ def why_not_batchable(sims: list[Simulation]) -> str | None:
         if type(sim.algorithm) is not type(first.algorithm):
             return "the runs must run one algorithm"
         differ = sorted(k for k in first.algorithm.declared if sim.algorithm.declared[k] != first.algorithm.declared[k])
-        static = [k for k in differ if not (isinstance(sim.algorithm.declared[k], float)
-                                            and isinstance(first.algorithm.declared[k], float))]
+        static = [k for k in differ if not varies_per_run(sim.algorithm.declared[k], first.algorithm.declared[k])]
         if static:
-            return f"the runs may differ only in float hyperparameters (per-run values), not in {', '.join(static)}"
+            return (f"the runs may differ only in float hyperparameters and schedules (per-run values), not in "
+                    f"{', '.join(static)}")
         derived = sorted(k for k in first.algorithm.hp if k not in first.algorithm.declared
                          and fixed_part_differs(sim.algorithm.hp[k], first.algorithm.hp[k]))
         if derived:
@@ -159,6 +162,12 @@ def why_not_batchable(sims: list[Simulation]) -> str | None:
             return ("the runs must share the federation, batch sizes, evaluation schedule, divergence rule and compile "
                     "mode")
     return None
+
+
+def varies_per_run(a: Any, b: Any) -> bool:
+    """Whether two runs' values of a hyperparameter may differ in one program: both floats, or both schedules (the
+    engine evaluates each run's own at each round, `fedbench.runs.RoundProgram._at_rounds`)."""
+    return all(isinstance(v, float) for v in (a, b)) or all(isinstance(v, PerRound) for v in (a, b))
 
 
 def fixed_part_differs(a: Any, b: Any, floats_per_run: bool = True) -> bool:

@@ -36,11 +36,14 @@ from fedbench.algorithms import ALGORITHMS, Algorithm
 from fedbench.hparams import Param
 from fedbench.problems import PROBLEMS, Problem
 
-GROUPS = {"algorithm": "fedbench.algorithms", "problem": "fedbench.problems"}  # entry-point groups
+GROUPS = {"algorithm": "fedbench.algorithms", "problem": "fedbench.problems"}
+"""The entry-point groups an installed package declares its components in, by kind, each entry point named as the
+component it loads: `[project.entry-points."fedbench.algorithms"]` `fedadam = "fedbench_fedopt.fedadam:FedAdam"`."""
 ENTRY_POINT = "entry point "  # how an entry point's `Source.spec` starts
-# What a component must define itself (the base classes' versions raise NotImplementedError).
 REQUIRED = {"algorithm": ("client_step", "server_update"),
             "problem": ("init_params", "gather", "minibatch_loss", "metrics", "evaluate_global")}
+"""What a component must define itself, by kind (the base classes' versions raise NotImplementedError); besides,
+its own `name` and its `Param` declarations (`hparams`, `params`)."""
 DECLARED = {"algorithm": "hparams", "problem": "params"}  # its parameter declarations: a tuple of `Param`
 BASES = {"algorithm": Algorithm, "problem": Problem}
 REGISTRIES: dict[str, dict[str, Any]] = {"algorithm": ALGORITHMS, "problem": PROBLEMS}
@@ -77,7 +80,8 @@ class Source:
         return f"fedbench_plugin_{Path(self.path or 'plugin').stem}_{self.sha256[:12]}"
 
 
-ORIGINS: dict[tuple[str, str], Source] = {}  # (kind, name) -> where a plugin component came from
+ORIGINS: dict[tuple[str, str], Source] = {}
+"""Where each registered plugin component came from: (kind, name) -> its `Source` (built-in ones are absent)."""
 BUILT_IN = {kind: frozenset(registry) for kind, registry in REGISTRIES.items()}
 _BROKEN: dict[tuple[str, str], str] = {}  # entry points that failed to load: why (raised only when named)
 _discovered = False
@@ -116,8 +120,19 @@ def located(spec: str, base: Path | None = None) -> str:
 
 
 def load(spec: str, base: Path | None = None) -> list[tuple[str, str]]:
-    """Register the components that `spec` names: a `.py` file (relative to `base`), or `module[:Class]`.
-    Returns (kind, name) of each, in the order the plugin defines them."""
+    """Register the components that `spec` names: a `.py` file (relative to `base`, default the working
+    directory), or `module[:Class]`; what cannot be registered raises `PluginError`. Returns (kind, name) of each,
+    in the order the plugin defines them; each is then found by name in `ALGORITHMS` / `PROBLEMS`.
+
+    Example:
+        ```python
+        from fedbench import plugins
+
+        plugins.load("my_method.py")                           # [("algorithm", "my_method")]
+        fedbench.run("my_method", problem, rounds=200)
+        plugins.load("my_pkg.methods:MyMethod")
+        ```
+    """
     if is_file(spec):
         path = Path(located(spec, base))
         if not path.is_file():
@@ -271,7 +286,8 @@ def register_module(module: ModuleType, source: Source) -> list[tuple[str, str]]
 
 
 def register(cls: Any, source: Source) -> tuple[str, str]:
-    """Register one component; PluginError if it is none, is incomplete, or takes a name already taken."""
+    """Register one component, as coming from `source`; PluginError if it is none, is incomplete (`REQUIRED`), or
+    takes a name already taken. Returns its (kind, name)."""
     kind = kind_of(cls)
     what = getattr(cls, "__name__", repr(cls))
     if kind is None:
@@ -301,8 +317,15 @@ def register(cls: Any, source: Source) -> tuple[str, str]:
 
 
 def discover() -> None:
-    """Register the components of every installed package's entry points, once per process. An entry point that
-    fails to load is remembered (`broken`) and refused only where a recipe names it."""
+    """Register the components of every installed package's entry points (`GROUPS`), once per process. An entry
+    point that fails to load is remembered (`broken`) and refused only where a recipe names it.
+
+    Example:
+        ```python
+        plugins.discover()
+        plugins.origin("algorithm", "fedadam")   # 'entry point fedbench.algorithms:fedadam (fedbench-fedopt)'
+        ```
+    """
     global _discovered
     if _discovered:
         return

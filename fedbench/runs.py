@@ -19,10 +19,16 @@ advance as one program; a run alone is R = 1 through the same code:
   of random length where every client takes part (coin-flip communication, Hanzely et al.'s block methods) advance
   iteration by iteration, each run through its own rounds (`IterationProgram`): round-synchronous runs would each
   wait for the longest of R geometric lengths, about ln R times the mean. Which runs share one: `fedbench.planning`.
+* Hyperparameter schedules (`fedbench.schedules`). A scheduled hyperparameter's value at each run's round is handed
+  to the round's functions as a float's, `[R, 1, 1]` (`RoundProgram._at_rounds`, which the round-wise and the
+  iteration-wise programs both call); runs whose schedules differ share a program as runs whose floats differ do.
 * Divergence. A run that diverges stops, as alone: its partial curve is kept, its final state is stored on its
   Simulation, and it leaves the batched arithmetic. A round in which an SVD fails (an iterate that overflowed
   between two evaluations) is replayed run by run on the same draws: the runs whose SVD fails end diverged there.
 * Evaluation. On the same schedule as alone, the runs due together in one `Problem.evaluate_runs` call.
+* Links. The federation's uplink and downlink transforms act between the algorithm's steps, on what crosses the
+  network (`fedbench.links`: receive before client_init, send between client_final and server_update, commit
+  after the round is written); without chains they hand everything through.
 
 Why explicit and not `torch.func.vmap` over runs (tried first): on this CPU vmap costs ~2x per elementwise op and
 ~30x per gather (index_select with a batched index: 380 µs against 12 µs), where the runs of Hanzely et al.'s
@@ -42,6 +48,7 @@ from torch import Tensor
 from fedbench.algorithms.base import HParams, Round, upload_floats
 from fedbench.compiling import compiled, compiles
 from fedbench.federation import aggregation_weights, step_oracles
+from fedbench.links import Links
 from fedbench.oracle import Batches
 from fedbench.planning import groups, not_iteration_wise, random_rounds, step_bytes, why_not_batchable
 
@@ -239,16 +246,18 @@ class RoundProgram:
         self.hp = batch_hparams(sims, self.dtype, self.device)
         self.differing = [key for key, value in self.hp.items() if _differs(value)]  # selected per sub-batch
         self._hp_alone: dict[int, HParams] = {}  # `_hp_of` one run
+        self.scheduled = list(self.algorithm.schedules)  # hyperparameters that follow a schedule (`_at_rounds`)
         self.everyone = self.algorithm.participation == "all"
         self.minibatches = first.sampler.minibatches
         self.compiled = compiles(sims)  # whether its local steps run compiled (`fedbench.compiling`)
         self.local_step = compiled(self._local_step) if self.compiled else self._local_step
         self.resume_from_runs()
+        self.links = Links(sims, self.server)
         self.live = list(range(len(sims)))
         self.train_seconds = 0.0  # the whole batch's
         self.share = 0.0  # Σ over steps of the step's seconds / live runs: each live run's share of the time
         self.settled = [0.0] * len(sims)  # `share` when each run was last charged (`_settle`)
-        self._uploaded = 0  # floats each run uploaded in the last round
+        self._uploaded = (0, 0)  # floats and bits each run uploaded in the last round
         # Runs per batched kernel: a local step gathers S·b rows per run; beyond GATHER_BUDGET bytes the gathered
         # batch leaves the cache and the batch runs slower than its runs one after another (Bao et al.'s Lasso,
         # 800 KB a run: 1.2x at R = 4, 0.4x at R = 64, before `plan` sent such runs one after another), so
@@ -280,6 +289,17 @@ class RoundProgram:
         if len(ids) == 1:
             self._hp_alone[ids[0]] = hp
         return hp
+
+    def _at_rounds(self, hp: HParams, ids: list[int]) -> HParams:
+        """`hp` of the runs `ids` with each scheduled hyperparameter's value at each run's current round
+        (`fedbench.schedules`), as a float's (`_per_run`); `hp` itself where nothing follows a schedule. Computed on
+        the host from each run's own schedule and round counter, so that a run's values are the same alone and in a
+        batch."""
+        if not self.scheduled:
+            return hp
+        rounds = self.federation.rounds
+        return HParams({**hp, **{name: _per_run([self.sims[i].algorithm.schedules[name].value(
+            self.sims[i].rounds_done, rounds) for i in ids], self.dtype, self.device) for name in self.scheduled}})
 
     def _layout(self, rows: dict[str, Tensor]) -> dict[str, Tensor]:
         """Rows `[..., R, S, b]` of each drawn minibatch as the problem's step oracles take them: as they are where
@@ -323,9 +343,16 @@ class RoundProgram:
     def _streams(self, ids: list[int]) -> tuple[torch.Generator, ...]:
         return tuple(self.sims[i].algorithm_gen for i in ids)
 
-    def _downloaded(self, clients: int) -> int:
-        """Floats the `clients` participants of one run download: the server state before the round."""
-        return clients * sum(self.server[k][0].numel() for k in self.algorithm.downloads)
+    def _downloaded(self, clients: int) -> tuple[int, int]:
+        """Floats and bits (as the downlink encodes them) the `clients` participants of one run download: the server
+        state before the round."""
+        downloads = self.algorithm.downloads
+        return (clients * sum(self.server[k][0].numel() for k in downloads),
+                clients * self.links.download_bits(self.server, downloads))
+
+    def _uploaded_by(self, message: dict[str, Tensor], clients: int) -> tuple[int, int]:
+        """Floats and bits (as the uplink encodes them) the `clients` participants of one run upload: `message`."""
+        return clients * upload_floats(self.algorithm, message), clients * self.links.upload_bits(message)
 
     # -- one round of every live run ----------------------------------------------------------------------
     def _draw(self):
@@ -378,10 +405,11 @@ class RoundProgram:
         state = start[1] if whole else {k: v.index_select(0, live) for k, v in start[1].items()}
         run_index = torch.arange(count, device=self.device)[:, None] if state and not self.everyone else None
         gathered = state if run_index is None else {k: v[run_index, clients] for k, v in state.items()}
-        hp = self._hp_of(ids, live)
+        hp = self._at_rounds(self._hp_of(ids, live), ids)
         sim = self.sims[ids[0]]
         rnd = Round(clients, sim.rounds_done, steps, sim.iterations, streams=self._streams(ids))
-        local = algorithm.client_init(server, gathered, rnd, hp)
+        received = self.links.receive(server, ids)
+        local = algorithm.client_init(received, gathered, rnd, hp)
         names, noise, sampled = list(rows), self._noise(ids), clients.shape[1]
         # each step's rows `[R, S, b]` (or `[R·S, b]`, `_layout`), sliced in one call per minibatch. A step's
         # oracles are freed as the step ends, before the next step gathers its minibatch: the allocator then hands
@@ -390,6 +418,8 @@ class RoundProgram:
         for step, step_rows in enumerate(zip(*[v.unbind(0) for v in self._layout(rows).values()])):
             local = self.local_step(local, dict(zip(names, step_rows)), count, sampled, noise, rnd.at(step), hp)
         message, updated = algorithm.client_final(local, rnd, hp)
+        self._uploaded = self._uploaded_by(message, sampled)
+        message = self.links.send(message, received, clients)
         server = algorithm.server_update(server, message, self._weights(clients), rnd, hp)
         # The scatter comes last, after everything that may raise: a replayed chunk finds its rows as they were.
         for key, value in updated.items():
@@ -402,7 +432,7 @@ class RoundProgram:
         else:
             self.server = {k: _rows_replaced(self.server[k], live, v) for k, v in server.items()}
             self.clients = {k: _rows_replaced(self.clients[k], live, v) for k, v in state.items()}
-        self._uploaded = clients.shape[1] * upload_floats(algorithm, message)
+        self.links.commit()
 
     # -- checkpoints ----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -411,7 +441,7 @@ class RoundProgram:
         state). Tensors are the program's own; `torch.save` copies them."""
         return {"server": self.server, "clients": self.clients, "live": list(self.live),
                 "rounds_done": self.rounds_done, "train_seconds": self.train_seconds, "uploaded": self._uploaded,
-                "runs": [sim.state_dict() for sim in self.sims]}
+                "runs": [sim.state_dict() for sim in self.sims], **self.links.state_dict()}
 
     def rounds_progress(self) -> int:
         """Rounds the program's runs have gone through (of an iteration-wise program, on average)."""
@@ -424,6 +454,7 @@ class RoundProgram:
         self.server, self.clients, self.live = state["server"], state["clients"], list(state["live"])
         self.rounds_done, self.train_seconds, self._uploaded = (state["rounds_done"], state["train_seconds"],
                                                                 state["uploaded"])
+        self.links.load_state_dict(state)
         self.resumed = True
 
     # -- evaluation and the loop --------------------------------------------------------------------------
@@ -550,6 +581,7 @@ class IterationProgram(RoundProgram):
         self.local: dict[str, Tensor] = {}
         self.clients_all = torch.arange(self.problem.num_clients, device=self.device)
         self.inside = Round(self.clients_all.expand(len(sims), -1), where=self.INSIDE)
+        self.every_hp: HParams | None = None  # every run's values at its current round, until a run opens a round
 
     def _draw_ahead(self) -> None:
         """The rows of every live run for the next iterations, on its own stream (`sampler.draw` of that many
@@ -586,8 +618,11 @@ class IterationProgram(RoundProgram):
             self.length[i] = steps
             self.ends.setdefault(self.iteration + steps - 1, []).append(i)
         runs = torch.tensor(opening, device=self.device)
-        local = self.algorithm.client_init(_rows(self.server, opening, runs), _rows(self.clients, opening, runs),
-                                           self._round(opening), self._hp_of(opening, runs))
+        received = self.links.receive(_rows(self.server, opening, runs), opening)
+        local = self.algorithm.client_init(received, _rows(self.clients, opening, runs), self._round(opening),
+                                           self._at_rounds(self._hp_of(opening, runs), opening))
+        self.links.commit()
+        self.every_hp = None  # these runs' values change (`_step_every_row`)
         for key, value in local.items():
             if key not in self.local:
                 self.local[key] = value.new_zeros(len(self.sims), *value.shape[1:])
@@ -607,16 +642,18 @@ class IterationProgram(RoundProgram):
 
     def _end_round(self, group: list[int], rows: dict[str, Tensor]) -> None:
         runs = torch.tensor(group, device=self.device)
-        hp = self._hp_of(group, runs)
+        hp = self._at_rounds(self._hp_of(group, runs), group)
         local, server = _rows(self.local, group, runs), _rows(self.server, group, runs)
         rnd = self._round(group, ending=True)
         local = self.local_step(local, self._layout(_rows(rows, group, runs)), len(group), len(self.clients_all),
                                 self._noise(group), rnd, hp)
         message, updated = self.algorithm.client_final(local, rnd, hp)
+        up = self._uploaded_by(message, len(self.clients_all))
+        message = self.links.send(message, self.links.received(server, group), rnd.clients)
         server = self.algorithm.server_update(server, message, self._weights(rnd.clients), rnd, hp)
         _write_rows(self.server, server, group, runs)
         _write_rows(self.clients, updated, group, runs)
-        up = len(self.clients_all) * upload_floats(self.algorithm, message)
+        self.links.commit()
         down = self._downloaded(len(self.clients_all))
         for i in group:
             self.sims[i].count_round(up, down, self.length[i])
@@ -624,15 +661,18 @@ class IterationProgram(RoundProgram):
     def _step_every_row(self, rows: dict[str, Tensor]) -> None:
         """A local step of every row of the batch, in the middle of its run's round: the steps of the rows of runs that
         have just ended their round or stopped are wasted, cheaper than selecting the others."""
+        if self.every_hp is None:
+            self.every_hp = self._at_rounds(self.hp, self.ids)
         self.local = self.local_step(self.local, self._layout(rows), len(self.sims), len(self.clients_all), self.noise,
-                                     self.inside, self.hp)
+                                     self.inside, self.every_hp)
 
     def _step_run(self, i: int, rows: dict[str, Tensor]) -> None:
         """Run i's local step alone, on its own rows (a replay after `_step_every_row` failed)."""
         run = torch.tensor([i], device=self.device)
         inside = Round(self.clients_all.expand(1, -1), where=self.INSIDE)
         local = self.local_step(_rows(self.local, [i], run), self._layout(_rows(rows, [i], run)), 1,
-                                len(self.clients_all), self._noise([i]), inside, self._hp_of([i], run))
+                                len(self.clients_all), self._noise([i]), inside,
+                                self._at_rounds(self._hp_of([i], run), [i]))
         _write_rows(self.local, local, [i], run)
 
     def _stop(self, i: int, status: str) -> None:
@@ -659,6 +699,7 @@ class IterationProgram(RoundProgram):
         super().load_state_dict(state)
         for name in self.ITERATION_STATE:
             setattr(self, name, state[name])
+        self.every_hp = None  # of the runs' rounds as loaded
 
     def rounds_progress(self) -> int:
         return sum(sim.rounds_done for sim in self.sims) // len(self.sims)

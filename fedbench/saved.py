@@ -53,7 +53,17 @@ def model_bytes(sim: Simulation) -> bytes:
 
 
 def load_model(source: str | Path | bytes | BinaryIO) -> dict[str, Any]:
-    """A saved model (a file's path, its bytes or an open file), as the dict of the module's docstring."""
+    """A saved model (a file's path, its bytes or an open file): the dict `{"format": 1, "algorithm", "problem",
+    "round", "status", "global": Tensor [d], "parameters": {name: Tensor}, "personal": Tensor [N, d] or None,
+    "personal_left_out": str}` (`fedbench.saved`'s docstring says each), on the CPU. A file that is not a fedbench
+    model of this format raises ValueError.
+
+    Example:
+        ```python
+        model = fedbench.load_model("final.pt")               # fedbench export RUN_ID final.pt
+        problem.evaluate(model["global"], model["personal"])  # the metrics of the run's last row, on its problem
+        ```
+    """
     if isinstance(source, bytes):
         source = io.BytesIO(source)
     model = torch.load(source, map_location="cpu", weights_only=True)

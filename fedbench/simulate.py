@@ -9,8 +9,10 @@
 
 Random streams (see `fedbench.rng`): "init" (initial point), "clients" (who is sampled each round),
 "minibatches" (local minibatches), the algorithm's own (`Algorithm.random_stream`, default "algorithm":
-coins, round lengths); the problem's data use its own "data" stream. Evaluation draws from none of them,
-so the curve's schedule (`eval_every`) never changes a run.
+coins, round lengths), "uplink" / "downlink" where the federation's chain there draws (`fedbench.transforms`), and
+"adversaries" where the federation has some (which clients, at the start; the gaussian attack's noise,
+`fedbench.robust`); the problem's data use its own "data" stream. Evaluation draws from none of them, so the curve's
+schedule (`eval_every`) never changes a run.
 """
 from __future__ import annotations
 
@@ -25,40 +27,74 @@ from fedbench.algorithms import ALGORITHMS
 from fedbench.algorithms.base import Algorithm
 from fedbench.compiling import check_mode
 from fedbench.federation import DIVERGENCE_FACTOR, Federation, RoundSampler, aggregation_weights, minibatch_sizes
+from fedbench.links import check_uploads
+from fedbench.privacy import EPSILON, Accountant, Mechanism
 from fedbench.problems.base import Problem
 from fedbench.rng import generator
+from fedbench.robust import adversarial_clients
 from fedbench.runs import RoundProgram, evaluate_rows, programs
+from fedbench.transforms import LINKS, draws
 
 
 class Simulation:
     """One run's record: its problem, algorithm configuration, federation and streams, its state (without the run
     axis: server entries as `init_server` makes them, per-client `[N, ...]`), counters and status. Iterating runs
     it to `federation.rounds` or divergence (a non-finite metric, or an objective above `divergence_factor` times
-    its value at the start; the partial curve is kept either way) as a program of one run (`fedbench.runs`)."""
+    its value at the start; the partial curve is kept either way) as a program of one run (`fedbench.runs`). With
+    `delta`, a run whose uplink adds DP-FedAvg's noise (a `gaussian` step) has in each row its `epsilon`: ε at δ
+    after the row's rounds (`fedbench.privacy`).
+
+    Example:
+        ```python
+        sim = Simulation(problem, FedMiD(problem, client_lr=1e-3), Federation(2000, 10, 10, 10), seed=0)
+        rows = list(sim)                  # {'round': r, metric: value, ..., 'comm_up': ...} every eval_every rounds
+        sim.status, sim.algorithm.global_params(sim.server)
+        ```
+    """
 
     def __init__(self, problem: Problem, algorithm: Algorithm, federation: Federation, seed: int,
-                 eval_every: int = 10, divergence_factor: float = DIVERGENCE_FACTOR, compile: str = "auto"):
+                 eval_every: int = 10, divergence_factor: float = DIVERGENCE_FACTOR, delta: float | None = None,
+                 compile: str = "auto"):
         check_mode(compile)
         minibatches = algorithm.minibatches(algorithm.hp)
         sizes, fields = minibatch_sizes(minibatches, algorithm.hp, federation.batch_size)
         federation.check(problem.layout(), fields)
+        check_uploads(federation, algorithm, problem.num_clients)
         self.problem, self.algorithm, self.federation = problem, algorithm, federation
+        self.accountant = (None if delta is None else
+                           Accountant(Mechanism.of(federation, algorithm, problem.num_clients), delta))
+        """With `delta` (a gaussian uplink step's run), each row's `epsilon`: ε at δ after the row's rounds
+        (`fedbench.privacy`); else None."""
         self.eval_every = max(1, int(eval_every))
         self.divergence_factor = divergence_factor
         self.compile = compile  # whether its program's local steps are compiled (`fedbench.compiling`)
         self.start_objective: float | None = None
         self.sampler = RoundSampler(problem, federation, seed, minibatches, sizes)
         self.algorithm_gen = generator(seed, algorithm.random_stream)
+        self.link_streams = {link: generator(seed, link) for link in LINKS if draws(getattr(federation, link))}
+        self.adversary_gen: torch.Generator | None = None
+        self.adversarial = torch.zeros(problem.num_clients, dtype=torch.bool)
+        """Which of the N clients are adversarial, `[N]` bool (none without the federation's adversaries)."""
+        if federation.adversaries is not None:
+            self.adversary_gen = generator(seed, "adversaries")
+            self.adversarial = adversarial_clients(problem.num_clients, federation.adversaries.fraction,
+                                                   self.adversary_gen)
         w0 = problem.init_params(generator(seed, "init"))
         self.server = algorithm.init_server(w0)
+        """The run's server state, entries as `init_server` makes them (no run or client axis)."""
         self.clients = algorithm.init_clients(w0, problem.num_clients)
+        """The run's per-client state, entries `[N, ...]`."""
         self.rounds_done = 0
+        """Rounds the run has taken."""
         self.iterations = 0  # local iterations per client so far
         self.comm_up = 0
         self.comm_down = 0
+        self.comm_up_bits = 0
+        self.comm_down_bits = 0
         self.train_seconds = 0.0
         self.eval_seconds = 0.0
         self.status = "running"
+        """"running", then "finished" or "diverged"."""
         self.metric_names: list[str] = []
         self._program: RoundProgram | None = None  # `run_round`'s
 
@@ -75,27 +111,34 @@ class Simulation:
         self._program.run_round()
         self._program.sync_run(0)
 
-    RECORD = ("rounds_done", "iterations", "comm_up", "comm_down", "train_seconds", "eval_seconds", "status",
-              "start_objective", "metric_names")
+    RECORD = ("rounds_done", "iterations", "comm_up", "comm_down", "comm_up_bits", "comm_down_bits", "train_seconds",
+              "eval_seconds", "status", "start_objective", "metric_names")
 
     def streams(self) -> dict[str, torch.Generator]:
         """Every random stream of the run by name (see the module's docstring)."""
+        adversaries = {} if self.adversary_gen is None else {"adversaries": self.adversary_gen}
         return {"clients": self.sampler.client_gen, "minibatches": self.sampler.batch_gen,
-                "feature-noise": self.sampler.noise_gen, "algorithm": self.algorithm_gen}
+                "feature-noise": self.sampler.noise_gen, "algorithm": self.algorithm_gen, **self.link_streams,
+                **adversaries}
 
     def state_dict(self) -> dict[str, Any]:
-        """The run's record: its state as it holds it, each stream's state and its counters (a program's
-        checkpoint holds its runs' records, `fedbench.runs.RoundProgram.state_dict`)."""
+        """The run's record: its state as it holds it, each stream's state, its counters and, where it has
+        adversaries, which clients they are (a program's checkpoint holds its runs' records,
+        `fedbench.runs.RoundProgram.state_dict`)."""
+        adversarial = {} if self.adversary_gen is None else {"adversarial": self.adversarial}
         return {"server": self.server, "clients": self.clients,
                 "streams": {name: gen.get_state() for name, gen in self.streams().items()},
-                **{name: getattr(self, name) for name in self.RECORD}}
+                **{name: getattr(self, name) for name in self.RECORD}, **adversarial}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The run as `state_dict` recorded it: its state, streams, counters and adversaries."""
         self.server, self.clients = state["server"], state["clients"]
         for name, gen in self.streams().items():
             gen.set_state(state["streams"][name].cpu())  # the generators live on the CPU (`fedbench.rng`)
         for name in self.RECORD:
             setattr(self, name, state[name])
+        if self.adversary_gen is not None:
+            self.adversarial = state["adversarial"]
 
     def exploded(self, row: dict[str, float]) -> bool:
         if not all(math.isfinite(v) for v in row.values()):
@@ -103,10 +146,12 @@ class Simulation:
         start = self.start_objective
         return start is not None and row["objective"] > self.divergence_factor * max(abs(start), 1e-12)
 
-    def count_round(self, uploaded: int, downloaded: int, steps: int) -> None:
-        """A round that the engine ended for this run: its floats up and down, its local steps."""
-        self.comm_up += uploaded
-        self.comm_down += downloaded
+    def count_round(self, uploaded: tuple[int, int], downloaded: tuple[int, int], steps: int) -> None:
+        """A round that the engine ended for this run: its (floats, bits) up and down, its local steps."""
+        self.comm_up += uploaded[0]
+        self.comm_up_bits += uploaded[1]
+        self.comm_down += downloaded[0]
+        self.comm_down_bits += downloaded[1]
         self.rounds_done += 1
         self.iterations += steps
 
@@ -124,27 +169,54 @@ class Simulation:
             metrics = dict.fromkeys(self.metric_names, math.nan)
         else:
             self.metric_names = list(metrics)
-        return {"round": self.rounds_done, **metrics, "comm_up": float(self.comm_up),
-                "comm_down": float(self.comm_down), "iterations": float(self.iterations)}
+        row = {"round": self.rounds_done, **metrics, "comm_up": float(self.comm_up),
+               "comm_down": float(self.comm_down), "iterations": float(self.iterations),
+               "comm_up_bits": float(self.comm_up_bits), "comm_down_bits": float(self.comm_down_bits)}
+        if self.accountant is not None:
+            row[EPSILON] = self.accountant.epsilon(self.rounds_done)
+        return row
 
 
 @dataclass
 class Result:
+    """A finished run (`simulate`, `fedbench.run`)."""
+
     rows: list[dict[str, float]]
+    """Its metrics rows, at round 0, every `eval_every` rounds and at the last: `round`, the problem's metrics,
+    `comm_up`, `comm_down` (floats), `iterations`, `comm_up_bits`, `comm_down_bits` (as the links encode them), and
+    `epsilon` (ε at the run's δ, where its uplink is accounted)."""
     status: str
+    """"finished", or "diverged" (the rows stop where it did)."""
     params: Tensor
+    """The final global model `[d]` (`Algorithm.global_params`)."""
     personal: Tensor | None
+    """The final per-client models `[N, d]` of a personalized algorithm, else None."""
     train_seconds: float
+    """Seconds spent in rounds."""
     eval_seconds: float
+    """Seconds spent evaluating."""
 
     @property
     def final(self) -> dict[str, float]:
+        """The last row."""
         return self.rows[-1]
 
 
 def simulate(problem: Problem, algorithm: Algorithm, federation: Federation, seed: int = 0,
-             eval_every: int = 10, divergence_factor: float = DIVERGENCE_FACTOR, compile: str = "auto") -> Result:
-    sim = Simulation(problem, algorithm, federation, seed, eval_every, divergence_factor, compile)
+             eval_every: int = 10, divergence_factor: float = DIVERGENCE_FACTOR, delta: float | None = None,
+             compile: str = "auto") -> Result:
+    """One run of `algorithm` (a configured instance) on `problem` with `federation`, its random streams from
+    `seed`, evaluated every `eval_every` rounds, ended early where it diverges (a non-finite metric, or an
+    objective above `divergence_factor` times its start); with `delta`, the rows of a federation whose uplink adds
+    DP-FedAvg's noise carry `epsilon`, ε at that δ (`fedbench.privacy`); its local steps compiled or not (`compile`,
+    `fedbench.compiling`).
+
+    Example:
+        ```python
+        result = simulate(problem, FedMiD(problem, client_lr=1e-3), Federation(rounds=2000), seed=0)
+        ```
+    """
+    sim = Simulation(problem, algorithm, federation, seed, eval_every, divergence_factor, delta, compile)
     rows = list(sim)
     return Result(rows, sim.status, algorithm.global_params(sim.server),
                   algorithm.personal_params(sim.server, sim.clients), sim.train_seconds, sim.eval_seconds)

@@ -512,6 +512,9 @@ def tune(
 class XAxis(str, Enum):
     rounds = "rounds"
     comm = "comm"
+    comm_bits = "comm_bits"
+    comm_up_bits = "comm_up_bits"
+    comm_down_bits = "comm_down_bits"
     iterations = "iterations"
     seconds = "seconds"
 
@@ -549,8 +552,9 @@ def report(
     run_id: Optional[str] = typer.Option(None, "--run", help="Report this sweep or tuning session (its parent run id)"),
     out: Optional[Path] = typer.Option(None, "--out", "-o",
                                        help="Folder to write (default: reports/<name>/ beside the MLflow store)"),
-    x: Optional[XAxis] = typer.Option(None, "--x", help="x-axis: rounds, floats communicated, local "
-                                  "iterations or training seconds (default: the recipe's report.x, else rounds)"),
+    x: Optional[XAxis] = typer.Option(None, "--x", help="x-axis: rounds, floats communicated, bits communicated "
+                                  "(both ways, up or down, as the uplink and downlink encode them), local iterations "
+                                  "or training seconds (default: the recipe's report.x, else rounds)"),
     sets: Optional[List[str]] = SetOption,
     with_plugins: Optional[List[str]] = WithOption,
     tracking_uri: Optional[str] = TrackingOption,
@@ -568,9 +572,11 @@ def report(
     recipe = load_recipe(recipe_path, sets, with_plugins=with_plugins) if recipe_path is not None else None
     try:
         result = make_report(tracking_uri, recipe=recipe, experiment=experiment, run_id=run_id, out=out,
-                             x=x.value if x else None)
+                             x=x.value if x else None, overridden=bool(sets))
     except (ReportError, RecipeError) as err:
         fail(str(err), getattr(err, "detail", ""))
+    if recipe is not None and result.source.recipe is not recipe:  # the sweep made with --set it stands for
+        say(f"reporting {result.source.description}")
     show_report(result)
 
 
@@ -646,10 +652,15 @@ def validate(
 @app.command("list")
 def list_components(with_plugins: Optional[List[str]] = WithOption) -> None:
     """Problems and algorithms, with each parameter's type, default and valid range, and where each came from:
-    built in, or a plugin (installed packages' entry points, and those given with --with)."""
+    built in, or a plugin (installed packages' entry points, and those given with --with); then the federation's
+    parameters, its adversaries' and the transforms its uplink and downlink may chain, and the privacy accounting of
+    the uplink's noise."""
     from fedbench import plugins
     from fedbench.algorithms import ALGORITHMS
     from fedbench.problems import PROBLEMS
+    from fedbench.robust import Adversaries
+    from fedbench.transforms import TRANSFORMS
+    from .recipe import FEDERATION_PARAMS
 
     plugins.discover()
     for spec in with_plugins or []:
@@ -660,27 +671,51 @@ def list_components(with_plugins: Optional[List[str]] = WithOption) -> None:
     for title, registry, attribute in (("problem", PROBLEMS, "params"), ("algorithm", ALGORITHMS, "hparams")):
         for name, cls in registry.items():
             where = plugins.origin(title, name)
-            table = Table(title=f"{title} [bold]{name}[/]" + ("" if where == "built-in" else f" (plugin: {where})"),
-                          title_justify="left", show_lines=False)
-            params = getattr(cls, attribute)
-            # names whole (they are what --set takes); the other columns fold, never cut to "…" at 80 columns
-            table.add_column("parameter", no_wrap=True, min_width=max((len(p.name) for p in params), default=9))
-            table.add_column("type", no_wrap=True, min_width=max((len(p.kind) + 6 * p.log for p in params), default=4))
-            table.add_column("default", overflow="fold")
-            table.add_column("range", overflow="fold")
-            table.add_column("description", ratio=1, overflow="fold")
-            for p in params:
-                table.add_row(p.name, p.kind + (" (log)" if p.log else ""), str(p.default), p.describe_range(), p.help)
-            console.print(table)
+            console.print(param_table(f"{title} [bold]{name}[/]" + ("" if where == "built-in" else
+                                                                    f" (plugin: {where})"), getattr(cls, attribute)))
             for line in contract_lines(title, cls):
                 console.print(f"  {line}", highlight=False)
+    console.print(param_table("[bold]federation[/]", FEDERATION_PARAMS))
+    console.print(param_table("[bold]federation.adversaries[/] (a mapping, e.g. {fraction: 0.2, attack: gaussian})",
+                              Adversaries.params))
+    console.print("transforms of federation.uplink and federation.downlink, as [{name: value}, ...] (value: the first "
+                  "parameter, or {parameter: value}):", highlight=False)
+    for name, transform in TRANSFORMS.items():
+        title = f"transform [bold]{name}[/] ({'uplink and downlink' if transform.on_downlink else 'uplink'})"
+        console.print(param_table(title, transform.params) if transform.params else f"{title}, no parameters")
+        console.print(f"  {transform.help}", highlight=False)
+    console.print("privacy: {delta: δ} at a recipe's top level, required with a gaussian step: each row's epsilon is "
+                  "ε at δ, user-level (one client's data replaced), S of N clients drawn without replacement a round, "
+                  "by dp-accounting's RDP accountant", highlight=False)
     from fedbench.contract import CAPABILITIES
+    from fedbench.schedules import KINDS
 
     for (title, name), why in sorted(plugins.broken_entry_points().items()):
         console.print(f"{title} {name}: not loaded: {why}", highlight=False)
     console.print("capabilities an algorithm may require and a problem provide:", highlight=False)
     for name, meaning in CAPABILITIES.items():
         console.print(f"  {name}: {meaning}", highlight=False)
+    console.print("an algorithm's float hyperparameter also takes a schedule, {schedule: KIND, init: ..., ...}: its "
+                  "value at round k after a linear warm-up of `warmup` rounds from `warmup_init` (default 0) to "
+                  "init, of H rounds after it (a list in a field is a grid axis; [optional]):", highlight=False,
+                  markup=False)
+    for kind, schedule in KINDS.items():
+        fields = ", ".join(f if f in schedule.required() else f"[{f}]" for f in schedule.own_fields())
+        console.print(f"  {kind}: {schedule.formula}  ({fields})", highlight=False, markup=False)
+
+
+def param_table(title: str, params) -> Table:
+    """The declared parameters (`fedbench.hparams.Param`) of a component, as `fedbench list` shows them."""
+    table = Table(title=title, title_justify="left", show_lines=False)
+    # names whole (they are what --set takes); the other columns fold, never cut to "…" at 80 columns
+    table.add_column("parameter", no_wrap=True, min_width=max((len(p.name) for p in params), default=9))
+    table.add_column("type", no_wrap=True, min_width=max((len(p.kind) + 6 * p.log for p in params), default=4))
+    table.add_column("default", overflow="fold")
+    table.add_column("range", overflow="fold")
+    table.add_column("description", ratio=1, overflow="fold")
+    for p in params:
+        table.add_row(p.name, p.kind + (" (log)" if p.log else ""), str(p.default), p.describe_range(), p.help)
+    return table
 
 
 def contract_lines(kind: str, cls) -> list[str]:
@@ -708,7 +743,8 @@ WIDE_TABLE = 140  # columns from which `fedbench recipes` is a table: below, its
 @app.command("recipes")
 def list_recipes() -> None:
     """The shipped recipes, each by the name that runs it from any folder (`fedbench sweep papers/bao2022_lasso`):
-    the paper, what it reproduces, its runs (configurations × seeds) and, where measured, its time on 2 CPU cores."""
+    the paper, what it reproduces, its runs (configurations × seeds) and, where measured, its time on 2 CPU cores and
+    on one GPU."""
     from .recipe import RecipeError, load
     from .shipped import describe, find, names, root
 
@@ -727,7 +763,7 @@ def list_recipes() -> None:
         except RecipeError:  # e.g. a plugin it names is not installed: `validate` says why
             runs = "?"
         rows.append((name, about.get("paper", "—"), about.get("reproduces", "—"), runs,
-                     about.get("time on 2 cores", "—")))
+                     about.get("time on 2 cores", "—"), about.get("time on one GPU", "—")))
     if console.is_terminal and console.width >= WIDE_TABLE:
         table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
         table.add_column("recipe", no_wrap=True)
@@ -735,13 +771,15 @@ def list_recipes() -> None:
         table.add_column("reproduces")
         table.add_column("runs", justify="right", no_wrap=True)
         table.add_column("time on 2 cores")
+        table.add_column("time on one GPU")
         for row in rows:
             table.add_row(*row)
         console.print(table)
     else:  # a narrow terminal or a pipe: a block per recipe, its text whole (a table cut it to "Fast…")
-        for name, paper, reproduces, runs, time in rows:
+        for name, paper, reproduces, runs, time, gpu_time in rows:
+            gpu = f"\n    time on one GPU: {gpu_time}" if gpu_time != "—" else ""
             console.print(f"{name}   {runs} runs   time on 2 cores: {time}\n    paper: {paper}\n"
-                          f"    reproduces: {reproduces}",
+                          f"    reproduces: {reproduces}{gpu}",
                           highlight=False, soft_wrap=True, markup=False)
     example = "papers/bao2022_lasso" if "papers/bao2022_lasso" in shipped else shipped[0]
     say(f"runs = configurations × seeds; from any folder: {program()} sweep {example} (also run, tune, validate, "

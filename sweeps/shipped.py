@@ -6,7 +6,8 @@ from any folder; `fedbench recipes` lists them with what a recipe's first commen
     # reproduces: Fig. 1: federated Lasso, five methods
     # time on 2 cores: ~2 min (make demo)
 
-(`—` for a line left out: a time is given only where one was measured).
+and `# time on one GPU:` (the GPU named in its parentheses); `—` for a line left out: a time is given only where one
+was measured (bench/gallery.py measures them and writes these lines).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 
 SUFFIXES = (".yaml", ".yml")
-FIELDS = ("paper", "reproduces", "time on 2 cores")
+FIELDS = ("paper", "reproduces", "time on 2 cores", "time on one GPU")
 FIELD_LINE = re.compile(rf"#\s*({'|'.join(FIELDS)})\s*:\s*(.+?)\s*$")
 
 
@@ -70,7 +71,8 @@ def closest(given: str | Path) -> str | None:
 
 
 def describe(path: Path) -> dict[str, str]:
-    """The `# paper:`, `# reproduces:` and `# time on 2 cores:` lines of a recipe's first comment block."""
+    """The `# paper:`, `# reproduces:`, `# time on 2 cores:` and `# time on one GPU:` lines of a recipe's first
+    comment block."""
     found: dict[str, str] = {}
     for line in path.read_text().splitlines():
         if not line.startswith("#"):

@@ -5,8 +5,12 @@ collected, not imported). `small_problems.py` (small instances of the shipped pr
 - The run axis: `CASES`, every algorithm written for it with a small problem, a federation, hyperparameters and
   the tolerance of its batched curves against its runs alone (`tests/test_runs.py`, `test_checkpoints.py`,
   `test_gpu.py`); `curves_alone`, `rows_by_run`, `assert_same`.
+- Refusals: `refused`, a command's one-line refusal (`tests/test_refusals.py`, `test_schedules.py`).
+- Checkpoints: `build` (a program of seeds), `rows_of` (its rows by run), `interrupted` (its rows when stopped at a
+  safe point and resumed from the state saved there: `tests/test_checkpoints.py`, `test_schedules.py`,
+  `test_transforms.py`).
 - numpy transcriptions of the lasso/low-rank problems' data, gradient and prox (`tests/test_algorithms.py`,
-  `test_fastfedda.py`).
+  `test_fastfedda.py`), and of FedAvg's and FedMiD's rounds on a Lasso (`test_transforms.py`, `test_robust.py`).
 - Data files written out: an EMNIST npz in the shipped format (`write_npz`, `npz_problem`) and an MNIST-format
   IDX folder (`write_folder`).
 - `deviation_holds`: a paper-size test's check of a paper claim that does not reproduce, against its declaration
@@ -15,16 +19,19 @@ collected, not imported). `small_problems.py` (small instances of the shipped pr
 from __future__ import annotations
 
 import gzip
+import io
 import math
 import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import fedbench
 from fedbench.data import femnist, idx
 from fedbench.rng import generator
+from fedbench.runs import programs
 from fedbench.simulate import Federation, Simulation
 from small_problems import small_lasso, small_lowrank
 from sweeps.deviations import DEVIATIONS
@@ -124,6 +131,61 @@ def assert_same(alone, batched, tolerance):
                     assert abs(x[key] - y[key]) <= tolerance * max(abs(x[key]), 1e-300), (key, x[key], y[key])
 
 
+# -- checkpoints ------------------------------------------------------------------------------------------------
+
+class Stop(Exception):
+    """The kill: raised from the safe point after the checkpoint was taken."""
+
+
+def build(problem, name, federation, hp, seeds):
+    sims = [Simulation(problem, fedbench.make_algorithm(name, problem, **hp), federation, seed, 3) for seed in seeds]
+    [(runs, program)] = programs(sims)  # one program for the batch (or the run alone)
+    return program
+
+
+def rows_of(program, rows=None):
+    """A program's rows, one list per run (appended to `rows`, the rows a resumed program's runs had before)."""
+    rows = rows if rows is not None else [[] for _ in program.sims]
+    for i, row in program:
+        rows[i].append(row)
+    return rows
+
+
+def interrupted(make_program, at: int):
+    """The rows of a program stopped at its `at`-th safe point, then resumed from the checkpoint taken there by a
+    program built anew (through `torch.save`, as a checkpoint file holds it), and its runs' statuses."""
+    program, rows, saved, count = make_program(), None, io.BytesIO(), [0]
+
+    def safe_point(program):
+        count[0] += 1
+        if count[0] == at:
+            torch.save({"program": program.state_dict(), "rows": rows}, saved)
+            raise Stop
+
+    rows = [[] for _ in program.sims]
+    program.safe_point = safe_point
+    with pytest.raises(Stop):
+        rows_of(program, rows)
+    saved.seek(0)
+    checkpoint = torch.load(saved, weights_only=False)
+    again = make_program()
+    again.load_state_dict(checkpoint["program"])
+    return rows_of(again, checkpoint["rows"]), [sim.status for sim in again.sims]
+
+
+# -- refusals ---------------------------------------------------------------------------------------------------
+
+def refused(result, *expected: str) -> str:
+    """The refusal's first line, after checking exit 2, no traceback and the expected phrases in that line."""
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    first = result.output.splitlines()[0]
+    for phrase in expected:
+        assert phrase in first, (phrase, result.output)
+    return first
+
+
 # -- numpy transcriptions of the lasso and low-rank problems ------------------------------------------
 
 def initial_point(problem, seed):
@@ -159,6 +221,25 @@ def np_prox(problem, v, step):
     if problem.name == "lasso":
         return np_soft(v, step * lam, problem.feature_dim)
     return np_svt(v, step * lam, problem.shape)
+
+
+def np_local(problem, name, start, rows, hp):
+    """FedAvg's (plain gradient steps) or FedMiD's (proximal steps) local iterate on a Lasso from `start` on rows
+    `[E, b]` (`tests/test_transforms.py`, `test_robust.py`)."""
+    features, labels = problem.features.numpy(), problem.labels.numpy()
+    u, lr = start.copy(), hp["client_lr"]
+    for step_rows in rows:
+        x, y = features[step_rows], labels[step_rows]
+        u = u - lr * x.T @ (x @ u - y) / len(step_rows)
+        if name == "fedmid":
+            u = np_prox(problem, u, lr)
+    return u
+
+
+def np_server(problem, name, w, mean, hp):
+    """FedAvg's or FedMiD's server step from the clients' `mean` (or what stands for it)."""
+    w = w + hp["server_lr"] * (mean - w)
+    return np_prox(problem, w, hp["server_lr"] * hp["client_lr"]) if name == "fedmid" else w
 
 
 # -- data files written out -------------------------------------------------------------------------------------

@@ -4,54 +4,10 @@ yields the rest of its rows bit for bit as the program that never stopped, for e
 for a run alone."""
 from __future__ import annotations
 
-import io
-
 import pytest
 import torch
 
-import fedbench
-from fedbench.runs import programs
-from fedbench.simulate import Simulation
-from helpers import CASES, SEEDS
-
-
-class Stop(Exception):
-    """The kill: raised from the safe point after the checkpoint was taken."""
-
-
-def build(problem, name, federation, hp, seeds):
-    sims = [Simulation(problem, fedbench.make_algorithm(name, problem, **hp), federation, seed, 3) for seed in seeds]
-    [(runs, program)] = programs(sims)  # one program for the batch (or the run alone)
-    return program
-
-
-def rows_of(program, rows=None):
-    rows = rows if rows is not None else [[] for _ in program.sims]
-    for i, row in program:
-        rows[i].append(row)
-    return rows
-
-
-def interrupted(make_program, at: int):
-    """The rows of a program stopped at its `at`-th safe point, then resumed from the checkpoint taken there by a
-    program built anew."""
-    program, rows, saved, count = make_program(), None, io.BytesIO(), [0]
-
-    def safe_point(program):
-        count[0] += 1
-        if count[0] == at:
-            torch.save({"program": program.state_dict(), "rows": rows}, saved)
-            raise Stop
-
-    rows = [[] for _ in program.sims]
-    program.safe_point = safe_point
-    with pytest.raises(Stop):
-        rows_of(program, rows)
-    saved.seek(0)
-    checkpoint = torch.load(saved, weights_only=False)
-    again = make_program()
-    again.load_state_dict(checkpoint["program"])
-    return rows_of(again, checkpoint["rows"]), [sim.status for sim in again.sims]
+from helpers import CASES, SEEDS, build, interrupted, rows_of
 
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.heavy) if name.startswith("acd_pfl") else name

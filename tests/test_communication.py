@@ -1,9 +1,11 @@
 """A round's communication as each algorithm's paper counts it: the floats each participating client sends
 (`comm_up`) per round, counted by the engine from the algorithm's declared uploads (`Algorithm.uploads`) and
-their shapes. Each entry says what the paper's algorithm sends, where."""
+their shapes (and without a transform on the links, bits: those floats at their dtype's width). Each entry says what
+the paper's algorithm sends, where."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 import fedbench
 from fedbench.algorithms import ALGORITHMS
@@ -92,3 +94,5 @@ def test_a_round_sends_what_the_paper_counts(name):
         sim.run_round()
     floats, _ = SENT[name]
     assert sim.comm_up == ROUNDS * clients * floats(problem), SENT[name][1]
+    width = torch.finfo(problem.dtype).bits  # no transform: each float at its dtype's width
+    assert (sim.comm_up_bits, sim.comm_down_bits) == (width * sim.comm_up, width * sim.comm_down)

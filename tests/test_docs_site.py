@@ -3,6 +3,8 @@
 - the generated reference has a page for every registered problem and algorithm, with each declared parameter
   and metric, and every recipe field and CLI command and option: compared with the registries themselves;
 - a `Param` added in code appears on the built site with no page edited;
+- the Python API (issue 47 item 7): a page per topic, generated from the docstrings by mkdocstrings and linked from
+  the tutorials, and every name a page shows has a docstring (a name without one fails the build);
 - in headless Chromium (as tests/test_browser.py), served over HTTP with no network beyond localhost: the home
   page leads to the tutorial, an algorithm's page opens, and the search box finds it; nothing is fetched from
   outside the site (no web fonts, no CDN).
@@ -11,10 +13,12 @@ from __future__ import annotations
 
 import functools
 import html
+import importlib
 import importlib.util
 import os
 import re
 import shutil
+import sys
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -54,6 +58,16 @@ def site(tmp_path_factory) -> Path:
     return build_site(tmp_path_factory.mktemp("site"))
 
 
+@pytest.fixture(scope="module")
+def hook():
+    """docs/hooks/reference.py as a module (the build loads its own instance)."""
+    spec = importlib.util.spec_from_file_location("reference_hook", ROOT / "docs" / "hooks" / "reference.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # where its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
 def page(site: Path, path: str) -> str:
     file = site / path / "index.html"
     assert file.exists(), f"no page {path}"
@@ -62,6 +76,11 @@ def page(site: Path, path: str) -> str:
 
 def has_code(text: str, name: str) -> bool:
     return f"<code>{html.escape(name, quote=False)}</code>" in text
+
+
+def plain(text: str) -> str:
+    """A page's text without its tags, every run of white space one space."""
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", "", text)).split())
 
 
 # -- the reference against the registries ----------------------------------------------------------------------
@@ -89,7 +108,7 @@ def test_every_problem_has_a_page_with_each_parameter_preset_and_metric(site):
         assert f'href="problems/{name}/"' in index, name
 
 
-def test_every_recipe_field_is_on_the_schema_page(site):
+def test_every_recipe_field_is_on_the_schema_page(site, hook):
     from sweeps.recipe.schema import SECTIONS
     from sweeps.recipe.trials import FEDERATION_PARAMS
 
@@ -101,9 +120,6 @@ def test_every_recipe_field_is_on_the_schema_page(site):
         assert not missing, (path, missing)
     assert not [p.name for p in FEDERATION_PARAMS if not has_code(text, p.name)]
     # every field says what it holds, in a comment beside it in schema.py, which the page shows
-    spec = importlib.util.spec_from_file_location("reference_hook", ROOT / "docs" / "hooks" / "reference.py")
-    hook = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hook)
     for path, model in SECTIONS.items():
         comments = hook.field_comments(model)
         assert not [field for field in model.model_fields if not comments.get(field)], path
@@ -158,6 +174,86 @@ def test_a_param_added_in_code_appears_on_the_site_with_no_page_edited(tmp_path,
     text = page(build_site(tmp_path / "site"), "reference/algorithms/fedavg")
     assert has_code(text, "probe_momentum") and "a parameter only this test declares" in text
     assert "<code>0.25</code>" in text and "[0, 1]" in text  # its default and range
+
+
+# -- the Python API ----------------------------------------------------------------------------------------------
+
+# What each page must show (a heading of its own, by the object's path), beyond what the hook lists
+API_NAMES = {"algorithm": ["Algorithm.client_step", "Algorithm.client_final", "Algorithm.server_update",
+                           "Algorithm.downloads", "Algorithm.requires", "Round", "Round.draw", "Upload"],
+             "problem": ["Problem.gather", "Problem.minibatch_loss", "Problem.client_loss", "Problem.provides"],
+             "oracles": ["Oracle.grad", "Batches", "Minibatch"],
+             "parameters": ["Param", "Param.kind", "Metric.direction"],
+             "schedules": ["Cosine", "Schedule.value", "PerRound.value", "make"],
+             "running": ["run", "simulate", "Result.final", "Simulation.accountant"],
+             "privacy": ["Accountant.epsilon", "Mechanism.of", "Mechanism.event"],
+             "transforms": ["Transform.apply", "Transform.bits", "Compressor.compress", "chain"],
+             "plugins": ["load", "discover", "PluginError"]}
+
+
+def test_the_api_has_a_page_per_topic_with_each_object_linked_from_the_index_and_the_tutorials(site, hook):
+    index = page(site, "reference")
+    assert set(API_NAMES) == set(hook.API_PAGES)
+    for slug, api in hook.API_PAGES.items():
+        text = page(site, f"reference/api/{slug}")
+        assert f'href="api/{slug}/"' in index, slug
+        anchors = set(re.findall(r'id="(fedbench[\w.]*)"', text))
+        missing = [name for name in API_NAMES[slug] if not any(a.endswith("." + name) for a in anchors)]
+        missing += [path for path in api.objects if path not in anchors]
+        assert not missing, (slug, missing)
+        opening = importlib.import_module(api.module).__doc__.split()[:6]
+        assert " ".join(opening) in plain(text), slug  # the module's docstring opens the page
+    for tutorial, slugs in (("tutorials/compare-your-own-method", ("algorithm", "oracles", "parameters", "plugins")),
+                            ("how-to/write-a-problem", ("problem",))):
+        text = page(site, tutorial)
+        assert not [slug for slug in slugs if f"reference/api/{slug}/" not in text], tutorial
+
+
+def test_the_facts_of_the_plugin_interface_are_on_the_api_pages(site):
+    """Issue 47 item 7: what only the SCAFFOLD listing told (the shapes, the defaults, what is written back)."""
+    algorithm, problem = plain(page(site, "reference/api/algorithm")), plain(page(site, "reference/api/problem"))
+    assert "row [r, k] is the state of client rnd.clients[r, k]" in algorithm  # what `rows` is
+    assert "written back into the sampled clients' rows" in algorithm  # client_final's second dict
+    assert 'the model server["w"] alone' in algorithm and 'Default: server["w"]' in algorithm
+    assert "downloads: tuple[str, ...] = ('w',)" in algorithm  # its default, as the signature shows it
+    assert "requires: frozenset[str] = frozenset()" in algorithm
+    assert "floats [R, 1, 1]" in algorithm and "a [R, 1, 1] tensor" in algorithm
+    assert "client_loss(w: Tensor, clients: Tensor) -> Tensor" in problem and "h is not included" in problem
+    assert 'provides = ("full_data",)' in problem
+    assert "must accept row −1" in problem  # gather, clients of unequal size
+
+
+def test_every_public_name_on_the_api_pages_has_a_docstring(hook):
+    package = hook.load_api()
+    for slug, api in hook.API_PAGES.items():
+        shown = hook.documented(api, package)
+        assert len(shown) > len(api.objects), slug  # the module, its objects, and members
+        assert not hook.undocumented(shown), slug
+
+
+def test_a_name_without_a_docstring_fails_the_check_and_the_build(hook, tmp_path, monkeypatch, caplog):
+    """mkdocstrings leaves out a member without a docstring, silently: the hook's check names it, and the strict
+    build fails on it."""
+    import griffe
+    from mkdocs.exceptions import Abort
+
+    package = hook.load_api()
+    package["algorithms.base.Algorithm.client_step"].docstring = None  # a hook's docstring removed
+    package["oracle.Batches"].docstring = griffe.Docstring("   ")  # an object's, left blank
+    found = [path for api in hook.API_PAGES.values() for path in hook.undocumented(hook.documented(api, package))]
+    assert found == ["fedbench.algorithms.base.Algorithm.client_step", "fedbench.oracle.Batches"]
+
+    load = griffe.load
+
+    def without_docstring(*args, **kwargs):
+        loaded = load(*args, **kwargs)
+        loaded["problems.base.Problem.gather"].docstring = None
+        return loaded
+
+    monkeypatch.setattr(griffe, "load", without_docstring)  # what the build's hook loads
+    with pytest.raises(Abort, match="1 warning"):
+        build_site(tmp_path / "site")
+    assert "reference/api/problem.md: fedbench.problems.base.Problem.gather has no docstring" in caplog.text
 
 
 def test_the_strict_build_fails_on_a_broken_link(tmp_path):

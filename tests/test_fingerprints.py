@@ -2,7 +2,8 @@
 linear and MLP scorers, EMNIST-10) equals what the engine produced before the issue-12 redesign of its interface
 (step oracles, minibatch declarations, algorithm streams, round lengths, shared models): bit for bit on the
 machine that made the records, to `fingerprint_runs.RTOL` (rounding of another CPU's kernels; measured there)
-elsewhere. Columns added since (`iterations`) are checked for their values, not against the record."""
+elsewhere. Columns added since (`iterations`, the bits communicated) are checked for their values, not against the
+record."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ import pytest
 from fingerprint_runs import FINGERPRINTS, RTOL, RUNS, rows_of
 
 pytestmark = pytest.mark.heavy  # every recorded run at its recipe's size: 10 s to 70 s of CPU each
-NEW_COLUMNS = {"iterations", "support_accuracy"}
+NEW_COLUMNS = {"iterations", "support_accuracy", "comm_up_bits", "comm_down_bits"}
 
 
 @pytest.mark.parametrize("name, recipe, algorithms, overrides", RUNS, ids=[run[0] for run in RUNS])
@@ -30,3 +31,5 @@ def test_rows_match_the_record(name, recipe, algorithms, overrides):
             local_steps = [o.split("=")[1] for o in overrides if o.startswith("federation.local_steps=")]
             if local_steps:
                 assert row["iterations"] == row["round"] * int(local_steps[0])
+            width = 64 if name in ("bao2022_lasso", "bao2022_lowrank") else 32  # no transform: each float at its width
+            assert (row["comm_up_bits"], row["comm_down_bits"]) == (width * row["comm_up"], width * row["comm_down"])

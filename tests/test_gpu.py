@@ -1,9 +1,9 @@
 """The GPU path, where CUDA is available (skipped elsewhere): every algorithm of `helpers.CASES` runs with its
 problem's data on the device and gives the curve it gives on the CPU (the draws are made on the host, so they are
-the same), and a batch of seeds on the device gives each run its curve alone there. The tolerances of the CPU's
-identity test hold between runs alone and batched; between devices, float64 kernels that reduce in another order
-(cuBLAS, CUDA reductions) are allowed 1e-9 relative over the 12 rounds, pFedFBE's finite difference (which
-divides last-bit differences by τ ~ 1e-8) 1e-6, float32 the pair-score tolerances."""
+the same), and a batch of seeds on the device gives each run its curve alone there; so do robust rules and attacks.
+The tolerances of the CPU's identity test hold between runs alone and batched; between devices, float64 kernels
+that reduce in another order (cuBLAS, CUDA reductions) are allowed 1e-9 relative over the 12 rounds, pFedFBE's
+finite difference (which divides last-bit differences by τ ~ 1e-8) 1e-6, float32 the pair-score tolerances."""
 from __future__ import annotations
 
 import pytest
@@ -54,6 +54,21 @@ def test_memory_bound_runs_on_the_gpu_still_form_one_program(monkeypatch):
     assert [outcome.runs_in_batch for outcome in drive_batch(sims())] == [len(SEEDS)] * len(SEEDS)
     assert_same(curves_alone(problem, "fedmid", federation, {}, SEEDS, eval_every=2),
                 rows_by_run(run_batch(sims()), len(SEEDS)), CASES["fedmid"][3])
+
+
+ROBUST = {  # robust rules and attacks (`fedbench.robust`) on the device: the gaussian attack's draws made on the host
+    "median, gaussian": Federation(9, 5, 3, 5, aggregation="median", adversaries={"fraction": 0.25,
+                                                                                  "attack": "gaussian"}),
+    "krum, sign_flip": Federation(9, 5, 3, 5, aggregation="krum", adversaries={"fraction": 0.25, "scale": 4.0}),
+}
+
+
+@pytest.mark.parametrize("case", ROBUST)
+def test_robust_rules_and_attacks_run_on_the_gpu_as_on_the_cpu_and_batched_as_alone(case):
+    federation, hp = ROBUST[case], {"client_lr": 0.05}
+    on_gpu = curves_alone(small_lasso(device="cuda"), "fedavg", federation, hp, SEEDS)
+    assert_same(curves_alone(small_lasso(), "fedavg", federation, hp, SEEDS), on_gpu, 1e-9)
+    assert_same(on_gpu, run_seeds(small_lasso(device="cuda"), "fedavg", federation, SEEDS, eval_every=3, **hp), 1e-12)
 
 
 SOLVED = [("pfl_synthetic", {"preset": "s1", "sigma_h": 1.0}),  # damped Newton

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -89,15 +90,37 @@ def test_fedbench_recipes_lists_the_installed_recipes(venv, tmp_path):
 
 
 @pytest.mark.ray
-def test_a_shipped_recipe_sweeps_by_name_from_an_empty_folder(venv, tmp_path):
-    """Ray's workers unpickle the trials by the installed module names (fedbench_sweeps.*)."""
+def test_a_shipped_recipe_sweeps_by_name_from_an_empty_folder(venv, tmp_path, free_tcp_port):
+    """Ray's workers unpickle the trials by the installed module names (fedbench_sweeps.*). Then, as a researcher
+    goes on from there (issue 47): `report` of the recipe by name without repeating the sweep's --set, and `ui`; no
+    traceback anywhere, and the folder holds the store and the reports, nothing else."""
+    import urllib.request
+
     from mlflow.tracking import MlflowClient
 
-    store = f"sqlite:///{tmp_path / 'work' / 'mlflow.db'}"
+    work = tmp_path / "work"
+    store = f"sqlite:///{work / 'mlflow.db'}"
     sets = [arg for item in SHORT for arg in ("--set", item)]
-    swept = run(venv, tmp_path / "work", "fedbench", "sweep", "papers/bao2022_lasso", *sets, "--tracking-uri", store,
+    swept = run(venv, work, "fedbench", "sweep", "papers/bao2022_lasso", *sets, "--tracking-uri", store,
                 "--no-report", timeout=600)
     assert swept.returncode == 0, swept.stdout + swept.stderr
+    reported = run(venv, work, "fedbench", "report", "papers/bao2022_lasso", "--tracking-uri", store)
+    assert reported.returncode == 0 and "reporting the runs of" in reported.stdout, reported.stdout + reported.stderr
+    assert (work / "reports" / "bao2022-lasso" / "index.html").is_file()
+    ui = subprocess.Popen([str(venv / "bin" / "fedbench"), "ui", "papers/bao2022_lasso", "--tracking-uri", store,
+                           "--port", str(free_tcp_port)], cwd=work, env=clean_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        first = ui.stdout.readline()
+        assert first.startswith("runs:"), first + ui.stdout.read()
+        with urllib.request.urlopen(f"http://127.0.0.1:{free_tcp_port}/health", timeout=5) as response:
+            assert response.status == 200
+    finally:
+        os.killpg(ui.pid, signal.SIGTERM)
+        ui.wait(timeout=30)
+    for output in (swept.stdout, swept.stderr, reported.stdout, reported.stderr, ui.stdout.read()):
+        assert "Traceback" not in output, output
+    assert sorted(path.name for path in work.iterdir()) == ["mlartifacts", "mlflow.db", "reports"]
     assert "fedbench ui papers/bao2022_lasso" in swept.stdout, swept.stdout  # the command to browse, by name
     client = MlflowClient(store)
     experiment = client.get_experiment_by_name("bao2022-lasso")

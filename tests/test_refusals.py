@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
+from helpers import refused
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBLEM = """\
@@ -33,17 +34,6 @@ def write(tmp_path: Path, text: str, name: str = "r.yaml") -> Path:
     path = tmp_path / name
     path.write_text(text)
     return path
-
-
-def refused(result, *expected: str) -> str:
-    """The refusal's first line, after checking exit 2, no traceback and the expected phrases in that line."""
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output, result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    first = result.output.splitlines()[0]
-    for phrase in expected:
-        assert phrase in first, (phrase, result.output)
-    return first
 
 
 # -- duplicated keys ----------------------------------------------------------------------------------------
@@ -110,6 +100,100 @@ REFUSALS = {
     "unknown problem parameter": "problem: {name: lasso, zzqq: 1}\nalgorithms: {fedavg: {}}\n",
     "unknown report metric": PROBLEM + "algorithms: {fedavg: {}}\nreport: {metrics: [zzqq]}\n",
 }
+
+
+# -- uplink and downlink chains (fedbench.transforms): each refused at the field that holds what is wrong --------
+
+FEDAVG = "algorithms: {fedavg: {}}\n"
+CHAINS = {  # id: (recipe, the field path, a phrase of the line)
+    "unknown transform": ("uplink: [{topk: 0.05}]", "federation.uplink.0", "did you mean 'top_k'"),
+    "k above 1": ("uplink: [{top_k: 1.5}]", "federation.uplink.0.top_k", "found 1.5"),
+    "k of 0 in a grid": ("uplink: [{rand_k: [0.05, 0]}]", "federation.uplink.0.rand_k[1]", "found 0"),
+    "k by name": ("uplink: [{top_k: {k: 2}}]", "federation.uplink.0.top_k.k", "found 2"),
+    "unknown parameter": ("uplink: [{qsgd: {level: 4}}]", "federation.uplink.0.qsgd.level", "did you mean 'levels'"),
+    "no levels": ("uplink: [{qsgd: 0}]", "federation.uplink.0.qsgd", "found 0"),
+    "not a list": ("uplink: {top_k: 0.05}", "federation.uplink", "expected a list of transforms"),
+    "two keys": ("uplink: [{top_k: 0.05, sign: null}]", "federation.uplink.0", "expected a transform's name"),
+    "error feedback alone": ("uplink: [{clip: 1.0}, error_feedback]", "federation.uplink.1.error_feedback",
+                             "no compressor right before"),
+    "two compressors": ("uplink: [{top_k: 0.1}, sign]", "federation.uplink.1.sign", "a second compressor"),
+    "gaussian without clip": ("uplink: [{gaussian: 1.0}]", "federation.uplink.0.gaussian", "no clip before"),
+    "gaussian not last": ("uplink: [{clip: 1.0}, {gaussian: 1.0}, sign]", "federation.uplink.1.gaussian",
+                          "expected it last"),
+    "gaussian weighted by samples": ("aggregation: samples, uplink: [{clip: 1.0}, {gaussian: 1.0}]",
+                                     "federation.uplink.1.gaussian", "found aggregation samples, expected uniform"),
+    "sign on the downlink": ("downlink: [sign]", "federation.downlink.0.sign", "expected one top_k or qsgd"),
+}
+
+
+@pytest.mark.parametrize("chain", CHAINS.values(), ids=CHAINS)
+def test_a_chain_is_refused_at_its_field_on_one_short_line(tmp_path, monkeypatch, chain):
+    text, field, phrase = chain
+    monkeypatch.chdir(tmp_path)  # the recipe named as a researcher would: a relative path of a usual length
+    (tmp_path / "recipes").mkdir()
+    recipe = PROBLEM.replace("batch_size: 5}", f"batch_size: 5, {text}}}") + FEDAVG
+    first = refused(invoke("validate", write(Path("recipes"), recipe, "lasso_grid.yaml")), f"{field}: ", phrase)
+    assert len(first) < LONGEST_LINE, f"{len(first)} characters: {first}"
+
+
+def test_a_chain_is_refused_on_an_upload_it_cannot_take_and_in_an_algorithms_own_federation(tmp_path):
+    block = "problem: {name: pfl_synthetic, preset: s1}\nfederation: {clients_per_round: 0, local_steps: 1, " \
+            "batch_size: 1, uplink: [sign]}\nalgorithms: {l2sgd_plus: {}}\n"
+    refused(invoke("validate", write(tmp_path, block)), "federation.uplink: found a chain for l2sgd_plus, which "
+            "all-reduces its upload 'w'")
+    own = PROBLEM + "algorithms: {fedavg: {federation: {uplink: [{top_k: 2}]}}}\n"
+    refused(invoke("validate", write(tmp_path, own)), "algorithms.fedavg.federation.uplink.0.top_k: ", "found 2")
+    fine = PROBLEM + "algorithms: {fedavg: {federation: {uplink: [{top_k: 0.2}, {error_feedback: ef21}]}}}\n"
+    assert invoke("validate", write(tmp_path, fine)).exit_code == 0
+
+
+# -- robust aggregation and adversaries (fedbench.robust): each refused at its field -------------------------------
+
+ROBUST = {  # id: (federation fields, the field path, a phrase of the line)
+    "unknown rule": ("aggregation: medain", "federation.aggregation", "found 'medain'"),
+    "unknown rule in a grid": ("aggregation: [median, krumm]", "federation.aggregation[1]", "found 'krumm'"),
+    "trim of a half": ("aggregation: trimmed_mean, trim: 0.5", "federation.trim", "expected float in [0, 0.5)"),
+    "negative f": ("aggregation: krum, byzantine: -1", "federation.byzantine", "found -1"),
+    "krum's f too large": ("aggregation: krum", "federation.byzantine",
+                           "found 1 with krum on S = 4 clients a round; expected S > 2f + 2"),
+    "multi_krum's f too large in a grid": ("aggregation: multi_krum, byzantine: [0, 1]", "federation.byzantine",
+                                           "found 1 with multi_krum on S = 4"),
+    "unknown attack": ("adversaries: {attack: signflip}", "federation.adversaries.attack", "found 'signflip'"),
+    "unknown field": ("adversaries: {fractoin: 0.2}", "federation.adversaries.fractoin", "did you mean 'fraction'"),
+    "fraction of 1": ("adversaries: {fraction: 1.0}", "federation.adversaries.fraction", "expected float in [0, 1)"),
+    "negative fraction in a grid": ("adversaries: {fraction: [0.1, -0.1]}", "federation.adversaries.fraction[1]",
+                                    "found -0.1"),
+    "no mapping": ("adversaries: 0.2", "federation.adversaries", "found the number 0.2, expected a mapping"),
+    "nothing": ("adversaries: null", "federation.adversaries", "found nothing (null), expected a mapping"),
+}
+
+
+@pytest.mark.parametrize("robust", ROBUST.values(), ids=ROBUST)
+def test_a_rule_or_adversaries_are_refused_at_their_field_on_one_short_line(tmp_path, monkeypatch, robust):
+    text, field, phrase = robust
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipes").mkdir()
+    recipe = PROBLEM.replace("batch_size: 5}", f"batch_size: 5, {text}}}") + FEDAVG
+    first = refused(invoke("validate", write(Path("recipes"), recipe, "lasso_grid.yaml")), f"{field}: ", phrase)
+    assert len(first) < LONGEST_LINE, f"{len(first)} characters: {first}"
+
+
+def test_a_rule_is_refused_where_the_server_takes_no_mean_of_messages_per_client(tmp_path):
+    block = "problem: {name: pfl_synthetic, preset: s1}\nfederation: {clients_per_round: 0, local_steps: 1, " \
+            "batch_size: 1, aggregation: median}\nalgorithms: {l2sgd_plus: {}}\n"
+    refused(invoke("validate", write(tmp_path, block)), "federation.aggregation: found median for l2sgd_plus, which "
+            "all-reduces its upload 'w'", "expected uniform or samples")
+    attacked = block.replace("aggregation: median", "adversaries: {fraction: 0.1}")
+    refused(invoke("validate", write(tmp_path, attacked)), "federation.adversaries: found adversaries for l2sgd_plus")
+    pooled = "problem: {name: pauc, preset: guo2023_noisy_auc, clients: 4, positives_per_client: 10, " \
+             "negatives_per_client: 50, features: 6}\nfederation: {clients_per_round: 3, batch_size: 8}\n" \
+             "algorithms: {fedxl1: {federation: {aggregation: krum, byzantine: 0}}}\n"
+    refused(invoke("validate", write(tmp_path, pooled)), "algorithms.fedxl1.federation.aggregation: found krum for "
+            "fedxl1, whose server uses each client's uploads")
+    own = PROBLEM + "algorithms: {fedavg: {federation: {aggregation: krum, byzantine: [0, 1]}}}\n"
+    refused(invoke("validate", write(tmp_path, own)), "algorithms.fedavg.federation.byzantine: found 1 with krum")
+    fine = PROBLEM + "algorithms: {fedavg: {federation: {aggregation: krum, byzantine: 0, adversaries: {}}}}\n"
+    assert invoke("validate", write(tmp_path, fine)).exit_code == 0
 
 
 @pytest.mark.parametrize("text", REFUSALS.values(), ids=REFUSALS)

@@ -305,18 +305,24 @@ def test_report_refuses_a_trial_run_a_recipe_never_swept_and_a_misspelt_metric(s
 
 
 @pytest.mark.ray
-def test_a_report_without_the_sweeps_overrides_names_them(swept, tmp_path):
+def test_a_report_without_the_sweeps_overrides_reports_that_sweep(swept, tmp_path):
     """Issue 47 item 4: after `sweep R --set federation.rounds=10`, `report R` found no run ("runs: none") and said
-    nothing of the --set; it now names the sweep's overrides and the command, which then reports."""
+    nothing of the --set. It now reports that sweep and says so; a report given other --set is told the sweep's
+    overrides and the command."""
     path = tmp_path / "rounds.yaml"
     path.write_text(RECIPE.replace("name: report-grid", "name: report-rounds").replace("seeds: [0, 1, 2]", "seeds: [0]")
                     .replace("  fedda: {client_lr: [1e-3, 1e-2]}\n", ""))
     uri = swept["uri"]
     assert invoke("sweep", path, "--set", "federation.rounds=10", "--no-report", "--tracking-uri", uri).exit_code == 0
-    result = invoke("report", path, "--tracking-uri", uri)
-    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    result = invoke("report", path, "--tracking-uri", uri, "--out", tmp_path / "plain")
+    assert result.exit_code == 0, result.output
+    assert (f"reporting the runs of {path} swept with --set federation.rounds=10 (its newest sweep"
+            in " ".join(result.output.split())), result.output
+    assert (tmp_path / "plain" / "index.html").is_file()
+    other = invoke("report", path, "--set", "federation.rounds=20", "--tracking-uri", uri)
+    assert other.exit_code == 2 and "Traceback" not in other.output, other.output
     assert (f"the store holds a sweep of this recipe made with --set federation.rounds=10: give report the same "
-            f"(fedbench report {path} --set federation.rounds=10)") in " ".join(result.output.split()), result.output
+            f"(fedbench report {path} --set federation.rounds=10)") in " ".join(other.output.split()), other.output
     again = invoke("report", path, "--set", "federation.rounds=10", "--tracking-uri", uri, "--out", tmp_path / "out")
     assert again.exit_code == 0, again.output
 
@@ -362,6 +368,29 @@ def test_configurations_are_named_as_the_declarations_say():
                                                                                                   "exact HVP"]
     assert shown_value("per_fedavg", "algorithm.alpha", "0.0010000") == "alpha=0.001"
     assert shown_value("not_installed", "algorithm.variant", "hf") == "variant=hf"
+
+
+def test_a_field_some_configurations_leave_out_varies_too():
+    """A configuration without adversaries (or an uplink chain) records no such field: it still varies against those
+    that have one, whichever configuration ranks first, and reads `none`."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from sweeps.recipe import SelectSpec
+    from sweeps.report.settings import Settings
+    from sweeps.report.statistics import configurations
+
+    def run(config_hash, params, loss):
+        return SimpleNamespace(data=SimpleNamespace(tags={"algorithm": "fedavg", "config_hash": config_hash, "seed": "0",
+                                                          "status": "finished"}, params=params, metrics={}), loss=loss)
+
+    attacked = {"federation.aggregation": "median", "federation.adversaries": "sign_flip(fraction=0.2, scale=10.0)"}
+    runs = [run("a", {"federation.aggregation": "median"}, 1.0), run("b", attacked, 2.0)]
+    settings = Settings([], SelectSpec(metric="loss", mode="min"), {}, "rounds", {}, {}, 1, {})
+    configs = configurations(runs, ["fedavg"], settings, lambda r, metric: (np.array([0, 1]), np.array([3.0, r.loss])))
+    assert [c.varying for c in configs] == ["federation.adversaries=none",
+                                            "federation.adversaries=sign_flip(fraction=0.2, scale=10.0)"]
 
 
 def test_a_final_mean_leaves_failed_runs_out_and_says_how_many():

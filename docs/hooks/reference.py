@@ -12,12 +12,16 @@ What is read, and from where:
   minibatches it draws, and the module's docstring (the update rule, with the paper and its equations);
 - the recipe: the pydantic models of `SECTIONS` (each field's type, default and constraints; the rule a field
   validator enforces, read from the message it gives a value it refuses; the comment beside the field in the
-  source), `FEDERATION_PARAMS`, the tune space's distributions and samplers;
+  source), `FEDERATION_PARAMS`, the adversaries and robust rules of `fedbench.robust` and the transforms of
+  `fedbench.transforms` (parameters, help, the module's docstring), the tune space's distributions and samplers;
 - the CLI: the Typer app as Click sees it (every command, argument and option with its help and default);
 - the gallery's tables of shipped recipes: a page's `<!-- shipped-recipes: PREFIX -->` becomes the table of the
   recipes whose name starts with PREFIX, from their headers (`sweeps/shipped.py`, as `fedbench recipes`);
 - the gallery's deviations: a page's `<!-- deviations: PAPER -->` becomes the list of the paper claims fedbench
-  does not reproduce, as declared once in `sweeps/deviations.py` (which the paper-size tests check).
+  does not reproduce, as declared once in `sweeps/deviations.py` (which the paper-size tests check);
+- the Python API (`API_PAGES`): a page per topic whose text is the docstrings of the modules, classes, methods and
+  attributes it names, rendered by mkdocstrings; a name it shows without a docstring fails the build
+  (`undocumented`), since mkdocstrings would leave it out silently.
 
 Only built-in components are documented (plugins are not discovered): `fedbench list` shows a user's own.
 The hook adds the pages to the nav itself (`on_config`), so mkdocs.yml names only the reference's index.
@@ -25,13 +29,18 @@ The hook adds the pages to the nav itself (`on_config`), so mkdocs.yml names onl
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 import re
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from mkdocs.structure.files import File, Files
 
 REFERENCE = "reference"
+ROOT = Path(__file__).resolve().parents[2]  # the repository, where mkdocs.yml points mkdocstrings (`paths: [.]`)
+log = logging.getLogger("mkdocs.hooks.reference")  # a warning fails the strict build
 
 # -- values as a recipe writes them ---------------------------------------------------------------------------
 
@@ -62,13 +71,15 @@ def code(text: Any) -> str:
     return f"`{text}`" if str(text) else ""
 
 
-def param_table(params) -> list[str]:
-    """One row per `fedbench.hparams.Param`: what `fedbench list` prints, as a table."""
+def param_table(params, schedules: bool = False) -> list[str]:
+    """One row per `fedbench.hparams.Param`: what `fedbench list` prints, as a table; with `schedules`, a float's
+    type says that it also takes a schedule (an algorithm's hyperparameters)."""
     if not params:
         return ["No parameters."]
     lines = ["| parameter | type | default | range | description |", "|---|---|---|---|---|"]
     for p in params:
         kind = p.kind + (", log scale" if p.log else "") + (", or null" if p.nullable else "")
+        kind += ", or a [schedule](../recipe.md#schedules)" if schedules and p.kind == "float" else ""
         labels = "; display names: " + ", ".join(f"{v} = {n}" for v, n in p.labels) if p.labels else ""
         lines.append(f"| {code(p.name)} | {cell(kind)} | {cell(code(yaml_value(p.default)))} | "
                      f"{cell(p.describe_range())} | {cell(p.help + labels)} |")
@@ -157,8 +168,10 @@ def algorithm_page(name: str, cls) -> str:
     lines = [f"# Algorithm `{name}`" + (f": {title}" if title != name else ""), "",
              f"Source: `{source_path(cls)}`. In a recipe: `algorithms: {{{name}: {{...}}}}`.", "",
              "## Update rule", "", module_doc(cls), "", "## Hyperparameters", "",
-             f"Set under `algorithms.{name}` (a list is a grid axis), with `--set algorithms.{name}.NAME=VALUE`, "
-             "or searched by a `tune:` block.", "", *param_table(cls.hparams), "", "## What it requires", "",
+             f"Set under `algorithms.{name}` (a list is a grid axis; a float also takes a "
+             f"[schedule](../recipe.md#schedules), a value per round), with `--set algorithms.{name}.NAME=VALUE`, "
+             "or searched by a `tune:` block.", "", *param_table(cls.hparams, schedules=True), "",
+             "## What it requires", "",
              "As `fedbench list` prints it:", "", "```text", *contract_lines("algorithm", cls), "```", ""]
     defaults = resolve(cls.hparams, {}, name)
     base = cls.requirements(defaults)
@@ -279,12 +292,73 @@ def recipe_page() -> str:
                       "hyperparameters (a list is a grid axis), or to nothing for the defaults; an entry may also "
                       "hold its own `problem:` and `federation:` overrides.", ""]
     lines += ["## `federation:`", "", "How rounds run; a list is a grid axis (generated from `FEDERATION_PARAMS`).",
-              "", *param_table(FEDERATION_PARAMS), "", "## `tune.space` distributions", "",
+              "", *param_table(FEDERATION_PARAMS), "", *robust_section(), *transforms_section(),
+              "## `tune.space` distributions", "",
               "Each entry of `tune.space` maps a parameter (bare name, `problem.X`, `federation.X` or "
-              "`algorithms.ALGO.X`) to one distribution: " + ", ".join(map(code, DISTRIBUTIONS)) +
-              ", e.g. `client_lr: {log_uniform: [1.0e-5, 1.0e-1]}`. `tune.sampler` is one of "
-              + ", ".join(map(code, SAMPLERS)) + ".", ""]
+              "`algorithms.ALGO.X`; or a field of the schedule a hyperparameter follows, `X.FIELD` or "
+              "`algorithms.ALGO.X.FIELD`) to one distribution: " + ", ".join(map(code, DISTRIBUTIONS)) +
+              ", e.g. `client_lr: {log_uniform: [1.0e-5, 1.0e-1]}` or `client_lr.init: {log_uniform: [1.0e-4, "
+              "1.0e-1]}`. `tune.sampler` is one of " + ", ".join(map(code, SAMPLERS)) + ".", "", *schedules_section()]
     return "\n".join(lines) + "\n"
+
+
+def robust_section() -> list[str]:
+    """`federation.aggregation`'s robust rules and `federation.adversaries`: the adversaries' parameters, then the
+    module's docstring (each rule's and attack's paper, how the engine applies them)."""
+    from fedbench.robust import Adversaries
+
+    return ["## Robust aggregation and `federation.adversaries`", "",
+            "`aggregation: median | trimmed_mean | krum | multi_krum` puts a robust rule in place of the server's mean "
+            "(with `trim` β and `byzantine` f above); `adversaries` is a mapping of the parameters below (generated "
+            "from `fedbench.robust.Adversaries`), each a grid axis where it is a list, e.g. "
+            "`adversaries: {fraction: [0.1, 0.3], attack: sign_flip, scale: 10}` or "
+            "`--set federation.adversaries.attack=[sign_flip,gaussian]`.", "",
+            *param_table(Adversaries.params), "", module_doc(Adversaries), ""]
+
+
+def transforms_section() -> list[str]:
+    """`federation.uplink` and `federation.downlink`: the transforms (`fedbench.transforms.TRANSFORMS`), each with its
+    parameters, then the module's docstring (what a chain does, each transform's paper, its encoding in bits)."""
+    from fedbench.transforms import TRANSFORMS
+
+    lines = ["## `federation.uplink` and `federation.downlink`", "",
+             "Lists of transforms of each client's uploads and of the server's broadcast (generated from "
+             "`fedbench.transforms.TRANSFORMS`). An entry is a transform's name (its defaults), `{name: value}` (its "
+             "first parameter) or `{name: {parameter: value}}`; a list as a parameter's value is a grid axis, e.g. "
+             "`uplink: [{top_k: [0.01, 0.05]}, {error_feedback: ef21}]`, or "
+             "`--set federation.uplink.0.top_k=[0.01,0.05,0.1]`. Every row then has `comm_up_bits` and "
+             "`comm_down_bits`, which `report.x` can draw against.", "",
+             "| transform | on | parameters | what it does; what a message of d values of b bits costs |",
+             "|---|---|---|---|"]
+    for name, transform in TRANSFORMS.items():
+        params = "; ".join(f"`{p.name}` ({p.kind} in {p.describe_range()}, default {code(yaml_value(p.default))}): "
+                           f"{p.help}" for p in transform.params) or "none"
+        links = "uplink, downlink" if transform.on_downlink else "uplink"
+        lines.append(f"| {code(name)} | {links} | {cell(params)} | {cell(transform.help)} |")
+    return [*lines, "", module_doc(TRANSFORMS["top_k"]), ""]
+
+
+def schedules_section() -> list[str]:
+    """The kinds of schedule a float hyperparameter takes and their fields (`fedbench.schedules`)."""
+    from fedbench.schedules import FIELDS, KINDS, VALUES
+
+    lines = ["## Schedules", "",
+             "An algorithm's float hyperparameter takes a schedule instead of a number, "
+             "`{schedule: KIND, init: ..., ...}` (a list in a field is a grid axis): its value at round r "
+             "(from 0) of T rounds, after a linear warm-up of W = `warmup` rounds from `warmup_init` to `init`, "
+             "is the kind's formula at k = r − W, with H = max(T − W, 1) (generated from `fedbench/schedules.py`; "
+             "[the recipe guide](../guide/recipes.md#schedules) has examples).", "",
+             "| `schedule:` | value | fields (required in bold) |", "|---|---|---|"]
+    for kind, cls in KINDS.items():
+        fields = ", ".join(f"**`{f}`**" if f in cls.required() else code(f) for f in cls.own_fields())
+        lines.append(f"| {code(kind)} | {cell(cls.formula)} | {fields} |")
+    lines += ["", "| field | type | default | range | description |", "|---|---|---|---|---|"]
+    for name, p in FIELDS.items():
+        value_range = ("the hyperparameter's" + (" (from its lower end)" if name == "warmup_init" else "")
+                       if name in VALUES else p.describe_range())
+        default = "required" if p.default is None else code(yaml_value(p.default))
+        lines.append(f"| {code(name)} | {p.kind} | {default} | {cell(value_range)} | {cell(p.help)} |")
+    return lines + [""]
 
 
 # -- the CLI ----------------------------------------------------------------------------------------------------
@@ -338,6 +412,129 @@ def _context(group, command=None):
     return parent if command is None else command.context_class(command, parent=parent, info_name=command.name)
 
 
+# -- the Python API ---------------------------------------------------------------------------------------------
+
+EVERY = None  # an object's members on its page: every public one (no leading underscore)
+
+
+@dataclass(frozen=True)
+class ApiPage:
+    """One page of the Python API: its title, what it covers (the index's table), the module whose docstring opens
+    it, and the objects it documents in order (dotted paths), each with the members it shows: `EVERY` public member
+    of a class, or those named (none: `()`, for a dataclass whose docstring says its fields)."""
+    title: str
+    summary: str
+    module: str
+    objects: dict[str, tuple[str, ...] | None]
+
+
+BASE = "fedbench.algorithms.base"
+API_PAGES = {
+    "algorithm": ApiPage(
+        "Algorithm interface", "`Algorithm` and its hooks, with the shapes they take and give; `Round`, `Upload`, "
+        "the hyperparameters `hp` and the helpers of a round's maths", BASE,
+        {f"{BASE}.Algorithm": EVERY, f"{BASE}.Round": EVERY, "fedbench.hparams.HParams": (), f"{BASE}.Upload": (),
+         f"{BASE}.MODEL": (), f"{BASE}.State": (), f"{BASE}.CLIENT_LR": (), f"{BASE}.SERVER_LR": (),
+         f"{BASE}.H_MODE": (), f"{BASE}.broadcast": (), f"{BASE}.aggregate": (), f"{BASE}.composite_step": (),
+         f"{BASE}.coin_flips_to_success": (), f"{BASE}.per_client_copies": (), f"{BASE}.upload_floats": (),
+         f"{BASE}.ScheduleError": (), f"{BASE}.MessageError": ()}),
+    "problem": ApiPage(
+        "Problem interface", "`Problem`: its data layout, `gather`, the loss and its full-data oracles, metrics, "
+        "capabilities (`provides`) and config hooks; `Layout`", "fedbench.problems.base",
+        {"fedbench.problems.base.Problem": EVERY, "fedbench.problems.base.Layout": ()}),
+    "oracles": ApiPage(
+        "Oracles", "what a local step's `batches` hold: `Oracle` (`loss`, `grad`, `hvp`), `Batches`, `Minibatch`, "
+        "and the lifting of full-data oracles over runs", "fedbench.oracle",
+        {"fedbench.oracle.Oracle": EVERY, "fedbench.oracle.Batches": (), "fedbench.oracle.Minibatch": (),
+         "fedbench.oracle.RunAxisOracle": EVERY, "fedbench.oracle.over_runs": ()}),
+    "parameters": ApiPage(
+        "Parameters and metrics", "`Param` (type, default, range, help), `Metric` (label, direction) and the "
+        "errors a declaration or a value gets", "fedbench.hparams",
+        {"fedbench.hparams.Param": EVERY, "fedbench.hparams.KINDS": (), "fedbench.hparams.ParamError": (),
+         "fedbench.hparams.resolve": (), "fedbench.metrics.Metric": EVERY, "fedbench.contract.CAPABILITIES": (),
+         "fedbench.contract.IncompatibleError": ()}),
+    "schedules": ApiPage(
+        "Schedules", "a float hyperparameter's value per round: `Cosine`, `Step`, `Exponential`, `InverseSqrt`, "
+        "`Constant`, each with a linear warm-up, and the `PerRound` interface the engine evaluates",
+        "fedbench.schedules",
+        {"fedbench.schedules.Schedule": ("value", "decay", "as_config", "own_fields", "required", "checked",
+                                         "check_field", "field_param"),
+         "fedbench.schedules.Constant": (), "fedbench.schedules.Step": (), "fedbench.schedules.Exponential": (),
+         "fedbench.schedules.InverseSqrt": (), "fedbench.schedules.Cosine": (), "fedbench.schedules.KINDS": (),
+         "fedbench.schedules.FIELDS": (), "fedbench.schedules.VALUES": (), "fedbench.schedules.make": (),
+         "fedbench.schedules.kind_of": (), "fedbench.schedules.BadField": (), "fedbench.hparams.PerRound": EVERY}),
+    "running": ApiPage(
+        "Running", "`fedbench.run`, `make_problem`, `make_algorithm`, `simulate`, runs of several seeds as one "
+        "program, `Result`, `Federation`, saved models", "fedbench",
+        {"fedbench.run": (), "fedbench.problems.make_problem": (), "fedbench.make_algorithm": (),
+         "fedbench.simulate.simulate": (), "fedbench.simulate.run_seeds": (), "fedbench.simulate.run_batch": (),
+         "fedbench.simulate.Result": EVERY, "fedbench.federation.Federation": ("check",),
+         "fedbench.simulate.Simulation": ("server", "clients", "status", "rounds_done", "accountant", "run_round",
+                                          "streams", "state_dict", "load_state_dict"),
+         "fedbench.saved.load_model": (), "fedbench.algorithms.ALGORITHMS": (), "fedbench.problems.PROBLEMS": ()}),
+    "privacy": ApiPage(
+        "Privacy accounting", "ε of DP-FedAvg's Gaussian uplink at a δ: the mechanism the engine runs (sampling, "
+        "adjacency, sensitivity) and dp-accounting's RDP accountant", "fedbench.privacy",
+        {"fedbench.privacy.Accountant": ("epsilon",), "fedbench.privacy.Mechanism": ("of", "noise_multiplier", "event"),
+         "fedbench.privacy.check": (), "fedbench.privacy.epsilon_metric": ()}),
+    "transforms": ApiPage(
+        "Round transforms", "the uplink and downlink chains: `Transform` (parameters, `apply`, `bits`), the "
+        "registry, a chain's steps, how one is read and checked, the bits of a message", "fedbench.transforms",
+        {"fedbench.transforms.Transform": EVERY, "fedbench.transforms.Compressor": ("compress",),
+         "fedbench.transforms.Step": (),
+         "fedbench.transforms.TRANSFORMS": (), "fedbench.transforms.chain": (), "fedbench.transforms.check_chain": (),
+         "fedbench.transforms.compiled": (), "fedbench.transforms.message_bits": ()}),
+    "plugins": ApiPage(
+        "Plugin loader", "registering your own algorithms and problems from a file, a module or an installed "
+        "package's entry points", "fedbench.plugins",
+        {"fedbench.plugins.load": (), "fedbench.plugins.discover": (), "fedbench.plugins.register": (),
+         "fedbench.plugins.ensure": (), "fedbench.plugins.origin": (), "fedbench.plugins.sources": (),
+         "fedbench.plugins.broken": (), "fedbench.plugins.Source": (), "fedbench.plugins.PluginError": (),
+         "fedbench.plugins.GROUPS": (), "fedbench.plugins.REQUIRED": (), "fedbench.plugins.ORIGINS": ()}),
+}
+
+
+def api_page(page: ApiPage) -> str:
+    """The page's Markdown: its title, the module's docstring, then an mkdocstrings block per object."""
+    lines = [f"# {page.title}", "", f"::: {page.module}", "    options:", "      members: false",
+             "      show_root_heading: false", "      show_root_toc_entry: false", ""]
+    for path, members in page.objects.items():
+        lines.append(f"::: {path}")
+        if members is not EVERY:
+            lines += ["    options:", f"      members: {list(members) if members else 'false'}"]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def load_api():
+    """The `fedbench` package as mkdocstrings reads it: griffe's static view of the repository's sources."""
+    import griffe
+
+    return griffe.load("fedbench", search_paths=[str(ROOT)])
+
+
+def documented(page: ApiPage, package) -> list:
+    """The griffe objects `page` shows: its module, each object, and each object's members as the page lists them
+    (`EVERY` public one: without a leading underscore, defined in the class itself)."""
+    def find(path: str):
+        return package if path == package.path else package[path.removeprefix(package.path + ".")]
+
+    shown = [find(page.module)]
+    for path, members in page.objects.items():
+        obj = find(path)
+        shown.append(obj)
+        if members is EVERY:
+            shown += [m for name, m in obj.members.items() if not name.startswith("_") and not m.is_alias]
+        else:
+            shown += [obj.members[name] for name in members]
+    return shown
+
+
+def undocumented(objects) -> list[str]:
+    """The paths of the objects without a docstring (or with an empty one)."""
+    return [obj.path for obj in objects if not (obj.docstring and obj.docstring.value.strip())]
+
+
 # -- the index and the site -------------------------------------------------------------------------------------
 
 
@@ -362,6 +559,9 @@ def index_page() -> str:
               "(`fedbench.contract.CAPABILITIES`); an impossible pairing is refused before anything runs.", "",
               "| capability | meaning |", "|---|---|"]
     lines += [f"| {code(n)} | {cell(m)} |" for n, m in CAPABILITIES.items()]
+    lines += ["", "## Python API", "", "The interfaces your own algorithms and problems are written against, and "
+              "running from Python, generated from the docstrings.", "", "| page | what it documents |", "|---|---|"]
+    lines += [f"| [{page.title}](api/{slug}.md) | {cell(page.summary)} |" for slug, page in API_PAGES.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -374,6 +574,7 @@ def pages() -> dict[str, str]:
            f"{REFERENCE}/cli.md": cli_page()}
     out.update({f"{REFERENCE}/problems/{n}.md": problem_page(n, c) for n, c in PROBLEMS.items()})
     out.update({f"{REFERENCE}/algorithms/{n}.md": algorithm_page(n, c) for n, c in ALGORITHMS.items()})
+    out.update({f"{REFERENCE}/api/{slug}.md": api_page(page) for slug, page in API_PAGES.items()})
     return out
 
 
@@ -384,7 +585,8 @@ def reference_nav() -> list:
     return [f"{REFERENCE}/index.md", {"Recipe schema": f"{REFERENCE}/recipe.md"},
             {"Command line": f"{REFERENCE}/cli.md"},
             {"Problems": [{n: f"{REFERENCE}/problems/{n}.md"} for n in PROBLEMS]},
-            {"Algorithms": [{n: f"{REFERENCE}/algorithms/{n}.md"} for n in ALGORITHMS]}]
+            {"Algorithms": [{n: f"{REFERENCE}/algorithms/{n}.md"} for n in ALGORITHMS]},
+            {"Python API": [{page.title: f"{REFERENCE}/api/{slug}.md"} for slug, page in API_PAGES.items()]}]
 
 
 def on_config(config):
@@ -398,6 +600,10 @@ def on_config(config):
 def on_files(files: Files, config) -> Files:
     for path, content in pages().items():
         files.append(File.generated(config, path, content=content))
+    package = load_api()
+    for slug, page in API_PAGES.items():
+        for path in undocumented(documented(page, package)):
+            log.warning(f"reference/api/{slug}.md: {path} has no docstring (mkdocstrings would leave it out)")
     return files
 
 
@@ -408,12 +614,13 @@ RECIPES_MARKER = re.compile(r"<!-- shipped-recipes: (\S+) -->")
 
 def recipes_table(prefix: str) -> str:
     """The shipped recipes whose name starts with `prefix`, as `fedbench recipes` describes them: what each
-    reproduces (its header), its runs (configurations × seeds, from the parsed recipe), its time on 2 cores where
-    the header gives one, and the command that runs it."""
+    reproduces (its header), its runs (configurations × seeds, from the parsed recipe), its time on 2 cores and on
+    one GPU where the header gives one (bench/gallery.py measures them; `—` where none was measured), and the command
+    that runs it."""
     from fedbench_sweeps.recipe import RecipeError, load
     from fedbench_sweeps.shipped import describe, find, names
 
-    lines = ["| recipe | reproduces | runs | time on 2 cores | command |", "|---|---|---|---|---|"]
+    lines = ["| recipe | reproduces | runs | time on 2 cores | time on one GPU | command |", "|---" * 6 + "|"]
     chosen = [name for name in names() if name.startswith(prefix)]
     if not chosen:
         raise ValueError(f"no shipped recipe starts with {prefix!r}")  # a gallery page naming a removed recipe
@@ -426,7 +633,8 @@ def recipes_table(prefix: str) -> str:
             runs = "?"
         data = " --data-dir ../shared/data" if "real data" in about.get("reproduces", "") else ""
         lines.append(f"| `{name}` | {cell(about.get('reproduces', '—'))} | {runs} | "
-                     f"{cell(about.get('time on 2 cores', 'not measured'))} | `fedbench sweep {name}{data}` |")
+                     f"{cell(about.get('time on 2 cores', '—'))} | {cell(about.get('time on one GPU', '—'))} | "
+                     f"`fedbench sweep {name}{data}` |")
     return "\n".join(lines)
 
 

@@ -33,5 +33,7 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
                                               LocalPair, LocalSGDCE, Centralized, CODASCA, PFedFBE, PFedMe, FedProx,
                                               LSGDPFL, ACDPFL, ASCDPFL, ASVRCDPFL, SCDPFL, SVRCDPFL, L2SGDPlus,
                                               PerFedAvg, SCAFFOLD)}
+"""Every registered algorithm class by name: the built-in ones, and the plugins registered in this process
+(`fedbench.plugins`)."""
 
 __all__ = ["ALGORITHMS", "Algorithm", "Round"]

@@ -33,7 +33,7 @@ class ACDPFL(BlockMethod):
     title = "ACD-PFL"
     # A w-update all-reduces the devices' full w-gradients: each device sends a d_w-vector, and then computes the
     # w-block itself (`replicated`)
-    uploads = (Upload("w"),)
+    uploads = (Upload("w", all_reduced=True),)
     replicated = ("w_z",)
     keeps = ("beta", "beta_z")
     requires = frozenset({"block_objective", "full_data"})

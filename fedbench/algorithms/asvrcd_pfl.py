@@ -37,7 +37,7 @@ class ASVRCDPFL(BlockMethod):
     title = "ASVRCD-PFL"
     # A round's all-reduce (of the control-variate differences at ζ = w, of ∇_w f_m(v) at a refresh): each device
     # sends a d_w-vector, then computes the w-block itself (`replicated`)
-    uploads = (Upload("w"),)
+    uploads = (Upload("w", all_reduced=True),)
     replicated = W_BLOCK[1:]
     keeps = BETA_BLOCK
     requires = frozenset({"block_objective", "full_data"})

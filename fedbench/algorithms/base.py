@@ -11,8 +11,8 @@ does, for R ≥ 1 runs (seeds × grid points; a run alone is R = 1) and the S pa
 
 What crosses the network is declared, not inferred from dict keys: `downloads` (server entries every sampled client
 receives), `uploads` (entries of the local state each client sends, `Upload`: with the server entry it is a new
-value of, where it is one, so that a transform such as compression can act on the update `upload − server[entry]`)
-and `keeps` (per-client state, `init_clients`, that a round reads and writes back). `client_init` and `client_final`
+value of, where it is one, so that its update is `upload − server[entry]`) and `keeps` (entries of the per-client
+state, `init_clients`, that a client takes into its round and keeps at its end). `client_init` and `client_final`
 default to routing these names, so an algorithm whose maths is the identity there writes neither: a client starts
 from its own copy of each download it uploads (`broadcast`) and shares the others read-only (`[R, 1, ...]`), with
 its kept rows; it sends its uploads and keeps its `keeps`. A round's communication is counted from the declared
@@ -20,11 +20,12 @@ uploads' shapes: each of the S clients sends Σ_uploads (floats per client) (`up
 
 One rank convention, so that the maths needs no helper: the server state is `[R, 1, ...]` (one row per run, a
 singleton client axis), the round's local state `[R, S, ...]`, per-client state (`init_clients`) `[R, N, ...]`,
-the aggregation weights `[R, S]`, and every float hyperparameter `hp.x` a `[R, 1, 1]` tensor (one value per run)
-that broadcasts against all of them. Choice, integer, boolean and list hyperparameters are plain Python values,
-the same for every run of a program. Values derived from the hyperparameters and the problem (step-size rules,
-couplings) come from one declared pure function, `derive(hp)`, which the engine evaluates per run and hands in
-with them (`hp.rules.eta`). Reductions over the clients are over axis 1 (`aggregate`, `.mean(1, keepdim=True)`).
+the aggregation weights `[R, S]`, and every float hyperparameter `hp.x` a `[R, 1, 1]` tensor (one value per run;
+`[1, 1, 1]` where the runs share it; for one that follows a schedule, `fedbench.schedules`, its value at the run's
+round) that broadcasts against all of them. Choice, integer, boolean and list hyperparameters are plain Python
+values, the same for every run of a program. Values derived from the hyperparameters and the problem (step-size
+rules, couplings) come from one declared pure function, `derive(hp)`, which the engine evaluates per run and hands
+in with them (`hp.rules.eta`). Reductions over the clients are over axis 1 (`aggregate`, `.mean(1, keepdim=True)`).
 
 `batches` holds one oracle per declared minibatch (`minibatches(hp)`, default one batch `D` of the federation's batch
 size): `batches.D.grad(u)` is ∇f̃(u; D) for every run and client, `.loss`, `.hvp` and the problem's other oracle
@@ -38,7 +39,8 @@ have no `rnd.index`, `rnd.iteration` or `rnd.step` (only `rnd.is_last_step`, Fal
 Per run and outside the round loop, the algorithm object is one run's configuration: `self.hp` holds its
 resolved hyperparameters and derived values as Python values, which `init_server`, `init_clients`,
 `round_length` and the evaluation hooks (`global_params`, `personal_params`, `evaluate`, on one run's state
-without the run axis: server `[...]`, clients `[N, ...]`) read.
+without the run axis: server `[...]`, clients `[N, ...]`) read. A hyperparameter that follows a schedule has no one
+value there, nor in `derive`: reading it raises ParamError (`fedbench validate` refuses such a recipe).
 
 Beyond that shape an algorithm may declare: `requires` (capabilities the problem must provide,
 `fedbench.contract`), `participation = "all"` (every client every round instead of S sampled ones),
@@ -56,16 +58,22 @@ import torch
 from torch import Tensor
 
 from fedbench import contract
-from fedbench.hparams import HParams, Param, resolve
+from fedbench.hparams import HParams, Param, PerRound, resolve
 from fedbench.metrics import Metric
 from fedbench.oracle import Batches, Minibatch
 
 State = dict[str, Tensor]
+"""A state: tensors by name. In a round's functions the server's entries are `[R, 1, ...]`, the round's local state
+`[R, S, ...]` (or `[R, 1, ...]` for an entry the clients share) and per-client rows `[R, S, ...]`; in `init_server`,
+`init_clients` and the evaluation hooks, one run's, without the run axis."""
 
 CLIENT_LR = Param("client_lr", "float", 1e-3, "client step size η_c", low=0, low_open=True, log=True)
+"""The client step size η_c (default 1e-3, > 0, tuned on a log scale), as most algorithms declare it."""
 SERVER_LR = Param("server_lr", "float", 1.0, "server step size η_s", low=0, low_open=True, log=True)
+"""The server step size η_s (default 1, > 0, tuned on a log scale)."""
 H_MODE = Param("h_mode", "choice", "subgradient", "treatment of h in local steps: a subgradient added to the "
                "direction, or a prox after the step on the smooth part", choices=("subgradient", "prox"))
+"""How a smooth-FL baseline's local step treats h (`subgradient` or `prox`), the choice `composite_step` takes."""
 
 
 class ScheduleError(RuntimeError):
@@ -73,12 +81,28 @@ class ScheduleError(RuntimeError):
 
 
 class Round:
-    """What the runs of a program know of their current round. `clients` `[R, S]` and `is_last_step` are always
-    defined; `index` (r, from 0), `iteration` (local iterations before this round), `local_steps` (E, or this
-    round's drawn length) and `step` (the local step, from 0) where the schedule defines them; `draw` where the
-    runs' streams are bound."""
+    """What the runs of a program know of their current round, the `rnd` of every round function. `clients` `[R, S]`
+    and `is_last_step` are always defined; `index` (r, from 0), `iteration` (local iterations before this round),
+    `local_steps` (E, or this round's drawn length) and `step` (the local step, from 0) where the schedule defines
+    them, and raise `ScheduleError` where it does not; `draw` where the runs' streams are bound.
+
+    Example:
+        Fast-FedDA's local step weighs its gradient by the global iteration t = rE + j and, as the paper's
+        Algorithm 1 (Bao et al., ICML 2022), takes no prox after a round's last step (j = E − 1):
+
+        ```python
+        def client_step(self, local, batches, rnd, hp):
+            t = rnd.iteration + rnd.step
+            g = local["g"] + self._weighted(t, batches.D.grad(local["u"]), hp)
+            if not rnd.is_last_step:
+                ...
+        ```
+    """
 
     __slots__ = ("clients", "_index", "_iteration", "_local_steps", "_step", "_streams", "_where", "_last")
+    clients: Tensor
+    """The clients of the round, `[R, S]` (indices into the problem's clients; every client, `[R, N]`, where the
+    algorithm's `participation` is "all")."""
 
     def __init__(self, clients: Tensor, index: int | None = None, local_steps: int | None = None,
                  iteration: int | None = None, step: int | None = None,
@@ -96,18 +120,23 @@ class Round:
 
     @property
     def index(self) -> int:
+        """The round r, from 0, where the runs of a program share it (not in an iteration-wise program's inner
+        steps)."""
         return self._defined("index", self._index)
 
     @property
     def iteration(self) -> int:
+        """Local iterations each client of the runs has taken before this round."""
         return self._defined("iteration", self._iteration)
 
     @property
     def local_steps(self) -> int:
+        """This round's local steps: the federation's E, or the length `round_length` drew."""
         return self._defined("local_steps", self._local_steps)
 
     @property
     def step(self) -> int:
+        """The local step being taken in `client_step`, from 0 to `local_steps − 1`."""
         return self._defined("step", self._step)
 
     @property
@@ -120,8 +149,17 @@ class Round:
         return Round(self.clients, self._index, self._local_steps, self._iteration, step, self._streams, self._where)
 
     def draw(self, sample: Callable[[torch.Generator], Tensor]) -> Tensor:
-        """`sample(gen)` on each run's own stream of the algorithm, stacked on a leading run axis `[R, ...]`, so
-        that every run draws exactly what it draws alone."""
+        """`sample(gen)` on each run's own stream of the algorithm (`random_stream`), stacked on a leading run axis
+        `[R, ...]`, so that every run draws exactly what it draws alone. The generators live on the CPU: move the
+        draw to the state's device (`.to(x.device)`).
+
+        Example:
+            A uniform [0, 1) value per run, broadcast against `[R, S, d]` state:
+
+            ```python
+            u = rnd.draw(lambda gen: torch.rand((), generator=gen)).to(x.device).view(-1, 1, 1)  # [R, 1, 1]
+            ```
+        """
         if self._streams is None:
             raise ScheduleError(f"rnd.draw is not allowed {self._where or 'here'}")
         if len(self._streams) == 1:
@@ -133,120 +171,499 @@ class Round:
 class Upload:
     """An entry of the local state that each client sends at a round's end (`name`), and the server entry it is a
     new value of (`relative_to`, e.g. FedMiD's local model as a new `w`; None where the upload is itself an update or
-    has no server counterpart, e.g. SCAFFOLD's Δy)."""
+    has no server counterpart, e.g. SCAFFOLD's Δy). A client sends the entry's floats beyond the run and client
+    axes (`upload_floats`), which the rows' `comm_up` counts. `all_reduced`: the devices combine it by an all-reduce
+    inside the round, so that the entry is `[R, 1, ...]`, the one value every device then holds, not a message per
+    client (the uplink's transforms, `fedbench.transforms`, cannot act on it).
+
+    Example:
+        SCAFFOLD uploads two updates, Δy and Δc (Karimireddy et al., ICML 2020, Algorithm 1 line 13):
+
+        ```python
+        uploads = (Upload("dy"), Upload("dc"))
+        ```
+    """
 
     name: str
     relative_to: str | None = None
+    all_reduced: bool = False
 
 
-MODEL = Upload("w", relative_to="w")  # a client's local model, a new value of the server's w
+MODEL = Upload("w", relative_to="w")
+"""A client's local model, a new value of the server's `w`: the default `uploads`."""
 
 
 class Algorithm:
+    """A federated algorithm: the maths of one round as small functions on batched state (the module's docstring
+    says the shapes), and declarations of what it needs and sends. An instance is one run's configuration
+    (`Algorithm(problem, client_lr=1e-3)`); the engine calls its hooks for all the runs of a program at once.
+
+    Each run, once: `init_server(w0)` and `init_clients(w0, N)`. Each round, on the S sampled clients of R runs:
+    `client_init`, then `client_step` `rnd.local_steps` times, then `client_final`, then `server_update`. At each
+    evaluation, on one run's state: `global_params`, `personal_params` and `evaluate`. A subclass defines `name`,
+    `hparams`, `client_step` and `server_update` (a plugin that lacks one is refused, `fedbench.plugins`); every
+    other hook has a default, which its docstring states.
+
+    Example:
+        FedAvg with a subgradient of h (`fedbench/algorithms/fedavg.py`, without its `subgradient` flag): the
+        defaults download `w`, start each client from its own copy, and upload its local `w`:
+
+        ```python
+        class FedAvg(Algorithm):
+            name = "fedavg"
+            hparams = (CLIENT_LR, SERVER_LR)
+
+            def client_step(self, local, batches, rnd, hp):
+                u = local["w"]                                        # [R, S, d]
+                return {"w": u - hp.client_lr * (batches.D.grad(u) + self.reg.subgradient(u))}
+
+            def server_update(self, server, message, weights, rnd, hp):
+                w = server["w"]                                       # [R, 1, d]
+                return {"w": w + hp.server_lr * (aggregate(message["w"], weights) - w)}
+        ```
+    """
+
     name: ClassVar[str]
-    title: ClassVar[str | None] = None  # the method's name as its paper writes it, for reports (None: `name`)
+    """The name recipes, `fedbench list` and the registry know it by: a Python identifier, of a plugin not one a
+    built-in algorithm or another plugin has."""
+    title: ClassVar[str | None] = None
+    """The method's name as its paper writes it, for reports (None, the default: `name`)."""
     hparams: ClassVar[tuple[Param, ...]]
-    # What crosses the network. An instance may set its own where a choice hyperparameter decides (the same for
-    # every run of a program), e.g. whether the momentum is averaged (Local Pair, FeDXL2)
-    downloads: tuple[str, ...] = ("w",)  # server entries every sampled client receives
-    uploads: tuple[Upload, ...] = (MODEL,)  # what each client sends
-    keeps: tuple[str, ...] = ()  # per-client state a round reads and writes back
-    # Entries of the message beyond the uploads that every device computes itself after the round's all-reduce
-    # (participation "all": the block methods' w-block), handed to `server_update` and not counted as sent
+    """Its hyperparameters, a tuple of `Param` (type, default, range, help): what a recipe may set, what the engine
+    checks, and what the round functions get as `hp`."""
+    downloads: tuple[str, ...] = ("w",)
+    """Server entries every sampled client receives at a round's start, counted in `comm_down`. Default `("w",)`:
+    the model `server["w"]` alone. An instance may set its own where a choice hyperparameter decides (the same for
+    every run of a program), e.g. whether the momentum is averaged (Local Pair, FeDXL2)."""
+    uploads: tuple[Upload, ...] = (MODEL,)
+    """What each client sends at a round's end, counted in `comm_up`: the `Upload`s that `client_final`'s message
+    holds (a message with other entries is refused, `MessageError`). Default `(MODEL,)`: its local `w`, a new value
+    of the server's `w`."""
+    keeps: tuple[str, ...] = ()
+    """Per-client state (entries of `init_clients`) that the default `client_init` adds to the local state from the
+    clients' `rows` and the default `client_final` writes back. Default `()`: none."""
+    uploads_averaged: ClassVar[bool] = True
+    """True (the default): `server_update` takes each upload in only through a mean over the round's clients (with
+    `weights`, or uniform: SCAFFOLD's Σ_k Δc_k / N is (S/N) times one), so that a robust aggregation rule
+    (`federation.aggregation: median`, ..., `fedbench.robust`) may stand in for that mean. False where it uses the
+    clients' values one by one (FeDXL's pools of scores): robust rules are then refused."""
     replicated: ClassVar[tuple[str, ...]] = ()
-    personalized: ClassVar[bool] = False  # personal_params gives per-client models: requires personal_evaluation
+    """Entries of the message beyond the uploads that every device computes itself after the round's all-reduce
+    (participation "all": the block methods' w-block), handed to `server_update` and not counted as sent. Default
+    `()`."""
+    personalized: ClassVar[bool] = False
+    """True: `personal_params` gives per-client models, evaluated by the problem's `personal_` metrics (the
+    algorithm then requires `personal_evaluation` instead of `global_evaluation`). Default False."""
     requires: ClassVar[frozenset[str]] = frozenset()
-    participation: ClassVar[str] = "sampled"  # or "all": every client takes part in every round
-    random_stream: ClassVar[str] = "algorithm"  # name of the stream `rnd.draw` and `round_length` draw from
-    # True: a round's last step branches in Python on `rnd.draw` (ASVRCD-PFL's coins), so that the engine ends such
-    # rounds one run at a time
+    """Capabilities the problem must provide beyond minibatch losses and gradients (`fedbench.contract`), e.g.
+    `frozenset({"hvp"})`; any collection of names does. Default: none (`requirements` adds `global_evaluation`, or
+    `personal_evaluation` for a personalized method)."""
+    participation: ClassVar[str] = "sampled"
+    """"sampled" (the default): S clients a round, the federation's `clients_per_round`; "all": every client takes
+    part in every round (S = N)."""
+    random_stream: ClassVar[str] = "algorithm"
+    """The name of the run's random stream that `rnd.draw` and `round_length` draw from (default "algorithm")."""
     draws_at_round_end: ClassVar[bool] = False
+    """True: a round's last step branches in Python on `rnd.draw` (ASVRCD-PFL's coins), so that the engine ends such
+    rounds one run at a time. Default False."""
 
     def __init__(self, problem, **hyperparameters: Any):
+        """One run's configuration on `problem`: `hyperparameters` by name (the others take their defaults), each
+        checked against its `Param` and by `check`, and the algorithm's `requirements` against what the problem
+        provides (`IncompatibleError`)."""
         self.problem = problem
+        """The problem instance it runs on (its oracles beyond a step's minibatches, e.g. `client_grad`)."""
         self.reg = problem.regularizer
-        declared = resolve(self.hparams, hyperparameters, self.name)
+        """The problem's regularizer h (`fedbench.prox`): `self.reg.prox(v, step)`, `self.reg.subgradient(w)`."""
+        declared = resolve(self.hparams, hyperparameters, self.name, per_round=True)
         self.check(declared)
         contract.check(self.name, self.requirements(declared), problem.name, problem.capabilities(problem.config))
-        self.declared = declared  # the resolved hyperparameters alone (what a batch compares)
-        self.hp = HParams({**declared, **self.derive(HParams(declared))})
+        self.declared = declared
+        """The resolved hyperparameters alone, by name (what a batch of runs compares)."""
+        self.schedules = {name: value for name, value in declared.items() if isinstance(value, PerRound)}
+        """The hyperparameters that follow a schedule (`fedbench.schedules`), by name: the engine hands the round
+        functions their values at each round. `derive` and `self.hp` hold one value for the whole run, so there they
+        have none: reading one raises ParamError."""
+        fixed = {name: value for name, value in declared.items() if name not in self.schedules}
+
+        def unset(where: str) -> dict[str, str]:
+            why = f"follows a schedule, but {self.name} reads it {where}, which holds one value for the whole run"
+            return dict.fromkeys(self.schedules, f"{why}: give it one value")
+        self.hp = HParams({**fixed, **self.derive(HParams(fixed, unset("in derive")))},
+                          unset("outside its rounds (self.hp: init_server, round_length, evaluation)"))
+        """One run's hyperparameters and derived values (`derive`) as Python values, for the hooks that run outside
+        the round loop (`init_server`, `round_length`, the evaluation hooks); the round functions get them per run
+        as their `hp` argument."""
 
     @classmethod
     def check(cls, hp: Mapping[str, Any]) -> None:
-        """Refuse (ParamError) resolved hyperparameters `hp` that no run can have, by rules beyond each parameter's
-        own range (e.g. lists that must agree in length); every instance is checked so, and a recipe's validator
-        checks its configurations so before anything runs."""
+        """Refuse (ParamError) resolved hyperparameters that no run can have, by rules beyond each parameter's own
+        range (e.g. lists that must agree in length); every instance is checked so, and a recipe's validator checks
+        its configurations so before anything runs. Default: no rule.
+
+        Args:
+            hp: the resolved hyperparameters by name, as Python values.
+
+        Example:
+            MC-FedDA's per-stage lists (`fedbench/algorithms/mc_fedda.py`):
+
+            ```python
+            @classmethod
+            def check(cls, hp):
+                if len(hp["stage_lams"]) != len(hp["stage_rounds"]):
+                    raise ParamError("stage_lams", "expected one entry per stage as stage_rounds has", cls.name)
+            ```
+        """
 
     @classmethod
     def requirements(cls, hp: Mapping[str, Any]) -> set[str]:
-        """The capabilities this algorithm needs with resolved hyperparameters `hp`."""
+        """The capabilities this algorithm needs with these hyperparameters. Default: `requires`, and
+        `personal_evaluation` for a personalized method, else `global_evaluation`.
+
+        Args:
+            hp: the resolved hyperparameters by name, as Python values.
+
+        Returns:
+            Capability names (`fedbench.contract.CAPABILITIES`).
+
+        Example:
+            SCAFFOLD's option I needs each client's full-data gradient:
+
+            ```python
+            @classmethod
+            def requirements(cls, hp):
+                return super().requirements(hp) | ({"full_data"} if hp["control"] == "I" else set())
+            ```
+        """
         return set(cls.requires) | {"personal_evaluation" if cls.personalized else "global_evaluation"}
 
     @classmethod
     def draws_in_steps(cls, hp: Mapping[str, Any]) -> bool:
         """Whether its local steps other than a round's last draw (`rnd.draw`) with these hyperparameters, which an
-        iteration-wise program does not allow (its runs' steps then run one after another)."""
+        iteration-wise program does not allow (its runs' steps then run one after another). Default False.
+
+        Args:
+            hp: the resolved hyperparameters by name, as Python values.
+
+        Example:
+            ASVRCD-PFL flips a ρ-coin at every iteration unless refreshes count as communications:
+
+            ```python
+            @classmethod
+            def draws_in_steps(cls, hp):
+                return not hp["count_refresh"]
+            ```
+        """
         return False
 
     @classmethod
     def declared_metrics(cls, hp: Mapping[str, Any]) -> tuple[Metric, ...]:
-        """Metrics the algorithm itself adds to each row (e.g. the objective it minimizes), by `evaluate`."""
+        """Metrics the algorithm itself adds to each row (e.g. the objective it minimizes), whose values `evaluate`
+        gives. Default: none.
+
+        Args:
+            hp: the resolved hyperparameters by name, as Python values.
+
+        Example:
+            pFedFBE's forward-backward envelope:
+
+            ```python
+            @classmethod
+            def declared_metrics(cls, hp):
+                return (Metric("fbe_objective", "FBE objective F(w) (eq. 5)", "min"),)
+            ```
+        """
         return ()
 
     def derive(self, hp: HParams) -> dict[str, Any]:
-        """Values derived from one run's hyperparameters `hp` and the problem (floats, or dataclasses of floats,
-        are per-run values in a batch; anything else must follow from the non-float hyperparameters)."""
+        """Values derived from one run's hyperparameters and the problem: step-size rules, couplings. The engine
+        evaluates it per run and hands the values in with the hyperparameters (`hp.personal_step`, `hp.rules.eta`):
+        floats, and dataclasses of floats, as per-run `[R, 1, 1]` tensors; anything else must follow from the
+        non-float hyperparameters (it is the same for every run of a program). Default: none.
+
+        Args:
+            hp: one run's hyperparameters, as Python values.
+
+        Returns:
+            The derived values by name.
+
+        Example:
+            Ditto's personal step size defaults to the client's (`fedbench/algorithms/ditto.py`):
+
+            ```python
+            def derive(self, hp):
+                return {"personal_step": hp.client_lr if hp.personal_lr is None else hp.personal_lr}
+            ```
+        """
         return {}
 
     def evaluate(self, server: State, clients: State) -> dict[str, float]:
-        """The values of `declared_metrics` at one run's state."""
+        """The values of `declared_metrics` at one run's state. Default: none.
+
+        Args:
+            server: one run's server state, entries as `init_server` makes them (no run or client axis).
+            clients: one run's per-client state, entries `[N, ...]`.
+
+        Returns:
+            A float per declared metric, by name.
+
+        Example:
+            The mean of the clients' full-data losses at the global model (`client_loss` leaves out h):
+
+            ```python
+            def evaluate(self, server, clients):
+                w = server["w"]                                                           # [d]
+                everyone = torch.arange(self.problem.num_clients, device=w.device)
+                losses = self.problem.client_loss(per_client_copies(w, len(everyone)), everyone)  # [N]
+                return {"mean_client_loss": float(losses.mean())}
+            ```
+        """
         return {}
 
     @classmethod
     def minibatches(cls, hp: Mapping[str, Any]) -> tuple[Minibatch, ...]:
-        """The minibatches each local step draws with resolved hyperparameters `hp` (names and sizes); `client_step`
-        gets an oracle per name."""
+        """The minibatches each local step draws with these hyperparameters (names and sizes); `client_step` gets an
+        oracle per name (`batches.D`). Default: one batch `D` of the federation's `batch_size`.
+
+        Args:
+            hp: the resolved hyperparameters by name, as Python values.
+
+        Returns:
+            A `Minibatch` per name, each drawn on its own unless declared `same_as` another.
+
+        Example:
+            Per-FedAvg's inner and outer batches, sized by hyperparameters (`fedbench/algorithms/per_fedavg.py`):
+
+            ```python
+            @classmethod
+            def minibatches(cls, hp):
+                return (Minibatch("D", size="inner_batch"), Minibatch("D1", size="outer_batch"))
+            ```
+        """
         return (Minibatch("D"),)
 
     def round_length(self, local_steps: int, gen: torch.Generator) -> int:
-        """Local iterations of one run's next round, given the federation's `local_steps` and the run's generator
-        (drawn before the round's clients and minibatches)."""
+        """Local iterations of one run's next round, drawn before the round's clients and minibatches. Default: the
+        federation's `local_steps`, every round.
+
+        Args:
+            local_steps: the federation's E.
+            gen: the run's generator of `random_stream`.
+
+        Returns:
+            The round's number of local steps (≥ 1), `rnd.local_steps` in the round's functions.
+
+        Example:
+            L2SGD+ communicates when a p-coin says so (Hanzely and Richtárik 2020, Algorithm 2):
+
+            ```python
+            def round_length(self, local_steps, gen):
+                return coin_flips_to_success(self.hp.prob, gen)
+            ```
+        """
         return local_steps
 
     def init_server(self, w0: Tensor) -> State:
-        """One run's server state from its initial point `w0` `[d]` (the engine adds the run and client axes)."""
+        """One run's server state at the start. The engine stacks the runs' and adds the client axis: a round's
+        functions see each entry as `[R, 1, ...]`. Default: a copy of `w0` as `w`, the model, which the default
+        `downloads`, `uploads` and `global_params` name.
+
+        Args:
+            w0: the run's initial point `[d]` (`Problem.init_params`).
+
+        Returns:
+            The server's entries by name, without the run axis.
+
+        Example:
+            The tutorial's FedAvgM keeps a server momentum beside the model:
+
+            ```python
+            def init_server(self, w0):
+                return {"w": w0.clone(), "v": w0.new_zeros(w0.shape)}
+            ```
+        """
         return {"w": w0.clone()}
 
     def init_clients(self, w0: Tensor, num_clients: int) -> State:
-        """One run's per-client state `[N, ...]` (the engine adds the run axis)."""
+        """One run's per-client state at the start: what each client keeps from one round it takes part in to the
+        next. The engine adds the run axis (`[R, N, ...]`); a round reads the sampled clients' rows (`client_init`'s
+        `rows`) and writes back what `client_final` gives. Default: none.
+
+        Args:
+            w0: the run's initial point `[d]`.
+            num_clients: the problem's number of clients N.
+
+        Returns:
+            The per-client entries by name, each `[N, ...]`.
+
+        Example:
+            SCAFFOLD's control variates c_i, zero at the start:
+
+            ```python
+            def init_clients(self, w0, num_clients):
+                return {"c": w0.new_zeros(num_clients, *w0.shape)}
+            ```
+        """
         return {}
 
     def client_init(self, server: State, rows: State, rnd: Round, hp: HParams) -> State:
-        """The clients' local state at the round's start: their own copy `[R, S, ...]` of each download they upload,
-        the other downloads shared `[R, 1, ...]`, and their kept rows."""
+        """The sampled clients' local state at the round's start. Default: a client's own copy `[R, S, ...]` of each
+        download it uploads (`broadcast`), the other downloads shared `[R, 1, ...]`, and its `keeps` from `rows`.
+
+        Args:
+            server: the server's entries, `[R, 1, ...]` each.
+            rows: the sampled clients' rows of every per-client entry (`init_clients`), `[R, S, ...]` each: row
+                `[r, k]` is the state of client `rnd.clients[r, k]` of run r (with participation "all", every
+                client's, `[R, N, ...]`); empty without per-client state.
+            rnd: the round (`rnd.clients` `[R, S]`).
+            hp: the runs' hyperparameters: floats `[R, 1, 1]`, the others plain values.
+
+        Returns:
+            The local state, entries `[R, S, ...]` (a client's own) or `[R, 1, ...]` (the same for a run's clients).
+
+        Example:
+            SCAFFOLD's: the local model y, the server's x and c shared, and the client's own c_i:
+
+            ```python
+            def client_init(self, server, rows, rnd, hp):
+                return {"y": broadcast(server["w"], rnd), "x": server["w"], "c": server["c"], "c_i": rows["c"]}
+            ```
+        """
         uploaded = {upload.name for upload in self.uploads}
         local = {name: broadcast(server[name], rnd) if name in uploaded else server[name] for name in self.downloads}
         return {**local, **{name: rows[name] for name in self.keeps}}
 
     def client_step(self, local: State, batches: Batches, rnd: Round, hp: HParams) -> State:
+        """One local step of every sampled client of every run, `rnd.local_steps` times a round (`rnd.step` from
+        0). No default: every algorithm defines it.
+
+        Args:
+            local: the local state, entries `[R, S, ...]` or `[R, 1, ...]`.
+            batches: an oracle per declared minibatch (`minibatches`), drawn for this step: `batches.D.grad(u)` at
+                `u` `[R, S, d]` (or `[R, 1, d]`, every client's) is `[R, S, d]`, `batches.D.loss(u)` `[R, S]`.
+            rnd: the round, at this step (`rnd.step`, `rnd.is_last_step`).
+            hp: the runs' hyperparameters: floats `[R, 1, 1]`, the others plain values.
+
+        Returns:
+            The whole new local state: every entry a later step or `client_final` reads (carry the unchanged
+            ones, `{**local, "y": y}`).
+
+        Example:
+            SCAFFOLD's corrected step, with a subgradient of h:
+
+            ```python
+            def client_step(self, local, batches, rnd, hp):
+                y = local["y"]
+                direction = batches.D.grad(y) - local["c_i"] + local["c"] + self.reg.subgradient(y)
+                return {**local, "y": y - hp.client_lr * direction}
+            ```
+        """
         raise NotImplementedError
 
     def client_final(self, local: State, rnd: Round, hp: HParams) -> tuple[State, State]:
-        """(message, rows): the declared uploads (and replicated entries), and the kept per-client state."""
+        """What the sampled clients send, and what they keep, at the round's end. Default: the declared uploads
+        (and `replicated` entries) from the local state, and the `keeps`.
+
+        Args:
+            local: the local state after the round's last step.
+            rnd: the round.
+            hp: the runs' hyperparameters: floats `[R, 1, 1]`, the others plain values.
+
+        Returns:
+            Two dicts. The message: exactly the `uploads` (and `replicated`) by name, `[R, S, ...]` each (or `[R, 1,
+            ...]` for a value every device holds after an all-reduce), which `server_update` receives. The rows:
+            entries of the per-client state (`init_clients`), `[R, S, ...]` each, written back into the sampled
+            clients' rows of the per-client state (with participation "all", replacing the entry, `[R, N, ...]`);
+            an entry it leaves out is left as it was.
+
+        Example:
+            SCAFFOLD's: the updates Δy and Δc go up, the new c_i stays on the client:
+
+            ```python
+            def client_final(self, local, rnd, hp):
+                x, y, c, c_i = local["x"], local["y"], local["c"], local["c_i"]
+                c_new = c_i - c + (x - y) / (rnd.local_steps * hp.client_lr)
+                return {"dy": y - x, "dc": c_new - c_i}, {"c": c_new}
+            ```
+        """
         return {name: local[name] for name in self.message_names()}, {name: local[name] for name in self.keeps}
 
     def message_names(self) -> list[str]:
-        """The entries of a round's message: the declared uploads, then the replicated entries."""
+        """The entries of a round's message: the declared uploads, then the replicated entries (what `client_final`
+        must send, `MessageError`).
+
+        Example:
+            SCAFFOLD's:
+
+            ```python
+            algorithm.message_names()          # ['dy', 'dc']
+            ```
+        """
         return [upload.name for upload in self.uploads] + list(self.replicated)
 
     def server_update(self, server: State, message: State, weights: Tensor, rnd: Round, hp: HParams) -> State:
+        """The server's new state from the round's messages. No default: every algorithm defines it.
+
+        Args:
+            server: the server's entries at the round's start, `[R, 1, ...]` each.
+            message: `client_final`'s message, `[R, S, ...]` per upload.
+            weights: the aggregation weights π̂ `[R, S]` over each run's sampled clients, summing to 1 (the
+                federation's `aggregation`: uniform 1/S, or by samples).
+            rnd: the round.
+            hp: the runs' hyperparameters: floats `[R, 1, 1]`, the others plain values.
+
+        Returns:
+            The whole new server state, `[R, 1, ...]` per entry: every entry of `server`, changed or not.
+
+        Example:
+            SCAFFOLD's (Algorithm 1 lines 16–17): x by the weighted mean of Δy, c by the sum of Δc over N:
+
+            ```python
+            def server_update(self, server, message, weights, rnd, hp):
+                return {"w": server["w"] + hp.server_lr * aggregate(message["dy"], weights),
+                        "c": server["c"] + message["dc"].sum(1, keepdim=True) / self.problem.num_clients}
+            ```
+        """
         raise NotImplementedError
 
     def global_params(self, server: State) -> Tensor:
+        """The global model the problem's metrics evaluate (and a run saves). Default: `server["w"]`.
+
+        Args:
+            server: one run's server state, entries as `init_server` makes them (no run or client axis).
+
+        Returns:
+            The model `[d]`.
+
+        Example:
+            CODASCA keeps the model w and the scalars a, b of its min-max objective in one vector v = (w, a, b):
+
+            ```python
+            def global_params(self, server):
+                return server["v"][..., :-2]
+            ```
+        """
         return server["w"]
 
     def personal_params(self, server: State, clients: State) -> Tensor | None:
-        """Per-client models `[N, d]` that metrics evaluate, or None for a non-personalized method."""
+        """Per-client models, which the problem's `personal_` metrics evaluate on each client's own data. Default:
+        None (no personal models; a `personalized` algorithm defines it).
+
+        Args:
+            server: one run's server state, entries as `init_server` makes them.
+            clients: one run's per-client state, entries `[N, ...]`.
+
+        Returns:
+            The models `[N, d]`, or None.
+
+        Example:
+            Ditto's personal models are per-client state:
+
+            ```python
+            def personal_params(self, server, clients):
+                return clients["v"]
+            ```
+        """
         return None
 
 

@@ -35,7 +35,7 @@ class L2SGDPlus(Algorithm):
     requires = frozenset({"mixture", "linear_model"})
     participation = "all"
     # The averaging step's all-reduce: each device sends its x_m (d floats); x̄ becomes the server's w
-    uploads = (Upload("w"),)
+    uploads = (Upload("w", all_reduced=True),)
     keeps = ("x", "table", "table_mean", "psi")
     hparams = (
         Param("eta", "float", None, "step size α (None: ASVRCD's η on the problem)", low=0, low_open=True,

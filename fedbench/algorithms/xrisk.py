@@ -107,6 +107,7 @@ class StaleScores(Algorithm):
     with_u = False
     requires = frozenset({"pair_scores"})
     random_stream = "passive-scores"  # rnd.draw: the passive draws, the stream's name kept from before issue 12
+    uploads_averaged = False  # the server pools each client's scores (`merge_pools`): no robust rule stands for that
 
     def init_pools(self, w0: Tensor) -> State:
         """One run's pools `[P]` (the engine makes them server entries `[R, 1, P]`)."""

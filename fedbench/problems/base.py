@@ -5,7 +5,8 @@ from which torch.func derives the batched loss, gradient and Hessian-vector prod
 serve; problems override `grad`/`hvp` where a hand-written form is faster), the regularizer h, the
 initial point, its declared metrics and their evaluation, and the capabilities it provides beyond
 minibatch gradients (`fedbench.contract`). Parameters are flat vectors `[d]`; a batch of clients is
-`[S, d]`.
+`[S, d]`. The engine lifts the oracles over its runs, so that an algorithm's local step calls them at `[R, S, d]`
+(`fedbench.oracle`), and a problem sees clients alone unless it declares `oracles_take_runs`.
 """
 from __future__ import annotations
 
@@ -39,46 +40,125 @@ class Layout:
 
 
 class Problem:
+    """A federated problem: its data split over N clients, one client's smooth minibatch loss f (from which
+    torch.func derives every client's loss, gradient and Hessian-vector products at once), the regularizer h, the
+    initial point, its metrics, and the capabilities it provides (`fedbench.contract`). The objective is
+    F(w) = Σ_k π_k L_k(w) + h(w), L_k client k's loss over its training samples.
+
+    An instance is built from a resolved config (`resolve_config`), a seed and a device; a subclass's `__init__`
+    calls `super().__init__(config, seed, device)`, then builds its data and sets `dim`, `regularizer`,
+    `client_weights` and the clients' layout by `self._set_clients(sizes)` (`sizes` `[N]`, the samples of each
+    client, whose rows are contiguous in the flat data: client k's are `client_offsets[k]` to
+    `client_offsets[k + 1] − 1`). A subclass defines `name`, `params`, `init_params`, `gather`, `minibatch_loss`,
+    `metrics` and `evaluate_global` (a plugin that lacks one is refused, `fedbench.plugins`); every other hook has a
+    default, which its docstring states.
+
+    Example:
+        The how-to's least squares (`docs/how-to/write-a-problem.md`), in outline:
+
+        ```python
+        class DriftingLeastSquares(Problem):
+            name = "drifting_lsq"
+            params = (Param("clients", "int", 20, "number of clients N", low=1), ...)
+
+            def __init__(self, config, seed, device="cpu"):
+                super().__init__(config, seed, device)
+                ...                                                   # x [N·n, d], y [N·n]
+                self._set_clients(torch.full((n_clients,), n, dtype=torch.long))
+                self.client_weights = torch.full((n_clients,), 1 / n_clients, dtype=torch.float64)
+                self.regularizer = NoRegularizer()
+
+            def gather(self, rows):                                   # [S, b] -> ([S, b, d], [S, b])
+                return self.features[rows], self.labels[rows]
+
+            def minibatch_loss(self, w, batch):                       # one client: w [d], x [b, d], y [b]
+                x, y = batch
+                return 0.5 * (x @ w - y).square().mean()
+        ```
+    """
+
     name: ClassVar[str]
+    """The name recipes, `fedbench list` and the registry know it by: a Python identifier, of a plugin not one a
+    built-in problem or another plugin has."""
     params: ClassVar[tuple[Param, ...]]
+    """Its parameters, a tuple of `Param` (type, default, range, help): what a recipe's `problem:` block may set.
+    A problem with `presets` declares a choice `preset` among them."""
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
-    # True: a client with n_k < b takes all its n_k samples (as in the code of Bao et al., ICML 2022) and the
-    # problem's draw_minibatches/grad handle the short batches, so b may exceed the smallest client.
+    """Named sets of parameter values, by preset name (default: none); a config's `preset` chooses one, and the
+    values given beside it override it (`resolve_config`)."""
     caps_batches: ClassVar[bool] = False
-    provides: ClassVar[frozenset[str]] = frozenset()  # capabilities (fedbench.contract), whatever the config
-    row_elements: ClassVar[int | None] = None  # features per gathered sample (None: dim), for memory budgets
-    size_params: ClassVar[tuple[str, ...]] = ()  # config fields a run's memory grows with (`run_bytes`)
-    evaluates_global_model: ClassVar[bool] = True  # False: a metric row needs per-client blocks too
-    noisy_minibatches: ClassVar[bool] = False  # True: its minibatches carry noise (`minibatch_noise`)
-    # True: `draw_minibatches` draws its steps one after another on the generator, so that drawing a + b steps
-    # gives the draws of a steps then those of b (iteration-wise run batches draw a run's rows ahead, by iteration)
+    """True: a client with n_k < b takes all its n_k samples (as in the code of Bao et al., ICML 2022), the missing
+    picks row −1, so b may exceed the smallest client; `gather` then gives row −1 zero weight. Default False."""
+    provides: ClassVar[frozenset[str]] = frozenset()
+    """Capabilities it provides whatever the config (`fedbench.contract.CAPABILITIES`), beyond minibatch losses
+    and gradients, which every problem gives; any collection of names does, e.g. `provides = ("full_data",)`.
+    Default: none (`capabilities` adds `global_evaluation` where `evaluates_global_model`, and `one_client` for a
+    single client). Providing `full_data` promises that `gather` takes row −1 where clients hold different numbers
+    of samples."""
+    row_elements: ClassVar[int | None] = None
+    """Features per gathered sample, for memory budgets (None, the default: `dim`)."""
+    size_params: ClassVar[tuple[str, ...]] = ()
+    """Config fields a run's memory grows with (`run_bytes`); default none."""
+    evaluates_global_model: ClassVar[bool] = True
+    """False: a metric row needs per-client blocks too, so the problem does not provide `global_evaluation`.
+    Default True."""
+    noisy_minibatches: ClassVar[bool] = False
+    """True: its minibatches carry noise (`minibatch_noise`). Default False."""
     draws_by_step: ClassVar[bool] = False
-    # True: `step_oracle` takes the rows `[R, S, b]` of R runs' clients, and its oracle's methods take and give
-    # tensors with that leading run axis (`[R, S, ...]`; a point a run's clients share as `[R, 1, ...]`) by
-    # broadcasting, so that the engine hands them over as they are. False: the engine folds the run axis into the
-    # clients' (`[R·S, b]` rows, `[R·S, ...]` points) around every call (`fedbench.runs.RunOracle`), which costs
-    # a few µs a call, felt where a local step is a few small kernels (the one-sample coordinate steps of
-    # Hanzely et al., TMLR 2023)
+    """True: `draw_minibatches` draws its steps one after another on the generator, so that drawing a + b steps
+    gives the draws of a steps then those of b (iteration-wise run batches draw a run's rows ahead, by iteration).
+    Default False."""
     oracles_take_runs: ClassVar[bool] = False
+    """True: `step_oracle` takes the rows `[R, S, b]` of R runs' clients, and its oracle's methods take and give
+    tensors with that leading run axis (`[R, S, ...]`; a point a run's clients share as `[R, 1, ...]`) by
+    broadcasting, so that the engine hands them over as they are. False, the default: the engine folds the run axis
+    into the clients' (`[R·S, b]` rows, `[R·S, ...]` points) around every call (`fedbench.runs.RunOracle`), which
+    costs a few µs a call, felt where a local step is a few small kernels (the one-sample coordinate steps of
+    Hanzely et al., TMLR 2023)."""
 
     num_clients: int
+    """N, the number of clients (`_set_clients`)."""
     dim: int
+    """d, the length of the flat parameter vector."""
     regularizer: Regularizer
-    client_sizes: Tensor  # [N] samples per client
-    client_offsets: Tensor  # [N+1] clients' rows are contiguous in the flat data
-    client_weights: Tensor  # [N] π_k of the global objective Σ π_k L_k + h, summing to 1
+    """h, the regularizer (`fedbench.prox`: `NoRegularizer`, `L1`, the nuclear norm, ...), `Algorithm.reg`."""
+    client_sizes: Tensor
+    """`[N]`: the training samples n_k of each client (`_set_clients`)."""
+    client_offsets: Tensor
+    """`[N + 1]`: client k's rows of the flat data are `client_offsets[k]` to `client_offsets[k + 1] − 1`."""
+    client_weights: Tensor
+    """`[N]`: π_k of the global objective Σ π_k L_k + h, summing to 1."""
 
     def __init__(self, config: dict[str, Any], seed: int, device: str | torch.device = "cpu"):
+        """The problem of a resolved `config` (checked by `check`) and a trial `seed` on `device`."""
         self.check(config)
         self.config = config
+        """The resolved config, by parameter name."""
         self.seed = seed
+        """The trial seed."""
         self.data_seed = seed if config.get("data_seed") is None else config["data_seed"]
+        """The seed of the data: the config's `data_seed` where it sets one, else the trial seed."""
         self.device = torch.device(device)
+        """The device its data and the runs' state live on."""
 
     @classmethod
     def resolve_config(cls, given: dict[str, Any]) -> dict[str, Any]:
-        """Declared defaults, overlaid by the chosen preset (for a problem that has presets), overlaid by `given`;
-        all checked."""
+        """A config: the declared defaults, overlaid by the chosen preset (for a problem that has presets),
+        overlaid by `given`; every value checked against its `Param` (an unknown name raises KeyError, a value out
+        of range ValueError).
+
+        Args:
+            given: parameter values by name, as a recipe's `problem:` block gives them (with `preset`).
+
+        Returns:
+            The resolved config: every parameter's value, by name.
+
+        Example:
+            ```python
+            config = Lasso.resolve_config({"clients": 32})
+            problem = Lasso(config, seed=0)      # what fedbench.make_problem("lasso", clients=32) does
+            ```
+        """
         given = dict(given)
         if not cls.presets:
             return resolve(cls.params, given, cls.name)
@@ -90,38 +170,101 @@ class Problem:
     @classmethod
     def declared_clients(cls, config: dict[str, Any]) -> int | None:
         """The number of clients a resolved config makes, where it is known without building the problem
-        (synthetic data), so that a recipe is checked before anything runs; None where it is not."""
+        (synthetic data), so that a recipe is checked before anything runs; None where it is not. Default: the
+        config's `clients`, if it has that field.
+
+        Example:
+            A problem whose clients are its `users`:
+
+            ```python
+            @classmethod
+            def declared_clients(cls, config):
+                return config["users"]
+            ```
+        """
         return config.get("clients")
 
     @classmethod
     def run_bytes(cls, config: dict[str, Any]) -> int | None:
         """About the bytes one run holds at its peak (its data and model state, in the dtype it uses), from a resolved
         config's sizes (`size_params`, which a problem that estimates declares), so that a recipe whose runs no
-        machine holds is refused before anything runs; None: not estimated (data read from files, of their size)."""
+        machine holds is refused before anything runs; None: not estimated (data read from files, of their size).
+        Default None.
+
+        Example:
+            float64 features of every client's samples, and a d × d Hessian:
+
+            ```python
+            @classmethod
+            def run_bytes(cls, config):
+                d, rows = config["dim"], config["clients"] * config["samples_per_client"]
+                return 8 * (rows * d + d * d)
+            ```
+        """
         return None
 
     @classmethod
     def check(cls, config: dict[str, Any]) -> None:
         """Refuse (ParamError) a resolved config that the problem cannot be built with, by rules that need the
         config alone; every instance is checked so, and a recipe's validator checks its configs so before anything
-        runs. Rules that need the data go in `declared_layout`."""
+        runs. Rules that need the data go in `declared_layout`. Default: no rule.
+
+        Example:
+            A least squares whose optimum must be unique (`examples/fedbench-fedopt`):
+
+            ```python
+            @classmethod
+            def check(cls, config):
+                if config["clients"] * config["samples_per_client"] < config["dim"]:
+                    raise ParamError("samples_per_client", f"found {config['samples_per_client']}, expected "
+                                     f"clients × samples_per_client ≥ dim = {config['dim']}", cls.name)
+            ```
+        """
 
     @classmethod
     def declared_layout(cls, config: dict[str, Any], read_data: bool = False) -> Layout:
         """The clients a checked config makes, without building the problem: from the config alone, and with
         `read_data` also from the index of the data (labels, writers' sample counts; never the images), where the
         problem reads files. Reading them also refuses (ParamError) what building would refuse on those data: a
-        missing file, a partition the data cannot give."""
+        missing file, a partition the data cannot give. Default: `declared_clients` clients, their sizes unknown.
+
+        Returns:
+            The `Layout` a recipe's federation is checked against (`Federation.check`).
+
+        Example:
+            Synthetic clients of `samples_per_client` samples each, so that `batch_size` is checked against it:
+
+            ```python
+            @classmethod
+            def declared_layout(cls, config, read_data=False):
+                return Layout(config["clients"], config["samples_per_client"], "samples_per_client")
+            ```
+        """
         return Layout(cls.declared_clients(config))
 
     def layout(self) -> Layout:
-        """The clients of this instance."""
+        """The clients of this instance: their number and, unless the problem `caps_batches`, the smallest one's
+        samples.
+
+        Example:
+            ```python
+            federation.check(problem.layout())       # refuses a batch_size above the smallest client's samples
+            ```
+        """
         return Layout(self.num_clients, None if self.caps_batches else int(self.client_sizes_cpu.min()))
 
     @classmethod
     def read_index(cls, config: dict[str, Any], read: Callable[..., T], *args: Any) -> T:
         """`read(*args)`, a loader of the index of the config's data files, its refusal (a missing or malformed
-        file, named in the message) a ParamError of the field that chose the files."""
+        file, named in the message) a ParamError of the field that chose the files.
+
+        Example:
+            In `declared_layout`, the labels of a data set read from the config's `path`:
+
+            ```python
+            train_labels, test_labels = cls.read_index(config, cifar10.load_labels, config["path"])
+            ```
+        """
         try:
             return read(*args)
         except ValueError as err:
@@ -130,43 +273,120 @@ class Problem:
 
     @classmethod
     def capabilities(cls, config: dict[str, Any]) -> set[str]:
-        """What this problem provides with a resolved config: `provides`, `global_evaluation` unless its rows
-        need per-client blocks, and `one_client` where the config makes a single client."""
+        """What this problem provides with a resolved config (the contract an algorithm's `requirements` are
+        checked against). Default: `provides`, `global_evaluation` unless its rows need per-client blocks
+        (`evaluates_global_model`), and `one_client` where the config makes a single client.
+
+        Example:
+            pAUC's AUC task has a linear outer function (`fedbench/problems/pauc.py`):
+
+            ```python
+            @classmethod
+            def capabilities(cls, config):
+                return super().capabilities(config) | ({"linear_outer"} if config["task"] == "auc" else set())
+            ```
+        """
         return (set(cls.provides) | ({"global_evaluation"} if cls.evaluates_global_model else set())
                 | ({"one_client"} if cls.declared_clients(config) == 1 else set()))
 
     @classmethod
     def shared_by_seeds(cls, config: dict[str, Any]) -> bool:
         """Whether one instance serves every trial seed with this config, so that runs of several seeds can
-        share it (`fedbench.runs`): the data do not follow the seed, and nothing else in the problem does."""
+        share it (`fedbench.runs`): the data do not follow the seed, and nothing else in the problem does. Default:
+        where the config sets a `data_seed`.
+
+        Example:
+            A problem whose evaluation draws on the trial seed is never shared:
+
+            ```python
+            @classmethod
+            def shared_by_seeds(cls, config):
+                return False
+            ```
+        """
         return config.get("data_seed") is not None
 
     @classmethod
     def metrics(cls, config: dict[str, Any]) -> tuple[Metric, ...]:
-        """The metrics `evaluate` returns for the global model, in row order."""
+        """The metrics `evaluate_global` returns for the global model, in row order, each with the direction that
+        is better. No default: every problem defines it.
+
+        Example:
+            ```python
+            @classmethod
+            def metrics(cls, config):
+                return (Metric("train_mse", "training loss (MSE)", "min"),
+                        Metric("distance", "distance to the mean solution", "min"))
+            ```
+        """
         raise NotImplementedError
 
     @classmethod
     def personal_metrics(cls, config: dict[str, Any]) -> tuple[Metric, ...]:
-        """The metrics of per-client models (names without the `personal_` prefix), for problems that
-        provide `personal_evaluation`."""
+        """The metrics of per-client models (names without the `personal_` prefix) that `evaluate_personal`
+        returns, for problems that provide `personal_evaluation`. Default: none.
+
+        Example:
+            ```python
+            @classmethod
+            def personal_metrics(cls, config):
+                return (Metric("test_accuracy", "test accuracy", "max"),)
+            ```
+        """
         return ()
 
     @classmethod
     def declared_metrics(cls, config: dict[str, Any], personal: bool = False) -> tuple[Metric, ...]:
-        """Every metric of a row: the global ones, then (`personal`) the `personal_` ones."""
+        """Every metric of a row: the global ones, then (`personal`) the `personal_` ones.
+
+        Example:
+            ```python
+            [m.name for m in Lasso.declared_metrics(Lasso.resolve_config({}), personal=True)]
+            ```
+        """
         extra = tuple(m.personal() for m in cls.personal_metrics(config)) if personal else ()
         return cls.metrics(config) + extra
 
     # -- the engine's needs --------------------------------------------------------------------
     def init_params(self, gen: torch.Generator) -> Tensor:
+        """A run's initial point. No default: every problem defines it.
+
+        Args:
+            gen: the run's "init" stream.
+
+        Returns:
+            The initial point `[d]`, on the problem's device, in its dtype.
+
+        Example:
+            ```python
+            def init_params(self, gen):
+                return torch.zeros(self.dim, dtype=torch.float64, device=self.device)
+            ```
+        """
         raise NotImplementedError
 
     def draw_minibatches(self, clients: Tensor, steps: int, batch_size: int, gen: torch.Generator) -> Tensor:
-        """Row indices `[steps, S, b]` into the flat data: for every step and sampled client, a
-        minibatch drawn without replacement from that client's samples (as in the released code of Bao
-        et al., ICML 2022). With `caps_batches`, a client with n_k < b takes all its n_k samples and the
-        missing picks are row −1 (zero weight in `gather`)."""
+        """Row indices into the flat data: for every step and sampled client, a minibatch drawn without
+        replacement from that client's samples (as in the released code of Bao et al., ICML 2022). With
+        `caps_batches`, a client with n_k < b takes all its n_k samples and the missing picks are row −1 (zero
+        weight in `gather`). A problem overrides it to draw otherwise (pAUC's class-balanced batches).
+
+        Args:
+            clients: the sampled clients `[S]` (CPU).
+            steps: the local steps to draw for.
+            batch_size: b.
+            gen: the run's "minibatches" stream.
+
+        Returns:
+            Rows `[steps, S, b]`, on the problem's device.
+
+        Example:
+            The rows of E = 10 local steps of the clients 3 and 7, 5 samples each:
+
+            ```python
+            rows = problem.draw_minibatches(torch.tensor([3, 7]), 10, 5, generator(0, "minibatches"))  # [10, 2, 5]
+            ```
+        """
         width = min(batch_size, self.max_size) if self.caps_batches else batch_size
         # The b largest of i.i.d. uniform keys are a uniform subset; topk is ~4x cheaper than argsort here.
         keys = torch.rand(steps, len(clients), self.max_size, generator=gen)
@@ -181,27 +401,86 @@ class Problem:
         return F.pad(rows, (0, batch_size - width), value=-1)
 
     def gather(self, rows: Tensor) -> Any:
-        """The minibatch of one local step for all sampled clients, from `rows` `[S, b]` (a tuple of
-        tensors with a leading client axis). Problems that provide `full_data` accept row −1 (padding
-        beyond a client's n_k) and give it zero weight."""
+        """The data of the rows, for `minibatch_loss` (and the problem's oracles). No default: every problem
+        defines it.
+
+        Row −1 is padding: `full_data` pads each client's rows to the largest client's n_k with −1, and
+        `caps_batches` fills a short client's minibatch with it. So a problem whose clients hold different numbers
+        of samples and that provides `full_data` (or `caps_batches`) must accept row −1 and give it zero weight in
+        the loss; one whose clients are of equal size never sees it.
+
+        Args:
+            rows: row indices into the flat data, `[S, b]` for a local step's minibatch (`[R·S, b]` for R runs; `[R,
+                S, b]` where `oracles_take_runs`), or `[C, n_max]` for the whole data of C clients (`full_data`).
+
+        Returns:
+            A tuple of tensors with the rows' leading axes, e.g. features `[S, b, d]` and labels `[S, b]`.
+
+        Example:
+            Row weights that are zero on padding, so that the loss is each client's mean over its real rows
+            (`fedbench/problems/classification.py`):
+
+            ```python
+            def gather(self, rows):
+                valid = rows >= 0
+                flat = rows.clamp_min(0).reshape(-1)
+                x = self.x_train.index_select(0, flat).view(*rows.shape, self.x_train.shape[-1])
+                return x, self.y_train[flat].view(rows.shape), valid / valid.sum(-1, keepdim=True)
+            ```
+        """
         raise NotImplementedError
 
     def minibatch_noise(self, rows: Tensor, gen: torch.Generator) -> Tensor | None:
         """The random perturbation a step's minibatch `rows` `[S, b]` carries (pAUC's per-client feature noise), one
         entry per row in the rows' order, whatever their leading axes (the engine concatenates the runs' noise,
         each drawn on its run's stream); drawn on the simulation's own stream (`RoundSampler`), so that it follows
-        the run's seed and not the problem instance's; None for problems without one."""
+        the run's seed and not the problem instance's. `step_oracle` receives it. Default None, for problems
+        without one (`noisy_minibatches`).
+
+        Example:
+            pAUC's ε ~ N(0, I) per row:
+
+            ```python
+            def minibatch_noise(self, rows, gen):
+                return torch.randn(rows.numel(), self.feature_dim, generator=gen, dtype=self.dtype).to(self.device)
+            ```
+        """
         return None
 
     def step_oracle(self, rows: Tensor, noise: Tensor | None = None) -> Oracle:
         """The oracle of one declared minibatch of one local step, with its `minibatch_noise` (X-risk problems
-        return a richer oracle)."""
+        return a richer oracle). Default: an `Oracle` on `gather(rows)`.
+
+        Args:
+            rows: the step's rows `[S, b]` (`[R·S, b]` for R runs; `[R, S, b]` where `oracles_take_runs`).
+            noise: the rows' `minibatch_noise`, or None.
+
+        Returns:
+            The oracle `client_step` sees as `batches.D` (lifted over the run axis by the engine).
+
+        Example:
+            Least squares serves a hand-written oracle on the rows:
+
+            ```python
+            def step_oracle(self, rows, noise=None):
+                return LeastSquaresOracle(self, rows)
+            ```
+        """
         return Oracle(self, self.gather(rows))
 
     def full_data(self, clients: Tensor) -> Oracle:
-        """An oracle over the whole training data of `clients` `[C]` (rows padded to the largest client's n_k
-        and masked; built on the compute device, without a host synchronisation); for many clients use
-        `client_loss`/`client_grad`, which bound the memory."""
+        """An oracle over the whole training data of `clients` `[C]`: `gather` of rows `[C, n_max]`, each client's
+        padded with row −1 to the largest client's n_k (built on the compute device, without a host
+        synchronisation). For many clients use `client_loss`/`client_grad`, which bound the memory. A problem that
+        provides `full_data` may override it (the block problems' oracle).
+
+        Example:
+            Every client's full-data gradient at its own point `w` `[C, d]`:
+
+            ```python
+            problem.full_data(clients).grad(w)                      # [C, d]
+            ```
+        """
         clients = clients.to(self.device)
         position = torch.arange(self.max_size, device=self.device)
         rows = self.client_offsets[clients][:, None] + position
@@ -209,23 +488,70 @@ class Problem:
 
     @over_runs
     def client_loss(self, w: Tensor, clients: Tensor) -> Tensor:
-        """L_k(w_k) on each client's full training data, `w` `[C, d]` -> `[C]` (over runs: `over_runs`)."""
+        """L_k(w_k), the smooth loss of each client on its whole training data (`minibatch_loss` of a batch of all
+        its samples): h is not included (add `self.regularizer.value(w)` for the composite objective). Needs
+        `full_data`.
+
+        Args:
+            w: a point per client, `[C, d]`; over runs (`over_runs`), `[R, C, d]`, or `[R, 1, d]` for every client's.
+            clients: the clients `[C]`; over runs, `[R, C]` or `[C]` (the same in every run).
+
+        Returns:
+            `[C]`; over runs, `[R, C]`.
+
+        Example:
+            In a round, each sampled client's loss at the server model `[R, 1, d]`:
+
+            ```python
+            losses = self.problem.client_loss(server["w"], rnd.clients)    # [R, S]
+            ```
+        """
         return torch.cat(self._by_chunk(clients, Oracle.loss, w))
 
     @over_runs
     def client_grad(self, w: Tensor, clients: Tensor) -> Tensor:
-        """∇L_k(w_k) on each client's full training data, `w` `[C, d]` -> `[C, d]` (over runs: `over_runs`)."""
+        """∇L_k(w_k), the gradient of each client's smooth loss on its whole training data (h not included). Needs
+        `full_data`.
+
+        Args:
+            w: a point per client, `[C, d]`; over runs (`over_runs`), `[R, C, d]`, or `[R, 1, d]` for every client's.
+            clients: the clients `[C]`; over runs, `[R, C]` or `[C]`.
+
+        Returns:
+            `[C, d]`; over runs, `[R, C, d]`.
+
+        Example:
+            SCAFFOLD's option I control variate, at the server model (Algorithm 1 line 12):
+
+            ```python
+            c_new = self.problem.client_grad(local["x"], rnd.clients)    # x [R, 1, d] -> [R, S, d]
+            ```
+        """
         return torch.cat(self._by_chunk(clients, Oracle.grad, w))
 
     @over_runs
     def client_loss_and_grad(self, w: Tensor, clients: Tensor) -> tuple[Tensor, Tensor]:
-        """(L_k(w_k), ∇L_k(w_k)) on each client's full training data, gathering each chunk once."""
+        """`client_loss` and `client_grad` together, gathering each chunk of data once: `([C], [C, d])`, over runs
+        `([R, C], [R, C, d])`.
+
+        Example:
+            ```python
+            losses, grads = self.problem.client_loss_and_grad(points, everyone)    # points [N, d], everyone [N]
+            ```
+        """
         parts = self._by_chunk(clients, lambda oracle, point: (oracle.loss(point), oracle.grad(point)), w)
         return torch.cat([loss for loss, _ in parts]), torch.cat([grad for _, grad in parts])
 
     @over_runs
     def client_hvp(self, w: Tensor, v: Tensor, clients: Tensor) -> Tensor:
-        """∇²L_k(w_k) v_k on each client's full training data, `[C, d]`."""
+        """∇²L_k(w_k) v_k on each client's whole training data: `w`, `v` `[C, d]` (over runs, `[R, C, d]` or `[R, 1,
+        d]`) -> `[C, d]` (`[R, C, d]`).
+
+        Example:
+            ```python
+            products = self.problem.client_hvp(w, v, clients)
+            ```
+        """
         return torch.cat(self._by_chunk(clients, Oracle.hvp, w, v))
 
     def _by_chunk(self, clients: Tensor, compute, *per_client: Tensor) -> list:
@@ -237,51 +563,146 @@ class Problem:
 
     # -- the loss and its derivatives, batched over clients ---------------------------------------
     def minibatch_loss(self, w: Tensor, batch: Any) -> Tensor:
-        """The smooth loss of one client's minibatch at `w` `[d]`: `batch` is `gather`'s tuple without its
-        client axis. torch.func lifts it to `loss`, `grad` and `hvp` for all clients at once."""
+        """The smooth loss f of one client's minibatch, a scalar; torch.func lifts it to `loss`, `grad` and `hvp`
+        for all clients at once (so it must be written with torch operations on these tensors alone: no `.item()`,
+        no Python branch on their values). No default: every problem defines it. h is not part of it.
+
+        Args:
+            w: the client's point `[d]`.
+            batch: `gather`'s tuple without its leading axes (e.g. `[b, d]` features, `[b]` labels).
+
+        Returns:
+            A scalar tensor.
+
+        Example:
+            ```python
+            def minibatch_loss(self, w, batch):
+                x, y = batch
+                return 0.5 * (x @ w - y).square().mean()
+            ```
+        """
         raise NotImplementedError
 
     def loss(self, w: Tensor, batch: Any) -> Tensor:
-        """Minibatch loss at `w` `[S, d]`, one value per client: `[S]`."""
+        """The minibatch loss of every client at its point: `w` `[S, d]` -> `[S]`. Default: `minibatch_loss` lifted
+        by `torch.func.vmap`; a problem overrides it where a batched form is faster.
+
+        Example:
+            A hand-written least-squares loss, ½ mean (⟨x, w⟩ − y)² per client:
+
+            ```python
+            def loss(self, w, batch):
+                x, y = batch                                             # [S, b, d], [S, b]
+                return 0.5 * (torch.einsum("sbd,sd->sb", x, w) - y).square().mean(-1)
+            ```
+        """
         return vmap(self.minibatch_loss)(w, batch)
 
     def grad(self, w: Tensor, batch: Any) -> Tensor:
-        """Minibatch gradient of the smooth loss at `w` `[S, d]`, one row per sampled client."""
+        """The minibatch gradient of the smooth loss of every client at its point: `w` `[S, d]` -> `[S, d]`.
+        Default: `vmap(grad(minibatch_loss))`; a problem overrides it where a batched form is faster.
+
+        Example:
+            A hand-written least-squares gradient, (1/b) Xᵀ(Xw − y) per client:
+
+            ```python
+            def grad(self, w, batch):
+                x, y = batch                                             # [S, b, d], [S, b]
+                residual = torch.einsum("sbd,sd->sb", x, w) - y
+                return torch.einsum("sbd,sb->sd", x, residual) / x.shape[-2]
+            ```
+        """
         return vmap(func_grad(self.minibatch_loss))(w, batch)
 
     def hvp(self, w: Tensor, v: Tensor, batch: Any) -> Tensor:
-        """∇²f(w_k; batch_k) v_k for every client; problems with a closed form override it (`exact_hvp`)."""
+        """∇²f(w_k; batch_k) v_k for every client: `w`, `v` `[S, d]` -> `[S, d]`. Default: `autograd_hvp`; problems
+        with a closed form override it (and provide `exact_hvp`).
+
+        Example:
+            Least squares, (1/b) XᵀX v per client, whatever w:
+
+            ```python
+            def hvp(self, w, v, batch):
+                x, _ = batch                                             # [S, b, d]
+                return torch.einsum("sbd,sb->sd", x, torch.einsum("sbd,sd->sb", x, v)) / x.shape[-2]
+            ```
+        """
         return self.autograd_hvp(w, v, batch)
 
     def autograd_hvp(self, w: Tensor, v: Tensor, batch: Any) -> Tensor:
         """∇²f(w_k; batch_k) v_k by double backward through the batched loss: the clients' losses are
         independent, so ∇_w ⟨∇_w Σ_k f(w_k), v⟩ holds every client's product (measured 2x faster here than
-        torch.func's vmapped forward-over-reverse jvp of the gradient, which gives the same values)."""
+        torch.func's vmapped forward-over-reverse jvp of the gradient, which gives the same values).
+
+        Example:
+            A closed form checked against it:
+
+            ```python
+            torch.testing.assert_close(problem.hvp(w, v, batch), problem.autograd_hvp(w, v, batch))
+            ```
+        """
         point = w.detach().requires_grad_(True)
         with torch.enable_grad():
             gradient = torch.autograd.grad(self.loss(point, batch).sum(), point, create_graph=True)[0]
             return torch.autograd.grad((gradient * v).sum(), point)[0]
 
     def evaluate(self, w: Tensor, personal: Tensor | None = None) -> dict[str, float]:
-        """The declared metrics of the global model `w` `[d]`, then, given per-client models `personal`
-        `[N, d]`, those of `evaluate_personal` with the `personal_` prefix."""
+        """A metrics row: those of the global model `w` `[d]` (`evaluate_global`), then, given per-client models
+        `personal` `[N, d]`, those of `evaluate_personal` with the `personal_` prefix.
+
+        Example:
+            ```python
+            row = problem.evaluate(result.params, result.personal)    # {"objective": ..., "personal_...": ...}
+            ```
+        """
         metrics = self.evaluate_global(w)
         if personal is not None:
             metrics.update({f"personal_{k}": v for k, v in self.evaluate_personal(personal).items()})
         return metrics
 
     def evaluate_runs(self, ws: Tensor, personals: Tensor | None = None) -> list[dict[str, float]]:
-        """The metrics of K runs' models (`ws[k]`, `personals[k]`), e.g. the runs of a batch (`fedbench.runs`);
-        one `evaluate` each unless the problem evaluates all runs in one pass over its data."""
+        """The metrics of K runs' models (`ws` `[K, d]`, `personals` `[K, N, d]`), e.g. the runs of a batch
+        (`fedbench.runs`). Default: one `evaluate` each; a problem overrides it to evaluate all runs in one pass
+        over its data.
+
+        Example:
+            ```python
+            rows = problem.evaluate_runs(torch.stack([w_seed0, w_seed1]))    # [row of seed 0, row of seed 1]
+            ```
+        """
         return [self.evaluate(w, None if personals is None else personals[k]) for k, w in enumerate(ws)]
 
     def evaluate_global(self, w: Tensor) -> dict[str, float]:
+        """The values of `metrics` at the global model. No default: every problem defines it.
+
+        Args:
+            w: one run's global model `[d]` (`Algorithm.global_params`).
+
+        Returns:
+            A float per declared metric, by name.
+
+        Example:
+            ```python
+            def evaluate_global(self, w):
+                mse = (self.features @ w - self.labels).square().mean()
+                return {"train_mse": float(mse), "distance": float(torch.linalg.vector_norm(w - self.center))}
+            ```
+        """
         raise NotImplementedError
 
     def parameters(self, w: Tensor) -> dict[str, Tensor]:
         """A model `[d]` in the problem's own shapes, by name (views of `w`; a saved model's `parameters`,
         `fedbench.saved`): the layers of its MLP (`layer1.weight` `[in, out]`, `layer1.bias` `[out]`, ...) where it
-        has one, else the vector itself as `w`."""
+        has one, else the vector itself as `w`.
+
+        Example:
+            The low-rank problem's model is the matrix it estimates:
+
+            ```python
+            def parameters(self, w):
+                return {"W": w.view(*self.shape)}
+            ```
+        """
         model = getattr(self, "model", None)
         if not isinstance(model, MLP):
             return {"w": w}
@@ -293,10 +714,30 @@ class Problem:
         return named
 
     def evaluate_personal(self, models: Tensor) -> dict[str, float]:
-        """Each client's model `models[k]` on client k's own data, averaged as the problem's metrics are."""
+        """The values of `personal_metrics`: each client's model on its own data, averaged as the problem's
+        metrics are. Default: refused (NotImplementedError), for problems without `personal_evaluation`.
+
+        Args:
+            models: one run's per-client models `[N, d]` (`Algorithm.personal_params`).
+
+        Returns:
+            A float per personal metric, by name (without the `personal_` prefix).
+
+        Example:
+            Each client's model on its own rows, the squared errors pooled over all samples:
+
+            ```python
+            def evaluate_personal(self, models):
+                x = self.features.view(self.num_clients, -1, self.dim)          # [N, n, d]
+                residual = torch.einsum("knd,kd->kn", x, models).reshape(-1) - self.labels
+                return {"train_mse": float(residual.square().mean())}
+            ```
+        """
         raise NotImplementedError(f"{self.name} does not evaluate personal models")
 
     def _set_clients(self, sizes: Tensor) -> None:
+        """The clients' layout from their training samples `sizes` `[N]` (rows of a client contiguous in the flat
+        data, in client order): `num_clients`, `client_sizes`, `client_offsets` (and their CPU copies), `max_size`."""
         self.client_sizes_cpu = sizes.cpu()
         self.client_offsets_cpu = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)]).cpu()
         self.num_clients = len(sizes)

@@ -328,7 +328,7 @@ class PFLSynthetic(BlockProblem):
         Param("reparam", "bool", True, "feed w/√M into f_m (§2.3)"),
         Param("smoothness", "choice", "code", "𝓛': the code's (s1: max‖x‖/4, unsquared; s2: max‖x‖ over row slices) "
               "or the paper's (max‖x‖²/4; s2 over the blocks' columns)", choices=("code", "paper")),
-        Param("mu_prime", "choice", "code", "μ' of the Hessian at the truth: the code's np.linalg.eig(H)[0][-1] or "
+        Param("mu_prime", "choice", "code", "μ' of the Hessian at the truth: the code's `np.linalg.eig(H)[0][-1]` or "
               "the smallest eigenvalue", choices=("code", "smallest")),
         Param("beta_gradients", "choice", "objective", "∇_β of the block methods: ∇_{β_m}F = (1/M)∇_β f_m, or "
               "∇_β f_m as the EWS code", choices=("objective", "device")),

@@ -13,15 +13,19 @@ command-line option that stands for a recipe field.
 from __future__ import annotations
 
 import copy
+import itertools
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from fedbench import plugins
+from fedbench import plugins, schedules, transforms
 from fedbench.algorithms import ALGORITHMS
-from fedbench.hparams import LIST_KINDS, Param
+from fedbench.hparams import LIST_KINDS, Param, ParamError
 from fedbench.problems import PROBLEMS
+from fedbench.robust import Adversaries
+from fedbench.schedules import Schedule
+from fedbench.transforms import LINKS, Step
 from .grid import MAX_RUNS, Recipe, grid_points
 from .loading import (
     DuplicateKey,
@@ -67,9 +71,11 @@ __all__ = ["DISTRIBUTIONS", "FEDERATION_NAMES", "FEDERATION_PARAMS", "OPTION_FIE
            "schema_error", "stable_hash", "yaml_value"]
 
 
-def _check_values(source: str, path: str, param: Param, value: Any) -> list[Any]:
+def _check_values(source: str, path: str, param: Param, value: Any, per_round: bool) -> list[Any]:
     """A list is a grid axis, a scalar one value; each value checked. For a list-valued parameter
-    (kind `floats` or `ints`, e.g. a per-stage schedule) one list is one value and a list of lists a grid axis."""
+    (kind `floats` or `ints`, e.g. a per-stage schedule) one list is one value and a list of lists a grid axis. With
+    `per_round` (an algorithm's hyperparameters), a mapping is a schedule (`_schedules`), itself a grid where its
+    fields are lists."""
     if param.kind in LIST_KINDS:
         is_grid = isinstance(value, list) and bool(value) and all(isinstance(v, list) for v in value)
     else:
@@ -79,22 +85,112 @@ def _check_values(source: str, path: str, param: Param, value: Any) -> list[Any]
         raise RecipeError(source, path, "found an empty list, expected at least one value")
     checked = []
     for i, v in enumerate(values):
+        where = f"{path}[{i}]" if is_grid else path
+        if isinstance(v, dict) and per_round:
+            checked += _schedules(source, where, param, v)
+            continue
+        if isinstance(v, dict):
+            raise RecipeError(source, where, f"found a mapping, expected {param.kind} in {param.describe_range()}: "
+                              "only an algorithm's hyperparameters follow schedules")
         try:
             checked.append(param.check(v))
         except ValueError as err:  # the engine's message holds the value whole: shown cut, as the recipe's checks do
-            message = str(err).replace(repr(v), shown(v))
-            raise RecipeError(source, f"{path}[{i}]" if is_grid else path, message) from None
+            raise RecipeError(source, where, str(err).replace(repr(v), shown(v))) from None
     return checked
 
 
-def _check_params(source, path, declared, given: dict) -> dict[str, list[Any]]:
+def _schedules(source: str, path: str, param: Param, given: dict) -> list[Schedule]:
+    """The schedules of a mapping `{schedule: KIND, field: value, ...}` (`fedbench.schedules`): a list in a field is
+    a grid axis, as for a float; each field checked where it is written, the values of the hyperparameter (init,
+    final, warmup_init) against its range."""
+    if param.kind != "float":
+        raise RecipeError(source, path, f"found a schedule, expected {param.kind} in {param.describe_range()}: "
+                          "a schedule is for a float")
+    if "schedule" not in given:
+        raise RecipeError(source, path, "found a mapping without schedule:, expected a number or a schedule "
+                          f"{{schedule: KIND, init: ...}} (KIND one of {', '.join(schedules.KINDS)})")
+    if isinstance(given["schedule"], list):
+        raise RecipeError(source, f"{path}.schedule", "found a list, expected one schedule (a grid over schedules is a "
+                          "list of them: [{schedule: ..., ...}, {schedule: ..., ...}])")
+    try:
+        kind = schedules.kind_of(given["schedule"])
+    except ValueError as err:
+        raise RecipeError(source, f"{path}.schedule", str(err)) from None
+    fields = {name: value for name, value in given.items() if name != "schedule"}
+    for name in schedules.unknown_fields(kind, fields):
+        raise RecipeError(source, f"{path}.{name}", f"unknown field of a {kind.kind} schedule"
+                          f"{closest(name, kind.own_fields())}; expected one of {', '.join(kind.own_fields())}")
+    for name in kind.required():
+        if name not in fields:
+            raise RecipeError(source, path, f"a {kind.kind} schedule needs {name}: {schedules.FIELDS[name].help}")
+    grid: dict[str, list[Any]] = {}
+    for name, value in fields.items():
+        values = value if isinstance(value, list) else [value]
+        if not values:
+            raise RecipeError(source, f"{path}.{name}", "found an empty list, expected at least one value")
+        grid[name] = []
+        for i, v in enumerate(values):
+            try:
+                grid[name].append(kind.check_field(name, v, param))
+            except ValueError as err:
+                raise RecipeError(source, f"{path}.{name}[{i}]" if isinstance(value, list) else f"{path}.{name}",
+                                  str(err).replace(repr(v), shown(v))) from None
+    return [schedules.make(kind.kind, **point) for point in grid_points(grid)]
+
+
+def _check_params(source, path, declared, given: dict, per_round: bool = False) -> dict[str, list[Any]]:
     by_name = {p.name: p for p in declared}
     grid = {}
     for key, value in given.items():
         if key not in by_name:
             raise unknown(source, f"{path}.{key}", f"unknown parameter{closest(key, by_name)}", by_name)
-        grid[key] = _check_values(source, f"{path}.{key}", by_name[key], value)
+        grid[key] = _check_values(source, f"{path}.{key}", by_name[key], value, per_round)
     return grid
+
+
+def _check_federation(source: str, path: str, given: dict) -> dict[str, list[Any]]:
+    """The federation's grid (a section at `path`): its parameters' values (a list is a grid axis), then the chains
+    each link's steps make (`_check_chain`) and the adversaries (`_check_adversaries`)."""
+    given = dict(given)
+    nested: dict[str, list[Any]] = {link: _check_chain(source, f"{path}.{link}", link, given.pop(link))
+                                    for link in LINKS if link in given}
+    if "adversaries" in given:
+        nested["adversaries"] = _check_adversaries(source, f"{path}.adversaries", given.pop("adversaries"))
+    return {**_check_params(source, path, FEDERATION_PARAMS, given), **nested}
+
+
+def _check_adversaries(source: str, path: str, spec: Any) -> list[Adversaries]:
+    """The adversaries a federation's `adversaries` mapping makes: one, or where a parameter is given a list (a grid
+    axis, `{fraction: [0.1, 0.2]}`), one for each point of the product of those lists; each value checked at its
+    field's path (`federation.adversaries.fraction[1]`)."""
+    if not isinstance(spec, dict):
+        raise RecipeError(source, path, f"found {in_words(spec)}, expected a mapping, e.g. {{fraction: 0.2, attack: "
+                          "sign_flip}")
+    grid = _check_params(source, path, Adversaries.params, spec)
+    return [Adversaries(**point) for point in grid_points(grid)]
+
+
+def _check_chain(source: str, path: str, link: str, spec: Any) -> list[tuple[Step, ...]]:
+    """The chains a link's list of transforms (`federation.uplink`) makes: one, or where a step's parameter is given
+    a list (a grid axis, `{top_k: [0.01, 0.05]}`), one for each point of the product of those lists. Each value is
+    checked at its field's path (`federation.uplink.0.top_k[1]`); the chain's order with each trial's federation."""
+    if not isinstance(spec, list):
+        raise RecipeError(source, path, f"found {in_words(spec)}, expected a list of transforms, e.g. "
+                          "[{top_k: 0.05}]")
+    section = path.removesuffix(f".{link}")
+    options = []
+    for i, given in enumerate(spec):
+        try:
+            transform, values = transforms.entry(given, f"{link}.{i}")
+        except transforms.UnknownName as err:
+            raise unknown(source, f"{section}.{err.name}", err.message, err.options) from None
+        except ParamError as err:
+            raise RecipeError(source, f"{section}.{err.name}", err.message.replace(repr(given), shown(given))) from None
+        params = {p.name: p for p in transform.params}
+        grid = {name: _check_values(source, f"{section}.{where}", params[name], value, per_round=False)
+                for name, (where, value) in values.items()}
+        options.append([transform.step(point) for point in grid_points(grid)])
+    return [tuple(steps) for steps in itertools.product(*options)]
 
 
 def load_plugins(source: str, specs: list[str]) -> None:
@@ -120,7 +216,7 @@ def nested_fields(raw: dict[str, Any]) -> dict[str, list[str]]:
     problem, algorithms = raw.get("problem"), raw.get("algorithms")
     if isinstance(problem, dict) and isinstance(problem.get("name"), str) and problem["name"] in PROBLEMS:
         add("problem", [p.name for p in PROBLEMS[problem["name"]].params])
-    add("federation", [p.name for p in FEDERATION_PARAMS])
+    add("federation", [p.name for p in FEDERATION_PARAMS] + list(LINKS) + ["adversaries"])
     for algorithm in algorithms if isinstance(algorithms, dict) else ():
         if isinstance(algorithm, str) and algorithm in ALGORITHMS:
             add(f"algorithms.{algorithm}", [p.name for p in ALGORITHMS[algorithm].hparams])
@@ -146,7 +242,7 @@ def parse(raw: dict[str, Any], source: str) -> Recipe:
                       f"{closest(problem_name, PROBLEMS)}", PROBLEMS)
     problem_grid = _check_params(source, "problem", PROBLEMS[problem_name].params, problem)
 
-    federation_grid = _check_params(source, "federation", FEDERATION_PARAMS, model.federation)
+    federation_grid = _check_federation(source, "federation", model.federation)
     sections = {"problem": PROBLEMS[problem_name].params, "federation": FEDERATION_PARAMS}
     algorithms: dict[str, dict[str, list[Any]]] = {}
     overrides: dict[str, dict[str, dict[str, list[Any]]]] = {}  # algorithm -> section -> grid
@@ -162,8 +258,10 @@ def parse(raw: dict[str, Any], source: str) -> Recipe:
             if not isinstance(given, dict):
                 raise RecipeError(source, f"algorithms.{algo}.{section}", f"found {shown(given)}, expected a mapping "
                                   f"of {section} parameters that replace the recipe's for {algo}")
-            overrides[algo][section] = _check_params(source, f"algorithms.{algo}.{section}", sections[section], given)
-        algorithms[algo] = _check_params(source, f"algorithms.{algo}", ALGORITHMS[algo].hparams, hps)
+            path = f"algorithms.{algo}.{section}"
+            overrides[algo][section] = (_check_federation(source, path, given) if section == "federation"
+                                        else _check_params(source, path, sections[section], given))
+        algorithms[algo] = _check_params(source, f"algorithms.{algo}", ALGORITHMS[algo].hparams, hps, per_round=True)
 
     dimensions = check_space(source, model.tune, problem_name, algorithms) if model.tune else ()
     name = model.name or Path(source).stem
@@ -172,7 +270,8 @@ def parse(raw: dict[str, Any], source: str) -> Recipe:
     recipe = Recipe(source, name, problem_name, problem_grid, federation_grid, algorithms, model.seeds,
                     model.eval_every, model.device, model.divergence_factor, model.resources, model.tune, raw,
                     dimensions, model.report or ReportSpec(), overrides, checkpoints=model.checkpoints,
-                    max_runs=model.max_runs, models_every=model.tracking.models_every, compile=model.compile)
+                    max_runs=model.max_runs, models_every=model.tracking.models_every,
+                    delta=model.privacy.delta if model.privacy else None, compile=model.compile)
     runs = recipe.runs()  # counted, not built: a grid of millions is refused before it takes minutes and GBs
     if runs > MAX_RUNS:
         seeds = len(recipe.seeds)
@@ -180,7 +279,11 @@ def parse(raw: dict[str, Any], source: str) -> Recipe:
                           f"at most {MAX_RUNS}")
     # Every grid point must make a valid trial (e.g. clients_per_round <= clients); their declared metrics are what
     # the tune and report blocks may name.
-    declared = metrics_of(recipe.trials())
+    trials = recipe.trials()
+    if recipe.delta is not None and all(trial.delta is None for trial in trials):
+        raise RecipeError(source, "privacy", "found no run with DP-FedAvg's noise, expected a gaussian step (after a "
+                          "clip) in federation.uplink")
+    declared = metrics_of(trials)
     check_metrics(recipe, list(declared))
     default_modes(recipe, declared)
     return recipe

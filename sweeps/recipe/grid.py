@@ -4,6 +4,7 @@ by the rules building its run applies (`check`, `check_builds`).
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import os
@@ -11,12 +12,15 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Optional
 
-from fedbench import contract, plugins
+from fedbench import contract, plugins, privacy
 from fedbench.algorithms import ALGORITHMS
 from fedbench.federation import Federation, minibatch_sizes
-from fedbench.hparams import ParamError, resolve
+from fedbench.hparams import ParamError, PerRound, resolve
+from fedbench.links import check_uploads
 from fedbench.metrics import Metric
 from fedbench.problems import PROBLEMS
+from fedbench.simulate import Simulation
+from fedbench.transforms import LINKS, chain_text
 from .loading import RecipeError, closest, in_bytes
 from .schema import Checkpoints, ReportSpec, Resources, TuneSpec, is_seed
 from .space import Dimension
@@ -51,6 +55,7 @@ class Recipe:
     checkpoints: Checkpoints = field(default_factory=Checkpoints)
     max_runs: int = 2000  # the most runs `fedbench sweep` starts without --yes
     models_every: int = 0  # `tracking.models_every`: a run's model stored every this many rounds (0: the final only)
+    delta: Optional[float] = None  # `privacy.delta`: the δ of the rows' ε in runs with DP-FedAvg's noise
     compile: str = "auto"  # whether runs' local steps are compiled (`fedbench.compiling`)
 
     @property
@@ -81,7 +86,8 @@ class Recipe:
     def single_trial(self, algorithm: str | None = None, seed: int | None = None,
                      fixed: dict[str, Any] | None = None) -> Trial:
         """The one trial `fedbench run` runs: every parameter must have exactly one value, except those
-        `fixed` gives (by recipe path, e.g. `problem.lam` or `algorithms.fedmid.client_lr`)."""
+        `fixed` gives (by recipe path, e.g. `problem.lam`, `algorithms.fedmid.client_lr` or a field of its schedule,
+        `algorithms.fedmid.client_lr.init`)."""
         if algorithm is None:
             if len(self.algorithms) != 1:
                 raise RecipeError(self.source, "algorithms",
@@ -101,11 +107,19 @@ class Recipe:
             chosen[section] = {}
             for key, values in grid.items():
                 if f"{section}.{key}" not in fixed and len(values) != 1:
-                    raise RecipeError(self.source, f"{section}.{key}", f"found {len(values)} values {values}, "
-                                      f"expected one for a single run; pick one with --set {section}.{key}=VALUE")
+                    found, pick = values, key
+                    if section == "federation" and key in LINKS:  # a step's value picks one: uplink.0.top_k
+                        found, pick = [chain_text(v) for v in values], f"{key}.N.NAME"
+                    elif section == "federation" and key == "adversaries":
+                        found, pick = [str(v) for v in values], f"{key}.NAME"
+                    raise RecipeError(self.source, f"{section}.{key}", f"found {len(values)} values {found}, "
+                                      f"expected one for a single run; pick one with --set {section}.{pick}=VALUE")
                 chosen[section][key] = values[0]
-            chosen[section].update({path.removeprefix(section + "."): value for path, value in fixed.items()
-                                    if path.startswith(section + ".")})
+            for path, value in fixed.items():
+                if path.startswith(section + "."):
+                    key, _, field = path.removeprefix(section + ".").partition(".")  # a schedule's field (tune)
+                    held = chosen[section][key]
+                    chosen[section][key] = dataclasses.replace(held, **{field: value}) if field else value
         return self._trial(chosen["problem"], chosen["federation"], algorithm,
                            chosen[f"algorithms.{algorithm}"], self.seeds[0] if seed is None else seed)
 
@@ -127,11 +141,13 @@ class Recipe:
                 raise RecipeError(self.source, "federation.iterations", f"found {iterations} with local_steps "
                                   f"{steps}; expected a multiple of local_steps")
             federation_values["rounds"] = iterations // steps
+        federation = Federation(**federation_values)
         trial = Trial(self.name, self.problem, PROBLEMS[self.problem].resolve_config(problem_values), algorithm,
-                      resolve(ALGORITHMS[algorithm].hparams, hyperparameters, algorithm),
-                      Federation(**federation_values), seed, self.eval_every, self.device, self.divergence_factor,
+                      resolve(ALGORITHMS[algorithm].hparams, hyperparameters, algorithm, per_round=True), federation,
+                      seed, self.eval_every, self.device, self.divergence_factor,
                       plugins.sources("problem", self.problem) + plugins.sources("algorithm", algorithm),
-                      self.models_every, self.compile)
+                      self.models_every, self.delta if privacy.gaussian_step(federation.uplink) is not None else None,
+                      self.compile)
         self.check(trial)
         return trial
 
@@ -159,22 +175,64 @@ class Recipe:
             layout = problem.declared_layout(trial.problem_config, read_data)
         except ParamError as err:
             raise RecipeError(self.source, self.field(trial.algorithm, "problem", err.name), err.message) from None
+        try:
+            check_uploads(trial.federation, algorithm, layout.clients)
+        except ParamError as err:
+            raise RecipeError(self.source, self.field(trial.algorithm, "federation", err.name), err.message) from None
         _, batch_sizes = minibatch_sizes(algorithm.minibatches(hp), hp, trial.federation.batch_size)
         try:
             trial.federation.check(layout, batch_sizes)
         except ParamError as err:  # a federation field, or a minibatch size among the hyperparameters
-            path = (self.field(trial.algorithm, "federation", err.name) if err.name in FEDERATION_NAMES
+            path = (self.field(trial.algorithm, "federation", err.name) if err.name.split(".")[0] in FEDERATION_NAMES
                     else f"algorithms.{trial.algorithm}.{err.name}")
             raise RecipeError(self.source, path, err.message) from None
+        self.check_privacy(trial)
+
+    def check_privacy(self, trial: Trial) -> None:
+        """Refuse a trial whose uplink adds DP-FedAvg's noise without the recipe's `privacy` section, or whose ε cannot
+        be accounted (`fedbench.privacy.check`), at the step's field."""
+        at = privacy.gaussian_step(trial.federation.uplink)
+        if at is None:
+            return
+        if self.delta is None:
+            raise RecipeError(self.source, self.field(trial.algorithm, "federation", f"uplink.{at}.gaussian"),
+                              "found noise without a privacy section, expected `privacy: {delta: 1.0e-5}` at the "
+                              "top level (ε at that δ in every row)")
+        try:
+            privacy.check(trial.federation.uplink)
+        except ParamError as err:
+            raise RecipeError(self.source, self.field(trial.algorithm, "federation", err.name), err.message) from None
 
     def check_builds(self, trials: list[Trial] | None = None) -> None:
         """`check` every distinct configuration of `trials` (default: the recipe's) with the index of its data
         read: what `validate`, `run`, `sweep` and `tune` do before anything runs (before Ray starts, or the
-        tracking store is touched), so that what building a run would refuse is refused first, with its field."""
+        tracking store is touched), so that what building a run would refuse is refused first, with its field. A
+        configuration with a schedule is built too (`check_schedules`)."""
+        problems: dict[str, Any] = {}
         for trial in self.trials() if trials is None else trials:
             if trial.config_hash not in self.built:
                 self.check(trial, read_data=True)
+                if any(isinstance(value, PerRound) for value in trial.hyperparameters.values()):
+                    self.check_schedules(trial, problems)
                 self.built.add(trial.config_hash)
+
+    def check_schedules(self, trial: Trial, problems: dict[str, Any]) -> None:
+        """Refuse a trial whose algorithm reads a hyperparameter that follows a schedule where it holds one value for
+        the whole run (`derive`, or `self.hp` in `init_server` and `init_clients`): its run built, on the CPU, on one
+        problem instance per problem configuration (`problems`, by hash), as only the algorithm's code can say
+        what it reads."""
+        key = stable_hash(trial.config()["problem"])
+        try:
+            if key not in problems:
+                problems[key] = PROBLEMS[trial.problem](trial.problem_config, seed=trial.seed, device="cpu")
+            algorithm = ALGORITHMS[trial.algorithm](problems[key], **trial.hyperparameters)
+            Simulation(problems[key], algorithm, trial.federation, trial.seed)
+        except ParamError as err:
+            if err.name in trial.hyperparameters:
+                raise RecipeError(self.source, f"algorithms.{trial.algorithm}.{err.name}", err.message) from None
+            raise RecipeError(self.source, f"algorithms.{trial.algorithm}", str(err)) from None
+        except ValueError as err:  # what else building the run refuses (pfedfbe's λ below the clients' smoothness)
+            raise RecipeError(self.source, f"algorithms.{trial.algorithm}", str(err)) from None
 
     def check_memory(self, trial: Trial) -> None:
         """Refuse a run whose estimate (`Problem.run_bytes`) exceeds this machine's memory, naming the size parameter
@@ -189,8 +247,9 @@ class Recipe:
                           f"needs ~{in_bytes(needed)}, this machine has {in_bytes(available)}")
 
     def field(self, algorithm: str, section: str, name: str) -> str:
-        """The path of a problem or federation parameter in the runs of `algorithm`: its own entry, if it has one."""
-        own = name in self.overrides.get(algorithm, {}).get(section, {})
+        """The path of a problem or federation parameter (or of a part of a federation's chain, `uplink.0.top_k`) in
+        the runs of `algorithm`: its own entry, if it has one."""
+        own = name.split(".")[0] in self.overrides.get(algorithm, {}).get(section, {})
         return f"algorithms.{algorithm}.{section}.{name}" if own else f"{section}.{name}"
 
     def metrics(self) -> dict[str, Metric]:

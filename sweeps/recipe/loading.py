@@ -216,6 +216,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 def in_words(value: Any) -> str:
     """What a YAML value is, for a `found ...` (not Python's type names: a researcher wrote YAML)."""
+    if value is None:
+        return "nothing (null)"
     if isinstance(value, bool):
         return f"{str(value).lower()} (a boolean)"
     if isinstance(value, (int, float)):
@@ -264,11 +266,30 @@ def apply_overrides(raw: dict[str, Any], assignments: list[str], source: str, al
             raise RecipeError(source, "--set", f"{path}: {err.message}") from None
         except yaml.YAMLError:
             raise RecipeError(source, "--set", f"cannot parse the value of {path!r}: {shown(text)}") from None
-        node = raw
+        node: Any = raw
         for key in keys[:-1]:
-            node = node.setdefault(key, {})
-            if not isinstance(node, dict):
-                raise RecipeError(source, path, "cannot set a field inside a non-mapping")
-        node[keys[-1]] = value
+            node = _inner(node, key, source, path)
+        if isinstance(node, list):
+            node[_index(node, keys[-1], source, path)] = value
+        else:
+            node[keys[-1]] = value
     return raw
+
+
+def _index(node: list, key: str, source: str, path: str) -> int:
+    """A list's entry by its index (`federation.uplink.0`); the index past its end adds one (an empty mapping)."""
+    if not (key.isdigit() and int(key) <= len(node)):
+        raise RecipeError(source, path, f"found {key!r} for an entry of a list of {len(node)}, expected its index, 0 "
+                          f"to {len(node)} (the last adds an entry)")
+    if int(key) == len(node):
+        node.append({})
+    return int(key)
+
+
+def _inner(node: Any, key: str, source: str, path: str) -> Any:
+    """The field `key` of a mapping (made where missing) or the entry `key` of a list: where a deeper field is set."""
+    node = node[_index(node, key, source, path)] if isinstance(node, list) else node.setdefault(key, {})
+    if not isinstance(node, (dict, list)):
+        raise RecipeError(source, path, "cannot set a field inside a non-mapping")
+    return node
 

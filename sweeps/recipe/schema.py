@@ -99,7 +99,7 @@ class SelectSpec(StrictModel):
         return _one_of(value, ("min", "max"))
 
 
-X_AXES = ("rounds", "comm", "iterations", "seconds")
+X_AXES = ("rounds", "comm", "comm_bits", "comm_up_bits", "comm_down_bits", "iterations", "seconds")
 
 
 class ReportSpec(StrictModel):
@@ -108,8 +108,9 @@ class ReportSpec(StrictModel):
     metrics: list[str] = Field(default_factory=list)  # panels of the paper-style figure, in order
     select: Optional[SelectSpec] = None  # default: the tune block's metric and mode, else the objective
     target: dict[str, float] = Field(default_factory=dict)  # metric -> value, for rounds-to-target
-    # the figure's x-axis: rounds; comm: floats communicated (uploads + downloads); iterations: local iterations;
-    # seconds: training wall-clock. A list draws the figure once per axis, the first being the main one.
+    # the figure's x-axis: rounds; comm: floats communicated (uploads + downloads); comm_bits, comm_up_bits,
+    # comm_down_bits: bits communicated (both ways, up, down) as the uplink and downlink encode them; iterations: local
+    # iterations; seconds: training wall-clock. A list draws the figure once per axis, the first being the main one.
     x: Union[str, list[str]] = Field("rounds", validate_default=True)
     interval: str = "sd"  # the tables' ± after each mean: sd, the sample standard deviation over seeds; ci95, 1.96 s.e.
     log: dict[str, bool] = Field(default_factory=dict)  # metric -> log scale, overriding the automatic choice
@@ -173,12 +174,20 @@ class Tracking(StrictModel):
     models_every: int = Field(0, ge=0)
 
 
+class Privacy(StrictModel):
+    """Privacy accounting of DP-FedAvg's noise (a `gaussian` step of `federation.uplink`, after a clip): every row of
+    such a run has `epsilon`, ε at `delta` after the row's rounds, user-level with one client's data replaced, for the
+    fixed number of clients each round draws without replacement (or all of them), by dp-accounting's RDP accountant
+    (`fedbench.privacy`). Required where a run adds the noise, refused where none does."""
+    delta: float = Field(gt=0, lt=1)  # the δ of (ε, δ)-DP, e.g. 1.0e-5 (below 1/N, the clients' number, by custom)
+
+
 class RecipeModel(StrictModel):
     name: Optional[str] = Field(None, min_length=1)  # default: the recipe file's name without .yaml
     plugins: list[str] = Field(default_factory=list)  # files (relative to the recipe) or modules of own components
     # the problem: `name`, an optional `preset`, and any of its parameters (a list is a grid axis)
     problem: dict[str, Any]
-    # how rounds run (the `federation:` table below)
+    # how rounds run, and what crosses the network (the `federation:` tables below)
     federation: dict[str, Any] = Field(default_factory=dict)
     # the algorithms to compare, each mapped to its hyperparameters (a list is a grid axis)
     algorithms: dict[str, Optional[dict[str, Any]]] = Field(min_length=1)
@@ -194,6 +203,8 @@ class RecipeModel(StrictModel):
     # how often a program of runs saves its state (`checkpoints:` below)
     checkpoints: Checkpoints = Field(default_factory=Checkpoints)
     tracking: Tracking = Field(default_factory=Tracking)  # what each run stores beside its curve (`tracking:` below)
+    # ε at this δ in every row of a run with DP-FedAvg's noise (`privacy:` below); absent: no such run
+    privacy: Optional[Privacy] = None
     tune: Optional[TuneSpec] = None  # an Optuna search per algorithm (`tune:` below); absent: none
     report: Optional[ReportSpec] = None  # what `fedbench report` draws (`report:` below); absent: the defaults
     # the most runs (configurations × seeds) `fedbench sweep` starts without --yes
@@ -243,7 +254,8 @@ def is_seed(value: Any) -> bool:
 
 SECTIONS: dict[tuple[Any, ...], type[StrictModel]] = {
     (): RecipeModel, ("resources",): Resources, ("checkpoints",): Checkpoints, ("tracking",): Tracking,
-    ("tune",): TuneSpec, ("tune", "pruner"): PrunerSpec, ("report",): ReportSpec, ("report", "select"): SelectSpec}
+    ("privacy",): Privacy, ("tune",): TuneSpec, ("tune", "pruner"): PrunerSpec, ("report",): ReportSpec,
+    ("report", "select"): SelectSpec}
 
 
 def schema_error(source: str, err: ValidationError, nested: dict[str, list[str]] | None = None) -> RecipeError:

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from fedbench.algorithms import ALGORITHMS
 from fedbench.federation import DIVERGENCE_FACTOR, Federation
-from fedbench.hparams import Param
+from fedbench.hparams import Param, PerRound
 from fedbench.metrics import ENGINE_COLUMNS, Metric
 from fedbench.plugins import Source
+from fedbench.privacy import epsilon_metric
 from fedbench.problems import PROBLEMS
+from fedbench.transforms import LINKS
 
 
 @dataclass(frozen=True)
@@ -34,17 +36,26 @@ class Trial:
     plugins: tuple[Source, ...] = ()
     models_every: int = 0  # its model stored every this many rounds beside the final one (not in its config: it
     # changes what is stored, not the run)
+    # the recipe's `privacy.delta` where its uplink adds DP-FedAvg's noise (its rows' `epsilon` is ε at it), else None
+    delta: float | None = None
     compile: str = "auto"  # whether its local steps run compiled (`fedbench.compiling`; not in its config: as the
     # device, it changes how the run is computed, its numbers only by rounding)
 
     def config(self) -> dict[str, Any]:
         """Everything that determines the run except the seed (and the device it runs on, and whether its steps are
-        compiled); for a plugin's run, the sha256 of the plugin's code too, so that an edited plugin's runs run again
-        (a built-in's config is as it was)."""
+        compiled), as data: a schedule as the recipe writes it (a mapping, `PerRound.as_config`); for a plugin's
+        run, the sha256 of the plugin's code too, so that an edited plugin's runs run again (a built-in's config is
+        as it was). A run accounted at a δ has it as `privacy.delta`: δ changes no iterate, but every row's
+        `epsilon`, and a store that holds the curve of a config must hold the curve at its δ (as `eval_every`
+        changes only which rows there are); a run without noise is recorded (and hashed) as before privacy
+        existed."""
+        hyperparameters = {k: v.as_config() if isinstance(v, PerRound) else v for k, v in self.hyperparameters.items()}
         config = {"problem": {"name": self.problem, **self.problem_config},
-                  "federation": asdict(self.federation),
-                  "algorithm": {"name": self.algorithm, **self.hyperparameters},
+                  "federation": self.federation.config(),
+                  "algorithm": {"name": self.algorithm, **hyperparameters},
                   "eval_every": self.eval_every, "divergence_factor": self.divergence_factor}
+        if self.delta is not None:
+            config["privacy"] = {"delta": self.delta}
         if self.plugins:
             config["plugins"] = sorted(source.sha256 for source in self.plugins)
         return config
@@ -55,20 +66,23 @@ class Trial:
 
     def metrics(self) -> tuple[Metric, ...]:
         """What the run's rows hold beside `round`: the problem's declared metrics (with the `personal_` ones
-        for a personalized algorithm), then the engine's columns."""
+        for a personalized algorithm), then the engine's columns, and `epsilon` where the run is accounted at a δ."""
         algorithm = ALGORITHMS[self.algorithm]
         problem = PROBLEMS[self.problem].declared_metrics(self.problem_config, algorithm.personalized)
-        return problem + algorithm.declared_metrics(self.hyperparameters) + ENGINE_COLUMNS
+        privacy = (epsilon_metric(self.delta),) if self.delta is not None else ()
+        return problem + algorithm.declared_metrics(self.hyperparameters) + ENGINE_COLUMNS + privacy
 
     def params(self) -> dict[str, Any]:
-        """The configuration flattened to dotted names, plus the seed: what the tracker records."""
+        """The configuration flattened to dotted names, plus the seed: what the tracker records (a schedule as it
+        reads, `cosine(init=0.1, final=0.001)`)."""
         flat = {}
         for section, values in self.config().items():
             if isinstance(values, dict):
                 flat.update({f"{section}.{key}": value for key, value in values.items()})
             else:
                 flat[section] = values
-        return {**flat, "seed": self.seed}
+        scheduled = {f"algorithm.{k}": v for k, v in self.hyperparameters.items() if isinstance(v, PerRound)}
+        return {**flat, **scheduled, "seed": self.seed}
 
 
 def metrics_of(trials: list[Trial]) -> dict[str, Metric]:
@@ -88,4 +102,4 @@ def stable_hash(value: Any) -> str:
 # so that a grid over local_steps compares methods at equal work (the FeDXL paper's K ablation).
 FEDERATION_PARAMS = (*Federation.params, Param("iterations", "int", None, "instead of rounds: local iterations per "
                                                "client, rounds = iterations / local_steps", low=1))
-FEDERATION_NAMES = {p.name for p in FEDERATION_PARAMS}
+FEDERATION_NAMES = {p.name for p in FEDERATION_PARAMS} | {*LINKS, "adversaries"}  # and the chains, the adversaries

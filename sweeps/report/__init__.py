@@ -136,6 +136,8 @@ def make_page(store: Store, source: Source, configs: list[Configuration], settin
 
 
 def report(store: Store, recipe: Optional[Recipe] = None, experiment: Optional[str] = None,
-           run_id: Optional[str] = None, out: Optional[Path] = None, x: Optional[str] = None) -> Report:
-    """`fedbench report`: exactly one of a recipe, an experiment name or a parent run id."""
-    return write_report(store, find_source(store, recipe, experiment, run_id), out, x)
+           run_id: Optional[str] = None, out: Optional[Path] = None, x: Optional[str] = None,
+           overridden: bool = False) -> Report:
+    """`fedbench report`: exactly one of a recipe (`overridden`: given --set), an experiment name or a parent run
+    id."""
+    return write_report(store, find_source(store, recipe, experiment, run_id, overridden), out, x)

@@ -14,7 +14,8 @@ from ..recipe import Recipe, parse, yaml_value
 from ..tracking import PARENT_TAG, Store, StoreError
 
 COMM = ("comm_up", "comm_down")  # the x-axis of --x comm, not curves of their own
-AXES = (*COMM, "iterations")  # x-axis columns
+COMM_BITS = ("comm_up_bits", "comm_down_bits")  # of --x comm_bits, and each of its own --x
+AXES = (*COMM, *COMM_BITS, "iterations")  # x-axis columns
 RUN_ROLES = ("trial", "tune_trial", "run")
 
 
@@ -74,8 +75,11 @@ def parent_runs(store: Store, parent, recipe: Recipe) -> list:
 
 
 def find_source(store: Store, recipe: Optional[Recipe] = None, experiment: Optional[str] = None,
-                run_id: Optional[str] = None) -> Source:
-    """The runs of a recipe's sweep, of a parent run (sweep or tuning session), or of a whole experiment."""
+                run_id: Optional[str] = None, overridden: bool = False) -> Source:
+    """The runs of a recipe's sweep, of a parent run (sweep or tuning session), or of a whole experiment. A recipe
+    given as its file alone (not `overridden` by --set) whose runs the store does not hold stands for its newest
+    sweep made with --set: `fedbench report R` after `fedbench sweep R --set federation.rounds=200` reports that
+    sweep, and says so."""
     if run_id is not None:
         try:
             parent = store.run(run_id)
@@ -98,6 +102,12 @@ def find_source(store: Store, recipe: Optional[Recipe] = None, experiment: Optio
         # Artifacts only on the sweep of exactly this recipe: another recipe may share some configurations.
         sweeps = store.search(experiment_id, f"tags.role = 'sweep' and tags.recipe_hash = '{recipe.recipe_hash}'")
         runs = recipe_runs(store, experiment_id, recipe)
+        swept = None if runs or overridden else swept_with_overrides(store, experiment_id, recipe)
+        if swept is not None:
+            stored = stored_recipe(store, swept)
+            return Source(name, parent_runs(store, swept, stored), stored, swept.info.run_id,
+                          f"the runs of {recipe.source} swept with {set_options(swept)} (its newest sweep; give "
+                          "report other --set to report another)")
         return Source(name, runs, recipe, sweeps[0].info.run_id if sweeps else None, f"the runs of {recipe.source}",
                       "" if runs else other_sweeps(store, experiment_id, recipe))
     every = store.search(experiment_id, "")  # newest first
@@ -106,19 +116,34 @@ def find_source(store: Store, recipe: Optional[Recipe] = None, experiment: Optio
                   stored_recipe(store, parents[0]) if parents else None, None, f"every run of experiment {name!r}")
 
 
-def other_sweeps(store: Store, experiment_id: str, recipe: Recipe) -> str:
-    """What a report of a recipe with no runs in the store can say: the overrides of the newest sweep of its file with
-    other settings (a sweep with `--set federation.rounds=200` is reported with the same `--set`), or the parent run
-    of the newest sweep of its experiment."""
+def _other_sweeps(store: Store, experiment_id: str, recipe: Recipe) -> tuple[list, list]:
+    """The sweeps of the recipe's experiment with other settings than the recipe's, and those of them made from its
+    file, newest first."""
     others = [run for run in store.search(experiment_id, "tags.role = 'sweep'")  # newest first
               if run.data.tags.get("recipe_hash") != recipe.recipe_hash]
+    return others, [run for run in others if run.data.tags.get("recipe") == recipe.source]
+
+
+def set_options(sweep) -> str:
+    """The --set options a sweep parent was made with (tagged by `shlex.join`), as one would type them again."""
+    return " ".join(f"--set {shlex.quote(item)}" for item in shlex.split(sweep.data.tags.get("overrides", "")))
+
+
+def swept_with_overrides(store: Store, experiment_id: str, recipe: Recipe):
+    """The newest sweep of the recipe's file made with --set, if the store holds one."""
+    return next((run for run in _other_sweeps(store, experiment_id, recipe)[1] if run.data.tags.get("overrides")), None)
+
+
+def other_sweeps(store: Store, experiment_id: str, recipe: Recipe) -> str:
+    """What a report of a recipe with no runs in the store can say: the overrides of the newest sweep of its file with
+    other settings (a report given other --set than that sweep's is told its --set), or the parent run of the newest
+    sweep of its experiment."""
+    others, same_file = _other_sweeps(store, experiment_id, recipe)
     if not others:
         return ""
-    same_file = [run for run in others if run.data.tags.get("recipe") == recipe.source]
     newest = (same_file or others)[0]
-    overrides = newest.data.tags.get("overrides", "")
-    if same_file and overrides:
-        sets = " ".join(f"--set {shlex.quote(item)}" for item in shlex.split(overrides))  # tagged by shlex.join
+    if same_file and newest.data.tags.get("overrides"):
+        sets = set_options(newest)
         return (f"; the store holds a sweep of this recipe made with {sets}: give report the same "
                 f"(fedbench report {recipe.source} {sets})")
     return (f"; the store holds {len(others)} sweep(s) of experiment {recipe.name!r} with other settings, the "
@@ -150,14 +175,14 @@ class Histories:
         return self.cache[run.info.run_id, metric]
 
     def x(self, run, steps: np.ndarray, axis: str) -> np.ndarray:
-        """The x of a run's points: their rounds, the local iterations, the training seconds or the floats
+        """The x of a run's points: their rounds, the local iterations, the training seconds, or the floats or bits
         communicated by then."""
         if axis == "rounds":
             return steps
-        if axis in ("iterations", "seconds"):
-            return np.interp(steps, *self(run, "iterations" if axis == "iterations" else "train_seconds"))
+        if axis in ("iterations", "seconds", *COMM_BITS):
+            return np.interp(steps, *self(run, "train_seconds" if axis == "seconds" else axis))
         total = np.zeros_like(steps, dtype=float)
-        for name in COMM:
+        for name in COMM if axis == "comm" else COMM_BITS:
             comm_steps, comm = self(run, name)
             total = total + np.interp(steps, comm_steps, comm)
         return total

@@ -18,6 +18,9 @@ from .statistics import Configuration, curve, spread
 LOG_SPAN = 10 ** 1.5  # max/min of the plotted values from which the y-axis is logarithmic
 STYLES: tuple[Any, ...] = ("-", "--", ":", "-.", (0, (3, 1, 1, 1, 1, 1)))  # matplotlib linestyles
 X_LABELS = {"rounds": "communication round", "comm": "floats communicated (uploads + downloads, all clients)",
+            "comm_bits": "bits communicated (uploads + downloads, all clients)",
+            "comm_up_bits": "bits sent to the server (all clients)",
+            "comm_down_bits": "bits sent to clients (all clients)",
             "iterations": "local iterations per client", "seconds": "training seconds (wall clock)"}
 
 

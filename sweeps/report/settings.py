@@ -6,6 +6,7 @@ from typing import Optional
 
 from fedbench.algorithms import ALGORITHMS
 from fedbench.metrics import Metric
+from fedbench.privacy import EPSILON
 from fedbench.problems import metric_catalog
 from ..recipe import Recipe, ReportSpec, SelectSpec, check_metrics
 from .query import ReportError
@@ -54,8 +55,8 @@ def resolve_settings(recipe: Optional[Recipe], available: list[str], x: Optional
     select = spec.select
     if select is None and recipe is not None and recipe.tune is not None:
         select = SelectSpec(metric=recipe.tune.metric, mode=recipe.tune.mode)
-    if select is None:
-        first = [m for m in ("objective_gap", "objective") if m in ranked] + ranked
+    if select is None:  # not ε, which the noise and the rounds fix: it would rank every configuration of a σ alike
+        first = [m for m in ("objective_gap", "objective") if m in ranked] + [m for m in ranked if m != EPSILON]
         if not first:
             raise ReportError(f"no metric of {', '.join(available)} is declared with a direction (lower or higher "
                               "is better); set report.select: {metric: NAME, mode: min|max} in the recipe")

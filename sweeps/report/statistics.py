@@ -155,11 +155,13 @@ def configurations(runs: list, order: list[str], settings: Settings, histories: 
         mine[0].best = True
         for rank, config in enumerate(mine):
             config.rank = rank
-        varying = [k for k in mine[0].params if len({c.params.get(k) for c in mine}) > 1]
+        # a field some configurations leave out (no uplink chain, no adversaries) varies too: "none" where it is out
+        keys = dict.fromkeys(k for c in mine for k in c.params)
+        varying = [k for k in keys if len({c.params.get(k) for c in mine}) > 1]
         for config in mine:
-            config.varying = ", ".join(f"{k.removeprefix('algorithm.')}={short(config.params.get(k))}"
-                                       for k in varying)
-            shown = ", ".join(shown_value(algorithm, k, config.params.get(k)) for k in varying)
+            values = {k: config.params.get(k, "none") for k in varying}
+            config.varying = ", ".join(f"{k.removeprefix('algorithm.')}={short(v)}" for k, v in values.items())
+            shown = ", ".join(shown_value(algorithm, k, v) for k, v in values.items())
             config.name = settings.label(algorithm) + (f" ({shown})" if shown else "")
         ordered += mine
     return ordered

@@ -1,0 +1,262 @@
+"""A program's uplink and downlink: the federation's chains of transforms (`fedbench.transforms`, where their maths,
+encodings and papers are), its adversaries' attacks and its robust aggregation rule (`fedbench.robust`) applied to R
+runs' rounds at once, with their state, draws and bits, outside the algorithm, which sees none of them.
+
+A round of the runs `ids` goes through three steps of the program (`fedbench.runs`):
+
+    received = links.receive(server, ids)         # the downloads as the clients receive them (the downlink)
+    ...client_init(received, ...), local steps, client_final -> message
+    message = links.send(message, received, clients)   # each client's uploads attacked, through the uplink, robustly
+                                                       # aggregated: as the server receives them
+    ...server_update, the per-client rows written back
+    links.commit()                                # the round's new link state written
+
+State, kept here rather than among the algorithm's entries: each client's error-feedback vector `[R, N, d]` per upload
+(zeros, made at the first round that needs it: an upload's size is known only then) and the server's copy ŵ
+`[R, 1, ...]` of its last broadcast per download (the initial state at the start). A round writes its new state only
+at `commit`, after everything that may raise, and keeps its draws until then: a round the program replays run by
+run after a failed SVD (`fedbench.runs`) finds the state as it was and draws nothing anew, so that every run gets
+exactly what it gets alone. The state is in the program's checkpoint (`state_dict`) where there are chains. Which
+clients are adversarial is each run's own (`Simulation.adversarial`), drawn at its start.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from fedbench.algorithms.base import Algorithm, MessageError, Upload
+from fedbench.federation import Federation
+from fedbench.hparams import ParamError
+from fedbench.robust import KRUMS, RULES, aggregate_robustly, attack
+from fedbench.transforms import Transform, compiled, message_bits
+
+if TYPE_CHECKING:
+    from fedbench.simulate import Simulation
+
+State = dict[str, Tensor]
+
+
+def check_uploads(federation: Federation, algorithm: type[Algorithm] | Algorithm, clients: int | None) -> None:
+    """Refuse (ParamError at the federation's field) what acts on each client's uploads where the algorithm has no
+    such message, on a problem of `clients` clients (None: unknown, not checked): an uplink chain or adversaries on an
+    upload its devices all-reduce inside the round (`Upload.all_reduced`: the engine sees their sum, not a message
+    per client); a robust aggregation rule there too, or where the server does not take its uploads in through a
+    mean (`Algorithm.uploads_averaged`); Krum and Multi-Krum with f too large for the clients a round, S ≤ 2f + 2
+    (Blanchard et al. 2017, §4)."""
+    name = algorithm.name
+    reduced = [upload.name for upload in algorithm.uploads if upload.all_reduced]
+    rule = federation.aggregation if federation.aggregation in RULES else None
+    acting = {"uplink": ("a chain" if federation.uplink else None, "none"), "aggregation": (rule, "uniform or samples"),
+              "adversaries": ("adversaries" if federation.adversaries else None, "none")}
+    for field, (found, expected) in acting.items():
+        if found and reduced:
+            raise ParamError(field, f"found {found} for {name}, which all-reduces its upload {reduced[0]!r} (no "
+                             f"message per client); expected {expected}", "federation")
+    if rule and not algorithm.uploads_averaged:
+        raise ParamError("aggregation", f"found {rule} for {name}, whose server uses each client's uploads (not "
+                         "only their mean); expected uniform or samples", "federation")
+    sampled = clients if algorithm.participation == "all" else federation.clients_per_round or clients
+    f = federation.byzantine
+    if rule in KRUMS and sampled is not None and sampled <= 2 * f + 2:
+        most = f", f ≤ {(sampled - 3) // 2}" if sampled >= 3 else ""
+        raise ParamError("byzantine", f"found {f} with {rule} on S = {sampled} clients a round; expected S > 2f + 2"
+                         f"{most}", "federation")
+
+
+def value_bits(value: Tensor) -> int:
+    return value.element_size() * 8
+
+
+class Links:
+    """The uplink and downlink of the runs `sims` of one program (one federation, one algorithm), from the program's
+    server state `server` `[R, 1, ...]` at its start."""
+
+    def __init__(self, sims: list[Simulation], server: State):
+        first, federation = sims[0], sims[0].federation
+        algorithm: Algorithm = first.algorithm
+        self.name, self.all_uploads = algorithm.name, algorithm.uploads
+        self.uplink = compiled(federation.uplink)
+        self.downlink = compiled(federation.downlink)
+        self.adversaries = federation.adversaries
+        self.rule = federation.aggregation if federation.aggregation in RULES else None
+        self.trim, self.byzantine = federation.trim, federation.byzantine
+        self.uploads = algorithm.uploads if self.uplink or self.adversaries or self.rule else ()
+        self.downloads = algorithm.downloads if self.downlink else ()
+        self.chains = bool(self.uplink or self.downlink)  # link state to keep
+        self.active = bool(self.chains or self.uploads)
+        self.acting = ", ".join(f"federation.{field}" for field, given in (
+            ("adversaries", self.adversaries), ("uplink", self.uplink), ("aggregation", self.rule)) if given)
+        self.streams = {link: [sim.link_streams.get(link) for sim in sims] for link in ("uplink", "downlink")}
+        self.runs, self.num_clients, self.device = len(sims), first.problem.num_clients, first.problem.device
+        if self.adversaries:
+            self.streams["adversaries"] = [sim.adversary_gen for sim in sims]
+            self.adversarial = torch.stack([sim.adversarial for sim in sims]).to(self.device)  # [R, N]
+        self.kept: State = {}  # upload -> each client's error-feedback vector [R, N, d]
+        self.copies: State = {name: server[name].clone() for name in self.downloads}  # download -> ŵ [R, 1, ...]
+        self.drawn: dict[int, dict[str, Tensor]] = {}  # run -> this round's draws, by what drew them
+        self.pending: list[tuple[State, str, tuple[Tensor, ...], Tensor]] = []  # (state, entry, index, rows): `commit`
+        self.ids: list[int] = []  # the runs of the round in progress
+        self.index = torch.zeros(0, dtype=torch.long)  # the same on the device
+
+    # -- a round ----------------------------------------------------------------------------------------------------
+    def receive(self, server: State, ids: list[int]) -> State:
+        """What the clients of the runs `ids` start their round from: the server's entries `server` (those runs'
+        rows), each download as the downlink delivers it: ŵ + C(w − ŵ), the new copy (written at `commit`). A download
+        whose shape is not its copy's (FeDXL's score pools while they fill) goes whole (`download_bits`)."""
+        self._begin(ids)
+        if not self.downloads:
+            return server
+        received = dict(server)
+        for name in self.downloads:
+            copy, value = self.copies[name].index_select(0, self.index), server[name]
+            if copy.shape == value.shape:
+                step, _ = self._through(self.downlink, (value - copy).reshape(len(ids), 1, -1), None,
+                                        f"downlink.{name}", self.streams["downlink"])
+                received[name] = copy + step.view(value.shape)
+            self.pending.append((self.copies, name, (self.index,), received[name]))
+        return received
+
+    def received(self, server: State, ids: list[int]) -> State:
+        """What the clients of the runs `ids` started the round that is ending from (the copies as `receive` left
+        them): an iteration-wise program's runs end their rounds at other iterations than they opened them."""
+        self._begin(ids)
+        if not self.downloads:
+            return server
+        return {**server, **{name: self.copies[name].index_select(0, self.index) for name in self.downloads}}
+
+    def send(self, message: State, received: State, clients: Tensor) -> State:
+        """The message of the round's clients `clients` `[R, S]` (of the runs `receive` or `received` began it for) as
+        the server receives it. Each declared upload, on the update `upload − received[relative_to]` where it declares
+        one (added back after): the adversarial clients' attacked, then every client's through the uplink; then the
+        robust rule's aggregate of the S clients' values in place of each (`fedbench.robust`)."""
+        if not self.uploads:
+            return message
+        sent = dict(message)
+        for upload in self.uploads:
+            value = message[upload.name]
+            base = received[upload.relative_to] if upload.relative_to else None
+            self._check(upload, value, base, clients.shape[1])
+            if self.adversaries or self.uplink:
+                value = self._transmitted(upload.name, value, base, clients)
+            if self.rule:
+                value = aggregate_robustly(value, self.rule, self.trim, self.byzantine).expand_as(value)
+            sent[upload.name] = value
+        return sent
+
+    def _transmitted(self, upload: str, value: Tensor, base: Tensor | None, clients: Tensor) -> Tensor:
+        """An upload `[R, S, ...]` as it arrives: its update x `[R, S, d]` attacked where the client is adversarial,
+        then through the uplink (the clients' new error-feedback vectors pending until `commit`)."""
+        x = (value if base is None else value - base).reshape(len(self.ids), clients.shape[1], -1)
+        if self.adversaries:
+            x = self._attacked(upload, x, clients)
+        y, new = self._through(self.uplink, x, self._kept(upload, x, clients), f"uplink.{upload}",
+                               self.streams["uplink"])
+        if new is not None:
+            self.pending.append((self.kept, upload, (self.index[:, None], clients), new))
+        return y.view(value.shape) if base is None else base + y.view(value.shape)
+
+    def _attacked(self, upload: str, x: Tensor, clients: Tensor) -> Tensor:
+        """The updates x `[R, S, d]` with the adversarial clients' attacked (the gaussian attack's draws on each run's
+        adversaries stream, one `[S, d]` a round and upload)."""
+        adversaries = self.adversaries
+        assert adversaries is not None  # `send` calls it only then
+        noise = None
+        if adversaries.attack == "gaussian":
+            noise = self._draws(f"adversaries.{upload}", self.streams["adversaries"],
+                                lambda gen: torch.randn(x.shape[1:], dtype=x.dtype, generator=gen), x.device)
+        return attack(x, self.adversarial[self.index[:, None], clients], adversaries.attack, adversaries.scale, noise)
+
+    def commit(self) -> None:
+        """The round of the runs `ids` has succeeded: its new link state is written (an entry whose rows changed shape
+        made anew, the other runs' rows zeros until their own round writes them), its draws dropped."""
+        for state, name, index, rows in self.pending:
+            held = state[name]
+            if held.shape[len(index):] != rows.shape[len(index):]:
+                held = state[name] = rows.new_zeros(*held.shape[:len(index)], *rows.shape[len(index):])
+            held.index_put_(index, rows)
+        self.pending.clear()
+        if self.drawn:
+            for i in self.ids:
+                self.drawn.pop(i, None)
+
+    def _begin(self, ids: list[int]) -> None:
+        self.pending.clear()  # what a failed computation of these runs left
+        if self.active:
+            self.ids, self.index = ids, torch.tensor(ids, device=self.device)
+
+    def _through(self, transforms: list[Transform], x: Tensor, kept: Tensor | None, what: str,
+                 streams: list) -> tuple[Tensor, Tensor | None]:
+        """The round's messages x `[R, S, d]` through a compiled chain, with the clients' kept vectors: (y, the new
+        ones)."""
+        new = None
+        for j, transform in enumerate(transforms):
+            drawn = None
+            if transform.random:
+                drawn = self._draws(f"{what}.{j}", streams, lambda gen: transform.draw(gen, x.shape[1], x.shape[2],
+                                                                                       x.dtype), x.device)
+            x, changed = transform.apply(x, kept, drawn)
+            new = changed if changed is not None else new
+        return x, new
+
+    def _draws(self, what: str, streams: list, sample: Callable[[torch.Generator], Tensor], device) -> Tensor:
+        """This round's draws `sample(gen)` of `what` for its runs, each on its own stream (`streams`, by run) in the
+        order it draws alone, stacked `[R, ...]` on `device`; kept until `commit` (a replayed round draws nothing
+        anew)."""
+        drawn = []
+        for i in self.ids:
+            mine = self.drawn.setdefault(i, {})
+            if what not in mine:
+                mine[what] = sample(streams[i])
+            drawn.append(mine[what])
+        return (drawn[0].unsqueeze(0) if len(drawn) == 1 else torch.stack(drawn)).to(device)
+
+    def _kept(self, upload: str, x: Tensor, clients: Tensor) -> Tensor | None:
+        """The error-feedback vectors `[R, S, d]` of the round's clients `clients` for `upload` (zeros at first)."""
+        if not any(transform.keeps for transform in self.uplink):
+            return None
+        if upload not in self.kept:
+            self.kept[upload] = x.new_zeros(self.runs, self.num_clients, x.shape[2])
+        return self.kept[upload][self.index[:, None], clients]
+
+    def _check(self, upload: Upload, value: Tensor, base: Tensor | None, sampled: int) -> None:
+        where = f"{self.acting}: {self.name}'s upload {upload.name!r}"
+        if not value.is_floating_point():
+            raise MessageError(f"{where} holds {value.dtype}, expected floating point values to transform")
+        if value.shape[1] != sampled:
+            raise MessageError(f"{where} has one value a run ([R, 1, ...]), not one a client: its devices all-reduce "
+                               "it (declare Upload(..., all_reduced=True)), and nothing acts on it")
+        if base is not None and base.shape[2:] != value.shape[2:]:
+            raise MessageError(f"{where} {list(value.shape[2:])} is declared a new value of server entry "
+                               f"{upload.relative_to!r} {list(base.shape[2:])}; expected the same shape (the "
+                               "transforms and attacks act on their difference)")
+
+    # -- bits ---------------------------------------------------------------------------------------------------
+    def upload_bits(self, message: State) -> int:
+        """Bits one client sends: each declared upload as the uplink encodes it (without one, its values at the width
+        of their dtype; an all-reduced upload is each device's share, as `upload_floats` counts it)."""
+        return sum(message_bits(self.uplink if upload in self.uploads else (),
+                                math.prod(message[upload.name].shape[2:]), value_bits(message[upload.name]))
+                   for upload in self.all_uploads)
+
+    def download_bits(self, server: State, downloads: Sequence[str]) -> int:
+        """Bits one participant receives of the server's `downloads` (entries `[R, 1, ...]`) at a round's start: as the
+        downlink encodes each, else (no downlink, or a shape not its copy's) its values at their width."""
+        return sum(message_bits(self.downlink if name in self.copies and self.copies[name].shape == server[name].shape
+                                else (), math.prod(server[name].shape[1:]), value_bits(server[name]))
+                   for name in downloads)
+
+    # -- checkpoints --------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The link state, under `links` (nothing without chains, so that such a program's checkpoint is as it was);
+        taken between rounds, where nothing is pending."""
+        return {"links": {"kept": self.kept, "copies": self.copies}} if self.chains else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The link state of a program's checkpoint (`state`), and the adversarial clients of its runs' records."""
+        if self.chains:
+            self.kept, self.copies = dict(state["links"]["kept"]), dict(state["links"]["copies"])
+        if self.adversaries:
+            self.adversarial = torch.stack([run["adversarial"] for run in state["runs"]]).to(self.device)
