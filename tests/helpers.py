@@ -173,6 +173,18 @@ def interrupted(make_program, at: int):
     return rows_of(again, checkpoint["rows"]), [sim.status for sim in again.sims]
 
 
+# -- the CLI ----------------------------------------------------------------------------------------------------
+
+def invoke(*args):
+    """`fedbench ARGS` in this process (Typer's runner), FEDBENCH_VERBOSE unset for the call and restored after it:
+    `-v` sets it in this process's environment."""
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args], env={"FEDBENCH_VERBOSE": None})
+
+
 # -- refusals ---------------------------------------------------------------------------------------------------
 
 def refused(result, *expected: str) -> str:

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
-from typer.testing import CliRunner
 
 import sweeps.cli
-from cli import app
+from helpers import invoke
 from sweeps.recipe import RecipeError, load
 from sweeps.recipe.loading import MAX_BYTES, MAX_NODES
 
@@ -23,10 +22,6 @@ federation: {rounds: 4, clients_per_round: 4, local_steps: 2, batch_size: 5}
 RECIPE = PROBLEM + "algorithms: {fedavg: {}}\n"
 LONGEST_LINE = 160  # a refusal's first line (as in test_refusals.py)
 FAST = 2.0  # seconds within which what cannot be built is refused (a test's own imports come before)
-
-
-def invoke(*args):
-    return CliRunner().invoke(app, [str(a) for a in args], env={"FEDBENCH_VERBOSE": None})
 
 
 @pytest.fixture(autouse=True)

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 import fedbench
 from cli import app
+from helpers import invoke
 
 SMALL = """\
 name: small-lasso
@@ -31,10 +32,6 @@ def recipe(tmp_path) -> Path:
     path = tmp_path / "small.yaml"
     path.write_text(SMALL)
     return path
-
-
-def invoke(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 def test_run_writes_rows_equal_to_the_engine(recipe, tmp_path):

@@ -7,10 +7,9 @@ import math
 
 import pytest
 from mlflow.tracking import MlflowClient
-from typer.testing import CliRunner
 
 import fedbench
-from cli import app
+from helpers import invoke
 from sweeps.driving import build_simulation
 from sweeps.recipe import load
 from sweeps.tracking import load_run_model
@@ -31,10 +30,6 @@ algorithms: {ascd_pfl: {}}
 seeds: [0]
 eval_every: 2
 """
-
-
-def invoke(*args):
-    return CliRunner().invoke(app, [str(a) for a in args], env={"FEDBENCH_VERBOSE": None})
 
 
 def runs_of(uri: str, experiment: str, role: str) -> list:

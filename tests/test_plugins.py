@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
-from typer.testing import CliRunner
 
-from cli import app
+from helpers import invoke
 
 ROOT = Path(__file__).resolve().parents[1]
 # FedAvg with heavy-ball server momentum: with beta = 0 it is FedAvg with server_lr = 1, which the test checks.
@@ -54,10 +53,6 @@ RECIPE = "name: mine\nplugins: [my_method.py]\n" + PROBLEM + """\
 algorithms: {fedavg: {client_lr: 0.02, subgradient: false}, my_method: {client_lr: [0.02], beta: [0.0, 0.5]}}
 seeds: 2
 """
-
-
-def invoke(*args):
-    return CliRunner().invoke(app, [str(a) for a in args], env={"FEDBENCH_VERBOSE": None})
 
 
 @pytest.fixture

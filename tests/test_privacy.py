@@ -14,7 +14,6 @@ import pytest
 from dp_accounting.rdp import RdpAccountant
 from scipy.optimize import brentq
 from scipy.stats import norm
-from typer.testing import CliRunner
 
 import fedbench
 from fedbench.algorithms.base import MODEL, Upload
@@ -22,9 +21,8 @@ from fedbench.hparams import ParamError
 from fedbench.privacy import Accountant, Mechanism, epsilon_metric
 from fedbench.runs import programs
 from fedbench.simulate import Federation, Simulation, run_batch
-from helpers import interrupted, rows_by_run, rows_of
+from helpers import interrupted, invoke, rows_by_run, rows_of
 from small_problems import small_lasso
-from sweeps.cli import app
 from sweeps.recipe import load
 from sweeps.report.settings import resolve_settings
 
@@ -177,9 +175,6 @@ def recipe(tmp_path):
     path.write_text(RECIPE)
     return path
 
-
-def invoke(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 REFUSALS = {  # id: (--set assignments, the field path, a phrase of the line)

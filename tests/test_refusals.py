@@ -12,10 +12,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from cli import app
-from helpers import refused
+from helpers import invoke, refused
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBLEM = """\
@@ -23,11 +21,6 @@ problem: {name: lasso, clients: 8, samples_per_client: 20, dim: 30, support: 10,
 federation: {rounds: 4, clients_per_round: 4, local_steps: 2, batch_size: 5}
 """
 LONGEST_LINE = 160  # a refusal's first line; what it needs beyond that goes on a second line with -v
-
-
-def invoke(*args):
-    # FEDBENCH_VERBOSE unset for the call and restored after it: `-v` sets it in this process's environment.
-    return CliRunner().invoke(app, [str(a) for a in args], env={"FEDBENCH_VERBOSE": None})
 
 
 def write(tmp_path: Path, text: str, name: str = "r.yaml") -> Path:

@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 from PIL import Image
-from typer.testing import CliRunner
 
-from cli import app
+from helpers import invoke
 from sweeps.recipe import load
 from sweeps.report import Histories, curve, resolve_settings, rounds_to
 from sweeps.tracking import Store
@@ -45,10 +44,6 @@ eval_every: 5
 tune: {space: {client_lr: {log_uniform: [1.0e-3, 1.0e-1]}}, metric: l2_error, mode: min, trials: 4}
 report: {curves: 2}
 """
-
-
-def invoke(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 @pytest.fixture(scope="module")

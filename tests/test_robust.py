@@ -20,17 +20,15 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
-from typer.testing import CliRunner
 
 import fedbench
-from cli import app
 from fedbench import robust
 from fedbench.federation import RoundSampler
 from fedbench.hparams import ParamError
 from fedbench.rng import generator
 from fedbench.runs import programs
 from fedbench.simulate import Federation, Simulation, run_seeds
-from helpers import SEEDS, assert_same, build, curves_alone, interrupted, np_local, np_server, pfl, rows_of
+from helpers import SEEDS, assert_same, build, curves_alone, interrupted, invoke, np_local, np_server, pfl, rows_of
 from small_problems import small_lasso
 from sweeps.recipe import load
 
@@ -323,10 +321,6 @@ def recipe(tmp_path):
     path = tmp_path / "robust.yaml"
     path.write_text(RECIPE)
     return path
-
-
-def invoke(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 def test_fedbench_run_of_a_recipe_with_median_and_adversaries_gives_the_engines_rows(recipe, tmp_path):

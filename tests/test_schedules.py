@@ -10,10 +10,8 @@ import json
 import numpy as np
 import pytest
 import torch
-from typer.testing import CliRunner
 
 import fedbench
-from cli import app
 from fedbench.algorithms.l2sgd_plus import L2SGDPlus
 from fedbench.federation import RoundSampler
 from fedbench.hparams import HParams, Param, ParamError
@@ -22,7 +20,7 @@ from fedbench.rng import generator
 from fedbench.runs import IterationProgram, programs
 from fedbench.schedules import BadField, Constant, Cosine, Exponential, InverseSqrt, Step, make
 from fedbench.simulate import Federation, Simulation, run_batch
-from helpers import assert_same, interrupted, np_prox, pfl, refused, rows_by_run, rows_of
+from helpers import assert_same, interrupted, invoke, np_prox, pfl, refused, rows_by_run, rows_of
 from small_problems import small_lasso
 from sweeps.recipe import load
 
@@ -278,10 +276,6 @@ def write(tmp_path, text=RECIPE):
     path = tmp_path / "r.yaml"
     path.write_text(text)
     return path
-
-
-def invoke(*args):
-    return CliRunner().invoke(app, [str(a) for a in args], env={"FEDBENCH_VERBOSE": None})
 
 
 def test_lists_in_a_schedule_are_a_grid_that_plans_as_one_program(tmp_path):

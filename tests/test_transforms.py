@@ -20,10 +20,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from typer.testing import CliRunner
 
 import fedbench
-from cli import app
 from fedbench.algorithms.fedavg import FedAvg
 from fedbench.federation import RoundSampler
 from fedbench.hparams import ParamError
@@ -40,6 +38,7 @@ from helpers import (
     build,
     curves_alone,
     interrupted,
+    invoke,
     np_local,
     np_server,
     pauc,
@@ -437,10 +436,6 @@ def recipe(tmp_path):
     path = tmp_path / "uplink.yaml"
     path.write_text(RECIPE)
     return path
-
-
-def invoke(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 def test_fedbench_run_of_a_recipe_with_chains_gives_the_engines_rows(recipe, tmp_path):
