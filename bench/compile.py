@@ -10,10 +10,11 @@ alternately, `--repeats` times, the medians compared; and the compilation, from 
 off): the compiled copy's first rounds less as many compiled rounds. Programs alike (the same problem configuration,
 algorithm, hyperparameters, clients, batch size, local steps and runs) are measured once.
 
-The machine is shared, so only the ratios mean anything. `--write PATH` writes the table (`fedbench.compiling.TABLE`
-is fedbench/compile_table.json) with the command that made it; `auto` compiles where a row of the program's problem,
-algorithm and device type, at about its size, says compiled steps win and the run is long enough to pay the
-compilation back.
+The machine is shared, so only the ratios mean anything (on the CPU, of CPU seconds: another process's load drops
+out). `--write PATH` writes the table (`fedbench.compiling.TABLE` is fedbench/compile_table.json): its rows of the
+device type measured, with the command that measured them, in place of those the file held (another device type's
+are kept); `auto` compiles where rows of a program's problem, algorithm and device type, at about its size, say that
+compiled steps win and the run is long enough to pay the compilation back.
 Usage: FEDBENCH_DATA=../shared/data python bench/compile.py [--recipes papers/bao2022_lasso ...]
        [--algorithms all] [--repeats 5] [--device cpu] [--write fedbench/compile_table.json]
 """
@@ -68,8 +69,8 @@ def case_key(runs: list[Trial]) -> str:
 
 def built(runs: list[Trial], device: str, mode: str) -> RoundProgram:
     """The first program of these runs' simulations (`fedbench.runs.programs`), its steps eager or compiled (`mode`),
-    for as many rounds as timing takes (evaluated only at the start, or for an iteration-wise program at every round
-    end: it advances from one row to the next)."""
+    for as many rounds as timing takes (never evaluated, but an iteration-wise program at every round end: it advances
+    from one row to the next)."""
     long = [dataclasses.replace(trial, federation=dataclasses.replace(trial.federation, rounds=10**6),
                                 eval_every=10**6, compile=mode) for trial in runs]
     sims = build_planned(long, device)
@@ -88,16 +89,14 @@ class Clock:
 
     def __init__(self, program: RoundProgram, device: str):
         self.program, self.device = program, device
-        self.rows = iter(program)
-        if not isinstance(program, IterationProgram):
-            next(self.rows)  # the rows at the start: evaluated once here, not in any timing
+        self.rows = iter(program) if isinstance(program, IterationProgram) else None
 
     def seconds(self, rounds: int) -> float:
         """Seconds of the next `rounds` rounds."""
         program = self.program
         if self.device.startswith("cuda"):
             torch.cuda.synchronize()
-        if isinstance(program, IterationProgram):
+        if self.rows is not None:
             start, target = program.train_seconds, program.rounds_progress() + rounds
             while program.rounds_progress() < target:
                 next(self.rows)
@@ -175,16 +174,23 @@ def main() -> None:
                   f"{row.eager_ms:10.3f} {row.compiled_ms:11.3f} {row.speedup:6.2f} {row.compile_s:9.1f} "
                   f"{difference:9.1e}", flush=True)
     if args.write:
-        args.write.write_text(table_text("python bench/compile.py " + shlex.join(sys.argv[1:]), rows))
+        command = "python bench/compile.py " + shlex.join(sys.argv[1:])
+        args.write.write_text(table_text(args.write, torch.device(args.device).type, command, rows))
         print(f"written to {args.write}")
 
 
-def table_text(command: str, rows: list[Measured]) -> str:
-    """The table's file: JSON, one row a line."""
-    machine = f"{platform.machine()}, {os.cpu_count()} cores; each program on its recipe's cpus_per_trial threads"
-    head = {"command": command, "torch": torch.__version__, "machine": machine}
+def table_text(path: Path, device: str, command: str, rows: list[Measured]) -> str:
+    """The table's file (JSON, one row a line) with these rows of the `device` type, the command that measured them,
+    and the rows and commands of other device types that the file at `path` holds."""
+    measured = {device: {"command": command, "torch": torch.__version__, "machine": (
+        f"{platform.machine()}, {os.cpu_count()} cores; each program on its recipe's cpus_per_trial threads"
+        if device == "cpu" else torch.cuda.get_device_name())}}
+    if path.is_file():
+        old = json.loads(path.read_text())
+        measured = {**{k: v for k, v in old["measured"].items() if k != device}, **measured}
+        rows = [Measured(**row) for row in old["rows"] if row["device"] != device] + rows
     lines = ",\n".join(json.dumps(dataclasses.asdict(row)) for row in rows)
-    return json.dumps(head)[:-1] + f', "rows": [\n{lines}\n]}}\n'
+    return json.dumps({"measured": measured})[:-1] + f', "rows": [\n{lines}\n]}}\n'
 
 
 if __name__ == "__main__":

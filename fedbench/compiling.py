@@ -3,16 +3,18 @@
 A program (`fedbench.runs`) runs each local step as one call: the oracles of the step's minibatches (their rows
 gathered) and the algorithm's `client_step`. Compiled, the call's tensor operations are traced into graphs whose
 chains of elementwise operations Inductor fuses into a few loops, and the Python between them (the algorithm's, the
-oracle's) no longer runs at each step. Whether that pays depends on the
-step: on 2 CPU cores an EMNIST-62 step of ℓ1-logistic regression (p = 48,608) ran 1.5-6x faster compiled, a
-Lasso step (p = 1024, two small matrix products) slower. So `auto` compiles a program's steps where the table
-`bench/compile.py` measured says they win (`auto_compiles`), and `on` and `off` decide for every program.
+oracle's) no longer runs at each step. Whether that pays depends on the step. On one CPU thread (a sweep's trial), a
+round of EMNIST-62's ℓ1-regularized logistic regression (p = 48,608, two batched matrix products and a dozen passes
+over the clients' [S, p] state a step) took 1.35-1.54x less time compiled; a round of Bao et al.'s Lasso (p = 1024)
+0.8-1.25x; FeDXL's pAUC steps, which break into several graphs (noise drawn on a run's own generator,
+`torch.autograd.grad`), 0.44-1.35x. So `auto` compiles a program's steps where the table that `bench/compile.py`
+measured on the shipped recipes' programs says they win (`auto_compiles`); `on` and `off` decide for every program.
 
-Compiled steps give eager's results up to rounding (Inductor fuses and reorders the floating-point operations:
-~1e-6 relative per step in float32, ~1e-15 in float64; `tests/test_compiling.py`); `off` is the eager engine bit for
-bit. Each program compiles its own copy of its step (`compiled`), once, at its first steps (and again where a
-step's shapes or a Python value it reads change, e.g. a run leaving the batch): that time is part of its training
-seconds.
+Compiled steps give eager's results up to rounding (Inductor fuses and reorders floating-point operations: after 3
+rounds, the table's programs' server states agree with eager's to 5e-15 relative in float64 and 2e-6 in float32;
+`tests/test_compiling.py`); `off` is the eager engine bit for bit. Each program compiles its own copy of its step
+(`compiled`), at its first steps, and again where a step's shapes or a Python value it reads change (Fast-FedDA's
+step index t once it changes, a run leaving the batch): that time is part of its training seconds.
 """
 from __future__ import annotations
 
@@ -53,8 +55,9 @@ def check_mode(mode: str) -> None:
 @dataclass(frozen=True)
 class Measured:
     """One row of the table: a program of `runs` runs of `algorithm` on `problem` on a `device` type, its local steps of
-    size `work` (`step_work`), timed by round (`local_steps` steps) eager and compiled, and the seconds its compilation
-    took (nothing compiled or cached before), as measured on the shipped `recipe`."""
+    size `work` (`step_work`), its rounds of `local_steps` steps timed eager and compiled (milliseconds a round: the
+    process's CPU time on the CPU, wall time on a GPU), and the wall seconds its compilation took (nothing compiled or
+    cached before), as `bench/compile.py` measured it on the shipped `recipe`."""
     problem: str
     algorithm: str
     device: str
@@ -123,7 +126,9 @@ def compiled(method: Callable) -> Callable:
     """A bound method compiled by torch.compile, as a copy with a code object of its own: torch.compile keeps its
     graphs per code object and counts their recompilations against `torch._dynamo.config.recompile_limit`, beyond
     which it runs eager, so that each program (the method's object) compiles for itself, whatever programs of the
-    same algorithm ran before in the process (a sweep's worker runs many one after another)."""
+    same algorithm ran before in the process (a sweep's worker runs many one after another). Beyond a graph break (a
+    branch on a tensor's value, as the constrained prox's test of its ball) the rest of a step runs in the
+    algorithm's own functions, whose graphs every program shares."""
     function = method.__func__  # type: ignore[attr-defined]  # a bound method
     own = types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__,
                              function.__defaults__, function.__closure__)

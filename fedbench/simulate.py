@@ -42,7 +42,8 @@ class Simulation:
     it to `federation.rounds` or divergence (a non-finite metric, or an objective above `divergence_factor` times
     its value at the start; the partial curve is kept either way) as a program of one run (`fedbench.runs`). With
     `delta`, a run whose uplink adds DP-FedAvg's noise (a `gaussian` step) has in each row its `epsilon`: ε at δ
-    after the row's rounds (`fedbench.privacy`).
+    after the row's rounds (`fedbench.privacy`). `compile` (`auto`, `on`, `off`): whether its program's local steps run
+    compiled by torch.compile (`fedbench.compiling`; `auto`: where the measured table says that wins).
 
     Example:
         ```python

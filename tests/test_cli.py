@@ -217,6 +217,7 @@ BAD = {
     "eval_every zero": ("eval_every: 0", "eval_every", "greater than or equal to 1"),
     "eval_every as a string": ('eval_every: "5"', "eval_every", "found '5', expected an integer"),
     "unknown device": ("device: tpu", "device", "found 'tpu'"),
+    "unknown compile mode": ("compile: fast", "compile", "found 'fast', expected auto, on or off"),
     "negative cpus": ("resources: {cpus_per_trial: -1}", "resources.cpus_per_trial", "found -1"),
     "gpu fraction above one": ("resources: {gpus_per_trial: 1.5}", "resources.gpus_per_trial", "whole number"),
     "misspelt resources field": ("resources: {cpu_per_trial: 1}", "resources.cpu_per_trial",

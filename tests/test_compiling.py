@@ -1,6 +1,7 @@
 """Local steps compiled with torch.compile (`fedbench.compiling`, the recipe field `compile`): the same rows as eager
-up to rounding, for algorithms whose steps read the round's Python values (Fast-FedDA's t, MC-FedDA's stage), a batch
-of runs with per-run step sizes, a run leaving its batch, an iteration-wise program and a personalized method; `auto`
+up to rounding, for algorithms whose steps read the round's Python values (Fast-FedDA's t, MC-FedDA's stage), a step
+size scheduled by round, a batch of runs with per-run step sizes, a run leaving its batch, an iteration-wise program
+and a personalized method; `auto`
 deciding by the measured table; the field refused, kept out of the hashes and passed through `fedbench run` to its
 MLflow tag.
 
@@ -18,8 +19,9 @@ from typer.testing import CliRunner
 
 import fedbench
 from cli import app
-from fedbench import compiling
+from fedbench import compiling, schedules
 from fedbench.compiling import Measured
+from fedbench.planning import why_not_batchable
 from fedbench.runs import IterationProgram, programs
 from fedbench.simulate import Federation, Simulation, run_batch
 from small_problems import small_lasso
@@ -68,6 +70,9 @@ CASES = {
     # a stage change every 3 rounds: its λ and ball are read from the round's index inside the compiled step
     "mc_fedda": ("mc_fedda", {"mu": 0.1, "gamma": 50.0, "stage_rounds": [3, 3, 6], "stage_lams": [0.1, 0.05, 0.02],
                               "stage_radii": [50.0, 20.0, 10.0]}, Federation(12, 4, 3, 5)),
+    # a step size that changes every round (a schedule): a per-run value the compiled step must read anew each round
+    "fedmid, cosine client_lr": ("fedmid", {"client_lr": schedules.make("cosine", init=0.05, final=0.005)},
+                                 Federation(12, 4, 3, 5)),
     # a personalized method whose clients keep state between rounds (gathered and scattered around the steps)
     "ditto": ("ditto", {"client_lr": 0.05}, Federation(12, 4, 3, 5)),
 }
@@ -173,11 +178,12 @@ def test_the_shipped_table_holds_a_measurement_of_every_shipped_problem():
     from sweeps import shipped
 
     table = json.loads(compiling.TABLE.read_text())
-    assert table["command"].startswith("python bench/compile.py")
+    assert all(made["command"].startswith("python bench/compile.py") for made in table["measured"].values())
     rows = compiling.table()
     assert all(r.eager_ms > 0 and r.compiled_ms > 0 and r.compile_s >= 0 and r.work > 0 for r in rows)
     assert {r.recipe for r in rows} <= set(shipped.names())
-    assert {r.problem for r in rows} == set(fedbench.PROBLEMS)
+    assert {r.problem for r in rows if r.device == "cpu"} == set(fedbench.PROBLEMS)
+    assert {r.device for r in rows} <= set(table["measured"])
 
 
 # -- the recipe field -----------------------------------------------------------------------------------------
@@ -223,3 +229,11 @@ def test_run_with_compile_on_runs_compiled_and_logs_it(tmp_path, tracking_uri):
     eager = fedbench.run("fedmid", problem, rounds=12, clients_per_round=4, local_steps=3, batch_size=5,
                          eval_every=4, compile="off", client_lr=1e-2)
     assert_close(json.loads(out.read_text()), eager.rows)
+
+
+def test_runs_of_different_compile_modes_form_no_program():
+    problem = small_lasso(data_seed=0)
+    sims = [Simulation(problem, fedbench.make_algorithm("fedmid", problem), Federation(5, 4, 3, 5), seed, compile=mode)
+            for seed, mode in enumerate(["on", "off"])]
+    assert [runs for runs, _ in programs(sims)] == [[0], [1]]
+    assert "compile mode" in why_not_batchable(sims)

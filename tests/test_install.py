@@ -74,11 +74,11 @@ def test_only_fedbench_and_fedbench_sweeps_are_installed(venv, tmp_path):
     for name in ("cli", "sweeps"):
         missing = run(venv, tmp_path, "python", "-c", f"import {name}")
         assert missing.returncode != 0 and "ModuleNotFoundError" in missing.stderr, (name, missing.stderr)
-    # every module of the checkout's packages is installed, and every recipe beside them
+    # every module of the checkout's packages is installed, and every recipe and data file beside them
     for package, installed in (("fedbench", "fedbench"), ("sweeps", "fedbench_sweeps"),
                                ("recipes", "fedbench_sweeps/recipes")):
         for path in (ROOT / package).rglob("*"):
-            if path.suffix in (".py", ".yaml") and "__pycache__" not in path.parts:
+            if path.suffix in (".py", ".yaml", ".json") and "__pycache__" not in path.parts:
                 assert (site / installed / path.relative_to(ROOT / package)).is_file(), path
 
 

@@ -77,6 +77,7 @@ def test_a_recipe_that_is_no_mapping_says_what_it_is(tmp_path, text, found):
 REFUSALS = {
     "negative lr in grid": PROBLEM + "algorithms: {fedavg: {client_lr: [0.1, -1]}}\n",
     "unknown device": PROBLEM + "algorithms: {fedavg: {}}\ndevice: tpu\n",
+    "unknown compile mode": PROBLEM + "algorithms: {fedavg: {}}\ncompile: 1\n",
     "fractional GPUs above one": PROBLEM + "algorithms: {fedavg: {}}\nresources: {gpus_per_trial: 1.5}\n",
     "tune without space": PROBLEM + "algorithms: {fedavg: {}}\ntune: {}\n",
     "capability": PROBLEM + "algorithms: {fedxl2: {}}\n",

@@ -196,7 +196,7 @@ class RecipeModel(StrictModel):
     eval_every: int = Field(10, ge=1)  # evaluate every this many rounds (communication rounds)
     device: str = "auto"  # auto (CUDA where available), cpu, cuda or cuda:N
     # local steps compiled with torch.compile: auto (where bench/compile.py measured that they win), on, off
-    compile: Any = "auto"
+    compile: str = "auto"
     # a run whose objective exceeds this times its start stops as diverged
     divergence_factor: float = Field(DIVERGENCE_FACTOR, gt=1)
     resources: Resources = Field(default_factory=Resources)  # what each Ray trial holds (`resources:` below)
@@ -237,11 +237,11 @@ class RecipeModel(StrictModel):
         return value
 
 
-    @field_validator("compile")
+    @field_validator("compile", mode="before")
     @classmethod
     def _compile(cls, value: Any) -> str:
         # YAML reads a bare on / off as true / false: both spellings mean the mode
-        mode = {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+        mode = ("on" if value else "off") if isinstance(value, bool) else value
         if mode not in COMPILE_MODES:
             raise ValueError(f"found {shown(value)}, expected auto, on or off")
         return mode
