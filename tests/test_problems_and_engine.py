@@ -330,7 +330,7 @@ def test_aggregation_weights_enter_the_server_average():
     Federation(10, 3, 1, 0),
     Federation(10, 3, 0, 5),
     Federation(-1, 3, 1, 5),
-    Federation(10, 3, 1, 5, aggregation="median"),
+    Federation(10, 3, 1, 5, aggregation="average"),  # no such rule (median is one, fedbench.robust)
 ])
 def test_federation_check_rejects_invalid_settings(federation):
     """(clients_per_round 0 is valid: every client, see below.)"""

@@ -118,8 +118,8 @@ class Recipe:
             for path, value in fixed.items():
                 if path.startswith(section + "."):
                     key, _, field = path.removeprefix(section + ".").partition(".")  # a schedule's field (tune)
-                    held = chosen[section][key]
-                    chosen[section][key] = dataclasses.replace(held, **{field: value}) if field else value
+                    chosen[section][key] = (dataclasses.replace(chosen[section][key], **{field: value}) if field
+                                            else value)
         return self._trial(chosen["problem"], chosen["federation"], algorithm,
                            chosen[f"algorithms.{algorithm}"], self.seeds[0] if seed is None else seed)
 
