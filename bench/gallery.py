@@ -16,9 +16,9 @@ evaluations fall on that line too, the shortened schedules keep either
     of B / gcd(B, eval_every) and of every local_steps;
 whichever allows the shorter n (f: FACTORS per recipe, about a minute a sweep on 2 cores, or --factor). A pair whose
 line would give a negative fixed cost (noise on a shared machine) is read as proportional, t = t(2n) · budget / 2n;
-one whose longer sweep was not the slower is refused (the budget's cost is lost in the noise: a smaller factor is
-needed). A recipe that cannot be halved on either schedule, or asked for at f = 1, runs once at full size, and that is
-its time.
+one whose longer sweep was not the slower (the budget's cost lost in the noise of the fixed cost) is measured again
+at half the factor, twice as long, down to full size. A recipe that cannot be halved on either schedule, or asked for
+at f = 1, runs once at full size, and that is its time.
 
 Timings on a shared machine are inflated by whatever else runs; the table records the cores this process could use,
 the accelerator, the machine's load (its 5-minute load average when the recipe's sweeps ended), the commit and a
@@ -244,36 +244,38 @@ def needs_data(path: Path) -> bool:
 
 
 def measure(name: str, path: Path, factor: float, args: argparse.Namespace) -> dict[str, str]:
-    """The table's row of one recipe: its shortened sweeps timed and its full-size time extrapolated."""
+    """The table's row of one recipe: its shortened sweeps timed and its full-size time extrapolated; where the
+    budget's cost is lost in the noise, measured again at half the factor (down to full size)."""
     recipe = load(path)
     budget, runs = budget_of(path, recipe), len(recipe.trials())
-    lengths = budget.lengths(factor)
     row = {"recipe": name, "device": args.device, "accelerator": accelerator(args),
            "cores": str(len(os.sched_getaffinity(0))), "runs": str(runs), "budget": budget.field,
            "full": str(budget.full), "commit": commit(), "date": datetime.date.today().isoformat(), "note": args.note}
-    if lengths is None:
-        print(f"{name}: {budget.field} {budget.full}, at full size (factor 1), {runs} runs", flush=True)
-        seconds = timed_sweep(path, [], args)
-        print(f"    {seconds:7.1f} s", flush=True)
-        return {**row, "short": "", "long": str(budget.full), "factor": "1", "evaluations": "as shipped",
-                "short_s": "", "long_s": f"{seconds:.1f}", "fixed_s": "", "per_unit_s": "", "full_s": f"{seconds:.1f}",
-                "load": load_average()}
-    n1, n2, keep_count = lengths
-    evaluations = "count kept" if keep_count else "period kept"
-    print(f"{name}: {budget.field} {budget.full} -> {n1} and {n2} (factor {budget.full / n2:g}; "
-          f"{' '.join(budget.overrides(n2, keep_count))}), {runs} runs", flush=True)
-    seconds = tuple(timed_sweep(path, budget.overrides(n, keep_count), args) for n in (n1, n2))
-    line = fit((n1, n2), seconds)
-    if line is None:
-        raise RuntimeError(f"{budget.field} {n2} took {seconds[1]:.1f} s, {n1} took {seconds[0]:.1f} s: the "
-                           f"{budget.field}' cost is lost in the noise; try a smaller --factor")
-    fixed, per_unit = line
-    full_s = fixed + per_unit * budget.full
-    print(f"    {seconds[0]:7.1f} s, {seconds[1]:7.1f} s: fixed {fixed:.1f} s + {per_unit:.4g} s per "
-          f"{budget.field[:-1]} -> full size {full_s:.0f} s ({approx(full_s)})", flush=True)
-    return {**row, "short": str(n1), "long": str(n2), "factor": f"{budget.full / n2:g}", "evaluations": evaluations,
-            "short_s": f"{seconds[0]:.1f}", "long_s": f"{seconds[1]:.1f}", "fixed_s": f"{fixed:.1f}",
-            "per_unit_s": f"{per_unit:.6g}", "full_s": f"{full_s:.1f}", "load": load_average()}
+    while (lengths := budget.lengths(factor)) is not None:
+        n1, n2, keep_count = lengths
+        print(f"{name}: {budget.field} {budget.full} -> {n1} and {n2} (factor {budget.full / n2:g}; "
+              f"{' '.join(budget.overrides(n2, keep_count))}), {runs} runs", flush=True)
+        seconds = tuple(timed_sweep(path, budget.overrides(n, keep_count), args) for n in (n1, n2))
+        line = fit((n1, n2), seconds)
+        if line is None:
+            factor = min(factor, budget.full / n2) / 2  # halves each time: ends at full size
+            print(f"    {seconds[0]:7.1f} s, {seconds[1]:7.1f} s: the {budget.field}' cost is lost in the noise; "
+                  f"again at factor {max(factor, 1):g}", flush=True)
+            continue
+        fixed, per_unit = line
+        full_s = fixed + per_unit * budget.full
+        print(f"    {seconds[0]:7.1f} s, {seconds[1]:7.1f} s: fixed {fixed:.1f} s + {per_unit:.4g} s per "
+              f"{budget.field[:-1]} -> full size {full_s:.0f} s ({approx(full_s)})", flush=True)
+        return {**row, "short": str(n1), "long": str(n2), "factor": f"{budget.full / n2:g}",
+                "evaluations": "count kept" if keep_count else "period kept", "short_s": f"{seconds[0]:.1f}",
+                "long_s": f"{seconds[1]:.1f}", "fixed_s": f"{fixed:.1f}", "per_unit_s": f"{per_unit:.6g}",
+                "full_s": f"{full_s:.1f}", "load": load_average()}
+    print(f"{name}: {budget.field} {budget.full}, at full size (factor 1), {runs} runs", flush=True)
+    seconds = timed_sweep(path, [], args)
+    print(f"    {seconds:7.1f} s", flush=True)
+    return {**row, "short": "", "long": str(budget.full), "factor": "1", "evaluations": "as shipped",
+            "short_s": "", "long_s": f"{seconds:.1f}", "fixed_s": "", "per_unit_s": "", "full_s": f"{seconds:.1f}",
+            "load": load_average()}
 
 
 def read_table(path: Path) -> list[dict[str, str]]:
