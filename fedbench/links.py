@@ -31,7 +31,7 @@ from fedbench.algorithms.base import Algorithm, MessageError, Upload
 from fedbench.federation import Federation
 from fedbench.hparams import ParamError
 from fedbench.robust import KRUMS, RULES, aggregate_robustly, attack
-from fedbench.transforms import Transform, compiled, message_bits
+from fedbench.transforms import LINKS, Transform, compiled, message_bits
 
 if TYPE_CHECKING:
     from fedbench.simulate import Simulation
@@ -42,10 +42,10 @@ State = dict[str, Tensor]
 def check_uploads(federation: Federation, algorithm: type[Algorithm] | Algorithm, clients: int | None) -> None:
     """Refuse (ParamError at the federation's field) what acts on each client's uploads where the algorithm has no
     such message, on a problem of `clients` clients (None: unknown, not checked): an uplink chain or adversaries on an
-    upload its devices all-reduce inside the round (`Upload.all_reduced`: the engine sees their sum, not a message
-    per client); a robust aggregation rule there too, or where the server does not take its uploads in through a
-    mean (`Algorithm.uploads_averaged`); Krum and Multi-Krum with f too large for the clients a round, S ≤ 2f + 2
-    (Blanchard et al. 2017, §4)."""
+    upload its devices all-reduce inside the round (`Upload.all_reduced`: the engine sees the one value they then all
+    hold, not a message per client); a robust aggregation rule there too, or where the server does not take its
+    uploads in through a mean (`Algorithm.uploads_averaged`); Krum and Multi-Krum with f too large for the clients a
+    round, S ≤ 2f + 2 (Blanchard et al. 2017, §4)."""
     name = algorithm.name
     reduced = [upload.name for upload in algorithm.uploads if upload.all_reduced]
     rule = federation.aggregation if federation.aggregation in RULES else None
@@ -89,7 +89,7 @@ class Links:
         self.active = bool(self.chains or self.uploads)
         self.acting = ", ".join(f"federation.{field}" for field, given in (
             ("adversaries", self.adversaries), ("uplink", self.uplink), ("aggregation", self.rule)) if given)
-        self.streams = {link: [sim.link_streams.get(link) for sim in sims] for link in ("uplink", "downlink")}
+        self.streams = {link: [sim.link_streams.get(link) for sim in sims] for link in LINKS}
         self.runs, self.num_clients, self.device = len(sims), first.problem.num_clients, first.problem.device
         if self.adversaries:
             self.streams["adversaries"] = [sim.adversary_gen for sim in sims]
