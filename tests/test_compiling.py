@@ -15,15 +15,14 @@ import dataclasses
 import json
 
 import pytest
-from typer.testing import CliRunner
 
 import fedbench
-from cli import app
 from fedbench import compiling, schedules
 from fedbench.compiling import Measured
 from fedbench.planning import why_not_batchable
 from fedbench.runs import IterationProgram, programs
 from fedbench.simulate import Federation, Simulation, run_batch
+from helpers import invoke
 from small_problems import small_lasso
 
 pytestmark = pytest.mark.heavy  # each case compiles (seconds of CPU)
@@ -218,8 +217,7 @@ def test_run_with_compile_on_runs_compiled_and_logs_it(tmp_path, tracking_uri):
     path = tmp_path / "small.yaml"
     path.write_text(SMALL)
     out = tmp_path / "rows.json"
-    result = CliRunner().invoke(app, ["run", str(path), "--set", "compile=on", "--json", str(out), "--tracking-uri",
-                                      tracking_uri])
+    result = invoke("run", path, "--set", "compile=on", "--json", out, "--tracking-uri", tracking_uri)
     assert result.exit_code == 0, result.output
     assert "(local steps compiled)" in result.output
     (run,) = MlflowClient(tracking_uri).search_runs([MlflowClient(tracking_uri).get_experiment_by_name(
