@@ -1,18 +1,19 @@
 """A run's federation and its random draws: the rounds, clients per round, local steps and batch size, the server's
-aggregation, the uplink and downlink transforms and the adversaries (`Federation`), the clients and minibatch rows a
-round draws on the run's streams (`RoundSampler`), the oracles of a local step (`step_oracles`) and the server's
-aggregation weights (`aggregation_weights`). The record of a run is `fedbench.simulate.Simulation`; the programs that
-advance runs are `fedbench.runs`."""
+aggregation, the uplink and downlink transforms, the adversaries and the participation model (`Federation`), the
+clients, their local steps and the minibatch rows a round draws on the run's streams (`RoundSampler`), the oracles of a
+local step (`step_oracles`) and the server's aggregation weights (`aggregation_weights`). The record of a run is
+`fedbench.simulate.Simulation`; the programs that advance runs are `fedbench.runs`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 import torch
 from torch import Tensor
 
 from fedbench.hparams import Param, ParamError
 from fedbench.oracle import Batches, Minibatch
+from fedbench.participation import LocalSteps, Participants, Participation, StepCounts
 from fedbench.problems.base import Layout, Problem
 from fedbench.rng import generator
 from fedbench.robust import KRUMS, RULES, Adversaries
@@ -23,23 +24,27 @@ DIVERGENCE_FACTOR = 1e4
 
 @dataclass(frozen=True)
 class Federation:
-    """How a run's rounds go: `rounds`, `clients_per_round` S (0: every client), `local_steps` E, `batch_size` b, the
-    server's `aggregation` (weights "uniform": π̂_k = 1/S, or "samples": π̂_k ∝ n_k over the sampled set; or a robust
-    rule of `fedbench.robust`, with its `trim` β or `byzantine` f), the transforms of what crosses the network,
-    `uplink` and `downlink` (`fedbench.transforms`, given as a recipe writes them and held as steps), and the
-    `adversaries` (`fedbench.robust.Adversaries`, or None), as a recipe's `federation:` block sets them (the scalar
-    ones declared in `params`).
+    """How a run's rounds go: `rounds`, `clients_per_round` S (0: every client), `local_steps` E (or uneven local
+    work, `fedbench.participation.LocalSteps`, given as a recipe writes it), `batch_size` b, the server's
+    `aggregation` (weights "uniform": π̂_k = 1/S, or "samples": π̂_k ∝ n_k over the sampled set; or a robust rule of
+    `fedbench.robust`, with its `trim` β or `byzantine` f), the transforms of what crosses the network, `uplink` and
+    `downlink` (`fedbench.transforms`, given as a recipe writes them and held as steps), the `adversaries`
+    (`fedbench.robust.Adversaries`, or None) and the `participation` model (`fedbench.participation.Participation`,
+    given as a recipe writes it), as a recipe's `federation:` block sets them (the scalar ones declared in `params`).
 
     Example:
         ```python
         Federation(rounds=2000, clients_per_round=10, local_steps=10, batch_size=10)
         Federation(rounds=2000, uplink=[{"top_k": 0.05}, {"error_feedback": "ef21"}], downlink=[{"qsgd": 8}])
+        Federation(rounds=2000, participation={"model": "markov", "p_on": 0.2, "p_off": 0.1},
+                   local_steps={"distribution": "uniform", "low": 1, "high": 10})
         ```
     """
 
     rounds: int = 100
     clients_per_round: int = 10
-    local_steps: int = 10
+    # E, or each participant's own (`fedbench.participation`): given as a recipe writes it, held as LocalSteps
+    local_steps: int | LocalSteps = 10
     batch_size: int = 10
     aggregation: str = "uniform"  # "uniform", "samples" (weights) or one of `fedbench.robust.RULES`
     # transforms of each client's uploads and of the server's broadcast (`fedbench.transforms`); given as a recipe
@@ -50,13 +55,16 @@ class Federation:
     byzantine: int = 1  # f of krum and multi_krum
     # the clients that attack (`fedbench.robust`); given as a recipe writes it (`{"fraction": 0.2}`) or as one
     adversaries: Adversaries | None = None
+    # who may take part in each round (`fedbench.participation`); given as a recipe writes it (`{"model": "cyclic",
+    # "groups": 4}`) or as one
+    participation: Participation = Participation()
 
     params = (
         Param("rounds", "int", 100, "communication rounds R", low=0),
         Param("clients_per_round", "int", 10, "clients sampled per round S (0: every client, whatever their number)",
               low=0),
-        Param("local_steps", "int", 10, "local steps E per round (an algorithm may draw its rounds' lengths)",
-              low=1),
+        Param("local_steps", "int", 10, "local steps E per round (an algorithm may draw its rounds' lengths; a "
+              "mapping: each participant's own, below)", low=1),
         Param("batch_size", "int", 10, "minibatch size b", low=1),
         Param("aggregation", "choice", "uniform", "the server's mean over the sampled clients, weights uniform or by "
               "samples, or a robust rule in its place (fedbench.robust)", choices=("uniform", "samples", *RULES)),
@@ -72,23 +80,42 @@ class Federation:
                 object.__setattr__(self, link, chain(getattr(self, link), link))
             if self.adversaries is not None:
                 object.__setattr__(self, "adversaries", Adversaries.given(self.adversaries))
+            object.__setattr__(self, "participation", Participation.given(self.participation))
+            if not isinstance(self.local_steps, int):
+                object.__setattr__(self, "local_steps", LocalSteps.given(self.local_steps))
         except ParamError as err:
             raise ParamError(err.name, err.message, "federation") from None
+
+    @property
+    def uneven(self) -> bool:
+        """Whether each participant takes its own number of local steps (`local_steps` a `LocalSteps`)."""
+        return isinstance(self.local_steps, LocalSteps)
+
+    def most_steps(self, clients: int) -> int:
+        """The most local steps a client takes in a round (of `clients` clients): E, or the most of uneven local
+        work."""
+        return self.local_steps.most(clients) if isinstance(self.local_steps, LocalSteps) else self.local_steps
 
     def config(self) -> dict[str, Any]:
         """Its fields as a run's configuration records them, so that a federation with none of the later fields
         is recorded (and hashed) as it was before they existed: a chain as its text (`top_k(k=0.05) →
         error_feedback(kind=ef21)`), an empty one left out; the adversaries as their text (`sign_flip(fraction=0.2,
         scale=10.0)`), none left out; `trim` and `byzantine` with the rule that reads them, else only where they
-        are not at their default (two federations that differ are never recorded alike)."""
+        are not at their default (two federations that differ are never recorded alike); the participation model as
+        its text (`markov(p_on=0.2, p_off=0.1)`), uniform left out; uneven local steps as their text
+        (`uniform(low=1, high=10)`)."""
         config = {f.name: getattr(self, f.name) for f in fields(self)
-                  if f.name not in (*LINKS, *self.READ_BY, "adversaries")}
+                  if f.name not in (*LINKS, *self.READ_BY, "adversaries", "participation")}
         defaults = {p.name: p.default for p in self.params}
         config.update({name: getattr(self, name) for name, rules in self.READ_BY.items()
                        if self.aggregation in rules or getattr(self, name) != defaults[name]})
         config.update({link: chain_text(getattr(self, link)) for link in LINKS if getattr(self, link)})
         if self.adversaries is not None:
             config["adversaries"] = str(self.adversaries)
+        if self.participation.model != "uniform":
+            config["participation"] = str(self.participation)
+        if self.uneven:
+            config["local_steps"] = str(self.local_steps)
         return config
 
     def check(self, layout: Layout, batch_sizes: Mapping[str, int] | None = None) -> None:
@@ -96,9 +123,14 @@ class Federation:
         minibatches of `batch_sizes` (by the field that sets each, `minibatch_sizes`; default: `batch_size`
         alone): the rule of the engine on a built problem and of a recipe's validator on a problem's declared layout
         (where a part unknown is not checked). Its chains are checked by `fedbench.transforms.check_chain`, its
-        adversaries by `fedbench.robust.Adversaries.check`; what depends on the algorithm too (its uploads, how many
-        clients a round it takes) by `fedbench.links.check_uploads`."""
+        adversaries by `fedbench.robust.Adversaries.check`, its participation model and uneven local steps by their
+        own `check`; a varying number of participants (`Participation.varying`) is refused with a robust rule, and any
+        model but uniform with DP-FedAvg's noise (its privacy is accounted for S of N clients drawn uniformly); what
+        depends on the algorithm too (its uploads, how many clients a round it takes, what its maths reads) by
+        `fedbench.links.check_uploads` and `fedbench.participation.check_algorithm`."""
         for param in self.params:
+            if param.name == "local_steps" and self.uneven:
+                continue  # checked as LocalSteps below
             try:
                 param.check(getattr(self, param.name))
             except ValueError as err:
@@ -108,8 +140,18 @@ class Federation:
                 check_chain(getattr(self, link), link, self.aggregation)
             if self.adversaries is not None:
                 self.adversaries.check()
+            self.participation.check(layout.clients, self.clients_per_round)
+            if isinstance(self.local_steps, LocalSteps):
+                self.local_steps.check(layout.clients)
         except ParamError as err:
             raise ParamError(err.name, err.message, "federation") from None
+        model = self.participation.model
+        if self.participation.varying and self.aggregation in RULES:
+            raise ParamError("participation.model", f"found {model} with aggregation {self.aggregation} (a rule of S "
+                             "uploads); expected uniform or cyclic", "federation")
+        if model != "uniform" and any(step.name == "gaussian" for step in self.uplink):
+            raise ParamError("participation.model", f"found {model} with DP-FedAvg's noise (accounted for S of N "
+                             "drawn uniformly); expected uniform", "federation")
         if layout.clients is not None and self.clients_per_round > layout.clients:
             raise ParamError("clients_per_round", f"found {self.clients_per_round}, expected at most the problem's "
                              f"{layout.clients} clients (or 0: all)", "federation")
@@ -138,29 +180,26 @@ def minibatch_sizes(minibatches: tuple[Minibatch, ...], hp: Mapping[str, Any],
     return sizes, fields
 
 
-PERMUTATION_LIMIT = 4096  # clients up to which a round's clients are a prefix of a random permutation
+class Draw(NamedTuple):
+    """One run's draws of a round (`RoundSampler.draw_round`)."""
 
-
-def sample_clients(count: int, size: int, gen: torch.Generator) -> Tensor:
-    """`size` distinct clients of `count`, uniformly, in draw order. Up to PERMUTATION_LIMIT clients, the first
-    `size` of a random permutation (the draws every recorded curve was made with); beyond, each next client uniform
-    over those not yet drawn, by rejecting repeats of `randint` draws: O(size) work instead of the permutation's
-    O(count) (430 µs a round at 10⁵ clients here, more than a small round's arithmetic)."""
-    if count <= PERMUTATION_LIMIT or size * 4 > count:
-        return torch.randperm(count, generator=gen)[:size]
-    drawn: dict[int, None] = {}
-    while len(drawn) < size:
-        for client in torch.randint(count, (size,), generator=gen).tolist():
-            drawn.setdefault(client)
-            if len(drawn) == size:
-                break
-    return torch.tensor(list(drawn))
+    clients: Tensor
+    """The round's clients `[S]`, on the problem's device (every client, `[N]`, where all take part)."""
+    rows: dict[str, Tensor]
+    """The rows `[steps, S, b]` of each drawn minibatch."""
+    steps: int
+    """The round's local steps: E, the length the algorithm drew, or the most any slot takes (uneven local work)."""
+    present: Tensor | None = None
+    """Which slots hold a participant, `[S]` bool on the host, where their number varies (None: every slot)."""
+    counts: Tensor | None = None
+    """Each slot's local steps `[S]` (int64, on the host) under uneven local work (None: `steps` for every slot)."""
 
 
 class RoundSampler:
-    """Each round's random draws: the participating clients (S sampled without replacement, or all of them)
-    and, for every local step, the rows of each minibatch the algorithm declares (a batch declared
-    `same_as` another reuses its draw)."""
+    """Each round's random draws: the participating clients (S sampled without replacement, all of them, or as the
+    federation's participation model draws them, `fedbench.participation`), each one's local steps under uneven local
+    work and, for every local step, the rows of each minibatch the algorithm declares (a batch declared `same_as`
+    another reuses its draw)."""
 
     def __init__(self, problem: Problem, federation: Federation, seed: int,
                  minibatches: tuple[Minibatch, ...] = (Minibatch("D"),), sizes: dict[str, int] | None = None):
@@ -171,17 +210,37 @@ class RoundSampler:
         self.client_gen = generator(seed, "clients")
         self.batch_gen = generator(seed, "minibatches")
         self.noise_gen = generator(seed, "feature-noise")  # the problem's minibatch_noise, if it has any
+        count = problem.num_clients
+        self.participants = Participants(federation.participation, count, federation.clients_per_round,
+                                         self.client_gen)
+        self.steps_gen: torch.Generator | None = None  # "local-steps": each round's counts, where they are drawn
+        self.step_counts: StepCounts | None = None
+        if isinstance(federation.local_steps, LocalSteps):
+            if federation.local_steps.distribution is not None:
+                self.steps_gen = generator(seed, "local-steps")
+            self.step_counts = StepCounts(federation.local_steps, count, self.steps_gen)
 
     def draw(self, local_steps: int, everyone: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
-        """(clients [S], rows `[local_steps, S, b]` per drawn minibatch name)."""
-        count = self.problem.num_clients
+        """(clients [S], rows `[local_steps, S, b]` per drawn minibatch name) of a round where every client takes
+        `local_steps` steps (`draw_round`'s of round 0, whose model's participants all take part)."""
+        draw = self.draw_round(local_steps, everyone)
+        return draw.clients, draw.rows
+
+    def draw_round(self, local_steps: int | None, everyone: bool = False, index: int = 0) -> Draw:
+        """Round `index`'s draws: its clients (all of them with `everyone`, else the participation model's, with the
+        slots that hold a participant where their number varies), each slot's local steps under uneven local work
+        (`local_steps` None), and the rows of as many local steps as the round has, `local_steps` or the most any
+        slot takes."""
         if everyone:
-            clients = torch.arange(count)
+            clients, present = torch.arange(self.problem.num_clients), None
         else:
-            clients = sample_clients(count, self.federation.clients_per_round or count, self.client_gen)
-        rows = {mb.name: self.problem.draw_minibatches(clients, local_steps, self.sizes[mb.name], self.batch_gen)
+            clients, present = self.participants.draw(index)
+        counts = None if self.step_counts is None else self.step_counts.draw(clients)
+        steps = int(counts.max()) if counts is not None else local_steps
+        assert steps is not None  # given where the counts are not drawn
+        rows = {mb.name: self.problem.draw_minibatches(clients, steps, self.sizes[mb.name], self.batch_gen)
                 for mb in self.drawn}
-        return clients.to(self.problem.device), rows
+        return Draw(clients.to(self.problem.device), rows, steps, present, counts)
 
     def step_batches(self, rows: dict[str, Tensor], step: int) -> Batches:
         """The oracles of local step `step` of this run alone (points `[S, d]`, no run axis)."""
@@ -202,10 +261,19 @@ def step_oracles(problem: Problem, minibatches: tuple[Minibatch, ...], rows: dic
     return oracles
 
 
-def aggregation_weights(problem, federation, clients: Tensor, dtype: torch.dtype) -> Tensor:
+def aggregation_weights(problem, federation, clients: Tensor, dtype: torch.dtype,
+                        present: Tensor | None = None) -> Tensor:
     """π̂ over each run's sampled clients `clients` `[R, S]`: by samples n_k over the sampled set, else uniform 1/S
-    (a robust rule's uploads are all its aggregate, `fedbench.robust`)."""
+    (a robust rule's uploads are all its aggregate, `fedbench.robust`). With `present` `[R, S]` (the slots that hold a
+    participant, `fedbench.participation`), over the participants only: zero on the other slots, all zeros for a run
+    without any."""
     if federation.aggregation != "samples":
-        return torch.full(clients.shape, 1.0 / clients.shape[-1], dtype=dtype, device=clients.device)
-    sizes = problem.client_sizes[clients].to(dtype)
-    return sizes / sizes.sum(-1, keepdim=True)
+        if present is None:
+            return torch.full(clients.shape, 1.0 / clients.shape[-1], dtype=dtype, device=clients.device)
+        mass = present.to(dtype)
+    else:
+        mass = problem.client_sizes[clients].to(dtype)
+        if present is None:
+            return mass / mass.sum(-1, keepdim=True)
+        mass = torch.where(present, mass, 0.0)
+    return mass / mass.sum(-1, keepdim=True).clamp_min(1.0)  # a sum of counts: ≥ 1 where anyone takes part

@@ -6,8 +6,8 @@ A round of the runs `ids` goes through three steps of the program (`fedbench.run
 
     received = links.receive(server, ids)         # the downloads as the clients receive them (the downlink)
     ...client_init(received, ...), local steps, client_final -> message
-    message = links.send(message, received, clients)   # each client's uploads attacked, through the uplink, robustly
-                                                       # aggregated: as the server receives them
+    message = links.send(message, received, clients, present)   # each client's uploads attacked, through the uplink,
+                                                                # robustly aggregated: as the server receives them
     ...server_update, the per-client rows written back
     links.commit()                                # the round's new link state written
 
@@ -17,7 +17,9 @@ State, kept here rather than among the algorithm's entries: each client's error-
 at `commit`, after everything that may raise, and keeps its draws until then: a round the program replays run by
 run after a failed SVD (`fedbench.runs`) finds the state as it was and draws nothing anew, so that every run gets
 exactly what it gets alone. The state is in the program's checkpoint (`state_dict`) where there are chains. Which
-clients are adversarial is each run's own (`Simulation.adversarial`), drawn at its start.
+clients are adversarial is each run's own (`Simulation.adversarial`), drawn at its start. Where a round's slots do not
+all hold a participant (`present`, `fedbench.participation`), the absent slots' error-feedback vectors stay as they
+were; what they send, the engine discards.
 """
 from __future__ import annotations
 
@@ -127,11 +129,12 @@ class Links:
             return server
         return {**server, **{name: self.copies[name].index_select(0, self.index) for name in self.downloads}}
 
-    def send(self, message: State, received: State, clients: Tensor) -> State:
+    def send(self, message: State, received: State, clients: Tensor, present: Tensor | None = None) -> State:
         """The message of the round's clients `clients` `[R, S]` (of the runs `receive` or `received` began it for) as
         the server receives it. Each declared upload, on the update `upload − received[relative_to]` where it declares
         one (added back after): the adversarial clients' attacked, then every client's through the uplink; then the
-        robust rule's aggregate of the S clients' values in place of each (`fedbench.robust`)."""
+        robust rule's aggregate of the S clients' values in place of each (`fedbench.robust`). `present` `[R, S]`: the
+        slots that hold a participant (None: all), the only ones whose error-feedback vectors change."""
         if not self.uploads:
             return message
         sent = dict(message)
@@ -140,21 +143,25 @@ class Links:
             base = received[upload.relative_to] if upload.relative_to else None
             self._check(upload, value, base, clients.shape[1])
             if self.adversaries or self.uplink:
-                value = self._transmitted(upload.name, value, base, clients)
+                value = self._transmitted(upload.name, value, base, clients, present)
             if self.rule:
                 value = aggregate_robustly(value, self.rule, self.trim, self.byzantine).expand_as(value)
             sent[upload.name] = value
         return sent
 
-    def _transmitted(self, upload: str, value: Tensor, base: Tensor | None, clients: Tensor) -> Tensor:
+    def _transmitted(self, upload: str, value: Tensor, base: Tensor | None, clients: Tensor,
+                     present: Tensor | None) -> Tensor:
         """An upload `[R, S, ...]` as it arrives: its update x `[R, S, d]` attacked where the client is adversarial,
-        then through the uplink (the clients' new error-feedback vectors pending until `commit`)."""
+        then through the uplink (the new error-feedback vectors of the clients of the slots `present` pending until
+        `commit`)."""
         x = (value if base is None else value - base).reshape(len(self.ids), clients.shape[1], -1)
         if self.adversaries:
             x = self._attacked(upload, x, clients)
-        y, new = self._through(self.uplink, x, self._kept(upload, x, clients), f"uplink.{upload}",
-                               self.streams["uplink"])
+        kept = self._kept(upload, x, clients)
+        y, new = self._through(self.uplink, x, kept, f"uplink.{upload}", self.streams["uplink"])
         if new is not None:
+            if present is not None:
+                new = torch.where(present[..., None], new, kept)  # type: ignore[arg-type]  # kept: new is from it
             self.pending.append((self.kept, upload, (self.index[:, None], clients), new))
         return y.view(value.shape) if base is None else base + y.view(value.shape)
 

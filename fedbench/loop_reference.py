@@ -66,13 +66,15 @@ def loop_round(name: str, problem, server: Tensor, clients: Tensor, rows: Tensor
 
 def loop_simulate(name: str, problem, federation: Federation, seed: int, **hp) -> Tensor:
     """Final global model after `federation.rounds` rounds (uniform aggregation)."""
+    steps = federation.local_steps
+    if not isinstance(steps, int) or federation.participation.model != "uniform":
+        raise ValueError("the loop reference runs E steps of S uniformly sampled clients a round")
     sampler = RoundSampler(problem, federation, seed)
     server = problem.init_params(generator(seed, "init"))
     for r in range(federation.rounds):
-        clients, draws = sampler.draw(federation.local_steps)
+        clients, draws = sampler.draw(steps)
         server = loop_round(name, problem, server, clients, draws["D"], r, hp)
     if name == "fedda":
-        elapsed = (hp.get("server_lr", 1.0) * hp["client_lr"] * (federation.rounds + fedda_offset(hp))
-                   * federation.local_steps)
+        elapsed = hp.get("server_lr", 1.0) * hp["client_lr"] * (federation.rounds + fedda_offset(hp)) * steps
         return problem.regularizer.prox(server, elapsed)
     return server

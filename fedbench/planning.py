@@ -161,6 +161,9 @@ def why_not_batchable(sims: list[Simulation]) -> str | None:
                 first.federation, first.eval_every, first.sampler.sizes, first.divergence_factor, first.compile):
             return ("the runs must share the federation, batch sizes, evaluation schedule, divergence rule and compile "
                     "mode")
+    if len(sims) > 1 and first.federation.uneven and first.problem.noisy_minibatches:
+        # a run's round is as long as its longest count: in a batch, the steps beyond it would draw its noise
+        return f"uneven local work, and {first.problem.name}'s minibatches carry noise"
     return None
 
 

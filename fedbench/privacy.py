@@ -3,7 +3,7 @@ rounds at a given δ for the mechanism the engine runs, by the Rényi DP account
 (`dp_accounting.rdp.RdpAccountant`, version 0.6.0), so that every metrics row of such a run carries its `epsilon`.
 
 The mechanism. Each round the engine samples S of the N clients uniformly without replacement, a fixed number
-(`fedbench.federation.sample_clients`), or takes all N (clients_per_round 0 or N, or an algorithm whose participation
+(`fedbench.participation.sample_clients`), or takes all N (clients_per_round 0 or N, or an algorithm whose participation
 is "all"). Each of the U uploads the algorithm declares is clipped per client to ℓ2 norm C, and the server's mean of
 it with weights 1/S gains z ~ N(0, (σC/S)² I), a draw of its own (McMahan, Ramage, Talwar, Zhang 2018, "Learning
 Differentially Private Recurrent Language Models", Algorithm 1, with S clients drawn without replacement instead of

@@ -29,6 +29,13 @@ advance as one program; a run alone is R = 1 through the same code:
 * Links. The federation's uplink and downlink transforms act between the algorithm's steps, on what crosses the
   network (`fedbench.links`: receive before client_init, send between client_final and server_update, commit
   after the round is written); without chains they hand everything through.
+* Participation and uneven local work (`fedbench.participation`). Where the number of a round's participants varies,
+  its clients keep S slots and a mask `[R, S]` of those that take part: the engine makes an absent slot count for
+  nothing (zero weight, a zero upload, its per-client and link state kept, a run without participants keeping its
+  server state; no host sync: the mask is drawn on the host). Where each participant takes its own number of local
+  steps, the round runs the longest count of its runs, and a client past its own keeps its local state
+  (`torch.where` on every entry with a client axis); each run draws the rows of its own longest count, and the batch
+  pads a shorter run's with its last step's, which its clients never use.
 
 Why explicit and not `torch.func.vmap` over runs (tried first): on this CPU vmap costs ~2x per elementwise op and
 ~30x per gather (index_select with a batched index: 380 µs against 12 µs), where the runs of Hanzely et al.'s
@@ -47,7 +54,7 @@ from torch import Tensor
 
 from fedbench.algorithms.base import HParams, Round, upload_floats
 from fedbench.compiling import compiled, compiles
-from fedbench.federation import aggregation_weights, step_oracles
+from fedbench.federation import Draw, aggregation_weights, step_oracles
 from fedbench.links import Links
 from fedbench.oracle import Batches
 from fedbench.planning import groups, not_iteration_wise, random_rounds, step_bytes, why_not_batchable
@@ -58,6 +65,7 @@ if TYPE_CHECKING:  # a program's runs; `fedbench.simulate` drives them through p
 GATHER_BUDGET = 4 * 2**20  # bytes of minibatch rows one batched local step gathers (see RoundProgram.chunk)
 STREAM_BYTES = 2**20  # rows of the iterations an iteration-wise program draws ahead for all its runs at a time
 HP_RANK = 3  # float hyperparameters are [R, 1, 1]: they broadcast against [R, 1, d] and [R, S, d]
+UNEVEN = "in a round of uneven local work (each client's own count: rnd.client_steps)"
 
 
 class NotBatchable(ValueError):
@@ -157,6 +165,75 @@ def _stacked(tensors: list[Tensor]) -> Tensor:
     return tensors[0].unsqueeze(0) if len(tensors) == 1 else torch.stack(tensors)
 
 
+def _along(mask: Tensor, value: Tensor) -> Tensor:
+    """A mask `[R, S]` viewed to broadcast against `value` `[R, S, ...]`."""
+    return mask.view(*mask.shape, *[1] * (value.dim() - mask.dim()))
+
+
+def _client_rows(value: Tensor, mask: Tensor) -> bool:
+    """Whether `value` has the run and client axes of `mask` `[R, S]` (a client's entry, not a shared `[R, 1, ...]`)."""
+    return value.shape[:2] == mask.shape
+
+
+def _step_taken(local: dict[str, Tensor], stepped: dict[str, Tensor], active: Tensor) -> dict[str, Tensor]:
+    """The local state after a step that only the clients within their count (`active` `[R, S]`) take: each entry with
+    a client axis keeps the other clients' rows of `local`."""
+    return {key: torch.where(_along(active, value), value, local[key])
+            if key in local and _client_rows(value, active) and local[key].shape == value.shape else value
+            for key, value in stepped.items()}
+
+
+@dataclasses.dataclass
+class RoundDraws:
+    """The live runs' draws of one round, batched (`RoundProgram._draw`): their `Draw`s stacked on a run axis."""
+
+    clients: Tensor  # [R, S], on the device
+    rows: dict[str, Tensor]  # [steps, R, S, b] per drawn minibatch
+    steps: int  # the local steps the round runs: the longest of its runs'
+    lengths: list[int]  # each run's own (its iterations grow by it)
+    participants: list[int]  # each run's participants, on the host (S where every slot takes part)
+    present: Tensor | None = None  # [R, S] bool on the device: the slots that hold a participant (None: all)
+    counts: Tensor | None = None  # [R, S] on the device: each slot's local steps under uneven local work
+    least: int = 0  # the fewest local steps of any slot: every client takes the steps before it
+
+    @classmethod
+    def of(cls, draws: list[Draw], device) -> RoundDraws:
+        lengths = [draw.steps for draw in draws]
+        steps = max(lengths)
+        if draws[0].counts is None and min(lengths) != steps:
+            raise NotBatchable("runs of one round-wise program drew rounds of different lengths")
+        rows = {k: torch.stack([_padded(draw.rows[k], steps) for draw in draws], 1) for k in draws[0].rows}
+        present, counts, least = _stacked_masks(draws, "present"), _stacked_masks(draws, "counts"), steps
+        participants = [len(draws[0].clients)] * len(draws) if present is None else present.sum(-1).tolist()
+        if counts is not None:
+            least = int(counts.min())
+        return cls(torch.stack([draw.clients for draw in draws]), rows, steps, lengths, participants,
+                   None if present is None else present.to(device), None if counts is None else counts.to(device),
+                   least)
+
+    def select(self, positions: list[int], device) -> RoundDraws:
+        """The draws of the runs at `positions` (indices into the batch's runs)."""
+        chosen = torch.tensor(positions, device=device)
+        pick = lambda value: None if value is None else value[chosen]  # noqa: E731
+        return RoundDraws(self.clients[chosen], {k: v[:, chosen] for k, v in self.rows.items()}, self.steps,
+                          [self.lengths[p] for p in positions], [self.participants[p] for p in positions],
+                          pick(self.present), pick(self.counts), self.least)
+
+
+def _stacked_masks(draws: list[Draw], name: str) -> Tensor | None:
+    """The runs' `present` or `counts` `[R, S]` on the host (None where the draws have none)."""
+    values = [getattr(draw, name) for draw in draws]
+    return None if values[0] is None else torch.stack(values)
+
+
+def _padded(rows: Tensor, steps: int) -> Tensor:
+    """A run's rows `[L, S, b]` of a round of `steps` ≥ L steps: its last step's again in the steps it does not take
+    (its clients are past their counts there: never used)."""
+    if len(rows) == steps:
+        return rows
+    return torch.cat([rows, rows[-1:].expand(steps - len(rows), *rows.shape[1:])])
+
+
 class RunOracle:
     """A problem's oracle of R runs' minibatches, lifted over the run axis for every method it has: tensor
     arguments `[R, S, ...]` are folded to the `[R·S, ...]` the problem's oracle of the flattened batch answers (a
@@ -248,6 +325,8 @@ class RoundProgram:
         self._hp_alone: dict[int, HParams] = {}  # `_hp_of` one run
         self.scheduled = list(self.algorithm.schedules)  # hyperparameters that follow a schedule (`_at_rounds`)
         self.everyone = self.algorithm.participation == "all"
+        given = self.federation.local_steps
+        self.local_steps = given if isinstance(given, int) else None  # E; None: each participant its own (uneven)
         self.minibatches = first.sampler.minibatches
         self.compiled = compiles(sims)  # whether its local steps run compiled (`fedbench.compiling`)
         self.local_step = compiled(self._local_step) if self.compiled else self._local_step
@@ -257,7 +336,7 @@ class RoundProgram:
         self.train_seconds = 0.0  # the whole batch's
         self.share = 0.0  # Σ over steps of the step's seconds / live runs: each live run's share of the time
         self.settled = [0.0] * len(sims)  # `share` when each run was last charged (`_settle`)
-        self._uploaded = (0, 0)  # floats and bits each run uploaded in the last round
+        self._uploaded = (0, 0)  # floats and bits one participant uploaded in the last round
         # Runs per batched kernel: a local step gathers S·b rows per run; beyond GATHER_BUDGET bytes the gathered
         # batch leaves the cache and the batch runs slower than its runs one after another (Bao et al.'s Lasso,
         # 800 KB a run: 1.2x at R = 4, 0.4x at R = 64, before `plan` sent such runs one after another), so
@@ -336,9 +415,10 @@ class RoundProgram:
         return lambda rows: torch.cat([self.problem.minibatch_noise(run_rows, gen)  # type: ignore[misc]  # noisy: no None
                                        for run_rows, gen in zip(rows.view(len(gens), -1, rows.shape[-1]), gens)])
 
-    def _weights(self, clients: Tensor) -> Tensor:
-        """The server's weights `[R, S]` over each run's sampled clients `clients` `[R, S]`."""
-        return aggregation_weights(self.problem, self.federation, clients, self.dtype)
+    def _weights(self, clients: Tensor, present: Tensor | None = None) -> Tensor:
+        """The server's weights `[R, S]` over each run's sampled clients `clients` `[R, S]` (those of the slots
+        `present`, where only those take part)."""
+        return aggregation_weights(self.problem, self.federation, clients, self.dtype, present)
 
     def _streams(self, ids: list[int]) -> tuple[torch.Generator, ...]:
         return tuple(self.sims[i].algorithm_gen for i in ids)
@@ -355,27 +435,22 @@ class RoundProgram:
         return clients * upload_floats(self.algorithm, message), clients * self.links.upload_bits(message)
 
     # -- one round of every live run ----------------------------------------------------------------------
-    def _draw(self):
+    def _draw(self) -> RoundDraws:
         """Every live run's draws of this round on its own streams, in the order a run alone draws them."""
-        lengths, clients, rows = [], [], []
+        draws = []
         for i in self.live:
             sim = self.sims[i]
-            steps = sim.algorithm.round_length(self.federation.local_steps, sim.algorithm_gen)
-            c, r = sim.sampler.draw(steps, everyone=self.everyone)
-            lengths.append(steps)
-            clients.append(c)
-            rows.append(r)
-        if len(set(lengths)) > 1:
-            raise NotBatchable("runs of one round-wise program drew rounds of different lengths")
-        stacked = {k: torch.stack([r[k] for r in rows], 1) for k in rows[0]}  # [steps, R, S, b]
-        return torch.stack(clients), stacked, lengths[0]
+            given = self.local_steps
+            steps = None if given is None else sim.algorithm.round_length(given, sim.algorithm_gen)
+            draws.append(sim.sampler.draw_round(steps, self.everyone, sim.rounds_done))
+        return RoundDraws.of(draws, self.device)
 
     def run_round(self) -> list[int]:
         """One round of every live run; the runs whose round failed (an SVD of an overflowed iterate raised
         LinAlgError) are returned: the batch then replays the round run by run on the same draws, so that
         only the failing runs fail."""
         draws = self._draw()
-        down = self._downloaded(draws[0].shape[-1])
+        down = self._downloaded(1)
         start = (self.server, self.clients)  # every chunk starts from the state before the round
         failed = []
         for first in range(0, len(self.live), self.chunk):
@@ -384,20 +459,18 @@ class RoundProgram:
                 self._advance(draws, positions, start)
             except torch.linalg.LinAlgError:
                 failed += [self.live[p] for p in _failing_alone(positions, lambda p: self._advance(draws, [p], start))]
-        for i in self.live:
-            self.sims[i].count_round(self._uploaded, down, draws[2])
+        for i, taking, length in zip(self.live, draws.participants, draws.lengths):  # the participants' messages
+            self.sims[i].count_round(_times(self._uploaded, taking), _times(down, taking), length)
         self.rounds_done += 1
         return failed
 
-    def _advance(self, draws, positions: list[int], start: tuple[dict, dict]) -> None:
+    def _advance(self, draws: RoundDraws, positions: list[int], start: tuple[dict, dict]) -> None:
         """The round of the live runs at `positions` (indices into `self.live`) on their draws, from their state in
         `start` (server, clients) at the round's beginning."""
-        clients, rows, steps = draws
         algorithm, count = self.algorithm, len(positions)
         if count < len(self.live):
-            chosen = torch.tensor(positions, device=self.device)
-            clients = clients[chosen]
-            rows = {k: v[:, chosen] for k, v in rows.items()}
+            draws = draws.select(positions, self.device)
+        clients, rows, present, counts = draws.clients, draws.rows, draws.present, draws.counts
         ids = [self.live[p] for p in positions]
         whole = count == len(self.sims)
         live = None if whole else torch.tensor(ids, device=self.device)
@@ -407,7 +480,11 @@ class RoundProgram:
         gathered = state if run_index is None else {k: v[run_index, clients] for k, v in state.items()}
         hp = self._at_rounds(self._hp_of(ids, live), ids)
         sim = self.sims[ids[0]]
-        rnd = Round(clients, sim.rounds_done, steps, sim.iterations, streams=self._streams(ids))
+        if counts is None:
+            rnd = Round(clients, sim.rounds_done, draws.steps, sim.iterations, streams=self._streams(ids))
+        else:
+            rnd = Round(clients, sim.rounds_done, streams=self._streams(ids), where=UNEVEN,
+                        client_steps=counts.to(self.dtype).unsqueeze(-1))
         received = self.links.receive(server, ids)
         local = algorithm.client_init(received, gathered, rnd, hp)
         names, noise, sampled = list(rows), self._noise(ids), clients.shape[1]
@@ -416,11 +493,16 @@ class RoundProgram:
         # the next gather the block still in cache (a Lasso step at p = 1024 gathers 800 KB; its gathers took ~10%
         # longer otherwise)
         for step, step_rows in enumerate(zip(*[v.unbind(0) for v in self._layout(rows).values()])):
-            local = self.local_step(local, dict(zip(names, step_rows)), count, sampled, noise, rnd.at(step), hp)
+            stepped = self.local_step(local, dict(zip(names, step_rows)), count, sampled, noise, rnd.at(step), hp)
+            local = stepped if counts is None or step < draws.least else _step_taken(local, stepped, counts > step)
         message, updated = algorithm.client_final(local, rnd, hp)
-        self._uploaded = self._uploaded_by(message, sampled)
-        message = self.links.send(message, received, clients)
-        server = algorithm.server_update(server, message, self._weights(clients), rnd, hp)
+        self._uploaded = self._uploaded_by(message, 1)
+        message = self.links.send(message, received, clients, present)
+        if present is None:
+            server = algorithm.server_update(server, message, self._weights(clients), rnd, hp)
+        else:
+            server = self._update_present(server, message, rnd, hp, draws)
+            updated = {k: torch.where(_along(present, v), v, gathered[k]) for k, v in updated.items()}
         # The scatter comes last, after everything that may raise: a replayed chunk finds its rows as they were.
         for key, value in updated.items():
             if self.everyone:
@@ -433,6 +515,20 @@ class RoundProgram:
             self.server = {k: _rows_replaced(self.server[k], live, v) for k, v in server.items()}
             self.clients = {k: _rows_replaced(self.clients[k], live, v) for k, v in state.items()}
         self.links.commit()
+
+    def _update_present(self, server: dict[str, Tensor], message: dict[str, Tensor], rnd: Round, hp: HParams,
+                        draws: RoundDraws) -> dict[str, Tensor]:
+        """The server's update from the participants of the slots `draws.present` alone: the other slots' uploads are
+        zeros and their weights zero (`aggregation_weights`), and a run without participants keeps its state."""
+        present = draws.present
+        assert present is not None  # a round of a varying number of participants
+        message = {k: torch.where(_along(present, v), v, 0.0) if _client_rows(v, present) else v
+                   for k, v in message.items()}
+        updated = self.algorithm.server_update(server, message, self._weights(rnd.clients, present), rnd, hp)
+        if min(draws.participants) > 0:
+            return updated
+        anyone = present.any(-1).view(-1, 1)  # [R, 1]
+        return {k: torch.where(_along(anyone, v), v, server[k]) for k, v in updated.items()}
 
     # -- checkpoints ----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -568,6 +664,8 @@ class IterationProgram(RoundProgram):
         super().__init__(sims)
         if why := not_iteration_wise(sims[0]):
             raise NotBatchable(why)
+        assert self.local_steps is not None  # every client takes part: no uneven local work (`check_algorithm`)
+        self.steps_given = self.local_steps  # E, which each run's `round_length` draws its rounds' lengths from
         sampler = sims[0].sampler
         self.rows_per_step = self.problem.num_clients * sampler.sizes[sampler.drawn[0].name]
         self.length = [0] * len(sims)
@@ -614,7 +712,7 @@ class IterationProgram(RoundProgram):
         states together (client_init). Their first step is the next iteration."""
         for i in opening:
             sim = self.sims[i]
-            steps = sim.algorithm.round_length(self.federation.local_steps, sim.algorithm_gen)
+            steps = sim.algorithm.round_length(self.steps_given, sim.algorithm_gen)
             self.length[i] = steps
             self.ends.setdefault(self.iteration + steps - 1, []).append(i)
         runs = torch.tensor(opening, device=self.device)
@@ -745,6 +843,11 @@ class IterationProgram(RoundProgram):
                 self.share += (time.perf_counter() - start) / len(self.live)
             if self.safe_point is not None:
                 self.safe_point(self)
+
+
+def _times(counted: tuple[int, int], clients: int) -> tuple[int, int]:
+    """Floats and bits of `clients` clients, from those of one."""
+    return counted[0] * clients, counted[1] * clients
 
 
 def program(sims: list[Simulation]) -> RoundProgram:

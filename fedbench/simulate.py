@@ -7,12 +7,13 @@
         ...
     sim.status                 # 'finished' or 'diverged'
 
-Random streams (see `fedbench.rng`): "init" (initial point), "clients" (who is sampled each round),
-"minibatches" (local minibatches), the algorithm's own (`Algorithm.random_stream`, default "algorithm":
-coins, round lengths), "uplink" / "downlink" where the federation's chain there draws (`fedbench.transforms`), and
-"adversaries" where the federation has some (which clients, at the start; the gaussian attack's noise,
-`fedbench.robust`); the problem's data use its own "data" stream. Evaluation draws from none of them, so the curve's
-schedule (`eval_every`) never changes a run.
+Random streams (see `fedbench.rng`): "init" (initial point), "clients" (who is sampled each round, as the
+federation's participation model draws it, `fedbench.participation`), "minibatches" (local minibatches), the
+algorithm's own (`Algorithm.random_stream`, default "algorithm": coins, round lengths), "uplink" / "downlink" where
+the federation's chain there draws (`fedbench.transforms`), "adversaries" where the federation has some (which
+clients, at the start; the gaussian attack's noise, `fedbench.robust`), and "local-steps" where each round draws its
+participants' numbers of local steps; the problem's data use its own "data" stream. Evaluation draws from none of
+them, so the curve's schedule (`eval_every`) never changes a run.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from fedbench.algorithms.base import Algorithm
 from fedbench.compiling import check_mode
 from fedbench.federation import DIVERGENCE_FACTOR, Federation, RoundSampler, aggregation_weights, minibatch_sizes
 from fedbench.links import check_uploads
+from fedbench.participation import check_algorithm
 from fedbench.privacy import EPSILON, Accountant, Mechanism
 from fedbench.problems.base import Problem
 from fedbench.rng import generator
@@ -61,6 +63,7 @@ class Simulation:
         sizes, fields = minibatch_sizes(minibatches, algorithm.hp, federation.batch_size)
         federation.check(problem.layout(), fields)
         check_uploads(federation, algorithm, problem.num_clients)
+        check_algorithm(federation, type(algorithm), algorithm.declared)
         self.problem, self.algorithm, self.federation = problem, algorithm, federation
         self.accountant = (None if delta is None else
                            Accountant(Mechanism.of(federation, algorithm, problem.num_clients), delta))
@@ -118,21 +121,24 @@ class Simulation:
     def streams(self) -> dict[str, torch.Generator]:
         """Every random stream of the run by name (see the module's docstring)."""
         adversaries = {} if self.adversary_gen is None else {"adversaries": self.adversary_gen}
+        steps = {} if self.sampler.steps_gen is None else {"local-steps": self.sampler.steps_gen}
         return {"clients": self.sampler.client_gen, "minibatches": self.sampler.batch_gen,
                 "feature-noise": self.sampler.noise_gen, "algorithm": self.algorithm_gen, **self.link_streams,
-                **adversaries}
+                **adversaries, **steps}
 
     def state_dict(self) -> dict[str, Any]:
         """The run's record: its state as it holds it, each stream's state, its counters and, where it has
-        adversaries, which clients they are (a program's checkpoint holds its runs' records,
-        `fedbench.runs.RoundProgram.state_dict`)."""
+        adversaries, which clients they are, and where its participation model keeps a state (the Markov chains),
+        that state (a program's checkpoint holds its runs' records, `fedbench.runs.RoundProgram.state_dict`)."""
         adversarial = {} if self.adversary_gen is None else {"adversarial": self.adversarial}
+        chains = self.sampler.participants.state_dict()
         return {"server": self.server, "clients": self.clients,
                 "streams": {name: gen.get_state() for name, gen in self.streams().items()},
-                **{name: getattr(self, name) for name in self.RECORD}, **adversarial}
+                **{name: getattr(self, name) for name in self.RECORD}, **adversarial,
+                **({"participation": chains} if chains else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """The run as `state_dict` recorded it: its state, streams, counters and adversaries."""
+        """The run as `state_dict` recorded it: its state, streams, counters, adversaries and participation state."""
         self.server, self.clients = state["server"], state["clients"]
         for name, gen in self.streams().items():
             gen.set_state(state["streams"][name].cpu())  # the generators live on the CPU (`fedbench.rng`)
@@ -140,6 +146,8 @@ class Simulation:
             setattr(self, name, state[name])
         if self.adversary_gen is not None:
             self.adversarial = state["adversarial"]
+        if "participation" in state:
+            self.sampler.participants.load_state_dict(state["participation"])
 
     def exploded(self, row: dict[str, float]) -> bool:
         if not all(math.isfinite(v) for v in row.values()):

@@ -653,14 +653,13 @@ def validate(
 def list_components(with_plugins: Optional[List[str]] = WithOption) -> None:
     """Problems and algorithms, with each parameter's type, default and valid range, and where each came from:
     built in, or a plugin (installed packages' entry points, and those given with --with); then the federation's
-    parameters, its adversaries' and the transforms its uplink and downlink may chain, and the privacy accounting of
-    the uplink's noise."""
+    parameters, its adversaries', its participation model's and uneven local steps', the transforms its uplink and
+    downlink may chain, and the privacy accounting of the uplink's noise."""
     from fedbench import plugins
     from fedbench.algorithms import ALGORITHMS
     from fedbench.problems import PROBLEMS
-    from fedbench.robust import Adversaries
     from fedbench.transforms import TRANSFORMS
-    from .recipe import FEDERATION_PARAMS
+    from .recipe import FEDERATION_MAPPINGS, FEDERATION_PARAMS
 
     plugins.discover()
     for spec in with_plugins or []:
@@ -676,8 +675,9 @@ def list_components(with_plugins: Optional[List[str]] = WithOption) -> None:
             for line in contract_lines(title, cls):
                 console.print(f"  {line}", highlight=False)
     console.print(param_table("[bold]federation[/]", FEDERATION_PARAMS))
-    console.print(param_table("[bold]federation.adversaries[/] (a mapping, e.g. {fraction: 0.2, attack: gaussian})",
-                              Adversaries.params))
+    for name, (made, example) in FEDERATION_MAPPINGS.items():
+        instead = " instead of E: uneven local work" if name == "local_steps" else ""
+        console.print(param_table(f"[bold]federation.{name}[/] (a mapping{instead}, e.g. {example})", made.params))
     console.print("transforms of federation.uplink and federation.downlink, as [{name: value}, ...] (value: the first "
                   "parameter, or {parameter: value}):", highlight=False)
     for name, transform in TRANSFORMS.items():

@@ -180,7 +180,8 @@ def test_a_param_added_in_code_appears_on_the_site_with_no_page_edited(tmp_path,
 
 # What each page must show (a heading of its own, by the object's path), beyond what the hook lists
 API_NAMES = {"algorithm": ["Algorithm.client_step", "Algorithm.client_final", "Algorithm.server_update",
-                           "Algorithm.downloads", "Algorithm.requires", "Round", "Round.draw", "Upload"],
+                           "Algorithm.downloads", "Algorithm.requires", "Algorithm.takes_uneven_steps", "Round",
+                           "Round.draw", "Round.client_steps", "Upload"],
              "problem": ["Problem.gather", "Problem.minibatch_loss", "Problem.client_loss", "Problem.provides"],
              "oracles": ["Oracle.grad", "Batches", "Minibatch"],
              "parameters": ["Param", "Param.kind", "Metric.direction"],
@@ -188,6 +189,7 @@ API_NAMES = {"algorithm": ["Algorithm.client_step", "Algorithm.client_final", "A
              "running": ["run", "simulate", "Result.final", "Simulation.accountant"],
              "privacy": ["Accountant.epsilon", "Mechanism.of", "Mechanism.event"],
              "transforms": ["Transform.apply", "Transform.bits", "Compressor.compress", "chain"],
+             "participation": ["Participation", "LocalSteps", "check_algorithm", "sample_clients"],
              "plugins": ["load", "discover", "PluginError"]}
 
 

@@ -11,6 +11,7 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from helpers import invoke, refused
@@ -188,6 +189,121 @@ def test_a_rule_is_refused_where_the_server_takes_no_mean_of_messages_per_client
     refused(invoke("validate", write(tmp_path, own)), "algorithms.fedavg.federation.byzantine: found 1 with krum")
     fine = PROBLEM + "algorithms: {fedavg: {federation: {aggregation: krum, byzantine: 0, adversaries: {}}}}\n"
     assert invoke("validate", write(tmp_path, fine)).exit_code == 0
+
+
+# -- participation models and uneven local work (fedbench.participation): each refused at its field ---------------
+
+PARTICIPATION = {  # id: (federation fields after batch_size, or local_steps in place of E; the field path; a phrase)
+    "cyclic without groups": ("participation: {model: cyclic}", "federation.participation.groups",
+                              "found none, expected K groups"),
+    "more groups than clients": ("participation: {model: cyclic, groups: 9}", "federation.participation.groups",
+                                 "expected at most the problem's 8 clients"),
+    "S above the smallest group": ("participation: {model: cyclic, groups: 3}", "federation.clients_per_round",
+                                   "found 4 with cyclic participation, expected 1 to 2"),
+    "probability above 1": ("participation: {model: bernoulli, p: 1.5}", "federation.participation.p",
+                            "expected float in [0, 1], found 1.5"),
+    "probability below 0 in a grid": ("participation: {model: bernoulli, p: [0.5, -0.1]}",
+                                      "federation.participation.p[1]", "found -0.1"),
+    "unknown model": ("participation: {model: poisson}", "federation.participation.model", "found 'poisson'"),
+    "unknown field": ("participation: {model: bernoulli, pp: 0.3}", "federation.participation.pp",
+                      "did you mean 'p'"),
+    "another model's field": ("participation: {model: cyclic, groups: 2, p: 0.3}", "federation.participation.p",
+                              "found 0.3 with model cyclic, which reads groups"),
+    "bernoulli without its probabilities": ("participation: {model: bernoulli}", "federation.participation",
+                                            "expected one of p, p_low with p_high, or p_file"),
+    "two forms of p": ("participation: {model: bernoulli, p: 0.2, p_low: 0.1}", "federation.participation",
+                       "found p and p_low"),
+    "p_low alone": ("participation: {model: bernoulli, p_low: 0.5}", "federation.participation.p_high",
+                    "expected p_low and p_high together"),
+    "p_low above p_high": ("participation: {model: bernoulli, p_low: 0.5, p_high: 0.2}",
+                           "federation.participation.p_high", "expected at least p_low 0.5"),
+    "markov without p_off": ("participation: {model: markov, p_on: 0.2}", "federation.participation.p_off",
+                             "found none"),
+    "markov that never moves": ("participation: {model: markov, p_on: 0, p_off: 0}", "federation.participation.p_on",
+                                "expected p_on + p_off > 0"),
+    "no mapping": ("participation: 0.3", "federation.participation", "found the number 0.3, expected a mapping"),
+    "a varying number with a robust rule": ("participation: {model: bernoulli, p: 0.3}, aggregation: median",
+                                            "federation.participation.model",
+                                            "found bernoulli with aggregation median"),
+    "a model with DP-FedAvg's noise": ("participation: {model: cyclic, groups: 2}, uplink: [{clip: 1.0}, "
+                                       "{gaussian: 1.0}]", "federation.participation.model",
+                                       "found cyclic with DP-FedAvg's noise"),
+    "a file that is not there": ("participation: {model: bernoulli, p_file: nothere.npy}",
+                                 "federation.participation.p_file", "cannot read nothere.npy"),
+    "low above high": ("local_steps: {distribution: uniform, low: 5, high: 2}", "federation.local_steps.high",
+                       "found 2, expected at least low 5"),
+    "a distribution without high": ("local_steps: {distribution: uniform, low: 1}", "federation.local_steps.high",
+                                    "found none, expected all three"),
+    "counts not one per client": ("local_steps: {counts: [1, 2, 3]}", "federation.local_steps.counts",
+                                  "found 3 counts, expected one per client, 8"),
+    "a count of 0": ("local_steps: {counts: [1, 2, 3, 4, 5, 6, 7, 0]}", "federation.local_steps.counts",
+                     "found 0"),
+    "two forms of counts": ("local_steps: {distribution: uniform, low: 1, high: 3, counts: [1, 1, 1, 1, 1, 1, 1, 1]}",
+                            "federation.local_steps", "found distribution and counts"),
+    "unknown distribution": ("local_steps: {distribution: normal, low: 1, high: 2}",
+                             "federation.local_steps.distribution", "found 'normal'"),
+    "a low of 0 in a grid": ("local_steps: {distribution: uniform, low: [1, 0], high: 3}",
+                             "federation.local_steps.low[1]", "found 0"),
+}
+
+
+@pytest.mark.parametrize("participation", PARTICIPATION.values(), ids=PARTICIPATION)
+def test_a_participation_model_or_uneven_work_is_refused_at_its_field_on_one_short_line(tmp_path, monkeypatch,
+                                                                                      participation):
+    text, field, phrase = participation
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipes").mkdir()
+    if text.startswith("local_steps"):
+        recipe = PROBLEM.replace("local_steps: 2", text) + FEDAVG
+    else:
+        recipe = PROBLEM.replace("batch_size: 5}", f"batch_size: 5, {text}}}") + FEDAVG
+    first = refused(invoke("validate", write(Path("recipes"), recipe, "lasso_grid.yaml")), f"{field}: ", phrase)
+    assert len(first) < LONGEST_LINE, f"{len(first)} characters: {first}"
+
+
+def test_a_file_of_probabilities_or_counts_is_refused_naming_the_file(tmp_path):
+    short, outside, counts = tmp_path / "short.npy", tmp_path / "outside.csv", tmp_path / "counts.csv"
+    np.save(short, np.full(7, 0.5))
+    outside.write_text("0.5\n" * 7 + "1.5\n")
+    counts.write_text("1,2,3,4,5,6,7,2.5\n")
+    for name, phrase in ((short, f"{short}: found 7 values, expected one per client, 8"),
+                         (outside, f"{outside}: found 1.5 at client 7, expected probabilities in [0, 1]")):
+        recipe = PROBLEM.replace("batch_size: 5}", f"batch_size: 5, participation: {{model: bernoulli, p_file: "
+                                 f"{name}}}}}") + FEDAVG
+        refused(invoke("validate", write(tmp_path, recipe)), "federation.participation.p_file: ", phrase)
+    recipe = PROBLEM.replace("local_steps: 2", f"local_steps: {{file: {counts}}}") + FEDAVG
+    refused(invoke("validate", write(tmp_path, recipe)), "federation.local_steps.file: ",
+            f"{counts}: found 2.5 at client 7, expected integers ≥ 1")
+    fine = PROBLEM.replace("batch_size: 5}", f"batch_size: 5, participation: {{model: bernoulli, p_file: "
+                           f"{short}}}}}").replace("clients: 8", "clients: 7").replace("clients_per_round: 4",
+                                                                                          "clients_per_round: 0")
+    assert invoke("validate", write(tmp_path, fine + FEDAVG)).exit_code == 0
+
+
+def test_what_an_algorithm_cannot_take_is_refused_at_its_field(tmp_path):
+    every = "problem: {name: pfl_synthetic, preset: s1}\nfederation: {clients_per_round: 0, local_steps: 1, " \
+            "batch_size: 1, participation: {model: bernoulli, p: 0.5}}\nalgorithms: {l2sgd_plus: {}}\n"
+    refused(invoke("validate", write(tmp_path, every)), "federation.participation.model: found bernoulli for "
+            "l2sgd_plus, which takes every client every round; expected uniform")
+    pairs = "problem: {name: pauc, preset: guo2023_noisy_auc, clients: 4, positives_per_client: 10, " \
+            "negatives_per_client: 50, features: 6}\nfederation: {clients_per_round: 3, batch_size: 8}\n"
+    pooled = pairs + "algorithms: {fedxl1: {federation: {participation: {model: markov, p_on: 0.5, p_off: 0.5}}}}\n"
+    refused(invoke("validate", write(tmp_path, pooled)), "algorithms.fedxl1.federation.participation.model: found "
+            "markov for fedxl1, whose server uses each client's uploads", "expected uniform or cyclic")
+    cyclic = pairs + "algorithms: {fedxl1: {federation: {clients_per_round: 2, participation: {model: cyclic, groups: 2}}}}\n"
+    assert invoke("validate", write(tmp_path, cyclic)).exit_code == 0  # a fixed number: any algorithm
+    uneven = PROBLEM.replace("local_steps: 2", "local_steps: {distribution: uniform, low: 1, high: 3}")
+    for algorithm in ("fedda: {}", "fast_fedda: {}", "fedmid: {server_threshold: yuan}", "local_sgd_ce: {}"):
+        name = algorithm.split(":")[0]
+        refused(invoke("validate", write(tmp_path, uneven + f"algorithms: {{{algorithm}}}\n")),
+                f"federation.local_steps: found uniform(low=1, high=3) for {name}, whose rounds take one number of "
+                "local steps for all its clients; expected one integer E")
+    taking = "algorithms: {fedavg: {}, fedmid: {}, fedprox: {}, ditto: {}, scaffold: {}, pfedme: {}, per_fedavg: " \
+             "{inner_batch: 5, outer_batch: 5, hessian_batch: 5}}\n"
+    assert invoke("validate", write(tmp_path, uneven + taking)).exit_code == 0
+    budget = uneven.replace("rounds: 4", "iterations: 40") + FEDAVG
+    refused(invoke("validate", write(tmp_path, budget)), "federation.iterations: found 40 with uneven local_steps "
+            "uniform(low=1, high=3); expected rounds")
 
 
 @pytest.mark.parametrize("text", REFUSALS.values(), ids=REFUSALS)

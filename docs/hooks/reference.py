@@ -12,8 +12,9 @@ What is read, and from where:
   minibatches it draws, and the module's docstring (the update rule, with the paper and its equations);
 - the recipe: the pydantic models of `SECTIONS` (each field's type, default and constraints; the rule a field
   validator enforces, read from the message it gives a value it refuses; the comment beside the field in the
-  source), `FEDERATION_PARAMS`, the adversaries and robust rules of `fedbench.robust` and the transforms of
-  `fedbench.transforms` (parameters, help, the module's docstring), the tune space's distributions and samplers;
+  source), `FEDERATION_PARAMS`, the adversaries and robust rules of `fedbench.robust`, the participation models and
+  uneven local steps of `fedbench.participation` and the transforms of `fedbench.transforms` (parameters, help, the
+  module's docstring), the tune space's distributions and samplers;
 - the CLI: the Typer app as Click sees it (every command, argument and option with its help and default);
 - the gallery's tables of shipped recipes: a page's `<!-- shipped-recipes: PREFIX -->` becomes the table of the
   recipes whose name starts with PREFIX, from their headers (`sweeps/shipped.py`, as `fedbench recipes`);
@@ -292,7 +293,8 @@ def recipe_page() -> str:
                       "hyperparameters (a list is a grid axis), or to nothing for the defaults; an entry may also "
                       "hold its own `problem:` and `federation:` overrides.", ""]
     lines += ["## `federation:`", "", "How rounds run; a list is a grid axis (generated from `FEDERATION_PARAMS`).",
-              "", *param_table(FEDERATION_PARAMS), "", *robust_section(), *transforms_section(),
+              "", *param_table(FEDERATION_PARAMS), "", *robust_section(), *participation_section(),
+              *transforms_section(),
               "## `tune.space` distributions", "",
               "Each entry of `tune.space` maps a parameter (bare name, `problem.X`, `federation.X` or "
               "`algorithms.ALGO.X`; or a field of the schedule a hyperparameter follows, `X.FIELD` or "
@@ -314,6 +316,22 @@ def robust_section() -> list[str]:
             "`adversaries: {fraction: [0.1, 0.3], attack: sign_flip, scale: 10}` or "
             "`--set federation.adversaries.attack=[sign_flip,gaussian]`.", "",
             *param_table(Adversaries.params), "", module_doc(Adversaries), ""]
+
+
+def participation_section() -> list[str]:
+    """`federation.participation` and uneven `federation.local_steps`: the fields of each mapping, then the module's
+    docstring (each model's draws and paper, how the engine runs a varying number of participants and uneven work)."""
+    from fedbench.participation import LocalSteps, Participation
+
+    return ["## `federation.participation` and uneven `federation.local_steps`", "",
+            "`participation` is a mapping of the fields below (generated from `fedbench.participation.Participation`), "
+            "only those its `model` reads, each a grid axis where it is a list, e.g. "
+            "`participation: {model: bernoulli, p: [0.1, 0.5]}` or `--set federation.participation.p=[0.1,0.5]`.", "",
+            *param_table(Participation.params), "",
+            "`local_steps` may be a mapping in place of E, uneven local work: `{distribution: uniform, low: 1, high: "
+            "10}`, `{counts: [...]}` (one per client) or `{file: steps.npy}` (generated from "
+            "`fedbench.participation.LocalSteps`); `--set federation.local_steps.high=[5,10]` is a grid axis inside.",
+            "", *param_table(LocalSteps.params), "", module_doc(Participation), ""]
 
 
 def transforms_section() -> list[str]:
@@ -477,6 +495,13 @@ API_PAGES = {
         "adjacency, sensitivity) and dp-accounting's RDP accountant", "fedbench.privacy",
         {"fedbench.privacy.Accountant": ("epsilon",), "fedbench.privacy.Mechanism": ("of", "noise_multiplier", "event"),
          "fedbench.privacy.check": (), "fedbench.privacy.epsilon_metric": ()}),
+    "participation": ApiPage(
+        "Participation and uneven local work", "who takes part in a round (`Participation`: uniform, cyclic, "
+        "bernoulli, markov) and each participant's local steps (`LocalSteps`), how the engine batches them, and what "
+        "an algorithm must declare to take them (`Algorithm.takes_uneven_steps`, `rnd.client_steps`)",
+        "fedbench.participation",
+        {"fedbench.participation.Participation": ("varying", "check"), "fedbench.participation.LocalSteps": ("check",),
+         "fedbench.participation.check_algorithm": (), "fedbench.participation.sample_clients": ()}),
     "transforms": ApiPage(
         "Round transforms", "the uplink and downlink chains: `Transform` (parameters, `apply`, `bits`), the "
         "registry, a chain's steps, how one is read and checked, the bits of a message", "fedbench.transforms",

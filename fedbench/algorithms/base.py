@@ -44,9 +44,9 @@ value there, nor in `derive`: reading it raises ParamError (`fedbench validate` 
 
 Beyond that shape an algorithm may declare: `requires` (capabilities the problem must provide,
 `fedbench.contract`), `participation = "all"` (every client every round instead of S sampled ones),
-`round_length` (how many local iterations a round has, e.g. a geometric number for a p-coin), and
+`round_length` (how many local iterations a round has, e.g. a geometric number for a p-coin),
 `draws_at_round_end` (its round's last step branches in Python on `rnd.draw`, so the engine ends such rounds one
-run at a time).
+run at a time), and `takes_uneven_steps` (whether its participants may each take their own number of local steps).
 """
 from __future__ import annotations
 
@@ -82,9 +82,11 @@ class ScheduleError(RuntimeError):
 
 class Round:
     """What the runs of a program know of their current round, the `rnd` of every round function. `clients` `[R, S]`
-    and `is_last_step` are always defined; `index` (r, from 0), `iteration` (local iterations before this round),
-    `local_steps` (E, or this round's drawn length) and `step` (the local step, from 0) where the schedule defines
-    them, and raise `ScheduleError` where it does not; `draw` where the runs' streams are bound.
+    is always defined; `index` (r, from 0), `iteration` (local iterations before this round), `local_steps` (E, or
+    this round's drawn length), `step` (the local step, from 0), `is_last_step` and `client_steps` where the
+    schedule defines them, and raise `ScheduleError` where it does not; `draw` where the runs' streams are bound. Where
+    each client takes its own number of local steps (uneven local work, `fedbench.participation`), the round has no
+    one length: `local_steps`, `iteration` and `is_last_step` are not defined, and `client_steps` holds each client's.
 
     Example:
         Fast-FedDA's local step weighs its gradient by the global iteration t = rE + j and, as the paper's
@@ -99,19 +101,22 @@ class Round:
         ```
     """
 
-    __slots__ = ("clients", "_index", "_iteration", "_local_steps", "_step", "_streams", "_where", "_last")
+    __slots__ = ("clients", "_index", "_iteration", "_local_steps", "_step", "_streams", "_where", "_last",
+                 "_client_steps")
     clients: Tensor
     """The clients of the round, `[R, S]` (indices into the problem's clients; every client, `[R, N]`, where the
     algorithm's `participation` is "all")."""
 
     def __init__(self, clients: Tensor, index: int | None = None, local_steps: int | None = None,
                  iteration: int | None = None, step: int | None = None,
-                 streams: tuple[torch.Generator, ...] | None = None, where: str = "", last: bool | None = None):
+                 streams: tuple[torch.Generator, ...] | None = None, where: str = "", last: bool | None = None,
+                 client_steps: Tensor | None = None):
         self.clients, self._index, self._local_steps, self._iteration = clients, index, local_steps, iteration
-        self._step, self._streams, self._where = step, streams, where
-        # whether `step` ends the round: from the length where it is defined, else given (an iteration-wise end)
-        self._last = last if last is not None else (step is not None and local_steps is not None
-                                                    and step == local_steps - 1)
+        self._step, self._streams, self._where, self._client_steps = step, streams, where, client_steps
+        # whether `step` ends the round: from the length where it is defined, else given (an iteration-wise end); no
+        # one step ends it where each client has its own count
+        self._last = None if client_steps is not None else last if last is not None else (
+            step is not None and local_steps is not None and step == local_steps - 1)
 
     def _defined(self, name: str, value):
         if value is None:
@@ -142,11 +147,27 @@ class Round:
     @property
     def is_last_step(self) -> bool:
         """Whether this local step ends the round (False in an iteration-wise program's inner steps)."""
-        return self._last
+        return self._defined("is_last_step", self._last)
+
+    @property
+    def client_steps(self) -> Tensor | int:
+        """Each client's local steps this round: `[R, S, 1]` in the state's dtype (it broadcasts against the local
+        state `[R, S, d]`) where the federation gives its participants uneven local work, else `local_steps`, the same
+        for every client.
+
+        Example:
+            SCAFFOLD's control variate divides the client's progress by its own K steps:
+
+            ```python
+            c_new = c_i - c + (x - y) / (rnd.client_steps * hp.client_lr)
+            ```
+        """
+        return self.local_steps if self._client_steps is None else self._client_steps
 
     def at(self, step: int) -> Round:
         """This round at local step `step`."""
-        return Round(self.clients, self._index, self._local_steps, self._iteration, step, self._streams, self._where)
+        return Round(self.clients, self._index, self._local_steps, self._iteration, step, self._streams, self._where,
+                     client_steps=self._client_steps)
 
     def draw(self, sample: Callable[[torch.Generator], Tensor]) -> Tensor:
         """`sample(gen)` on each run's own stream of the algorithm (`random_stream`), stacked on a leading run axis
@@ -352,6 +373,28 @@ class Algorithm:
             @classmethod
             def draws_in_steps(cls, hp):
                 return not hp["count_refresh"]
+            ```
+        """
+        return False
+
+    @classmethod
+    def takes_uneven_steps(cls, hp: Mapping[str, Any]) -> bool:
+        """Whether its rounds may give each participant its own number of local steps with these hyperparameters
+        (`federation.local_steps` as a mapping, `fedbench.participation`): its maths reads neither the round's length
+        (`rnd.local_steps`; a client's own count is `rnd.client_steps`) nor its last step (`rnd.is_last_step`) nor the
+        iterations before it (`rnd.iteration`), and its local steps change only entries with a client axis (a client
+        past its count keeps its rows of those). Default False: such a federation is refused at validation.
+
+        Args:
+            hp: the resolved hyperparameters by name, as Python values.
+
+        Example:
+            FedMiD's `yuan` server threshold is η_s·η_c·E, which has no one E then:
+
+            ```python
+            @classmethod
+            def takes_uneven_steps(cls, hp):
+                return hp["server_threshold"] != "yuan"
             ```
         """
         return False
@@ -582,7 +625,7 @@ class Algorithm:
             ```python
             def client_final(self, local, rnd, hp):
                 x, y, c, c_i = local["x"], local["y"], local["c"], local["c_i"]
-                c_new = c_i - c + (x - y) / (rnd.local_steps * hp.client_lr)
+                c_new = c_i - c + (x - y) / (rnd.client_steps * hp.client_lr)
                 return {"dy": y - x, "dc": c_new - c_i}, {"c": c_new}
             ```
         """

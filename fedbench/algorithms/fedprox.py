@@ -28,6 +28,10 @@ class FedProx(Algorithm):
         H_MODE,
     )
 
+    @classmethod
+    def takes_uneven_steps(cls, hp):
+        return True  # the variable local work FedProx allows (Li et al. 2020): its steps read no round length
+
     def init_clients(self, w0, num_clients):
         return {"last": w0.new_zeros(num_clients, *w0.shape), "sampled": w0.new_zeros(num_clients, 1)}
 

@@ -12,7 +12,8 @@ the clients' drift from the global update direction.
 g_i is the minibatch gradient of the smooth part; ∂h a subgradient of the regularizer (none where h = 0, the
 paper's setting; `subgradient: false` drops it as FedAvg's flag does). π̂ is the federation's aggregation (the
 paper's plain mean 1/|S| is `uniform`, the default). The control variates start at 0 (c = 0, c_i = 0); c_i is
-per-client state `[N, d]`, so SCAFFOLD keeps one model-sized vector per client.
+per-client state `[N, d]`, so SCAFFOLD keeps one model-sized vector per client. Where clients take uneven local work
+(`fedbench.participation`), K in option II is each client's own number of steps K_i.
 """
 from __future__ import annotations
 
@@ -38,6 +39,10 @@ class SCAFFOLD(Algorithm):
     def requirements(cls, hp):
         return super().requirements(hp) | ({"full_data"} if hp["control"] == "I" else set())
 
+    @classmethod
+    def takes_uneven_steps(cls, hp):
+        return True  # option II divides by each client's own K (`rnd.client_steps`)
+
     def init_server(self, w0):
         return {"w": w0.clone(), "c": w0.new_zeros(w0.shape)}
 
@@ -59,7 +64,7 @@ class SCAFFOLD(Algorithm):
         if hp.control == "I":
             c_new = self.problem.client_grad(x, rnd.clients)  # at the server model, on each client's whole data
         else:
-            c_new = c_i - c + (x - y) / (rnd.local_steps * hp.client_lr)
+            c_new = c_i - c + (x - y) / (rnd.client_steps * hp.client_lr)
         return {"dy": y - x, "dc": c_new - c_i}, {"c": c_new}
 
     def server_update(self, server, message, weights, rnd, hp):

@@ -23,7 +23,6 @@ from fedbench import plugins, schedules, transforms
 from fedbench.algorithms import ALGORITHMS
 from fedbench.hparams import LIST_KINDS, Param, ParamError
 from fedbench.problems import PROBLEMS
-from fedbench.robust import Adversaries
 from fedbench.schedules import Schedule
 from fedbench.transforms import LINKS, Step
 from .grid import MAX_RUNS, Recipe, grid_points
@@ -60,15 +59,14 @@ from .schema import (
     schema_error,
 )
 from .space import Dimension, check_space
-from .trials import FEDERATION_NAMES, FEDERATION_PARAMS, Trial, metrics_of, stable_hash
+from .trials import FEDERATION_MAPPINGS, FEDERATION_NAMES, FEDERATION_PARAMS, Trial, metrics_of, stable_hash
 
-__all__ = ["DISTRIBUTIONS", "FEDERATION_NAMES", "FEDERATION_PARAMS", "OPTION_FIELDS", "PHRASES", "SAMPLERS",
-           "SECTIONS", "X_AXES", "Checkpoints", "Dimension", "DuplicateKey", "PrunerSpec", "Recipe", "RecipeError",
-           "RecipeLoader",
-           "RecipeModel", "ReportSpec", "Resources", "SelectSpec", "StrictModel", "Trial", "TuneSpec",
-           "apply_overrides", "check_metrics", "check_option", "check_space", "closest", "field_paths",
-           "grid_points", "in_words", "is_seed", "load", "metrics_of", "named_metrics", "parse", "read_yaml",
-           "schema_error", "stable_hash", "yaml_value"]
+__all__ = ["DISTRIBUTIONS", "FEDERATION_MAPPINGS", "FEDERATION_NAMES", "FEDERATION_PARAMS", "OPTION_FIELDS",
+           "PHRASES", "SAMPLERS", "SECTIONS", "X_AXES", "Checkpoints", "Dimension", "DuplicateKey", "PrunerSpec",
+           "Recipe", "RecipeError", "RecipeLoader", "RecipeModel", "ReportSpec", "Resources", "SelectSpec",
+           "StrictModel", "Trial", "TuneSpec", "apply_overrides", "check_metrics", "check_option", "check_space",
+           "closest", "field_paths", "grid_points", "in_words", "is_seed", "load", "metrics_of", "named_metrics",
+           "parse", "read_yaml", "schema_error", "stable_hash", "yaml_value"]
 
 
 def _check_values(source: str, path: str, param: Param, value: Any, per_round: bool) -> list[Any]:
@@ -150,24 +148,27 @@ def _check_params(source, path, declared, given: dict, per_round: bool = False) 
 
 def _check_federation(source: str, path: str, given: dict) -> dict[str, list[Any]]:
     """The federation's grid (a section at `path`): its parameters' values (a list is a grid axis), then the chains
-    each link's steps make (`_check_chain`) and the adversaries (`_check_adversaries`)."""
+    each link's steps make (`_check_chain`) and what its mappings make (`_check_mapping`: the adversaries, the
+    participation model, and uneven local steps where `local_steps` is a mapping)."""
     given = dict(given)
     nested: dict[str, list[Any]] = {link: _check_chain(source, f"{path}.{link}", link, given.pop(link))
                                     for link in LINKS if link in given}
-    if "adversaries" in given:
-        nested["adversaries"] = _check_adversaries(source, f"{path}.adversaries", given.pop("adversaries"))
+    for name in FEDERATION_MAPPINGS:
+        if name in given and (name != "local_steps" or isinstance(given[name], dict)):
+            nested[name] = _check_mapping(source, f"{path}.{name}", name, given.pop(name))
     return {**_check_params(source, path, FEDERATION_PARAMS, given), **nested}
 
 
-def _check_adversaries(source: str, path: str, spec: Any) -> list[Adversaries]:
-    """The adversaries a federation's `adversaries` mapping makes: one, or where a parameter is given a list (a grid
-    axis, `{fraction: [0.1, 0.2]}`), one for each point of the product of those lists; each value checked at its
-    field's path (`federation.adversaries.fraction[1]`)."""
+def _check_mapping(source: str, path: str, name: str, spec: Any) -> list[Any]:
+    """What a federation's mapping `name` (`FEDERATION_MAPPINGS`: adversaries, participation, uneven local steps)
+    makes: one, or where a field is given a list (a grid axis, `{fraction: [0.1, 0.2]}`), one for each point of the
+    product of those lists; each value checked at its field's path (`federation.adversaries.fraction[1]`), what they
+    must be together with the trial's federation (`Federation.check`)."""
+    cls, example = FEDERATION_MAPPINGS[name]
     if not isinstance(spec, dict):
-        raise RecipeError(source, path, f"found {in_words(spec)}, expected a mapping, e.g. {{fraction: 0.2, attack: "
-                          "sign_flip}")
-    grid = _check_params(source, path, Adversaries.params, spec)
-    return [Adversaries(**point) for point in grid_points(grid)]
+        raise RecipeError(source, path, f"found {in_words(spec)}, expected a mapping, e.g. {example}")
+    grid = _check_params(source, path, cls.params, spec)
+    return [cls(**point) for point in grid_points(grid)]
 
 
 def _check_chain(source: str, path: str, link: str, spec: Any) -> list[tuple[Step, ...]]:
@@ -216,7 +217,7 @@ def nested_fields(raw: dict[str, Any]) -> dict[str, list[str]]:
     problem, algorithms = raw.get("problem"), raw.get("algorithms")
     if isinstance(problem, dict) and isinstance(problem.get("name"), str) and problem["name"] in PROBLEMS:
         add("problem", [p.name for p in PROBLEMS[problem["name"]].params])
-    add("federation", [p.name for p in FEDERATION_PARAMS] + list(LINKS) + ["adversaries"])
+    add("federation", [p.name for p in FEDERATION_PARAMS] + list(LINKS) + ["adversaries", "participation"])
     for algorithm in algorithms if isinstance(algorithms, dict) else ():
         if isinstance(algorithm, str) and algorithm in ALGORITHMS:
             add(f"algorithms.{algorithm}", [p.name for p in ALGORITHMS[algorithm].hparams])

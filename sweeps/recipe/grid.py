@@ -18,13 +18,14 @@ from fedbench.federation import Federation, minibatch_sizes
 from fedbench.hparams import ParamError, PerRound, resolve
 from fedbench.links import check_uploads
 from fedbench.metrics import Metric
+from fedbench.participation import LocalSteps, check_algorithm
 from fedbench.problems import PROBLEMS
 from fedbench.simulate import Simulation
 from fedbench.transforms import LINKS, chain_text
 from .loading import RecipeError, closest, in_bytes
 from .schema import Checkpoints, ReportSpec, Resources, TuneSpec, is_seed
 from .space import Dimension
-from .trials import FEDERATION_NAMES, Trial, metrics_of, stable_hash
+from .trials import FEDERATION_MAPPINGS, FEDERATION_NAMES, Trial, metrics_of, stable_hash
 
 # Runs of one recipe, whatever max_runs: building and checking each takes ~60 µs and ~2 KB here, so that validating
 # this many takes seconds; a grid above it is refused from its count (`Recipe.runs`) before any trial is built.
@@ -110,7 +111,7 @@ class Recipe:
                     found, pick = values, key
                     if section == "federation" and key in LINKS:  # a step's value picks one: uplink.0.top_k
                         found, pick = [chain_text(v) for v in values], f"{key}.N.NAME"
-                    elif section == "federation" and key == "adversaries":
+                    elif section == "federation" and key in FEDERATION_MAPPINGS and not isinstance(values[0], int):
                         found, pick = [str(v) for v in values], f"{key}.NAME"
                     raise RecipeError(self.source, f"{section}.{key}", f"found {len(values)} values {found}, "
                                       f"expected one for a single run; pick one with --set {section}.{pick}=VALUE")
@@ -134,6 +135,9 @@ class Recipe:
         iterations = federation_values.pop("iterations", None)
         if iterations is not None:  # a budget of local iterations: rounds = iterations / K
             steps = federation_values["local_steps"]
+            if isinstance(steps, LocalSteps):
+                raise RecipeError(self.source, "federation.iterations", f"found {iterations} with uneven local_steps "
+                                  f"{steps}; expected rounds (a round's length varies)")
             if "rounds" in federation_values:
                 raise RecipeError(self.source, "federation.iterations", f"found {iterations} with local_steps "
                                   f"{steps} and rounds; expected one of rounds and iterations")
@@ -177,6 +181,7 @@ class Recipe:
             raise RecipeError(self.source, self.field(trial.algorithm, "problem", err.name), err.message) from None
         try:
             check_uploads(trial.federation, algorithm, layout.clients)
+            check_algorithm(trial.federation, algorithm, hp)
         except ParamError as err:
             raise RecipeError(self.source, self.field(trial.algorithm, "federation", err.name), err.message) from None
         _, batch_sizes = minibatch_sizes(algorithm.minibatches(hp), hp, trial.federation.batch_size)

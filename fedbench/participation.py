@@ -1,0 +1,446 @@
+"""Who takes part in a round and how many local steps each participant takes: the federation's participation model
+(`federation.participation`) and uneven local work (`federation.local_steps` as a mapping), for any algorithm, drawn
+on each run's own streams on the host, so that a run draws the same alone and in a batch of runs.
+
+Participation models (`federation.participation: {model: ..., ...}`; S = `clients_per_round`, N the clients):
+
+* `uniform` (the default): S of the N clients, uniformly without replacement, every round
+  (`sample_clients`), the draws every recorded curve was made with.
+* `cyclic` (`groups` K): the clients are split once per run into K groups by a random permutation (the first
+  N mod K groups of ⌈N/K⌉ clients, the others of ⌊N/K⌋); round r draws S clients uniformly without replacement from
+  group r mod K, so that each client is available once every K rounds (cyclic client participation: Cho, Sharma,
+  Joshi, Xu, Kale, Zhang, ICML 2023, "On the Convergence of Federated Averaging with Cyclic Client Participation").
+  S is at most the smallest group's ⌊N/K⌋.
+* `bernoulli`: each client is available in each round independently with its probability p_k: `p` for every client,
+  p_k drawn once per run uniformly in [`p_low`, `p_high`], or the N values of a file `p_file` (a `.npy` array or a
+  `.csv` of numbers, in the clients' order).
+* `markov` (`p_on`, `p_off`): each client's availability is a two-state Markov chain, from off to on with
+  probability p_on and from on to off with p_off at each round, started from its stationary law (on with probability
+  p_on / (p_on + p_off)). Independent and stationary, mixing participation patterns are among those Wang and Ji
+  analyse (NeurIPS 2022, "A Unified Analysis of Federated Learning with Arbitrary Client Participation").
+
+With `bernoulli` and `markov` a round's participants are its available clients, at most S of them (S drawn uniformly
+among them where more are available; `clients_per_round: 0`: all the available ones), so that their number varies
+from round to round, and may be zero.
+
+How a round of a varying number of participants runs, batched (`fedbench.runs`): its clients keep a fixed axis of S
+slots (N with `clients_per_round: 0`), the participants first, then clients that do not take part, so that every
+slot holds a distinct client; a mask `[R, S]` says which slots hold a participant. The engine, not the algorithm,
+makes an absent slot count for nothing: the aggregation weights are zero there and renormalised over the present
+slots (uniform: 1/S' over the S' participants; by samples: n_k over theirs), the absent slots' uploads are zeros
+before the server's update (so that a sum over the clients, SCAFFOLD's Σ Δc_k / N, is the participants' sum), their
+per-client state and their error-feedback vectors are left as they were, a run whose round has no participant keeps
+its server state, and only the participants' uploads and downloads are counted. The computation of an absent slot
+is done and discarded (cheaper than a batch of another shape each round). What takes S clients a round cannot take a
+varying number and is refused at validation: the robust aggregation rules, an algorithm whose server uses each
+client's uploads (FeDXL's pools) or that takes every client every round (the block methods), and DP-FedAvg's noise,
+whose privacy is accounted for S of N clients drawn uniformly (`fedbench.privacy`).
+
+Uneven local work (`federation.local_steps` a mapping instead of the integer E): each participant takes its own
+number of local steps in a round, as clients of different speed do (the heterogeneous local work of Wang, Liu,
+Liang, Joshi, Poor, NeurIPS 2020, "Tackling the Objective Inconsistency Problem in Heterogeneous Federated
+Optimization"):
+
+* `{distribution: uniform, low: 1, high: 10}`: each slot's count drawn every round uniformly among the integers of
+  [low, high];
+* `{counts: [...]}` or `{file: steps.npy}`: each client's own count, always the same (N integers, in the clients'
+  order; a file as for `p_file`).
+
+The round runs as many steps as its longest count, batched; a client past its count keeps its local state (every
+entry with a client axis, `torch.where`), and an algorithm's maths that needs a client's count reads `rnd.client_steps`
+(`[R, S, 1]`; SCAFFOLD's control variate divides by it). An algorithm takes uneven local work where it declares so
+(`Algorithm.takes_uneven_steps`): its maths reads neither the round's length nor its last step (FedDA's and
+Fast-FedDA's weights and prox, FedMiD's `yuan` threshold, CODASCA's averages read them), else it is refused at
+validation. A run counts its rounds' lengths (its longest count each round) in its `iterations`.
+
+Streams (`fedbench.rng`): the participation model draws on the run's "clients" stream, its one-time draws (the
+groups, the p_k of [p_low, p_high], the chains' start) first; the counts of `distribution: uniform` on its own stream
+"local-steps" (existing only then), so that the same seed samples the same clients with and without uneven local
+work. The Markov chains' states `[N]` are part of the run's record and its checkpoint.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedbench.hparams import Param, ParamError
+
+if TYPE_CHECKING:
+    from fedbench.algorithms.base import Algorithm
+    from fedbench.federation import Federation
+
+MODELS = ("uniform", "cyclic", "bernoulli", "markov")
+VARYING = ("bernoulli", "markov")  # the models whose rounds have a varying number of participants
+READS = {"uniform": (), "cyclic": ("groups",), "bernoulli": ("p", "p_low", "p_high", "p_file"),
+         "markov": ("p_on", "p_off")}  # the fields each model reads
+TABLE_SUFFIXES = (".npy", ".csv")
+
+
+@functools.lru_cache(maxsize=64)
+def _read_table(path: str, mtime_ns: int, size: int) -> tuple[np.ndarray, str]:
+    """The numbers of a `.npy` or `.csv` file, flat, and the sha256 of their bytes (cached by the file's state)."""
+    data = Path(path).read_bytes()
+    values = np.load(path, allow_pickle=False) if path.endswith(".npy") else np.loadtxt(path, delimiter=",", ndmin=1)
+    return np.asarray(values, dtype=np.float64).reshape(-1), hashlib.sha256(data).hexdigest()[:12]
+
+
+def read_table(path: str, field: str) -> tuple[np.ndarray, str]:
+    """The numbers of the file at `path` (a `.npy` array or a `.csv` of numbers, in the clients' order) and the first
+    12 hex digits of its sha256; refused (ParamError at `field`, naming the file) where it cannot be read so."""
+    chosen = Path(path).expanduser()
+    if chosen.suffix not in TABLE_SUFFIXES:
+        raise ParamError(field, f"found {path!r}, expected a .npy or .csv file")
+    try:
+        stat = chosen.stat()
+        return _read_table(str(chosen), stat.st_mtime_ns, stat.st_size)
+    except OSError as err:
+        raise ParamError(field, f"cannot read {path} ({err.strerror})") from None
+    except ValueError as err:  # not numbers, a malformed array, a pickled object
+        raise ParamError(field, f"{path}: {str(err).splitlines()[0]}; expected numbers") from None
+
+
+def _table(path: str, field: str, clients: int | None, integers: bool) -> np.ndarray:
+    """A file's values, one per client, checked: `clients` of them (where known), each in [0, 1] (probabilities) or
+    an integer ≥ 1 (local steps)."""
+    values, _ = read_table(path, field)
+    if clients is not None and len(values) != clients:
+        raise ParamError(field, f"{path}: found {len(values)} values, expected one per client, {clients}")
+    bad = ~((values >= 1) & (values == np.round(values))) if integers else ~((values >= 0) & (values <= 1))
+    if bad.any():
+        expected = "integers ≥ 1" if integers else "probabilities in [0, 1]"
+        raise ParamError(field, f"{path}: found {values[bad][0]:g} at client {int(np.argmax(bad))}, expected "
+                         f"{expected}")
+    return values
+
+
+def _given(cls, spec: Any, field: str, example: str):
+    """An instance of the dataclass `cls` from a mapping as a recipe writes it; refused (ParamError at `field` or
+    `field.NAME`) where it is no such mapping. Its values are checked by the instance's `check`."""
+    if isinstance(spec, cls):
+        return spec
+    if not isinstance(spec, Mapping):
+        raise ParamError(field, f"found {spec!r}, expected a mapping, e.g. {example}")
+    names = [p.name for p in cls.params]
+    for name in spec:
+        if name not in names:
+            raise ParamError(f"{field}.{name}", f"found {name!r}, expected one of {', '.join(names)}")
+    return cls(**spec)
+
+
+def _check_params(item, field: str) -> None:
+    for param in item.params:
+        try:
+            param.check(getattr(item, param.name))
+        except ValueError as err:
+            raise ParamError(f"{field}.{param.name}", str(err)) from None
+
+
+def _text(name: str, given: dict[str, Any]) -> str:
+    return f"{name}({', '.join(f'{key}={value}' for key, value in given.items())})"
+
+
+@dataclass(frozen=True)
+class Participation:
+    """`federation.participation`: which clients may take part in each round (the module's docstring says what each
+    model draws); only the fields its `model` reads are given."""
+
+    model: str = "uniform"
+    groups: int | None = None
+    p: float | None = None
+    p_low: float | None = None
+    p_high: float | None = None
+    p_file: str | None = None
+    p_on: float | None = None
+    p_off: float | None = None
+
+    params = (
+        Param("model", "choice", "uniform", "who may take part in a round: S uniformly (uniform), S of the round's "
+              "group (cyclic), or each client when available (bernoulli, markov)", choices=MODELS),
+        Param("groups", "int", None, "cyclic: the K groups the clients are split into once per run", low=1,
+              nullable=True),
+        Param("p", "float", None, "bernoulli: each client's probability of being available in a round", low=0,
+              high=1, nullable=True),
+        Param("p_low", "float", None, "bernoulli: each client's p_k drawn once per run uniformly in [p_low, p_high]",
+              low=0, high=1, nullable=True),
+        Param("p_high", "float", None, "bernoulli: the upper end of p_low's range", low=0, high=1, nullable=True),
+        Param("p_file", "str", None, "bernoulli: a .npy or .csv file of the N clients' p_k", nullable=True),
+        Param("p_on", "float", None, "markov: an unavailable client's probability of being available at the next "
+              "round", low=0, high=1, nullable=True),
+        Param("p_off", "float", None, "markov: an available client's probability of being unavailable at the next "
+              "round", low=0, high=1, nullable=True),
+    )
+
+    @classmethod
+    def given(cls, spec: Any) -> Participation:
+        """From a mapping as a recipe writes it (`{model: bernoulli, p: 0.3}`); refused (ParamError at `participation`
+        or `participation.NAME`) where it is no such mapping."""
+        return _given(cls, spec, "participation", "{model: bernoulli, p: 0.3}")
+
+    @property
+    def varying(self) -> bool:
+        """Whether its rounds have a varying number of participants (bernoulli, markov)."""
+        return self.model in VARYING
+
+    def _values(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "model"
+                and getattr(self, f.name) is not None}
+
+    def __str__(self) -> str:
+        """As a run's configuration records it: `bernoulli(p=0.3)`, `cyclic(groups=4)`, a file with its content's
+        sha256 (`bernoulli(p_file=avail.npy, sha256=…)`), so that an edited file's runs run again."""
+        given = self._values()
+        if self.p_file is not None:
+            given["sha256"] = read_table(self.p_file, "participation.p_file")[1]
+        return _text(self.model, given)
+
+    def check(self, clients: int | None, sampled: int) -> None:
+        """Refuse (ParamError at `participation.NAME`, or at `clients_per_round`) a model without its parameters,
+        with another model's, a value out of its range, and, on `clients` clients (None: unknown, not checked) with
+        `sampled` S a round (0: all), more groups than clients, S above the smallest group, and a file of
+        probabilities that is not one per client in [0, 1]."""
+        _check_params(self, "participation")
+        reads = READS[self.model]
+        for name, value in self._values().items():
+            if name not in reads:
+                also = f"which reads {', '.join(reads)}" if reads else "which reads no other field"
+                raise ParamError(f"participation.{name}", f"found {value!r} with model {self.model}, {also}")
+        if self.model == "cyclic":
+            if self.groups is None:
+                raise ParamError("participation.groups", "found none, expected K groups, e.g. {model: cyclic, groups: "
+                                 "4}")
+            if clients is not None and self.groups > clients:
+                raise ParamError("participation.groups", f"found {self.groups}, expected at most the problem's "
+                                 f"{clients} clients")
+            if clients is not None and not 1 <= sampled <= clients // self.groups:
+                raise ParamError("clients_per_round", f"found {sampled} with cyclic participation, expected 1 to "
+                                 f"{clients // self.groups}, the smallest of {self.groups} groups of {clients} clients")
+        elif self.model == "bernoulli":
+            forms = [name for name, given in (("p", self.p is not None), ("p_low", self.p_low is not None
+                                                                          or self.p_high is not None),
+                                              ("p_file", self.p_file is not None)) if given]
+            if len(forms) != 1:
+                found = f"{' and '.join(forms)}" if forms else "none of them"
+                raise ParamError("participation", f"found {found} for bernoulli, expected one of p, p_low with "
+                                 "p_high, or p_file")
+            if forms == ["p_low"]:
+                if self.p_low is None or self.p_high is None:
+                    missing = "p_high" if self.p_high is None else "p_low"
+                    raise ParamError(f"participation.{missing}", "found none, expected p_low and p_high together")
+                if self.p_low > self.p_high:
+                    raise ParamError("participation.p_high", f"found {self.p_high}, expected at least p_low "
+                                     f"{self.p_low}")
+            if self.p_file is not None:
+                _table(self.p_file, "participation.p_file", clients, integers=False)
+        elif self.model == "markov":
+            for name in ("p_on", "p_off"):
+                if getattr(self, name) is None:
+                    raise ParamError(f"participation.{name}", "found none, expected both, e.g. {model: markov, p_on: "
+                                     "0.2, p_off: 0.1}")
+            if self.p_on + self.p_off == 0:  # type: ignore[operator]  # both given (above)
+                raise ParamError("participation.p_on", "found p_on = p_off = 0, expected p_on + p_off > 0 (the "
+                                 "chains' stationary law)")
+
+    def availability(self, count: int, gen: torch.Generator) -> Tensor:
+        """The clients' probabilities p_k `[count]` (float64) of a bernoulli model: drawn on `gen` where given as a
+        range, the first draws of the run's stream."""
+        if self.p is not None:
+            return torch.full((count,), self.p, dtype=torch.float64)
+        if self.p_file is not None:
+            return torch.from_numpy(_table(self.p_file, "participation.p_file", count, integers=False).copy())
+        assert self.p_low is not None and self.p_high is not None  # `check`
+        return self.p_low + (self.p_high - self.p_low) * torch.rand(count, generator=gen, dtype=torch.float64)
+
+
+@dataclass(frozen=True)
+class LocalSteps:
+    """`federation.local_steps` as a mapping: uneven local work, each participant's own number of local steps (the
+    module's docstring); one of `distribution` (with `low` and `high`), `counts` or `file`."""
+
+    distribution: str | None = None
+    low: int | None = None
+    high: int | None = None
+    counts: tuple[int, ...] | None = None
+    file: str | None = None
+
+    params = (
+        Param("distribution", "choice", None, "each participant's count drawn every round: uniform, an integer in "
+              "[low, high]", choices=("uniform",), nullable=True),
+        Param("low", "int", None, "uniform: the fewest local steps", low=1, nullable=True),
+        Param("high", "int", None, "uniform: the most local steps", low=1, nullable=True),
+        Param("counts", "ints", None, "each client's own local steps, one per client in their order", low=1,
+              nullable=True),
+        Param("file", "str", None, "a .npy or .csv file of each client's local steps", nullable=True),
+    )
+
+    def __post_init__(self) -> None:
+        if self.counts is not None and not isinstance(self.counts, tuple):
+            object.__setattr__(self, "counts", tuple(self.counts))
+
+    @classmethod
+    def given(cls, spec: Any) -> LocalSteps:
+        """From a mapping as a recipe writes it (`{distribution: uniform, low: 1, high: 10}`); refused (ParamError at
+        `local_steps` or `local_steps.NAME`) where it is no such mapping."""
+        return _given(cls, spec, "local_steps", "{distribution: uniform, low: 1, high: 10}")
+
+    def __str__(self) -> str:
+        """As a run's configuration records it: `uniform(low=1, high=10)`; per-client counts by their values'
+        sha256 (`counts(sha256=…)`, `file(steps.npy, sha256=…)`)."""
+        if self.distribution is not None:
+            return _text(self.distribution, {"low": self.low, "high": self.high})
+        if self.counts is not None:
+            return f"counts(sha256={hashlib.sha256(str(list(self.counts)).encode()).hexdigest()[:12]})"
+        assert self.file is not None  # `check`
+        return f"file({self.file}, sha256={read_table(self.file, 'local_steps.file')[1]})"
+
+    def check(self, clients: int | None) -> None:
+        """Refuse (ParamError at `local_steps` or `local_steps.NAME`) none or more than one form, a value out of its
+        range, low above high, and per-client counts (on `clients` clients; None: unknown, not checked) that are not
+        one integer ≥ 1 per client."""
+        _check_params(self, "local_steps")
+        forms = [name for name, given in (("distribution", self.distribution is not None or self.low is not None
+                                           or self.high is not None), ("counts", self.counts is not None),
+                                          ("file", self.file is not None)) if given]
+        if len(forms) != 1:
+            found = " and ".join(forms) if forms else "none of them"
+            raise ParamError("local_steps", f"found {found}, expected one of distribution (with low and high), counts "
+                             "or file")
+        if forms == ["distribution"]:
+            for name in ("distribution", "low", "high"):
+                if getattr(self, name) is None:
+                    raise ParamError(f"local_steps.{name}", "found none, expected all three, e.g. {distribution: "
+                                     "uniform, low: 1, high: 10}")
+            if self.low > self.high:  # type: ignore[operator]  # both given (above)
+                raise ParamError("local_steps.high", f"found {self.high}, expected at least low {self.low}")
+        if self.counts is not None and clients is not None and len(self.counts) != clients:
+            raise ParamError("local_steps.counts", f"found {len(self.counts)} counts, expected one per client, "
+                             f"{clients}")
+        if self.file is not None:
+            _table(self.file, "local_steps.file", clients, integers=True)
+
+    def per_client(self, count: int) -> Tensor | None:
+        """Each client's count `[count]` (int64) where the counts are per client, else None (drawn each round)."""
+        if self.counts is not None:
+            return torch.tensor(self.counts, dtype=torch.long)
+        if self.file is not None:
+            return torch.from_numpy(_table(self.file, "local_steps.file", count, integers=True).astype(np.int64))
+        return None
+
+    def most(self, count: int) -> int:
+        """The most local steps a client takes in a round (of `count` clients)."""
+        table = self.per_client(count)
+        return int(self.high) if table is None else int(table.max())  # type: ignore[arg-type]  # `check`
+
+
+PERMUTATION_LIMIT = 4096  # clients up to which a round's clients are a prefix of a random permutation
+
+
+def sample_clients(count: int, size: int, gen: torch.Generator) -> Tensor:
+    """`size` distinct clients of `count`, uniformly, in draw order. Up to PERMUTATION_LIMIT clients, the first
+    `size` of a random permutation (the draws every recorded curve was made with); beyond, each next client uniform
+    over those not yet drawn, by rejecting repeats of `randint` draws: O(size) work instead of the permutation's
+    O(count) (430 µs a round at 10⁵ clients here, more than a small round's arithmetic)."""
+    if count <= PERMUTATION_LIMIT or size * 4 > count:
+        return torch.randperm(count, generator=gen)[:size]
+    drawn: dict[int, None] = {}
+    while len(drawn) < size:
+        for client in torch.randint(count, (size,), generator=gen).tolist():
+            drawn.setdefault(client)
+            if len(drawn) == size:
+                break
+    return torch.tensor(list(drawn))
+
+
+class Participants:
+    """One run's participants of each round under its federation's participation model, drawn on the run's "clients"
+    stream `gen` (the module's docstring): `draw` gives a round's clients in S slots and which slots hold a
+    participant. Its state beyond the stream (the Markov chains') is in `state_dict`."""
+
+    def __init__(self, participation: Participation, count: int, sampled: int, gen: torch.Generator):
+        self.model, self.count, self.gen = participation.model, count, gen
+        self.slots = sampled or count  # S, or every client
+        self.groups: tuple[Tensor, ...] = ()
+        self.probability = torch.zeros(0, dtype=torch.float64)  # bernoulli's p_k [N]
+        self.on = self.off = 0.0  # markov's switching probabilities
+        self.available = torch.zeros(0, dtype=torch.bool)  # markov's chains [N]
+        if self.model == "cyclic":
+            assert participation.groups is not None  # `Participation.check`
+            self.groups = torch.tensor_split(torch.randperm(count, generator=gen), participation.groups)
+        elif self.model == "bernoulli":
+            self.probability = participation.availability(count, gen)
+        elif self.model == "markov":
+            self.on, self.off = float(participation.p_on), float(participation.p_off)  # type: ignore[arg-type]
+            self.available = torch.rand(count, generator=gen, dtype=torch.float64) < self.on / (self.on + self.off)
+
+    def draw(self, index: int) -> tuple[Tensor, Tensor | None]:
+        """Round `index`'s clients `[S]` and which slots hold a participant (`[S]` bool; None: every slot)."""
+        if self.model == "uniform":
+            return sample_clients(self.count, self.slots, self.gen), None
+        if self.model == "cyclic":
+            group = self.groups[index % len(self.groups)]
+            return group[torch.randperm(len(group), generator=self.gen)[:self.slots]], None
+        if self.model == "bernoulli":
+            available = torch.rand(self.count, generator=self.gen, dtype=torch.float64) < self.probability
+        else:  # markov: this round's states, then each chain's step to the next round
+            available = self.available
+            switch = torch.rand(self.count, generator=self.gen, dtype=torch.float64)
+            self.available = torch.where(available, switch >= self.off, switch < self.on)
+        return self._slots(available)
+
+    def _slots(self, available: Tensor) -> tuple[Tensor, Tensor]:
+        """The available clients in the slots, at most S of them (S drawn uniformly without replacement where more
+        are available), then clients that do not take part in index order: every slot a distinct client."""
+        chosen = available.nonzero().flatten()
+        if len(chosen) > self.slots:
+            chosen = chosen[torch.randperm(len(chosen), generator=self.gen)[:self.slots]]
+        taking = torch.zeros(self.count, dtype=torch.bool).index_fill_(0, chosen, True)
+        clients = torch.cat([chosen, (~taking).nonzero().flatten()])[:self.slots]
+        return clients, torch.arange(self.slots) < len(chosen)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """The state beyond the stream: the Markov chains' `[N]` (nothing for the other models)."""
+        return {"available": self.available} if self.model == "markov" else {}
+
+    def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
+        if self.model == "markov":
+            self.available = state["available"]
+
+
+class StepCounts:
+    """One run's local steps of each round's slots under uneven local work: drawn on its "local-steps" stream (a
+    distribution), or each client's own (counts, a file)."""
+
+    def __init__(self, local_steps: LocalSteps, count: int, gen: torch.Generator | None):
+        low, high = local_steps.low, local_steps.high
+        self.table, self.gen = local_steps.per_client(count), gen
+        self.span = (0, 0) if low is None or high is None else (low, high + 1)  # a distribution's [low, high + 1)
+
+    def draw(self, clients: Tensor) -> Tensor:
+        """The counts `[S]` (int64) of the round's clients `clients` `[S]` (on the host)."""
+        if self.table is not None:
+            return self.table[clients]
+        return torch.randint(*self.span, (len(clients),), generator=self.gen)
+
+
+def check_algorithm(federation: Federation, algorithm: type[Algorithm], hp: Mapping[str, Any]) -> None:
+    """Refuse (ParamError at the federation's field) a participation model or uneven local work the algorithm, with
+    the hyperparameters `hp`, cannot take: any model but uniform where it takes every client every round; a varying
+    number of participants where its server uses each client's uploads (not only their mean); uneven local work
+    where it does not declare it takes it (`Algorithm.takes_uneven_steps`)."""
+    name, model = algorithm.name, federation.participation.model
+    if model != "uniform" and algorithm.participation == "all":
+        raise ParamError("participation.model", f"found {model} for {name}, which takes every client every round; "
+                         "expected uniform", "federation")
+    if federation.participation.varying and not algorithm.uploads_averaged:
+        raise ParamError("participation.model", f"found {model} for {name}, whose server uses each client's uploads "
+                         "(not only their mean), for a varying number of participants; expected uniform or cyclic",
+                         "federation")
+    if isinstance(federation.local_steps, LocalSteps) and not algorithm.takes_uneven_steps(hp):
+        raise ParamError("local_steps", f"found {federation.local_steps} for {name}, whose rounds take one number of "
+                         "local steps for all its clients; expected one integer E", "federation")
