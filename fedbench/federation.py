@@ -91,10 +91,9 @@ class Federation:
         """Whether each participant takes its own number of local steps (`local_steps` a `LocalSteps`)."""
         return isinstance(self.local_steps, LocalSteps)
 
-    def most_steps(self, clients: int) -> int:
-        """The most local steps a client takes in a round (of `clients` clients): E, or the most of uneven local
-        work."""
-        return self.local_steps.most(clients) if isinstance(self.local_steps, LocalSteps) else self.local_steps
+    def most_steps(self) -> int:
+        """The most local steps a client takes in a round: E, or the most of uneven local work."""
+        return self.local_steps.most() if isinstance(self.local_steps, LocalSteps) else self.local_steps
 
     def config(self) -> dict[str, Any]:
         """Its fields as a run's configuration records them, so that a federation with none of the later fields
@@ -218,7 +217,7 @@ class RoundSampler:
         if isinstance(federation.local_steps, LocalSteps):
             if federation.local_steps.distribution is not None:
                 self.steps_gen = generator(seed, "local-steps")
-            self.step_counts = StepCounts(federation.local_steps, count, self.steps_gen)
+            self.step_counts = StepCounts(federation.local_steps, self.steps_gen)
 
     def draw(self, local_steps: int, everyone: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
         """(clients [S], rows `[local_steps, S, b]` per drawn minibatch name) of a round where every client takes

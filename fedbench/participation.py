@@ -13,7 +13,7 @@ Participation models (`federation.participation: {model: ..., ...}`; S = `client
   S is at most the smallest group's ⌊N/K⌋.
 * `bernoulli`: each client is available in each round independently with its probability p_k: `p` for every client,
   p_k drawn once per run uniformly in [`p_low`, `p_high`], or the N values of a file `p_file` (a `.npy` array or a
-  `.csv` of numbers, in the clients' order).
+  `.csv` of numbers, in the clients' order; in a recipe, a relative path is the recipe's folder's).
 * `markov` (`p_on`, `p_off`): each client's availability is a two-state Markov chain, from off to on with
   probability p_on and from on to off with p_off at each round, started from its stationary law (on with probability
   p_on / (p_on + p_off)). Independent and stationary, mixing participation patterns are among those Wang and Ji
@@ -60,9 +60,10 @@ work. The Markov chains' states `[N]` are part of the run's record and its check
 """
 from __future__ import annotations
 
-import functools
+import dataclasses
 import hashlib
-from dataclasses import dataclass, fields
+import io
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -81,48 +82,48 @@ VARYING = ("bernoulli", "markov")  # the models whose rounds have a varying numb
 READS = {"uniform": (), "cyclic": ("groups",), "bernoulli": ("p", "p_low", "p_high", "p_file"),
          "markov": ("p_on", "p_off")}  # the fields each model reads
 TABLE_SUFFIXES = (".npy", ".csv")
+FILES = ("p_file", "file")  # the fields that name a file of per-client values
 
 
-@functools.lru_cache(maxsize=64)
-def _read_table(path: str, mtime_ns: int, size: int) -> tuple[np.ndarray, str]:
-    """The numbers of a `.npy` or `.csv` file, flat, and the sha256 of their bytes (cached by the file's state)."""
-    data = Path(path).read_bytes()
-    values = np.load(path, allow_pickle=False) if path.endswith(".npy") else np.loadtxt(path, delimiter=",", ndmin=1)
-    return np.asarray(values, dtype=np.float64).reshape(-1), hashlib.sha256(data).hexdigest()[:12]
-
-
-def read_table(path: str, field: str) -> tuple[np.ndarray, str]:
-    """The numbers of the file at `path` (a `.npy` array or a `.csv` of numbers, in the clients' order) and the first
-    12 hex digits of its sha256; refused (ParamError at `field`, naming the file) where it cannot be read so."""
+def read_table(path: str, field: str) -> tuple[float, ...]:
+    """The numbers of the file at `path` (a `.npy` array or a `.csv` of numbers, in the clients' order), flat; refused
+    (ParamError at `field`, naming the file) where it cannot be read so."""
     chosen = Path(path).expanduser()
     if chosen.suffix not in TABLE_SUFFIXES:
         raise ParamError(field, f"found {path!r}, expected a .npy or .csv file")
     try:
-        stat = chosen.stat()
-        return _read_table(str(chosen), stat.st_mtime_ns, stat.st_size)
+        data = chosen.read_bytes()
+        values = (np.load(io.BytesIO(data), allow_pickle=False) if chosen.suffix == ".npy"
+                  else np.loadtxt(io.StringIO(data.decode()), delimiter=",", ndmin=1))
+        return tuple(np.asarray(values, dtype=np.float64).reshape(-1).tolist())
     except OSError as err:
         raise ParamError(field, f"cannot read {path} ({err.strerror})") from None
     except ValueError as err:  # not numbers, a malformed array, a pickled object
         raise ParamError(field, f"{path}: {str(err).splitlines()[0]}; expected numbers") from None
 
 
-def _table(path: str, field: str, clients: int | None, integers: bool) -> np.ndarray:
-    """A file's values, one per client, checked: `clients` of them (where known), each in [0, 1] (probabilities) or
-    an integer ≥ 1 (local steps)."""
-    values, _ = read_table(path, field)
+def digest(values: tuple[float, ...]) -> str:
+    """The first 12 hex digits of the sha256 of per-client values (as float64): what a run's configuration records."""
+    return hashlib.sha256(np.asarray(values, dtype=np.float64).tobytes()).hexdigest()[:12]
+
+
+def _check_table(values: tuple[float, ...], where: str, field: str, clients: int | None, integers: bool) -> None:
+    """Refuse a file's per-client values (`where` names it) that are not `clients` of them (where known), each in
+    [0, 1] (probabilities) or an integer ≥ 1 (local steps)."""
     if clients is not None and len(values) != clients:
-        raise ParamError(field, f"{path}: found {len(values)} values, expected one per client, {clients}")
-    bad = ~((values >= 1) & (values == np.round(values))) if integers else ~((values >= 0) & (values <= 1))
+        raise ParamError(field, f"{where}found {len(values)} values, expected one per client, {clients}")
+    array = np.asarray(values)
+    bad = ~((array >= 1) & (array == np.round(array))) if integers else ~((array >= 0) & (array <= 1))
     if bad.any():
         expected = "integers ≥ 1" if integers else "probabilities in [0, 1]"
-        raise ParamError(field, f"{path}: found {values[bad][0]:g} at client {int(np.argmax(bad))}, expected "
+        raise ParamError(field, f"{where}found {array[bad][0]:g} at client {int(np.argmax(bad))}, expected "
                          f"{expected}")
-    return values
 
 
 def _given(cls, spec: Any, field: str, example: str):
     """An instance of the dataclass `cls` from a mapping as a recipe writes it; refused (ParamError at `field` or
-    `field.NAME`) where it is no such mapping. Its values are checked by the instance's `check`."""
+    `field.NAME`) where it is no such mapping, or its file cannot be read. Its values are checked by the instance's
+    `check`."""
     if isinstance(spec, cls):
         return spec
     if not isinstance(spec, Mapping):
@@ -149,7 +150,8 @@ def _text(name: str, given: dict[str, Any]) -> str:
 @dataclass(frozen=True)
 class Participation:
     """`federation.participation`: which clients may take part in each round (the module's docstring says what each
-    model draws); only the fields its `model` reads are given."""
+    model draws); only the fields its `model` reads are given. A `p_file` is read where the model is made: its values
+    are `table`, with which the runs go (a file edited later changes no run made before)."""
 
     model: str = "uniform"
     groups: int | None = None
@@ -159,6 +161,7 @@ class Participation:
     p_file: str | None = None
     p_on: float | None = None
     p_off: float | None = None
+    table: tuple[float, ...] | None = dataclasses.field(default=None, repr=False)  # p_file's values, read when given
 
     params = (
         Param("model", "choice", "uniform", "who may take part in a round: S uniformly (uniform), S of the round's "
@@ -170,7 +173,8 @@ class Participation:
         Param("p_low", "float", None, "bernoulli: each client's p_k drawn once per run uniformly in [p_low, p_high]",
               low=0, high=1, nullable=True),
         Param("p_high", "float", None, "bernoulli: the upper end of p_low's range", low=0, high=1, nullable=True),
-        Param("p_file", "str", None, "bernoulli: a .npy or .csv file of the N clients' p_k", nullable=True),
+        Param("p_file", "str", None, "bernoulli: a .npy or .csv file of the N clients' p_k (a relative path: the "
+              "recipe's folder's)", nullable=True),
         Param("p_on", "float", None, "markov: an unavailable client's probability of being available at the next "
               "round", low=0, high=1, nullable=True),
         Param("p_off", "float", None, "markov: an available client's probability of being unavailable at the next "
@@ -183,21 +187,27 @@ class Participation:
         or `participation.NAME`) where it is no such mapping."""
         return _given(cls, spec, "participation", "{model: bernoulli, p: 0.3}")
 
+    def __post_init__(self) -> None:
+        if self.p_file is not None and self.table is None:
+            object.__setattr__(self, "table", read_table(self.p_file, "participation.p_file"))
+
     @property
     def varying(self) -> bool:
         """Whether its rounds have a varying number of participants (bernoulli, markov)."""
         return self.model in VARYING
 
     def _values(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "model"
-                and getattr(self, f.name) is not None}
+        """Its fields given beside the model (not None), by name."""
+        return {p.name: getattr(self, p.name) for p in self.params if p.name != "model"
+                and getattr(self, p.name) is not None}
 
     def __str__(self) -> str:
-        """As a run's configuration records it: `bernoulli(p=0.3)`, `cyclic(groups=4)`, a file with its content's
-        sha256 (`bernoulli(p_file=avail.npy, sha256=…)`), so that an edited file's runs run again."""
+        """As a run's configuration records it: `bernoulli(p=0.3)`, `cyclic(groups=4)`, a file by its name and its
+        values' sha256 (`bernoulli(p_file=avail.npy, sha256=…)`): an edited file's runs run again, a moved one's
+        not."""
         given = self._values()
-        if self.p_file is not None:
-            given["sha256"] = read_table(self.p_file, "participation.p_file")[1]
+        if self.p_file is not None and self.table is not None:
+            given.update(p_file=Path(self.p_file).name, sha256=digest(self.table))
         return _text(self.model, given)
 
     def check(self, clients: int | None, sampled: int) -> None:
@@ -222,11 +232,11 @@ class Participation:
                 raise ParamError("clients_per_round", f"found {sampled} with cyclic participation, expected 1 to "
                                  f"{clients // self.groups}, the smallest of {self.groups} groups of {clients} clients")
         elif self.model == "bernoulli":
-            forms = [name for name, given in (("p", self.p is not None), ("p_low", self.p_low is not None
-                                                                          or self.p_high is not None),
+            ranged = self.p_low is not None or self.p_high is not None
+            forms = [name for name, given in (("p", self.p is not None), ("p_low", ranged),
                                               ("p_file", self.p_file is not None)) if given]
             if len(forms) != 1:
-                found = f"{' and '.join(forms)}" if forms else "none of them"
+                found = " and ".join(forms) if forms else "none of them"
                 raise ParamError("participation", f"found {found} for bernoulli, expected one of p, p_low with "
                                  "p_high, or p_file")
             if forms == ["p_low"]:
@@ -236,8 +246,8 @@ class Participation:
                 if self.p_low > self.p_high:
                     raise ParamError("participation.p_high", f"found {self.p_high}, expected at least p_low "
                                      f"{self.p_low}")
-            if self.p_file is not None:
-                _table(self.p_file, "participation.p_file", clients, integers=False)
+            if self.table is not None:
+                _check_table(self.table, f"{self.p_file}: ", "participation.p_file", clients, integers=False)
         elif self.model == "markov":
             for name in ("p_on", "p_off"):
                 if getattr(self, name) is None:
@@ -252,8 +262,8 @@ class Participation:
         range, the first draws of the run's stream."""
         if self.p is not None:
             return torch.full((count,), self.p, dtype=torch.float64)
-        if self.p_file is not None:
-            return torch.from_numpy(_table(self.p_file, "participation.p_file", count, integers=False).copy())
+        if self.table is not None:
+            return torch.tensor(self.table, dtype=torch.float64)
         assert self.p_low is not None and self.p_high is not None  # `check`
         return self.p_low + (self.p_high - self.p_low) * torch.rand(count, generator=gen, dtype=torch.float64)
 
@@ -261,13 +271,15 @@ class Participation:
 @dataclass(frozen=True)
 class LocalSteps:
     """`federation.local_steps` as a mapping: uneven local work, each participant's own number of local steps (the
-    module's docstring); one of `distribution` (with `low` and `high`), `counts` or `file`."""
+    module's docstring); one of `distribution` (with `low` and `high`), `counts` or `file`. A `file` is read where the
+    mapping is made: its values are `table`, with which the runs go."""
 
     distribution: str | None = None
     low: int | None = None
     high: int | None = None
     counts: tuple[int, ...] | None = None
     file: str | None = None
+    table: tuple[float, ...] | None = dataclasses.field(default=None, repr=False)  # the file's, read when given
 
     params = (
         Param("distribution", "choice", None, "each participant's count drawn every round: uniform, an integer in "
@@ -276,12 +288,15 @@ class LocalSteps:
         Param("high", "int", None, "uniform: the most local steps", low=1, nullable=True),
         Param("counts", "ints", None, "each client's own local steps, one per client in their order", low=1,
               nullable=True),
-        Param("file", "str", None, "a .npy or .csv file of each client's local steps", nullable=True),
+        Param("file", "str", None, "a .npy or .csv file of each client's local steps (a relative path: the recipe's "
+              "folder's)", nullable=True),
     )
 
     def __post_init__(self) -> None:
         if self.counts is not None and not isinstance(self.counts, tuple):
             object.__setattr__(self, "counts", tuple(self.counts))
+        if self.file is not None and self.table is None:
+            object.__setattr__(self, "table", read_table(self.file, "local_steps.file"))
 
     @classmethod
     def given(cls, spec: Any) -> LocalSteps:
@@ -291,21 +306,21 @@ class LocalSteps:
 
     def __str__(self) -> str:
         """As a run's configuration records it: `uniform(low=1, high=10)`; per-client counts by their values'
-        sha256 (`counts(sha256=…)`, `file(steps.npy, sha256=…)`)."""
+        sha256 (`counts(sha256=…)`; a file's with its name, `file(steps.npy, sha256=…)`)."""
         if self.distribution is not None:
             return _text(self.distribution, {"low": self.low, "high": self.high})
         if self.counts is not None:
-            return f"counts(sha256={hashlib.sha256(str(list(self.counts)).encode()).hexdigest()[:12]})"
-        assert self.file is not None  # `check`
-        return f"file({self.file}, sha256={read_table(self.file, 'local_steps.file')[1]})"
+            return f"counts(sha256={digest(self.counts)})"
+        assert self.file is not None and self.table is not None  # `check`
+        return f"file({Path(self.file).name}, sha256={digest(self.table)})"
 
     def check(self, clients: int | None) -> None:
         """Refuse (ParamError at `local_steps` or `local_steps.NAME`) none or more than one form, a value out of its
         range, low above high, and per-client counts (on `clients` clients; None: unknown, not checked) that are not
         one integer ≥ 1 per client."""
         _check_params(self, "local_steps")
-        forms = [name for name, given in (("distribution", self.distribution is not None or self.low is not None
-                                           or self.high is not None), ("counts", self.counts is not None),
+        drawn = self.distribution is not None or self.low is not None or self.high is not None
+        forms = [name for name, given in (("distribution", drawn), ("counts", self.counts is not None),
                                           ("file", self.file is not None)) if given]
         if len(forms) != 1:
             found = " and ".join(forms) if forms else "none of them"
@@ -321,20 +336,17 @@ class LocalSteps:
         if self.counts is not None and clients is not None and len(self.counts) != clients:
             raise ParamError("local_steps.counts", f"found {len(self.counts)} counts, expected one per client, "
                              f"{clients}")
-        if self.file is not None:
-            _table(self.file, "local_steps.file", clients, integers=True)
+        if self.table is not None:
+            _check_table(self.table, f"{self.file}: ", "local_steps.file", clients, integers=True)
 
-    def per_client(self, count: int) -> Tensor | None:
-        """Each client's count `[count]` (int64) where the counts are per client, else None (drawn each round)."""
-        if self.counts is not None:
-            return torch.tensor(self.counts, dtype=torch.long)
-        if self.file is not None:
-            return torch.from_numpy(_table(self.file, "local_steps.file", count, integers=True).astype(np.int64))
-        return None
+    def per_client(self) -> Tensor | None:
+        """Each client's count `[N]` (int64) where the counts are per client, else None (drawn each round)."""
+        values = self.counts if self.counts is not None else self.table
+        return None if values is None else torch.tensor(values, dtype=torch.float64).long()
 
-    def most(self, count: int) -> int:
-        """The most local steps a client takes in a round (of `count` clients)."""
-        table = self.per_client(count)
+    def most(self) -> int:
+        """The most local steps a client takes in a round."""
+        table = self.per_client()
         return int(self.high) if table is None else int(table.max())  # type: ignore[arg-type]  # `check`
 
 
@@ -416,9 +428,9 @@ class StepCounts:
     """One run's local steps of each round's slots under uneven local work: drawn on its "local-steps" stream (a
     distribution), or each client's own (counts, a file)."""
 
-    def __init__(self, local_steps: LocalSteps, count: int, gen: torch.Generator | None):
+    def __init__(self, local_steps: LocalSteps, gen: torch.Generator | None):
         low, high = local_steps.low, local_steps.high
-        self.table, self.gen = local_steps.per_client(count), gen
+        self.table, self.gen = local_steps.per_client(), gen
         self.span = (0, 0) if low is None or high is None else (low, high + 1)  # a distribution's [low, high + 1)
 
     def draw(self, clients: Tensor) -> Tensor:

@@ -1,6 +1,7 @@
 """The GPU path, where CUDA is available (skipped elsewhere): every algorithm of `helpers.CASES` runs with its
 problem's data on the device and gives the curve it gives on the CPU (the draws are made on the host, so they are
-the same), and a batch of seeds on the device gives each run its curve alone there; so do robust rules and attacks.
+the same), and a batch of seeds on the device gives each run its curve alone there; so do robust rules and attacks,
+participation models and uneven local work.
 The tolerances of the CPU's identity test hold between runs alone and batched; between devices, float64 kernels
 that reduce in another order (cuBLAS, CUDA reductions) are allowed 1e-9 relative over the 12 rounds, pFedFBE's
 finite difference (which divides last-bit differences by τ ~ 1e-8) 1e-6, float32 the pair-score tolerances."""
@@ -69,6 +70,22 @@ def test_robust_rules_and_attacks_run_on_the_gpu_as_on_the_cpu_and_batched_as_al
     on_gpu = curves_alone(small_lasso(device="cuda"), "fedavg", federation, hp, SEEDS)
     assert_same(curves_alone(small_lasso(), "fedavg", federation, hp, SEEDS), on_gpu, 1e-9)
     assert_same(on_gpu, run_seeds(small_lasso(device="cuda"), "fedavg", federation, SEEDS, eval_every=3, **hp), 1e-12)
+
+
+PARTICIPATION = {  # participation models and uneven local work (`fedbench.participation`): masks drawn on the host
+    "scaffold, bernoulli, uneven": ("scaffold", Federation(9, 3, {"distribution": "uniform", "low": 1, "high": 4}, 5,
+                                                           participation={"model": "bernoulli", "p": 0.3})),
+    "fedavg, markov": ("fedavg", Federation(9, 3, 2, 5, participation={"model": "markov", "p_on": 0.3, "p_off": 0.4})),
+}
+
+
+@pytest.mark.parametrize("case", PARTICIPATION)
+def test_participation_models_and_uneven_work_run_on_the_gpu_as_on_the_cpu_and_batched_as_alone(case):
+    name, federation = PARTICIPATION[case]
+    hp = {"client_lr": 0.01}
+    on_gpu = curves_alone(small_lasso(device="cuda"), name, federation, hp, SEEDS)
+    assert_same(curves_alone(small_lasso(), name, federation, hp, SEEDS), on_gpu, 1e-9)
+    assert_same(on_gpu, run_seeds(small_lasso(device="cuda"), name, federation, SEEDS, eval_every=3, **hp), 1e-12)
 
 
 SOLVED = [("pfl_synthetic", {"preset": "s1", "sigma_h": 1.0}),  # damped Newton

@@ -413,3 +413,19 @@ def test_fedbench_list_shows_the_fields_of_a_participation_model_and_of_uneven_l
     for name in ("federation.participation", "bernoulli | markov", "p_file", "p_on",
                  "federation.local_steps", "uneven local work", "distribution", "counts"):
         assert name in listing.output, name
+
+
+def test_a_recipes_file_is_read_from_its_folder_and_recorded_by_its_contents(tmp_path, monkeypatch):
+    folder = tmp_path / "recipes"
+    folder.mkdir()
+    np.save(folder / "p.npy", np.full(10, 0.5))
+    (folder / "r.yaml").write_text(RECIPE.replace("{model: markov, p_on: 0.3, p_off: 0.2}",
+                                                  "{model: bernoulli, p_file: p.npy}"))
+    monkeypatch.chdir(tmp_path)  # not the recipe's folder
+    first = load(folder / "r.yaml").trials()[0]
+    assert first.params()["federation.participation"].startswith("bernoulli(p_file=p.npy, sha256=")
+    np.save(folder / "p.npy", np.full(10, 0.4))
+    edited = load(folder / "r.yaml").trials()[0]
+    assert edited.config_hash != first.config_hash  # other availabilities: other runs
+    folder.rename(tmp_path / "moved")
+    assert load(tmp_path / "moved" / "r.yaml").trials()[0].config_hash == edited.config_hash

@@ -229,7 +229,7 @@ PARTICIPATION = {  # id: (federation fields after batch_size, or local_steps in 
                                        "{gaussian: 1.0}]", "federation.participation.model",
                                        "found cyclic with DP-FedAvg's noise"),
     "a file that is not there": ("participation: {model: bernoulli, p_file: nothere.npy}",
-                                 "federation.participation.p_file", "cannot read nothere.npy"),
+                                 "federation.participation.p_file", "cannot read recipes/nothere.npy"),
     "low above high": ("local_steps: {distribution: uniform, low: 5, high: 2}", "federation.local_steps.high",
                        "found 2, expected at least low 5"),
     "a distribution without high": ("local_steps: {distribution: uniform, low: 1}", "federation.local_steps.high",

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from fedbench import plugins, schedules, transforms
+from fedbench import participation, plugins, schedules, transforms
 from fedbench.algorithms import ALGORITHMS
 from fedbench.hparams import LIST_KINDS, Param, ParamError
 from fedbench.problems import PROBLEMS
@@ -168,7 +168,14 @@ def _check_mapping(source: str, path: str, name: str, spec: Any) -> list[Any]:
     if not isinstance(spec, dict):
         raise RecipeError(source, path, f"found {in_words(spec)}, expected a mapping, e.g. {example}")
     grid = _check_params(source, path, cls.params, spec)
-    return [cls(**point) for point in grid_points(grid)]
+    for field in participation.FILES:  # a file of per-client values, as a plugin's, by the recipe's folder
+        if field in grid:
+            grid[field] = [value if value is None else str(Path(source).parent / Path(value).expanduser())
+                           for value in grid[field]]
+    try:
+        return [cls(**point) for point in grid_points(grid)]
+    except ParamError as err:  # a file that cannot be read
+        raise RecipeError(source, f"{path}.{err.name.partition('.')[2]}", err.message) from None
 
 
 def _check_chain(source: str, path: str, link: str, spec: Any) -> list[tuple[Step, ...]]:
