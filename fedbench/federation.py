@@ -17,7 +17,7 @@ from fedbench.participation import LocalSteps, Participants, Participation, Step
 from fedbench.problems.base import Layout, Problem
 from fedbench.rng import generator
 from fedbench.robust import KRUMS, RULES, Adversaries
-from fedbench.transforms import LINKS, Step, chain, chain_text, check_chain
+from fedbench.transforms import LINKS, Gaussian, Step, chain, chain_text, check_chain
 
 DIVERGENCE_FACTOR = 1e4
 
@@ -148,7 +148,7 @@ class Federation:
         if self.participation.varying and self.aggregation in RULES:
             raise ParamError("participation.model", f"found {model} with aggregation {self.aggregation} (a rule of S "
                              "uploads); expected uniform or cyclic", "federation")
-        if model != "uniform" and any(step.name == "gaussian" for step in self.uplink):
+        if model != "uniform" and any(step.name == Gaussian.name for step in self.uplink):
             raise ParamError("participation.model", f"found {model} with DP-FedAvg's noise (accounted for S of N "
                              "drawn uniformly); expected uniform", "federation")
         if layout.clients is not None and self.clients_per_round > layout.clients:
@@ -220,8 +220,9 @@ class RoundSampler:
             self.step_counts = StepCounts(federation.local_steps, self.steps_gen)
 
     def draw(self, local_steps: int, everyone: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
-        """(clients [S], rows `[local_steps, S, b]` per drawn minibatch name) of a round where every client takes
-        `local_steps` steps (`draw_round`'s of round 0, whose model's participants all take part)."""
+        """(clients [S], rows `[local_steps, S, b]` per drawn minibatch name) of a round of `local_steps` steps for
+        every client, uniformly sampled (or all of them, `everyone`): `draw_round`'s, where a federation has no other
+        participation model and no uneven local work."""
         draw = self.draw_round(local_steps, everyone)
         return draw.clients, draw.rows
 

@@ -5,17 +5,22 @@
   loop over the participants in NumPy fed the same draws (each model's availability replayed from the run's raw
   streams as the module's docstring describes it): the server's iterates, SCAFFOLD's control variates and the
   communication counted for the participants only, after every round, to 1e-12;
+* the aggregation weights renormalised over the participants; cyclic groups in turn; Markov chains at their
+  stationary law;
 * a program of runs (seeds and a step-size grid) gives each run its rows alone, bit for bit, for every model, uneven
   local work, and an error-feedback uplink (whose absent clients keep their vectors);
 * a checkpoint taken mid-run (Markov chains, drawn counts) resumed bit for bit;
 * without any of it, a run's configuration, streams and checkpoint as before;
-* recipes: grid axes inside (`--set federation.participation.p=[...]`), hashes, `fedbench run` end to end.
+* the engine's refusals, and `rnd.local_steps` undefined in a round of uneven local work;
+* recipes: grid axes inside (`--set federation.participation.p=[...]`) and lists of mappings, hashes, a file read
+  from the recipe's folder, `fedbench run` end to end, `fedbench list`.
 Refusals through the command line are in `tests/test_refusals.py`.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -24,6 +29,7 @@ import torch
 import fedbench
 from fedbench.algorithms.base import ScheduleError
 from fedbench.algorithms.fedavg import FedAvg
+from fedbench.federation import aggregation_weights
 from fedbench.hparams import ParamError
 from fedbench.participation import LocalSteps, Participants, Participation
 from fedbench.rng import generator
@@ -184,6 +190,20 @@ def test_each_model_and_uneven_work_equals_a_loop_over_the_participants_in_numpy
         assert 0 in taking and max(taking) > 0
 
 
+def test_the_weights_are_renormalised_over_the_participants():
+    """π̂ over the slots that hold a participant: 1/S' each (uniform), n_k / Σ n_j over them (by samples); zeros for
+    a run without any; as before where every slot takes part."""
+    problem = SimpleNamespace(client_sizes=torch.tensor([10, 20, 30, 40, 50]))
+    clients = torch.tensor([[4, 1, 2], [0, 3, 1], [2, 0, 4]])
+    present = torch.tensor([[True, True, False], [False, True, False], [False, False, False]])
+    uniform = aggregation_weights(problem, Federation(), clients, torch.float64, present)
+    assert uniform.tolist() == [[0.5, 0.5, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
+    samples = aggregation_weights(problem, Federation(aggregation="samples"), clients, torch.float64, present)
+    assert samples.tolist() == [[50 / 70, 20 / 70, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
+    assert aggregation_weights(problem, Federation(aggregation="samples"), clients, torch.float64).tolist()[0] == [
+        50 / 100, 20 / 100, 30 / 100]
+
+
 def test_a_model_changes_who_takes_part():
     problem = small_lasso()
     plain = list(Simulation(problem, fedbench.make_algorithm("fedavg", problem, **HP), Federation(8, 3, 3, 5), 5))
@@ -275,13 +295,9 @@ def test_absent_clients_keep_their_error_feedback_vectors():
         before = kept.clone()
 
 
-def uneven_markov(problem):
-    return Federation(12, 3, UNEVEN, 5, participation={"model": "markov", "p_on": 0.3, "p_off": 0.4})
-
-
 def test_a_resumed_program_with_markov_chains_and_drawn_counts_gives_the_rows_of_one_never_stopped():
     problem = small_lasso()
-    federation = uneven_markov(problem)
+    federation = Federation(12, 3, UNEVEN, 5, participation={"model": "markov", "p_on": 0.3, "p_off": 0.4})
     whole, records = build(problem, "scaffold", federation, {}, SEEDS), []
     whole.safe_point = lambda program: records.append(program.state_dict()["runs"])
     expected = rows_of(whole)
@@ -402,6 +418,14 @@ def test_a_models_parameters_and_the_counts_are_grid_axes_and_set_reaches_inside
     result = invoke("run", recipe, "--set", "federation.participation.p_off=[0.2,0.4]", "--no-track")
     assert result.exit_code == 2 and "federation.participation: found 2 values" in result.output
     assert "--set federation.participation.NAME=VALUE" in result.output
+    models = load(recipe, ["federation.participation=[{model: uniform}, {model: cyclic, groups: 2}]",
+                           "federation.local_steps=[3, {distribution: uniform, low: 1, high: 4}]"])
+    assert {(t.params().get("federation.participation"), t.params()["federation.local_steps"])
+            for t in models.trials()} == {(None, 3), (None, "uniform(low=1, high=4)"), ("cyclic(groups=2)", 3),
+                                          ("cyclic(groups=2)", "uniform(low=1, high=4)")}  # lists of them: grid axes
+    result = invoke("run", recipe, "--set", "federation.participation=[{model: uniform}, {model: cyclic, groups: 2}]",
+                    "--no-track")
+    assert result.exit_code == 2 and "pick one with --set federation.participation=VALUE" in result.output
     fixed = load(recipe, ["federation.local_steps=3", "federation.participation={model: uniform}"]).trials()[0]
     assert fixed.config()["federation"] == {"rounds": 6, "clients_per_round": 4, "local_steps": 3, "batch_size": 5,
                                             "aggregation": "uniform"}  # as a recipe without either records it

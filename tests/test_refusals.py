@@ -222,6 +222,9 @@ PARTICIPATION = {  # id: (federation fields after batch_size, or local_steps in 
     "markov that never moves": ("participation: {model: markov, p_on: 0, p_off: 0}", "federation.participation.p_on",
                                 "expected p_on + p_off > 0"),
     "no mapping": ("participation: 0.3", "federation.participation", "found the number 0.3, expected a mapping"),
+    "a field of a list of models": ("participation: [{model: uniform}, {model: bernoulli, p: 1.5}]",
+                                    "federation.participation[1].p", "found 1.5"),
+    "an empty list of models": ("participation: []", "federation.participation", "found an empty list"),
     "a varying number with a robust rule": ("participation: {model: bernoulli, p: 0.3}, aggregation: median",
                                             "federation.participation.model",
                                             "found bernoulli with aggregation median"),
@@ -244,6 +247,10 @@ PARTICIPATION = {  # id: (federation fields after batch_size, or local_steps in 
                              "federation.local_steps.distribution", "found 'normal'"),
     "a low of 0 in a grid": ("local_steps: {distribution: uniform, low: [1, 0], high: 3}",
                              "federation.local_steps.low[1]", "found 0"),
+    "E of 0 beside uneven work": ("local_steps: [0, {distribution: uniform, low: 1, high: 3}]",
+                                  "federation.local_steps[0]", "found 0"),
+    "a field of uneven work in a list": ("local_steps: [2, {distribution: uniform, low: 0, high: 3}]",
+                                         "federation.local_steps[1].low", "found 0"),
 }
 
 

@@ -61,6 +61,8 @@ from .schema import (
 from .space import Dimension, check_space
 from .trials import FEDERATION_MAPPINGS, FEDERATION_NAMES, FEDERATION_PARAMS, Trial, metrics_of, stable_hash
 
+FEDERATION_STEPS = next(p for p in FEDERATION_PARAMS if p.name == "local_steps")  # E
+
 __all__ = ["DISTRIBUTIONS", "FEDERATION_MAPPINGS", "FEDERATION_NAMES", "FEDERATION_PARAMS", "OPTION_FIELDS",
            "PHRASES", "SAMPLERS", "SECTIONS", "X_AXES", "Checkpoints", "Dimension", "DuplicateKey", "PrunerSpec",
            "Recipe", "RecipeError", "RecipeLoader", "RecipeModel", "ReportSpec", "Resources", "SelectSpec",
@@ -149,33 +151,48 @@ def _check_params(source, path, declared, given: dict, per_round: bool = False) 
 def _check_federation(source: str, path: str, given: dict) -> dict[str, list[Any]]:
     """The federation's grid (a section at `path`): its parameters' values (a list is a grid axis), then the chains
     each link's steps make (`_check_chain`) and what its mappings make (`_check_mapping`: the adversaries, the
-    participation model, and uneven local steps where `local_steps` is a mapping)."""
+    participation model, and uneven local steps where `local_steps` holds a mapping)."""
     given = dict(given)
     nested: dict[str, list[Any]] = {link: _check_chain(source, f"{path}.{link}", link, given.pop(link))
                                     for link in LINKS if link in given}
     for name in FEDERATION_MAPPINGS:
-        if name in given and (name != "local_steps" or isinstance(given[name], dict)):
+        if name in given and (name != "local_steps" or _holds_mapping(given[name])):
             nested[name] = _check_mapping(source, f"{path}.{name}", name, given.pop(name))
     return {**_check_params(source, path, FEDERATION_PARAMS, given), **nested}
+
+
+def _holds_mapping(value: Any) -> bool:
+    return isinstance(value, dict) or isinstance(value, list) and any(isinstance(v, dict) for v in value)
 
 
 def _check_mapping(source: str, path: str, name: str, spec: Any) -> list[Any]:
     """What a federation's mapping `name` (`FEDERATION_MAPPINGS`: adversaries, participation, uneven local steps)
     makes: one, or where a field is given a list (a grid axis, `{fraction: [0.1, 0.2]}`), one for each point of the
-    product of those lists; each value checked at its field's path (`federation.adversaries.fraction[1]`), what they
-    must be together with the trial's federation (`Federation.check`)."""
+    product of those lists; a list of mappings is a grid axis of them (`[{model: uniform}, {model: cyclic, groups:
+    4}]`; of `local_steps`, integers E among them). Each value is checked at its field's path
+    (`federation.adversaries.fraction[1]`, `federation.participation[1].groups`), what they must be together with the
+    trial's federation by `Federation.check`."""
     cls, example = FEDERATION_MAPPINGS[name]
-    if not isinstance(spec, dict):
-        raise RecipeError(source, path, f"found {in_words(spec)}, expected a mapping, e.g. {example}")
-    grid = _check_params(source, path, cls.params, spec)
-    for field in participation.FILES:  # a file of per-client values, as a plugin's, by the recipe's folder
-        if field in grid:
-            grid[field] = [value if value is None else str(Path(source).parent / Path(value).expanduser())
-                           for value in grid[field]]
-    try:
-        return [cls(**point) for point in grid_points(grid)]
-    except ParamError as err:  # a file that cannot be read
-        raise RecipeError(source, f"{path}.{err.name.partition('.')[2]}", err.message) from None
+    if isinstance(spec, list) and not spec:
+        raise RecipeError(source, path, "found an empty list, expected at least one value")
+    made: list[Any] = []
+    for i, item in enumerate(spec if isinstance(spec, list) else [spec]):
+        where = f"{path}[{i}]" if isinstance(spec, list) else path
+        if name == "local_steps" and not isinstance(item, dict):  # E among uneven local work
+            made += _check_values(source, where, FEDERATION_STEPS, item, per_round=False)
+            continue
+        if not isinstance(item, dict):
+            raise RecipeError(source, where, f"found {in_words(item)}, expected a mapping, e.g. {example}")
+        grid = _check_params(source, where, cls.params, item)
+        for field in participation.FILES:  # a file of per-client values, as a plugin's, by the recipe's folder
+            if field in grid:
+                grid[field] = [value if value is None else str(Path(source).parent / Path(value).expanduser())
+                               for value in grid[field]]
+        try:
+            made += [cls(**point) for point in grid_points(grid)]
+        except ParamError as err:  # a file that cannot be read
+            raise RecipeError(source, f"{where}.{err.name.partition('.')[2]}", err.message) from None
+    return made
 
 
 def _check_chain(source: str, path: str, link: str, spec: Any) -> list[tuple[Step, ...]]:

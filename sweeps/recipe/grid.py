@@ -111,8 +111,10 @@ class Recipe:
                     found, pick = values, key
                     if section == "federation" and key in LINKS:  # a step's value picks one: uplink.0.top_k
                         found, pick = [chain_text(v) for v in values], f"{key}.N.NAME"
-                    elif section == "federation" and key in FEDERATION_MAPPINGS and not isinstance(values[0], int):
-                        found, pick = [str(v) for v in values], f"{key}.NAME"
+                    elif section == "federation" and key in FEDERATION_MAPPINGS and not all(
+                            isinstance(v, int) for v in values):  # a field of the mapping, or one of a list whole
+                        listed = isinstance(self.document.get("federation", {}).get(key), list)
+                        found, pick = [str(v) for v in values], key if listed else f"{key}.NAME"
                     raise RecipeError(self.source, f"{section}.{key}", f"found {len(values)} values {found}, "
                                       f"expected one for a single run; pick one with --set {section}.{pick}=VALUE")
                 chosen[section][key] = values[0]
