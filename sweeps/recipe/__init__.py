@@ -174,16 +174,27 @@ def _check_adversaries(source: str, path: str, spec: Any) -> list[Adversaries]:
 
 def _check_chain(source: str, path: str, link: str, spec: Any) -> list[tuple[Step, ...]]:
     """The chains a link's list of transforms (`federation.uplink`) makes: one, or where a step's parameter is given
-    a list (a grid axis, `{top_k: [0.01, 0.05]}`), one for each point of the product of those lists. Each value is
-    checked at its field's path (`federation.uplink.0.top_k[1]`); the chain's order with each trial's federation."""
+    a list (a grid axis, `{top_k: [0.01, 0.05]}`), one for each point of the product of those lists. A list of such
+    lists is a grid axis over chains, as a list of lists is for a list-valued parameter (`[[], [{top_k: 0.01}],
+    [{top_k: 0.01}, {error_feedback: ef21}]]`: no transform, top-k alone, top-k with EF21), each list's chains in
+    turn. Each value is checked at its field's path (`federation.uplink.0.top_k[1]`, in a grid over chains
+    `federation.uplink[2].0.top_k`); the chain's order with each trial's federation."""
     if not isinstance(spec, list):
         raise RecipeError(source, path, f"found {in_words(spec)}, expected a list of transforms, e.g. "
                           "[{top_k: 0.05}]")
-    section = path.removesuffix(f".{link}")
+    if spec and all(isinstance(chain, list) for chain in spec):
+        return [steps for j, chain in enumerate(spec) for steps in _chains(source, path, f"{link}[{j}]", chain)]
+    return _chains(source, path, link, spec)
+
+
+def _chains(source: str, path: str, at: str, spec: list) -> list[tuple[Step, ...]]:
+    """The chains of one list of transforms, at `at` (`uplink`, or `uplink[2]` in a grid over chains) of the
+    federation section at `path` (`federation.uplink`)."""
+    section = path.rpartition(".")[0]
     options = []
     for i, given in enumerate(spec):
         try:
-            transform, values = transforms.entry(given, f"{link}.{i}")
+            transform, values = transforms.entry(given, f"{at}.{i}")
         except transforms.UnknownName as err:
             raise unknown(source, f"{section}.{err.name}", err.message, err.options) from None
         except ParamError as err:
