@@ -172,6 +172,10 @@ def test_a_tuned_step_is_set_where_its_algorithm_reads_its_chain(tmp_path):
         assert best.trials()[0].federation.uplink == trial.federation.uplink and best.tune is None
     kind = assigned(recipe, {"federation.uplink.1.error_feedback": "ef21"}).single_trial("fedmid", 0)
     assert kind.federation.uplink[1] == Step("error_feedback", (("kind", "ef21"),))
+    attacked = assigned(recipe, {"federation.adversaries.fraction": 0.25, "federation.adversaries.scale": 3.0,
+                                 "federation.aggregation": "trimmed_mean", "federation.trim": 0.2})
+    federation = attacked.single_trial("fedmid", 0).federation
+    assert (federation.adversaries.fraction, federation.adversaries.scale, federation.trim) == (0.25, 3.0, 0.2)
 
 
 @pytest.mark.parametrize("space, where, phrase", [
