@@ -326,7 +326,9 @@ def transforms_section() -> list[str]:
              "`fedbench.transforms.TRANSFORMS`). An entry is a transform's name (its defaults), `{name: value}` (its "
              "first parameter) or `{name: {parameter: value}}`; a list as a parameter's value is a grid axis, e.g. "
              "`uplink: [{top_k: [0.01, 0.05]}, {error_feedback: ef21}]`, or "
-             "`--set federation.uplink.0.top_k=[0.01,0.05,0.1]`. Every row then has `comm_up_bits` and "
+             "`--set federation.uplink.0.top_k=[0.01,0.05,0.1]`; a list of such lists is a grid axis over chains "
+             "(`[[], [{top_k: 0.01}]]`: none, then top-k), and `tune.space` searches a step's parameter as "
+             "`federation.uplink.0.top_k`. Every row then has `comm_up_bits` and "
              "`comm_down_bits`, which `report.x` can draw against.", "",
              "| transform | on | parameters | what it does; what a message of d values of b bits costs |",
              "|---|---|---|---|"]
