@@ -140,6 +140,11 @@ class Simulation:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The run as `state_dict` recorded it: its state, streams, counters, adversaries and participation state."""
         self.server, self.clients = state["server"], state["clients"]
+        if "comm_up_bits" not in state:
+            # a checkpoint from before the bit counters, made without transforms (there were none): every value went
+            # at its dtype's width
+            width = self.server[self.algorithm.downloads[0]].element_size() * 8
+            state = {**state, "comm_up_bits": state["comm_up"] * width, "comm_down_bits": state["comm_down"] * width}
         for name, gen in self.streams().items():
             gen.set_state(state["streams"][name].cpu())  # the generators live on the CPU (`fedbench.rng`)
         for name in self.RECORD:

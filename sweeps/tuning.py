@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from .cluster import cluster_for
 from .events import Runs, Score, worst
-from .recipe import Dimension, Recipe, RecipeError, parse, stable_hash
+from .recipe import Dimension, Recipe, RecipeError, assigned, stable_hash
 from .report import headline_metrics
 from .sweep import sweep
 from .tracking import Store, SweepLog
@@ -120,7 +120,7 @@ def make_searcher(study, recipe: Recipe, algorithm: str, seed: int, report_round
             asked = study.ask()
             values = {d.path(algorithm): suggest(asked, d) for d in dimensions}
             try:
-                trial = recipe.single_trial(algorithm, seed, fixed=values)
+                trial = assigned(recipe, values).single_trial(algorithm, seed)
             except (RecipeError, ValueError) as err:  # e.g. a sampled clients_per_round above clients
                 asked.set_user_attr("error", str(err))
                 study.tell(asked, state=TrialState.FAIL)
@@ -194,14 +194,8 @@ def best_recipe(recipe: Recipe, algorithm: str, params: dict[str, Any], seeds: l
     document.pop("tune", None)
     document["algorithms"] = {algorithm: dict(document["algorithms"].get(algorithm) or {})}
     document["seeds"] = seeds
-    for dimension in recipe.dimensions:
-        if algorithm in dimension.algorithms:
-            section, name = dimension.path(algorithm).rsplit(".", 1)
-            node = document
-            for key in section.split("."):
-                node = node[key]
-            node[name] = params[dimension.key]
-    return parse(document, recipe.source)
+    return assigned(recipe, {d.path(algorithm): params[d.key] for d in recipe.dimensions if algorithm in d.algorithms},
+                    document)
 
 
 def tune_recipe(recipe: Recipe, algorithms: list[str], overrides: list[str] | None = None,
@@ -220,7 +214,7 @@ def tune_recipe(recipe: Recipe, algorithms: list[str], overrides: list[str] | No
     store = Store(tracking)
     experiment_id = store.experiment(recipe.name, headline_metrics(recipe))
     storage = study_storage(recipe, store)
-    rounds = recipe.single_trial(algorithms[0], seed, fixed=lowest(recipe, algorithms[0])).federation.rounds
+    rounds = assigned(recipe, lowest(recipe, algorithms[0])).single_trial(algorithms[0], seed).federation.rounds
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
     with cluster_for(recipe, address, max_concurrent) as slot_count:

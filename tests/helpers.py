@@ -151,9 +151,10 @@ def rows_of(program, rows=None):
     return rows
 
 
-def interrupted(make_program, at: int):
+def interrupted(make_program, at: int, edit=lambda state: None):
     """The rows of a program stopped at its `at`-th safe point, then resumed from the checkpoint taken there by a
-    program built anew (through `torch.save`, as a checkpoint file holds it), and its runs' statuses."""
+    program built anew (through `torch.save`, as a checkpoint file holds it; `edit` given the program's saved state
+    first), and its runs' statuses."""
     program, rows, saved, count = make_program(), None, io.BytesIO(), [0]
 
     def safe_point(program):
@@ -169,6 +170,7 @@ def interrupted(make_program, at: int):
     saved.seek(0)
     checkpoint = torch.load(saved, weights_only=False)
     again = make_program()
+    edit(checkpoint["program"])
     again.load_state_dict(checkpoint["program"])
     return rows_of(again, checkpoint["rows"]), [sim.status for sim in again.sims]
 

@@ -33,6 +33,22 @@ def test_a_resumed_run_alone_gives_its_rows(name):
     assert resumed == expected
 
 
+def test_a_checkpoint_from_before_the_bit_counters_resumes_with_the_bits_its_floats_make():
+    """Checkpoints saved before `comm_up_bits`/`comm_down_bits` existed (no transforms then) resume: each counter
+    is its float count at the dtype's width, and the rows go on as the never-stopped program's."""
+    make, federation, hp, _ = CASES["fedmid"]
+    problem = make()
+    expected = rows_of(build(problem, "fedmid", federation, hp, SEEDS))
+
+    def without_bits(state):
+        for run in state["runs"]:
+            del run["comm_up_bits"], run["comm_down_bits"]
+
+    resumed, _ = interrupted(lambda: build(problem, "fedmid", federation, hp, SEEDS), 3, without_bits)
+    assert resumed == expected
+    assert expected[0][-1]["comm_up_bits"] == 64 * expected[0][-1]["comm_up"] > 0  # float64: the width it assumes
+
+
 # -- fedbench run: checkpoints, --resume; the sweep's progress line -----------------------------------------------
 RUN_RECIPE = """\
 name: resumable

@@ -35,9 +35,9 @@ from fedbench.participation import LocalSteps, Participants, Participation
 from fedbench.rng import generator
 from fedbench.runs import programs
 from fedbench.simulate import Federation, Simulation
-from helpers import SEEDS, build, initial_point, interrupted, invoke, np_local, rows_by_run, rows_of
+from helpers import SEEDS, build, initial_point, interrupted, invoke, np_local, refused, rows_by_run, rows_of
 from small_problems import small_lasso
-from sweeps.recipe import load
+from sweeps.recipe import assigned, load
 
 HP = {"client_lr": 0.05, "server_lr": 0.8, "subgradient": False}  # the smooth part: least squares
 UNEVEN = {"distribution": "uniform", "low": 1, "high": 4}
@@ -453,3 +453,38 @@ def test_a_recipes_file_is_read_from_its_folder_and_recorded_by_its_contents(tmp
     assert edited.config_hash != first.config_hash  # other availabilities: other runs
     folder.rename(tmp_path / "moved")
     assert load(tmp_path / "moved" / "r.yaml").trials()[0].config_hash == edited.config_hash
+
+
+TUNED = RECIPE + """\
+tune:
+  space: {federation.participation.p_on: {uniform: [0.05, 0.5]}, federation.local_steps.high: {int: [4, 8]}}
+  metric: objective
+  mode: min
+  trials: 4
+"""
+
+
+def test_tune_searches_a_models_parameter_and_the_counts_where_the_recipe_reads_them(tmp_path):
+    path = tmp_path / "tuned.yaml"
+    path.write_text(TUNED)
+    recipe = load(path)
+    assert [d.path("scaffold") for d in recipe.dimensions] == ["federation.participation.p_on",
+                                                              "federation.local_steps.high"]
+    federation = assigned(recipe, {"federation.participation.p_on": 0.1, "federation.local_steps.high": 6}
+                          ).single_trial("scaffold", 0).federation
+    assert federation.participation == Participation("markov", p_on=0.1, p_off=0.2)
+    assert federation.local_steps == LocalSteps("uniform", 1, 6)
+    for space, where, phrase in [
+            ("{federation.participation.p: {uniform: [0.1, 0.5]}}", "federation.participation.p",
+             "found federation.participation reading p_on, p_off, expected one that reads p"),
+            ("{federation.participation.p_on: {uniform: [0.1, 1.5]}}", "federation.participation.p_on.uniform[1]",
+             "expected float in [0, 1], found 1.5"),
+            ("{federation.participation.pon: {uniform: [0.1, 0.5]}}", "federation.participation.pon",
+             "did you mean 'p_on'"),
+            ("{federation.local_steps.counts: {int: [1, 4]}}", "federation.local_steps.counts",
+             "found federation.local_steps reading low, high, expected one that reads counts")]:
+        refused(invoke("validate", path, "--set", f"tune.space={space}"), f"{path}: tune.space.{where}: ", phrase)
+    plain = path.read_text().replace("  participation: {model: markov, p_on: 0.3, p_off: 0.2}\n", "")
+    path.write_text(plain)
+    refused(invoke("validate", path), "tune.space.federation.participation.p_on: found no mapping in "
+            "federation.participation, expected one that reads p_on")

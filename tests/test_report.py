@@ -403,3 +403,23 @@ def test_a_final_mean_leaves_failed_runs_out_and_says_how_many():
     assert partly.counted == partly.runs[::2] and final_text(partly, "loss") == "2 ± 1.4 (1 failed run left out)"
     wholly = Configuration("fedmid", "h", [run("failed"), run("failed")], {}, finals={"loss": []})
     assert final_text(wholly, "loss") == "– (all 2 runs failed)"
+
+
+def test_one_algorithm_drawn_has_a_color_per_configuration_several_a_color_each():
+    """Seven chains of one method are told apart by color; where several methods are drawn, the color is the method's
+    and the line style tells its configurations apart, every one of up to seven in a style of its own."""
+    from sweeps.report import curve_colors
+    from sweeps.report.render import STYLES, legend_handles
+    from sweeps.report.statistics import Configuration
+
+    def configs(algorithm, count):
+        return [Configuration(algorithm, f"{algorithm}{i}", [], {}, rank=i, name=f"{algorithm} {i}") for i in
+                range(count)]
+
+    alone = configs("fedmid", 7)
+    assert [curve_colors(alone)[c.algorithm, c.config_hash] for c in alone] == [f"C{i}" for i in range(7)]
+    both = configs("fedavg", 7) + alone
+    colors = curve_colors(both)
+    assert [colors[c.algorithm, c.config_hash] for c in both] == ["C0"] * 7 + ["C1"] * 7
+    assert len(set(map(str, STYLES))) == 7  # a configuration's style is STYLES[its rank]
+    assert [h.get_color() for h in legend_handles(both, colors)] == ["C0"] * 7 + ["C1"] * 7

@@ -22,7 +22,7 @@ from fedbench.schedules import BadField, Constant, Cosine, Exponential, InverseS
 from fedbench.simulate import Federation, Simulation, run_batch
 from helpers import assert_same, interrupted, invoke, np_prox, pfl, refused, rows_by_run, rows_of
 from small_problems import small_lasso
-from sweeps.recipe import load
+from sweeps.recipe import assigned, load
 
 # -- each kind's values --------------------------------------------------------------------------------------------
 
@@ -344,7 +344,7 @@ def test_tune_searches_a_field_of_a_schedule(tmp_path):
         ("algorithms.fedmid.client_lr.init", "log_uniform", (1e-3, 0.1)),
         ("algorithms.fedmid.client_lr.warmup", "int", (0, 5))]
     sampled = {"algorithms.fedmid.client_lr.init": 0.03, "algorithms.fedmid.client_lr.warmup": 4}
-    assert recipe.single_trial("fedmid", fixed=sampled).hyperparameters["client_lr"] == Cosine(
+    assert assigned(recipe, sampled).single_trial("fedmid").hyperparameters["client_lr"] == Cosine(
         init=0.03, final=0.001, warmup=4)
     best = best_recipe(recipe, "fedmid", {"client_lr.init": 0.03, "algorithms.fedmid.client_lr.warmup": 4}, [1])
     assert best.trials()[0].hyperparameters["client_lr"] == Cosine(init=0.03, final=0.001, warmup=4)

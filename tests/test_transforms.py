@@ -43,6 +43,7 @@ from helpers import (
     np_server,
     pauc,
     pfl,
+    refused,
     rows_by_run,
     rows_of,
 )
@@ -463,6 +464,23 @@ def test_a_steps_values_are_grid_axes_and_set_reaches_inside_the_chain(recipe):
     assert result.exit_code == 2 and "federation.uplink: found 2 values" in result.output
     assert "--set federation.uplink.N.NAME=VALUE" in result.output
     assert invoke("validate", recipe, "--set", "federation.uplink.1.top_k=[0.01,0.05,0.1]").exit_code == 0
+
+
+def test_a_list_of_chains_is_a_grid_axis_over_chains(recipe):
+    """`[[], [{top_k: [...]}], [{top_k: [...]}, {error_feedback: [...]}]]`: each chain's own grid in turn, the empty
+    one recorded as a federation without a chain; a refusal names its chain and step."""
+    grid = load(recipe, ["federation.uplink=[[], [{top_k: [0.01, 0.1]}], [{top_k: [0.01, 0.1]}, "
+                         "{error_feedback: [ef, ef21]}]]"])
+    chains = [t.config()["federation"].get("uplink") for t in grid.trials()]
+    assert chains == [None, "top_k(k=0.01)", "top_k(k=0.1)",
+                      *(f"top_k(k={k}) → error_feedback(kind={kind})" for k in (0.01, 0.1) for kind in ("ef", "ef21"))]
+    assert grid.runs() == 7 and grid.trials()[0].config_hash == load(recipe, ["federation.uplink=[]"]).trials()[
+        0].config_hash
+    for chains_set, where, phrase in [
+            ("[[], [{top_k: [0.01, 2]}]]", "federation.uplink[1].0.top_k[1]", "expected float in (0, 1], found 2"),
+            ("[[{clip: 1.0}], [{topk: 0.1}]]", "federation.uplink[1].0", "found 'topk', expected a transform"),
+            ("[[], {top_k: 0.1}]", "federation.uplink.0", "found [], expected a transform's name")]:
+        refused(invoke("validate", recipe, "--set", f"federation.uplink={chains_set}"), f"{recipe}: {where}: ", phrase)
 
 
 def test_a_recipe_without_chains_records_and_hashes_its_federation_as_before(recipe):

@@ -12,8 +12,10 @@ from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
 from cli import app
+from fedbench.transforms import Step, index_bits, kept_count
+from helpers import invoke, refused
 from sweeps.driving import build_simulation, drive
-from sweeps.recipe import load
+from sweeps.recipe import assigned, load
 from sweeps.tuning import best_recipe, make_sampler, study_name
 
 RECIPE = """\
@@ -128,6 +130,91 @@ def test_rerun_best_logs_runs_on_fresh_seeds(ray_local, tmp_path, tracking_uri):
     assert sweep_parent.data.tags["rerun_best_of"] == "tune-lasso:fedmid"
     assert "±" in output
 
+
+# The transforms' parameters searched as a grid reaches them (`--set federation.uplink.0.top_k=[...]`): top-k's
+# fraction k of the d = 30 coordinates, in front of a bare-name error feedback (its defaults).
+TOP_K = RECIPE.replace("batch_size: 5}", "batch_size: 5, uplink: [{top_k: 0.5}, error_feedback]}").replace(
+    "rounds: 150", "rounds: 20").replace("fedmid: {}", "fedmid: {client_lr: 0.05}").replace(
+    "{client_lr: {log_uniform: [1.0e-4, 1.0]}}", "{federation.uplink.0.top_k: {log_uniform: [0.02, 1.0]}}").replace(
+    "trials: 20", "trials: 4")
+
+
+@pytest.mark.ray
+def test_tune_searches_top_k_and_each_run_records_and_sends_the_k_it_was_given(ray_local, tmp_path, tracking_uri):
+    tune(write(tmp_path, TOP_K), tracking_uri, "--max-concurrent", 1)
+    sampled = {str(t.number): t.params["federation.uplink.0.top_k"] for t in study(tmp_path).trials}
+    assert len(sampled) == 4 and len(set(sampled.values())) == 4
+    client = MlflowClient(tracking_uri)
+    nested = runs(tracking_uri, "tune_trial")
+    assert sorted(run.data.tags["optuna_trial"] for run in nested) == sorted(sampled)
+    for run in nested:
+        k = sampled[run.data.tags["optuna_trial"]]
+        assert run.data.params["federation.uplink"] == f"top_k(k={k}) → error_feedback(kind=ef)"
+        # what the run sent up is what K = max(1, round(k·d)) of d = 30 costs: K·(64 + ⌈log₂ 30⌉) bits per client
+        # and round, 4 clients a round for 20 rounds
+        (last,) = [m for m in client.get_metric_history(run.info.run_id, "comm_up_bits") if m.step == 20]
+        assert last.value == 20 * 4 * kept_count(k, 30) * (64 + index_bits(30))
+
+
+def test_a_tuned_step_is_set_where_its_algorithm_reads_its_chain(tmp_path):
+    """`federation.uplink.0.top_k` sets the recipe's chain, or an algorithm's own where it has one; the best
+    configuration re-run holds it; a bare-name step takes a searched value as `{name: value}`."""
+    text = TOP_K.replace("fedmid: {client_lr: 0.05}", "fedmid: {client_lr: 0.05}\n  fedavg: {client_lr: 0.05, "
+                         "federation: {uplink: [{top_k: 0.2}]}}")
+    recipe = load(write(tmp_path, text))
+    (dimension,) = recipe.dimensions
+    assert (dimension.path("fedmid"), dimension.path("fedavg")) == (
+        "federation.uplink.0.top_k", "algorithms.fedavg.federation.uplink.0.top_k")
+    for algorithm, rest in [("fedmid", (Step("error_feedback", (("kind", "ef"),)),)), ("fedavg", ())]:
+        trial = assigned(recipe, {dimension.path(algorithm): 0.3}).single_trial(algorithm, 0)
+        assert trial.federation.uplink == (Step("top_k", (("k", 0.3),)), *rest)
+        best = best_recipe(recipe, algorithm, {dimension.key: 0.3}, [1])
+        assert best.trials()[0].federation.uplink == trial.federation.uplink and best.tune is None
+    kind = assigned(recipe, {"federation.uplink.1.error_feedback": "ef21"}).single_trial("fedmid", 0)
+    assert kind.federation.uplink[1] == Step("error_feedback", (("kind", "ef21"),))
+    attacked = assigned(recipe, {"federation.adversaries.fraction": 0.25, "federation.adversaries.scale": 3.0,
+                                 "federation.aggregation": "trimmed_mean", "federation.trim": 0.2})
+    federation = attacked.single_trial("fedmid", 0).federation
+    assert (federation.adversaries.fraction, federation.adversaries.scale, federation.trim) == (0.25, 3.0, 0.2)
+
+
+@pytest.mark.parametrize("space, where, phrase", [
+    ("{federation.uplink.2.top_k: {uniform: [0.1, 0.5]}}", "tune.space.federation.uplink.2.top_k",
+     "found step 2 of federation.uplink, which has 2 steps; expected an index 0 to 1"),
+    ("{federation.uplink.1.top_k: {uniform: [0.1, 0.5]}}", "tune.space.federation.uplink.1.top_k",
+     "found top_k, expected error_feedback, the step 1 of federation.uplink"),
+    ("{federation.uplink.0.top_k: {uniform: [0.1, 1.5]}}", "tune.space.federation.uplink.0.top_k.uniform[1]",
+     "expected float in (0, 1], found 1.5"),
+    ("{federation.uplink.0.top_k: {int: [1, 3]}}", "tune.space.federation.uplink.0.top_k.int",
+     "top_k is float; expected a uniform or log_uniform distribution"),
+    ("{federation.uplink.1.error_feedback: {categorical: [ef, ef22]}}",
+     "tune.space.federation.uplink.1.error_feedback.categorical[1]", "expected one of ef | ef21, found 'ef22'"),
+    ("{federation.uplink.1.error_feedback: {uniform: [0, 1]}}",
+     "tune.space.federation.uplink.1.error_feedback.uniform", "error_feedback is choice; expected a categorical"),
+    ("{federation.downlink.0.qsgd: {int: [2, 8]}}", "tune.space.federation.downlink.0.qsgd",
+     "found step 0 of federation.downlink, which has 0 steps"),
+    ("{federation.adversaries.fractio: {uniform: [0.0, 0.5]}}", "tune.space.federation.adversaries.fractio",
+     "did you mean 'fraction'"),
+    ("{federation.adversaries.fraction: {uniform: [0.0, 1.0]}}",
+     "tune.space.federation.adversaries.fraction.uniform[1]", "expected float in [0, 1), found 1.0"),
+    ("{federation.trim: {uniform: [0.1, 0.6]}}", "tune.space.federation.trim.uniform[1]", "found 0.6"),
+    ("{federation.byzantine: {uniform: [0, 2]}}", "tune.space.federation.byzantine.uniform", "byzantine is int"),
+    ("{federation.sidelink.0.qsgd: {int: [2, 8]}}", "tune.space.federation.sidelink.0.qsgd",
+     "expected problem.NAME, federation.NAME, federation.uplink.I.TRANSFORM"),
+])
+def test_validate_refuses_a_transforms_search_as_a_grid_would(tmp_path, space, where, phrase):
+    path = write(tmp_path, TOP_K)
+    refused(invoke("validate", path, "--set", f"tune.space={space}"), f"{path}: {where}: ", phrase)
+
+
+def test_validate_takes_each_federation_axis_in_its_range(tmp_path):
+    path = write(tmp_path, TOP_K)
+    for space in ["{federation.uplink.1.error_feedback: {categorical: [ef, ef21]}}",
+                  "{federation.adversaries.fraction: {uniform: [0.0, 0.2]}, federation.adversaries.scale: "
+                  "{log_uniform: [0.1, 10.0]}}", "{federation.trim: {uniform: [0.0, 0.3]}}",
+                  "{federation.byzantine: {int: [0, 1]}}"]:
+        result = invoke("validate", path, "--set", f"tune.space={space}")
+        assert result.exit_code == 0, result.output
 
 
 @pytest.mark.parametrize("kind", ["tpe", "random", "cmaes", "gp"])

@@ -326,11 +326,15 @@ def participation_section() -> list[str]:
     return ["## `federation.participation` and uneven `federation.local_steps`", "",
             "`participation` is a mapping of the fields below (generated from `fedbench.participation.Participation`), "
             "only those its `model` reads, each a grid axis where it is a list, e.g. "
-            "`participation: {model: bernoulli, p: [0.1, 0.5]}` or `--set federation.participation.p=[0.1,0.5]`.", "",
+            "`participation: {model: bernoulli, p: [0.1, 0.5]}` or `--set federation.participation.p=[0.1,0.5]`; a "
+            "list of such mappings is a grid axis over them; `tune.space` searches a field the model reads, "
+            "`federation.participation.p: {uniform: [0.05, 0.5]}`.", "",
             *param_table(Participation.params), "",
             "`local_steps` may be a mapping in place of E, uneven local work: `{distribution: uniform, low: 1, high: "
             "10}`, `{counts: [...]}` (one per client) or `{file: steps.npy}` (generated from "
-            "`fedbench.participation.LocalSteps`); `--set federation.local_steps.high=[5,10]` is a grid axis inside.",
+            "`fedbench.participation.LocalSteps`); `--set federation.local_steps.high=[5,10]` is a grid axis inside, "
+            "`local_steps: [10, {distribution: uniform, low: 1, high: 10}]` one of E beside uneven work, and "
+            "`tune.space` searches `federation.local_steps.low` or `.high` of a drawn count.",
             "", *param_table(LocalSteps.params), "", module_doc(Participation), ""]
 
 
@@ -344,7 +348,9 @@ def transforms_section() -> list[str]:
              "`fedbench.transforms.TRANSFORMS`). An entry is a transform's name (its defaults), `{name: value}` (its "
              "first parameter) or `{name: {parameter: value}}`; a list as a parameter's value is a grid axis, e.g. "
              "`uplink: [{top_k: [0.01, 0.05]}, {error_feedback: ef21}]`, or "
-             "`--set federation.uplink.0.top_k=[0.01,0.05,0.1]`. Every row then has `comm_up_bits` and "
+             "`--set federation.uplink.0.top_k=[0.01,0.05,0.1]`; a list of such lists is a grid axis over chains "
+             "(`[[], [{top_k: 0.01}]]`: none, then top-k), and `tune.space` searches a step's parameter as "
+             "`federation.uplink.0.top_k`. Every row then has `comm_up_bits` and "
              "`comm_down_bits`, which `report.x` can draw against.", "",
              "| transform | on | parameters | what it does; what a message of d values of b bits costs |",
              "|---|---|---|---|"]

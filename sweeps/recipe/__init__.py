@@ -13,6 +13,7 @@ command-line option that stands for a recipe field.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from .loading import (
     field_paths,
     in_words,
     read_yaml,
+    set_field,
     shown,
     unknown,
     yaml_value,
@@ -66,9 +68,9 @@ FEDERATION_STEPS = next(p for p in FEDERATION_PARAMS if p.name == "local_steps")
 __all__ = ["DISTRIBUTIONS", "FEDERATION_MAPPINGS", "FEDERATION_NAMES", "FEDERATION_PARAMS", "OPTION_FIELDS",
            "PHRASES", "SAMPLERS", "SECTIONS", "X_AXES", "Checkpoints", "Dimension", "DuplicateKey", "PrunerSpec",
            "Recipe", "RecipeError", "RecipeLoader", "RecipeModel", "ReportSpec", "Resources", "SelectSpec",
-           "StrictModel", "Trial", "TuneSpec", "apply_overrides", "check_metrics", "check_option", "check_space",
-           "closest", "field_paths", "grid_points", "in_words", "is_seed", "load", "metrics_of", "named_metrics",
-           "parse", "read_yaml", "schema_error", "stable_hash", "yaml_value"]
+           "StrictModel", "Trial", "TuneSpec", "apply_overrides", "assigned", "check_metrics", "check_option",
+           "check_space", "closest", "field_paths", "grid_points", "in_words", "is_seed", "load", "metrics_of",
+           "named_metrics", "parse", "read_yaml", "schema_error", "stable_hash", "yaml_value"]
 
 
 def _check_values(source: str, path: str, param: Param, value: Any, per_round: bool) -> list[Any]:
@@ -197,16 +199,27 @@ def _check_mapping(source: str, path: str, name: str, spec: Any) -> list[Any]:
 
 def _check_chain(source: str, path: str, link: str, spec: Any) -> list[tuple[Step, ...]]:
     """The chains a link's list of transforms (`federation.uplink`) makes: one, or where a step's parameter is given
-    a list (a grid axis, `{top_k: [0.01, 0.05]}`), one for each point of the product of those lists. Each value is
-    checked at its field's path (`federation.uplink.0.top_k[1]`); the chain's order with each trial's federation."""
+    a list (a grid axis, `{top_k: [0.01, 0.05]}`), one for each point of the product of those lists. A list of such
+    lists is a grid axis over chains, as a list of lists is for a list-valued parameter (`[[], [{top_k: 0.01}],
+    [{top_k: 0.01}, {error_feedback: ef21}]]`: no transform, top-k alone, top-k with EF21), each list's chains in
+    turn. Each value is checked at its field's path (`federation.uplink.0.top_k[1]`, in a grid over chains
+    `federation.uplink[2].0.top_k`); the chain's order with each trial's federation."""
     if not isinstance(spec, list):
         raise RecipeError(source, path, f"found {in_words(spec)}, expected a list of transforms, e.g. "
                           "[{top_k: 0.05}]")
-    section = path.removesuffix(f".{link}")
+    if spec and all(isinstance(chain, list) for chain in spec):
+        return [steps for j, chain in enumerate(spec) for steps in _chains(source, path, f"{link}[{j}]", chain)]
+    return _chains(source, path, link, spec)
+
+
+def _chains(source: str, path: str, at: str, spec: list) -> list[tuple[Step, ...]]:
+    """The chains of one list of transforms, at `at` (`uplink`, or `uplink[2]` in a grid over chains) of the
+    federation section at `path` (`federation.uplink`)."""
+    section = path.rpartition(".")[0]
     options = []
     for i, given in enumerate(spec):
         try:
-            transform, values = transforms.entry(given, f"{link}.{i}")
+            transform, values = transforms.entry(given, f"{at}.{i}")
         except transforms.UnknownName as err:
             raise unknown(source, f"{section}.{err.name}", err.message, err.options) from None
         except ParamError as err:
@@ -288,15 +301,16 @@ def parse(raw: dict[str, Any], source: str) -> Recipe:
                                         else _check_params(source, path, sections[section], given))
         algorithms[algo] = _check_params(source, f"algorithms.{algo}", ALGORITHMS[algo].hparams, hps, per_round=True)
 
-    dimensions = check_space(source, model.tune, problem_name, algorithms) if model.tune else ()
     name = model.name or Path(source).stem
     if model.name is None and name in (".", ".."):  # a file named `...yaml`: its reports would leave their folder
         raise RecipeError(source, "name", f"found {name!r} (the file's name), expected {NAME_RULE}; set name:")
     recipe = Recipe(source, name, problem_name, problem_grid, federation_grid, algorithms, model.seeds,
                     model.eval_every, model.device, model.divergence_factor, model.resources, model.tune, raw,
-                    dimensions, model.report or ReportSpec(), overrides, checkpoints=model.checkpoints,
+                    report=model.report or ReportSpec(), overrides=overrides, checkpoints=model.checkpoints,
                     max_runs=model.max_runs, models_every=model.tracking.models_every,
                     delta=model.privacy.delta if model.privacy else None, compile=model.compile)
+    if model.tune:  # its space read against the grids as validated: a chain's steps, an algorithm's own entries
+        recipe.dimensions = check_space(recipe)
     runs = recipe.runs()  # counted, not built: a grid of millions is refused before it takes minutes and GBs
     if runs > MAX_RUNS:
         seeds = len(recipe.seeds)
@@ -334,6 +348,16 @@ def check_option(recipe: Recipe, option: str, value: Any) -> None:
         RecipeModel.model_validate(document)
     except ValidationError as err:
         raise RecipeError(recipe.source, option, schema_error(recipe.source, err).message) from None
+
+
+def assigned(recipe: Recipe, values: dict[str, Any], document: dict[str, Any] | None = None) -> Recipe:
+    """The recipe whose fields at the paths of `values` (`federation.uplink.0.top_k`, `algorithms.fedmid.client_lr`)
+    hold those values, set in `document` (default: a copy of the recipe's own) as `--set` sets them and validated
+    again: a tuned trial's recipe (`sweeps.tuning`). On the recipe's device, which is an option, not a field."""
+    document = copy.deepcopy(recipe.document) if document is None else document
+    for path, value in values.items():
+        set_field(document, path.split("."), value, recipe.source, path)
+    return dataclasses.replace(parse(document, recipe.source), device=recipe.device)
 
 
 def load(path: str | Path, overrides: list[str] | None = None, algorithm: str | None = None,

@@ -4,7 +4,6 @@ by the rules building its run applies (`check`, `check_builds`).
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import os
@@ -87,8 +86,8 @@ class Recipe:
     def single_trial(self, algorithm: str | None = None, seed: int | None = None,
                      fixed: dict[str, Any] | None = None) -> Trial:
         """The one trial `fedbench run` runs: every parameter must have exactly one value, except those
-        `fixed` gives (by recipe path, e.g. `problem.lam`, `algorithms.fedmid.client_lr` or a field of its schedule,
-        `algorithms.fedmid.client_lr.init`)."""
+        `fixed` gives (by recipe path, e.g. `problem.lam` or `algorithms.fedmid.client_lr`; a field inside a chain
+        or a schedule, as a tuned trial sets it: `sweeps.recipe.assigned`)."""
         if algorithm is None:
             if len(self.algorithms) != 1:
                 raise RecipeError(self.source, "algorithms",
@@ -120,9 +119,7 @@ class Recipe:
                 chosen[section][key] = values[0]
             for path, value in fixed.items():
                 if path.startswith(section + "."):
-                    key, _, field = path.removeprefix(section + ".").partition(".")  # a schedule's field (tune)
-                    chosen[section][key] = (dataclasses.replace(chosen[section][key], **{field: value}) if field
-                                            else value)
+                    chosen[section][path.removeprefix(section + ".")] = value
         return self._trial(chosen["problem"], chosen["federation"], algorithm,
                            chosen[f"algorithms.{algorithm}"], self.seeds[0] if seed is None else seed)
 

@@ -266,14 +266,21 @@ def apply_overrides(raw: dict[str, Any], assignments: list[str], source: str, al
             raise RecipeError(source, "--set", f"{path}: {err.message}") from None
         except yaml.YAMLError:
             raise RecipeError(source, "--set", f"cannot parse the value of {path!r}: {shown(text)}") from None
-        node: Any = raw
-        for key in keys[:-1]:
-            node = _inner(node, key, source, path)
-        if isinstance(node, list):
-            node[_index(node, keys[-1], source, path)] = value
-        else:
-            node[keys[-1]] = value
+        set_field(raw, keys, value, source, path)
     return raw
+
+
+def set_field(raw: dict[str, Any], keys: list[str], value: Any, source: str, path: str) -> None:
+    """Set the field at `keys` (a path split at its dots, `federation.uplink.0.top_k`) of a recipe document to
+    `value`, making the mappings on the way where missing: what `--set` does, and what a tuned trial's values do
+    (`sweeps.recipe.assigned`). Refused at `path`: a part that no mapping or list entry can hold."""
+    node: Any = raw
+    for key in keys[:-1]:
+        node = _inner(node, key, source, path)
+    if isinstance(node, list):
+        node[_index(node, keys[-1], source, path)] = value
+    else:
+        node[keys[-1]] = value
 
 
 def _index(node: list, key: str, source: str, path: str) -> int:
@@ -287,8 +294,16 @@ def _index(node: list, key: str, source: str, path: str) -> int:
 
 
 def _inner(node: Any, key: str, source: str, path: str) -> Any:
-    """The field `key` of a mapping (made where missing) or the entry `key` of a list: where a deeper field is set."""
-    node = node[_index(node, key, source, path)] if isinstance(node, list) else node.setdefault(key, {})
+    """The field `key` of a mapping (made where missing) or the entry `key` of a list: where a deeper field is set. A
+    list's entry that is a name alone (a chain's `error_feedback`, its defaults) becomes the mapping it stands for
+    (`{error_feedback: null}`), so that its parameter can be set (`federation.uplink.1.error_feedback=ef21`)."""
+    if isinstance(node, list):
+        index = _index(node, key, source, path)
+        if isinstance(node[index], str):
+            node[index] = {node[index]: None}
+        node = node[index]
+    else:
+        node = node.setdefault(key, {})
     if not isinstance(node, (dict, list)):
         raise RecipeError(source, path, "cannot set a field inside a non-mapping")
     return node

@@ -59,7 +59,10 @@ class PrunerSpec(StrictModel):
 
 class TuneSpec(StrictModel):
     """The optional `tune:` block: an Optuna search per algorithm, each with the same budget."""
-    # dotted field -> {distribution: [low, high]} (or categorical: [choices]), e.g. algorithms.fedavg.client_lr
+    # dotted field -> {distribution: [low, high]} (or categorical: [choices]), e.g. algorithms.fedavg.client_lr: a
+    # hyperparameter (bare: of every algorithm declaring it) or a field of its schedule (client_lr.init), problem.X,
+    # federation.X, a chain step's parameter as a grid reaches it (federation.uplink.0.top_k, downlink.0.qsgd) or
+    # the adversaries' (federation.adversaries.fraction)
     space: dict[str, dict[str, Any]] = Field(min_length=1)
     metric: str = Field(min_length=1)  # the metric the study optimises
     mode: Optional[str] = None  # default: the metric's declared direction

@@ -1,20 +1,29 @@
 """The `tune:` block's search space: each `tune.space` entry checked against the parameters the problem, the
 federation and the recipe's algorithms declare, and resolved into a `Dimension` (which algorithms it varies,
 its distribution and range). A float hyperparameter is searched as itself, or, where the recipe gives it a schedule,
-by a field of that schedule (`client_lr.init`).
+by a field of that schedule (`client_lr.init`). Inside the federation, the space takes the paths a grid takes
+(`--set federation.uplink.0.top_k=[...]`): the parameter of a chain's step (`federation.uplink.0.top_k`), the
+adversaries' (`federation.adversaries.fraction`), the participation model's (`federation.participation.p`) and uneven
+local work's (`federation.local_steps.high`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedbench.algorithms import ALGORITHMS
 from fedbench.hparams import Param
+from fedbench.participation import READS, LocalSteps, Participation
 from fedbench.problems import PROBLEMS
+from fedbench.robust import Adversaries
 from fedbench.schedules import FIELDS, Schedule
+from fedbench.transforms import LINKS, TRANSFORMS
 from .loading import RecipeError, closest, unknown
-from .schema import DISTRIBUTIONS, TuneSpec
+from .schema import DISTRIBUTIONS
 from .trials import FEDERATION_PARAMS
+
+if TYPE_CHECKING:
+    from .grid import Recipe
 
 
 @dataclass(frozen=True)
@@ -25,19 +34,27 @@ class Dimension:
     algorithms: tuple[str, ...]
     distribution: str
     bounds: tuple[Any, ...]  # (low, high), or the categories
+    own: tuple[str, ...] = ()  # the algorithms whose own `problem:` / `federation:` entry holds the field it sets
 
     def path(self, algorithm: str) -> str:
-        """The recipe field this dimension sets in `algorithm`'s trials."""
-        return self.key if self.key.startswith(("problem.", "federation.", "algorithms.")) else (
-            f"algorithms.{algorithm}.{self.key}")
+        """The recipe field this dimension sets in `algorithm`'s trials: a problem or federation field in the
+        algorithm's own entry where it has one (which replaces the recipe's for it)."""
+        if algorithm in self.own or not self.key.startswith(("problem.", "federation.", "algorithms.")):
+            return f"algorithms.{algorithm}.{self.key}"
+        return self.key
 
 
-def check_space(source: str, tune: TuneSpec, problem: str, algorithms: dict) -> tuple[Dimension, ...]:
-    """Each `tune.space` entry names a declared parameter and a valid range of it:
+def check_space(recipe: Recipe) -> tuple[Dimension, ...]:
+    """Each entry of the recipe's `tune.space` names a declared parameter and a valid range of it:
     `problem.X`, `federation.X`, `algorithms.A.X`, or a bare `X` for every algorithm declaring X; `X.FIELD` (bare
-    or of `algorithms.A`) a field of the schedule that the recipe gives X."""
+    or of `algorithms.A`) a field of the schedule that the recipe gives X; `federation.LINK.I.T` the parameter of
+    the step T at index I of every algorithm's chain LINK (`federation.uplink.0.top_k`); `federation.adversaries.X`
+    a parameter of the adversaries; `federation.participation.X` and `federation.local_steps.X` a parameter that
+    every algorithm's participation model, or uneven local work, reads (`mapping_param`)."""
+    source, problem, algorithms = recipe.source, recipe.problem, recipe.algorithms
+    assert recipe.tune is not None  # called for a recipe with a tune block
     dimensions = []
-    for key, spec in tune.space.items():
+    for key, spec in recipe.tune.space.items():
         where = f"tune.space.{key}"
         section, _, name = key.rpartition(".")
         field = None  # `X.FIELD` or `algorithms.A.X.FIELD`: a field of the schedule of the hyperparameter X
@@ -47,6 +64,12 @@ def check_space(source: str, tune: TuneSpec, problem: str, algorithms: dict) -> 
         if section in ("problem", "federation"):
             declared = PROBLEMS[problem].params if section == "problem" else FEDERATION_PARAMS
             owners: dict[str | None, dict[str, Param]] = {None: {p.name: p for p in declared}}
+        elif section == "federation.adversaries":
+            owners = {None: {p.name: p for p in Adversaries.params}}
+        elif section in ("federation.participation", "federation.local_steps"):
+            owners = {None: mapping_param(recipe, where, section.removeprefix("federation."), name)}
+        elif section.split(".")[:2] in [["federation", link] for link in LINKS] and section.count(".") == 2:
+            owners = {None: {name: step_param(recipe, where, section.removeprefix("federation."), name)}}
         elif section.startswith("algorithms.") and section.count(".") == 1:
             algorithm = section.split(".")[1]
             if algorithm not in algorithms:
@@ -56,8 +79,10 @@ def check_space(source: str, tune: TuneSpec, problem: str, algorithms: dict) -> 
         elif not section:
             owners = {a: {p.name: p for p in ALGORITHMS[a].hparams} for a in algorithms}
         else:
-            raise RecipeError(source, where, "expected problem.NAME, federation.NAME, algorithms.ALGO.NAME or a "
-                              "hyperparameter name")
+            raise RecipeError(source, where, "expected problem.NAME, federation.NAME, federation.uplink.I.TRANSFORM, "
+                              "federation.downlink.I.TRANSFORM, federation.adversaries.NAME, "
+                              "federation.participation.NAME, federation.local_steps.NAME, algorithms.ALGO.NAME or "
+                              "a hyperparameter name")
         params = [by_name[name] for by_name in owners.values() if name in by_name]
         if not params:
             known = sorted({n for by_name in owners.values() for n in by_name})
@@ -99,5 +124,57 @@ def check_space(source: str, tune: TuneSpec, problem: str, algorithms: dict) -> 
                     raise RecipeError(source, f"{where}[{i}]", str(err)) from None
         applies = (tuple(algorithms) if None in owners
                    else tuple(a for a in owners if a is not None and name in owners[a]))
-        dimensions.append(Dimension(key, applies, distribution, tuple(bounds)))
+        top, _, rest = key.partition(".")
+        own = tuple(a for a in applies if rest.split(".")[0] in recipe.overrides.get(a, {}).get(top, {}))
+        dimensions.append(Dimension(key, applies, distribution, tuple(bounds), own))
     return tuple(dimensions)
+
+
+def mapping_param(recipe: Recipe, where: str, field: str, name: str) -> dict[str, Param]:
+    """The parameter `name` of the federation's `participation` or uneven `local_steps` (`field`), by its name, where
+    every algorithm's federation gives that field as one mapping whose model (or whose distribution of the counts)
+    reads it: a search sets the field in that mapping, which must then make a run. All of them where there is no such
+    parameter (refused as unknown, with the closest); refused at `where` where a federation's mapping does not read
+    it."""
+    made = Participation if field == "participation" else LocalSteps
+    params = {p.name: p for p in made.params}
+    if name not in params:
+        return params
+    for algorithm in recipe.algorithms:
+        path = recipe.field(algorithm, "federation", field)
+        spec: Any = recipe.document
+        for part in path.split("."):
+            spec = spec.get(part) if isinstance(spec, dict) else None
+        if not isinstance(spec, dict):
+            raise RecipeError(recipe.source, where, f"found no mapping in {path}, expected one that reads {name}")
+        if field == "participation":
+            model = spec.get("model", "uniform")
+            reads = READS.get(model, ()) if isinstance(model, str) else ()  # a grid over models reads no one field
+        else:
+            reads = ("low", "high") if spec.get("distribution") is not None else ()
+        if name not in reads:
+            raise RecipeError(recipe.source, where, f"found {path} reading {', '.join(reads) or 'none of its fields'}, "
+                              f"expected one that reads {name}")
+    return {name: params[name]}
+
+
+def step_param(recipe: Recipe, where: str, at: str, name: str) -> Param:
+    """The parameter of the step `name` at `at` (`uplink.0`) of a chain, which every algorithm's chain (the recipe's,
+    or the algorithm's own) must have there: refused at `where` otherwise, or where the transform has no parameter."""
+    link, index = at.split(".")
+    for algorithm in recipe.algorithms:
+        chains, path = recipe.grids(algorithm)[1].get(link, [()]), recipe.field(algorithm, "federation", link)
+        if len({tuple(step.name for step in steps) for steps in chains}) > 1:
+            raise RecipeError(recipe.source, where, f"found a grid over chains in {path}, expected one chain to "
+                              "search a step of")
+        steps = chains[0]  # its grids vary the steps' values, not which transforms they are
+        if not (index.isdigit() and int(index) < len(steps)):
+            expected = f"an index 0 to {len(steps) - 1}" if steps else "a chain to search a step of"
+            raise RecipeError(recipe.source, where, f"found step {index} of {path}, which has {len(steps)} steps; "
+                              f"expected {expected}")
+        if steps[int(index)].name != name:
+            raise RecipeError(recipe.source, where, f"found {name}, expected {steps[int(index)].name}, the step "
+                              f"{index} of {path}")
+    if not TRANSFORMS[name].params:
+        raise RecipeError(recipe.source, where, f"{name} has no parameter; expected a step that has one")
+    return TRANSFORMS[name].params[0]

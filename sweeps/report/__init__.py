@@ -31,14 +31,25 @@ from typing import Optional
 from ..recipe import Recipe
 from ..tracking import SUMMARY_METRICS, Store
 from .query import AXES, Histories, ReportError, Source, find_source
-from .render import Page, final_text, fmt, save_figure, save_metric, table, write_csv, write_html, write_markdown
+from .render import (
+    Colors,
+    Page,
+    final_text,
+    fmt,
+    save_figure,
+    save_metric,
+    table,
+    write_csv,
+    write_html,
+    write_markdown,
+)
 from .settings import Settings, headline_metrics, resolve_settings
 from .statistics import Configuration, configurations, curve, rounds_to, spread, statuses
 
 # The package's jobs, one module each: query (what the store holds), settings (the report block resolved),
 # statistics (pure functions of runs and histories), render (PNGs, tables, pages); this module puts them together.
-__all__ = ["Report", "ReportError", "Histories", "curve", "fmt", "final_text", "headline_metrics", "report",
-           "resolve_settings", "rounds_to", "spread", "write_report"]
+__all__ = ["Report", "ReportError", "Histories", "curve", "curve_colors", "fmt", "final_text", "headline_metrics",
+           "report", "resolve_settings", "rounds_to", "spread", "write_report"]
 
 INTERVALS = {"sd": "sample standard deviation over the configuration's runs (seeds)",
              "ci95": "95% confidence interval over the configuration's runs (seeds), 1.96 standard errors"}
@@ -52,6 +63,16 @@ class Report:
     settings: Settings
     source: Source  # its parent run, if any, holds the files as artifacts
     logged: str = ""  # where the files were logged in the store, or why not
+
+
+def curve_colors(drawn: list[Configuration]) -> Colors:
+    """Each drawn configuration's color, by (algorithm, config hash): its algorithm's, the line style telling its
+    configurations apart; where one algorithm is drawn, a color per configuration (seven chains of one method read
+    better in seven colors than in seven dash patterns)."""
+    algorithms = list(dict.fromkeys(config.algorithm for config in drawn))
+    if len(algorithms) == 1:
+        return {(c.algorithm, c.config_hash): f"C{i % 10}" for i, c in enumerate(drawn)}
+    return {(c.algorithm, c.config_hash): f"C{algorithms.index(c.algorithm) % 10}" for c in drawn}
 
 
 def write_report(store: Store, source: Source, out: Optional[Path] = None, x: Optional[str] = None) -> Report:
@@ -68,10 +89,8 @@ def write_report(store: Store, source: Source, out: Optional[Path] = None, x: Op
     settings = resolve_settings(source.recipe, available, x)
     order = list(source.recipe.algorithms) if source.recipe is not None else []
     configs = configurations(runs, order, settings, histories)
-    colors: dict[str, str] = {}
-    for config in configs:
-        colors.setdefault(config.algorithm, f"C{len(colors) % 10}")
     drawn = [config for config in configs if config.rank < settings.curves]
+    colors = curve_colors(drawn)
 
     out = out or default_folder(store, source.name)
     out.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,8 @@ from .settings import Settings
 from .statistics import Configuration, curve, spread
 
 LOG_SPAN = 10 ** 1.5  # max/min of the plotted values from which the y-axis is logarithmic
-STYLES: tuple[Any, ...] = ("-", "--", ":", "-.", (0, (3, 1, 1, 1, 1, 1)))  # matplotlib linestyles
+STYLES: tuple[Any, ...] = ("-", "--", ":", "-.", (0, (3, 1, 1, 1, 1, 1)), (0, (8, 2)), (0, (1, 4)))  # matplotlib's
+Colors = dict[tuple[str, str], Any]  # each drawn configuration's color, by (algorithm, config hash)
 X_LABELS = {"rounds": "communication round", "comm": "floats communicated (uploads + downloads, all clients)",
             "comm_bits": "bits communicated (uploads + downloads, all clients)",
             "comm_up_bits": "bits sent to the server (all clients)",
@@ -24,14 +25,14 @@ X_LABELS = {"rounds": "communication round", "comm": "floats communicated (uploa
             "iterations": "local iterations per client", "seconds": "training seconds (wall clock)"}
 
 
-def draw_panel(ax, metric: str, drawn: list[Configuration], colors: dict[str, Any], settings: Settings,
+def draw_panel(ax, metric: str, drawn: list[Configuration], colors: Colors, settings: Settings,
                histories: Histories) -> None:
     plotted = []
     for config in drawn:
         line = curve(config.runs, metric, histories, settings.x)
         if not len(line.x):
             continue
-        color = colors[config.algorithm]
+        color = colors[config.algorithm, config.config_hash]
         style = STYLES[config.rank % len(STYLES)]
         ax.plot(line.x, line.mean, color=color, linestyle=style, linewidth=1.6)
         ax.fill_between(line.x, line.mean - line.se, line.mean + line.se, color=color, alpha=0.18, linewidth=0)
@@ -47,13 +48,14 @@ def draw_panel(ax, metric: str, drawn: list[Configuration], colors: dict[str, An
     ax.grid(True, which="major", alpha=0.3)
 
 
-def legend_handles(drawn: list[Configuration], colors: dict[str, Any]):
+def legend_handles(drawn: list[Configuration], colors: Colors):
     from matplotlib.lines import Line2D
 
     handles = []
     for config in drawn:
         note = "" if not config.unfinished else f" [{config.status}]"
-        handles.append(Line2D([], [], color=colors[config.algorithm], linestyle=STYLES[config.rank % len(STYLES)],
+        handles.append(Line2D([], [], color=colors[config.algorithm, config.config_hash],
+                              linestyle=STYLES[config.rank % len(STYLES)],
                               linewidth=1.6, label=config.name + note))
     if any(run.data.tags.get("status") == "diverged" for config in drawn for run in config.runs):
         handles.append(Line2D([], [], color="0.3", marker="x", markersize=8, markeredgewidth=2, linestyle="none",
@@ -67,7 +69,7 @@ def band_note(drawn: list[Configuration]) -> str:
     return f"mean over {count} seed{'s' if seeds[-1] > 1 else ''}, shaded ±1 standard error"
 
 
-def save_metric(path: Path, title: str, metric: str, drawn: list[Configuration], colors: dict[str, Any],
+def save_metric(path: Path, title: str, metric: str, drawn: list[Configuration], colors: Colors,
                 settings: Settings, histories: Histories) -> None:
     import matplotlib.pyplot as plt
 
@@ -80,7 +82,7 @@ def save_metric(path: Path, title: str, metric: str, drawn: list[Configuration],
     plt.close(fig)
 
 
-def save_figure(path: Path, title: str, drawn: list[Configuration], colors: dict[str, Any], settings: Settings,
+def save_figure(path: Path, title: str, drawn: list[Configuration], colors: Colors, settings: Settings,
                 histories: Histories) -> None:
     """The papers' multi-panel figure: one panel per chosen metric, one legend for all."""
     import matplotlib.pyplot as plt
