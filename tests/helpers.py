@@ -89,7 +89,7 @@ CASES = {  # algorithm[:case]: (problem maker, taking `device=`, federation, hyp
     "acd_pfl:keep": (pfl, Federation(12, 0, 1, 1), {"unsampled_y": "keep"}, 1e-12),
     "pfedme": (pfl, Federation(12, 0, 4, 5), {"lam": None, "client_lr": 0.005, "personal_lr": 1.0}, 1e-12),
     "pfedme:sampled": (small_lasso, Federation(12, 3, 3, 5), {"client_lr": 0.005}, 1e-12),
-    # seed 001's pair-score methods: each run's feature noise and passive draws on its own streams
+    # the pair-score methods of FeDXL (Guo et al. 2023): each run's feature noise and passive draws on its own streams
     "fedxl2": (pauc, PAIRS, {"client_lr": 0.5}, FLOAT32),
     "fedxl2:mlp": (lambda **device: pauc(model="mlp", hidden=5, **device), PAIRS,
                    {"client_lr": 0.5, "average_momentum": False}, FLOAT32),

@@ -1,7 +1,8 @@
-"""Per-FedAvg's partition and evaluation (spec 004 §3.1, §2.6) on the real FEMNIST digits: every user holds exactly
-its class pattern (Table 2: type A a of each label 0–4; type-B group j a/2 of label j and 2a of label j + 5; `diff`
-without the a/2), in disjoint shards, the same pattern with a_test in its test data; the batched one-step
-adaptation equals a written-out per-user loop; the adaptation batches do not depend on the evaluation schedule."""
+"""Per-FedAvg's partition and evaluation (Fallah, Mokhtari, Ozdaglar, NeurIPS 2020, §5 and App. I) on the real
+FEMNIST digits: every user holds exactly its class pattern (Table 2: type A a of each label 0–4; type-B group j a/2
+of label j and 2a of label j + 5; `diff` without the a/2), in disjoint shards, the same pattern with a_test in its
+test data; the batched one-step adaptation equals a written-out per-user loop; the adaptation batches do not depend
+on the evaluation schedule."""
 from __future__ import annotations
 
 import os

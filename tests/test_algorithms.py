@@ -1,9 +1,10 @@
 """Algorithms (fedbench/algorithms/*) against independent transcriptions of their update rules.
 
 * FedAvg with full participation, one local full-batch step = gradient descent on the pooled objective;
-* λ = 0 reductions: FedMiD ≡ FedDA ≡ FedAvg (spec 002 §5.4 item 3);
+* λ = 0 reductions: FedMiD ≡ FedDA ≡ FedAvg (with h = 0 every prox is the identity);
 * the batched engine ≡ the per-client loop implementation (fedbench/loop_reference.py);
-* FedMiD (spec 002 §2.4), FedDA (§2.5) and Ditto (spec 000 §2.3(e)) rounds written out in numpy;
+* FedMiD and FedDA (Yuan, Zaheer, Reddi, ICML 2021, as Bao et al.'s and Yuan et al.'s code run them) and Ditto
+  (Li, Hu, Beirami, Smith, ICML 2021) rounds written out in numpy;
 * hyperparameter validation.
 """
 from __future__ import annotations
@@ -97,7 +98,7 @@ def test_batched_engine_equals_loop_reference(problem_name, server_lr):
             assert not torch.allclose(values[i], values[j], atol=1e-8)
 
 
-# -- (d) FedMiD and FedDA rounds by hand (spec 002 §2.4, §2.5) ------------------------------------------------
+# -- (d) FedMiD and FedDA rounds by hand (Yuan, Zaheer, Reddi, ICML 2021) --------------------------------------
 
 def single_client(problem_name):
     if problem_name == "lasso":
@@ -193,7 +194,8 @@ def test_ditto_unsampled_clients_keep_their_personal_rows():
 
 @pytest.mark.parametrize("h_mode", ["prox", "subgradient"])
 def test_ditto_rounds_by_hand(h_mode):
-    """spec 000 §2.3(e): u ← u − η(∇f(u) + ∂h(u)); v ← v − η_p(∇f(v) + ∂h(v) + λ_d(v − w));
+    """Ditto (Li, Hu, Beirami, Smith, ICML 2021) with a subgradient of h, as the pFedFBE paper's "pFedditto" (§1,
+    §4.1): u ← u − η(∇f(u) + ∂h(u)); v ← v − η_p(∇f(v) + ∂h(v) + λ_d(v − w));
     server w ← w + η_s(u − w); with h_mode prox the ∂h term is replaced by prox_{η h} after the step."""
     problem = small_lasso(clients=1, lam=0.3)
     eta, eta_p, lam_d, eta_s, local_steps, rounds = 0.04, 0.03, 0.5, 0.7, 2, 3
@@ -271,7 +273,7 @@ def test_out_of_range_hyperparameter_raises_value_error(name, hp):
         fedbench.make_algorithm(name, small_lasso(), **hp)
 
 
-def test_defaults_are_the_spec_values():
+def test_default_hyperparameters():
     problem = small_lasso()
     assert fedbench.make_algorithm("fedmid", problem).hp == {"client_lr": 1e-3, "server_lr": 1.0, "server_threshold": "bao"}
     assert fedbench.make_algorithm("fedda", problem).hp == {"client_lr": 1e-3, "server_lr": 1.0, "offset": "bao"}

@@ -1,6 +1,6 @@
-"""The CIFAR-10 reader (spec 004 §3.1): written-out binary and python-pickle batches read back exactly, in the
-folder itself or its cifar-10-batches-* subfolder; malformed ones refused with the file named; and the shipped
-binary batches as their SOURCE.md describes them."""
+"""The CIFAR-10 reader (the data of Per-FedAvg, Fallah, Mokhtari, Ozdaglar, NeurIPS 2020, §5): written-out binary
+and python-pickle batches read back exactly, in the folder itself or its cifar-10-batches-* subfolder; malformed ones
+refused with the file named; and the shipped binary batches as their SOURCE.md describes them."""
 from __future__ import annotations
 
 import os

@@ -83,8 +83,8 @@ def test_run_over_several_seeds_gives_each_seed_its_run(recipe, tmp_path, tracki
 
 
 def test_run_over_several_seeds_as_one_program(tmp_path):
-    """Seeds sharing their data (seed 003's S1) run as one batched program; each seed's rows are its run alone
-    (within 1e-12 relative, tests/test_runs.py)."""
+    """Seeds sharing their data (S1 of Hanzely, Zhao, Kolar) run as one batched program; each seed's rows are its
+    run alone (within 1e-12 relative, tests/test_runs.py)."""
     recipe = tmp_path / "s1.yaml"
     recipe.write_text("name: s1-short\nproblem: {name: pfl_synthetic, preset: s1, sigma_h: 1.0}\n"
                       "federation: {rounds: 6, clients_per_round: 0, local_steps: 1, batch_size: 1}\n"

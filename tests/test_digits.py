@@ -1,6 +1,7 @@
-"""The `digits` problem (spec 000 §3.3, §1.2): pFedMe's 2-label split of pooled EMNIST digits, per-pixel
-standardisation, the hand-written batched gradient, full-data gradients over ragged clients, the global and
-personal metrics, the group-ℓ2 regularizer it builds, one round of FedAvg and Ditto, and the shipped sample."""
+"""The `digits` problem (the pFedFBE paper's MNIST experiment, ICLR 2023 submission, §4.3): pFedMe's 2-label split
+of pooled EMNIST digits, per-pixel standardisation, the hand-written batched gradient, full-data gradients over ragged
+clients, the global and personal metrics, the group-ℓ2 regularizer it builds, one round of FedAvg and Ditto, and the
+shipped sample."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,6 +1,6 @@
-"""The `emnist` problem (spec 002 §1.4, §3.3, §5.5): batched gradient with batches capped at n_k, the npz /
-TFF HDF5 / LEAF JSON loaders and the process_femnist.py filter, pixel conventions, data-root errors, and
-one round on the shipped 10% writer sample."""
+"""The `emnist` problem (Bao, Crawshaw, Luo, Liu, ICML 2022, §4 and App. F): batched gradient with batches capped
+at n_k, the npz / TFF HDF5 / LEAF JSON loaders and the released process_femnist.py filter, pixel conventions,
+data-root errors, and one round on the shipped 10% writer sample."""
 from __future__ import annotations
 
 import json

@@ -1,9 +1,11 @@
-"""Fast-FedDA, C-FedDA, MC-FedDA (spec 002 §2.1–2.3) against their definitions:
+"""Fast-FedDA, C-FedDA, MC-FedDA (Bao, Crawshaw, Luo, Liu, ICML 2022, §2.1 and §3.3–3.4, Algorithms 1–3) against
+their definitions:
 
 * the closed-form Prox_t / CProx_r equal a numeric argmin of the stated objectives (ℓ1 and nuclear),
   and the exact ℓ1 ball-constrained prox equals a numeric constrained argmin;
 * with α ≡ 1 and one client, Fast-FedDA equals a NumPy transcription of Algorithm 1, step for step;
-* λ = 0, μ = 0: Fast-FedDA and C-FedDA (code γ) reduce to FedAvg with client step 1/γ (spec 002 §5.4);
+* λ = 0, μ = 0: Fast-FedDA and C-FedDA (code γ) reduce to FedAvg with client step 1/γ (the prox is then
+  w₀ − z/γ, a gradient step of 1/γ on the accumulated gradients);
 * MC-FedDA with one stage and an infinite radius equals C-FedDA; stages restart at the last iterate;
 * communication: Fast-FedDA uploads 2p floats per client, C-FedDA p.
 """
@@ -83,7 +85,7 @@ def numeric_nuclear_min(linear, quadratic, tau):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_dual_averaging_prox_l1_is_the_argmin_of_its_definition(seed):
-    """Prox_t(z) = argmin ⟨w, z − γw₀⟩ + (μA/2 + γ)‖w‖²/2 + A·λ‖w‖₁ (spec 002 §2.1)."""
+    """Prox_t(z) = argmin ⟨w, z − γw₀⟩ + (μA/2 + γ)‖w‖²/2 + A·λ‖w‖₁ (§2.1)."""
     rng = np.random.default_rng(seed)
     z, w0 = rng.standard_normal(6) * 3, rng.standard_normal(6)
     mu, gamma, total, lam = 0.3, 0.8, 4.0, 0.5
@@ -127,7 +129,7 @@ def test_c_fedda_prox_is_cprox_of_the_paper():
     np.testing.assert_allclose(got, want, atol=1e-6)
     code = fedbench.make_algorithm("c_fedda", problem, mu=mu, gamma=gamma * local_steps, gamma_convention="code")
     np.testing.assert_allclose(cprox(code, g, wt, w0, r, local_steps), got, rtol=1e-12,
-                               atol=1e-12)  # γ_code = γ_paper · E (spec 002 §2.2)
+                               atol=1e-12)  # γ_code = γ_paper · E (the released code's per-step γ)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -171,7 +173,7 @@ def test_quadratic_weights_cumulative_sum():
 # -- Fast-FedDA step for step ------------------------------------------------------------------------------------
 
 def numpy_fast_fedda(problem, w0, rounds, local_steps, mu, gamma, order, compat):
-    """Spec 002 §2.1 Algorithm 1 with α ≡ 1, one client and full-batch gradients, written out."""
+    """§2.1, Algorithm 1 with α ≡ 1, one client and full-batch gradients, written out."""
     x, y = client_data(problem)
 
     def prox(z, n):
@@ -213,7 +215,7 @@ def test_fast_fedda_one_client_matches_numpy_transcription(make, order, compat):
 
 
 def numpy_c_fedda(problem, w0, rounds, local_steps, mu, gamma_code, order):
-    """Spec 002 §2.2 Algorithm 2 with α ≡ 1, the code's γ (paper γ = γ_code / E), one client, full batch."""
+    """§3.3, Algorithm 2 with α ≡ 1, the code's γ (paper γ = γ_code / E), one client, full batch."""
     x, y = client_data(problem)
     gamma = gamma_code / local_steps
 

@@ -1,4 +1,5 @@
-"""FeDXL2 and Local Pair (spec 001 §2.2, §2.4) on the `pauc` problem, against their definitions."""
+"""FeDXL2 and Local Pair (Guo, Jin, Luo, Yang, ICML 2023, §3.2, Algorithm 2, and the Local Pair baseline of §4) on
+the `pauc` problem, against their definitions."""
 from __future__ import annotations
 
 import pytest
@@ -18,7 +19,7 @@ def one_client(**config):
 @pytest.mark.parametrize("model", ["linear", "mlp"])
 def test_fedxl2_without_staleness_is_the_gradient_of_the_pooled_compositional_objective(model):
     """With one client and passive scores equal to the current ones, G1 + G2 = ∇ mean_p f(mean_q ℓ(a_p, b_q))
-    when u is the exact inner value (spec 001 §1.3, §5.4)."""
+    when u is the exact inner value (the active–passive decomposition of ∇F, §3.1–3.2)."""
     problem = one_client(model=model, hidden=6)
     oracle = problem.step_oracle(problem.draw_minibatches(torch.tensor([0]), 1, 16, generator(0, "mb"))[0])
     w = 0.5 * torch.randn(1, problem.dim, generator=generator(1, "w"))
@@ -146,7 +147,7 @@ def test_centralized_is_sox_on_the_pooled_data():
 
 
 def test_codasca_is_a_written_out_pesg_loop_with_control_variates():
-    """Clients one by one, as LibAUC's CODASCA script runs them (spec 001 §2.4 item 2), with the stage
+    """Clients one by one, as LibAUC's CODASCA script runs them (the FeDXL paper's CODASCA baseline, §4), with the stage
     reference point moving every 2 rounds."""
     problem = fedbench.make_problem("pauc", seed=0, clients=3, positives_per_client=6, negatives_per_client=30,
                                     features=4, test_size=300, noise_scale=0.0)

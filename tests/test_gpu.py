@@ -44,7 +44,7 @@ def test_a_batch_of_seeds_on_the_gpu_gives_each_run_its_curve_alone(name):
 
 def test_memory_bound_runs_on_the_gpu_still_form_one_program(monkeypatch):
     """MEMORY_BOUND_RUN_BYTES is a CPU rule (a step bound by memory traffic gains nothing from a batch); a GPU step
-    that size is bound by kernel launches, which the batch shares (FedMiD on spec 002's Lasso, R = 16: see
+    that size is bound by kernel launches, which the batch shares (FedMiD on Bao et al.'s Lasso, R = 16: see
     docs/how-to/gpu.md). So the runs form one program, each with its curve alone."""
     problem, federation = small_lasso(device="cuda"), Federation(6, 3, 2, 5)
     monkeypatch.setattr(fedbench.planning, "MEMORY_BOUND_RUN_BYTES", 0)  # every step "memory-bound"

@@ -1,4 +1,5 @@
-"""The group-ℓ2 regularizer h(w) = λ Σ_g ‖w_g‖₂ (fedbench.prox.GroupL2; spec 000 §1.2) against its definitions.
+"""The group-ℓ2 regularizer h(w) = λ Σ_g ‖w_g‖₂ (fedbench.prox.GroupL2; the non-squared "ℓ2 norm function on the
+weights" of the pFedFBE paper's MLP, ICLR 2023 submission, §4.3) against its definitions.
 
 prox(v, step) must be argmin_w ½‖w − v‖² + step·h(w): compared with a numerical minimization written without
 the closed form (scipy's SLSQP on the smooth epigraph form min ½‖w − v‖² + step·λ Σ_g t_g s.t. t_g² ≥ ‖w_g‖²,

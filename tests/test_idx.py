@@ -1,5 +1,6 @@
-"""The IDX reader of MNIST-format image folders (spec 003 §4.3): written-out files, gzip or not, the malformed
-ones refused with the file named, and the shipped Fashion-MNIST as its SOURCE.md describes it."""
+"""The IDX reader of MNIST-format image folders (the image data of Hanzely, Zhao, Kolar, TMLR 2023, §6): written-out
+files, gzip or not, the malformed ones refused with the file named, and the shipped Fashion-MNIST as its SOURCE.md
+describes it."""
 from __future__ import annotations
 
 import os

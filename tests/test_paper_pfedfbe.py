@@ -1,5 +1,5 @@
-"""Paper-size runs of pFedFBE (spec 000 §3, §5.2) from the shipped recipes in recipes/papers/ (minutes): run with
-`pytest -m slow -s`, which prints every number asserted on.
+"""Paper-size runs of pFedFBE (the pFedFBE paper, ICLR 2023 submission, §4.1–4.3: its claims on Figs. 1–6) from the
+shipped recipes in recipes/papers/ (minutes): run with `pytest -m slow -s`, which prints every number asserted on.
 
 Each baseline's client step is picked as the paper does (only that is tuned): the recipe's grid is run on a
 tuning seed (100) and the step with the lowest final training objective is kept; pFedFBE keeps the paper's
@@ -70,15 +70,16 @@ def show(recipe: str, metrics: list[str]) -> dict[str, dict[str, float]]:
 
 
 def own(row: dict, metric: str) -> float:
-    """A personal metric, or the global one for a method without personal models (spec 000 §2.3)."""
+    """A personal metric, or the global one for a method without personal models (whose personalized parameter the
+    pFedFBE paper sets to the global one, §4.1)."""
     return row.get(metric, row[metric.removeprefix("personal_")])
 
 
 def test_lasso_setting_one_global_parameters():
     table = show("pfedfbe_lasso1.yaml", ["precision", "recall", "f1", "density", "support_accuracy", "test_mse",
                                          "objective"])
-    # Spec 000 §5.5's pre-check: with the printed truth (992 ones of 1024) support metrics cannot separate methods
-    # (measured F1 0.989–0.996, recall 1 for all).
+    # With the printed truth (§4.1: 992 ones of 1024) support metrics cannot separate the methods (measured F1
+    # 0.989–0.996, recall 1 for all).
     assert all(row["f1"] >= 0.98 and row["recall"] >= 0.99 for row in table.values())
     # pFedFBE ≈ Fedmirror on the support (the paper's claim; F1 0.990 vs 0.994). FedMiD's tuned step (1e-3, twice
     # pFedFBE's 5e-4) trains further in 200 rounds (objective 97.1 vs 106.5); at pFedFBE's step FedMiD reaches 106.2.
@@ -97,7 +98,8 @@ def test_lasso_setting_two_personalized_parameters():
     # Ditto: recall near 1 and a much lower precision (it marks zeros as non-zeros), as the paper says
     # (measured: R 0.96, P 0.05).
     assert ditto["personal_recall"] >= 0.9 and ditto["personal_precision"] <= 0.1
-    # The paper's P = R = 1 for pFedFBE does not reproduce (nor in spec 000 §5.4's pre-check): a declared deviation.
+    # The paper's P = R = 1 for pFedFBE does not reproduce (nor in a separate NumPy run of setting (II)): a declared
+    # deviation.
     deviation_holds("pfedfbe-lasso2-personal-support", {"pFedFBE's personal precision": fbe["personal_precision"],
                                                         "pFedFBE's personal recall": fbe["personal_recall"]})
     # What holds of "lowest train loss": its personal models fit their clients better than the global FedMiD model

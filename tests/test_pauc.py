@@ -1,4 +1,6 @@
-"""The pAUC metric and the synthetic partial-AUC problem (spec 001 §1.4, §3.2, §3.5, §5.2)."""
+"""The pAUC metric and the synthetic partial-AUC problem (Guo, Jin, Luo, Yang, ICML 2023 "FeDXL", §4: the KL-OPAUC
+objective, the clients' feature noise, McClish-standardised pAUC as the released code computes it; the synthetic data
+are our stand-in)."""
 from __future__ import annotations
 
 import math

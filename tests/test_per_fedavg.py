@@ -1,4 +1,5 @@
-"""Per-FedAvg's local step (spec 004 §2.3–2.5, §2.8's unit tests): on least squares with full batches the exact
+"""Per-FedAvg's local step (Fallah, Mokhtari, Ozdaglar, NeurIPS 2020: Algorithm 1 with the estimate of eq. (8), and
+the first-order (FO) and Hessian-free (HF) versions of §5 and App. H): on least squares with full batches the exact
 and HF directions equal the closed form (I − αA)(A(w − α(Aw − c)) − c) and FO equals A(w − α(Aw − c)) − c
 (A = XᵀX/n, c = Xᵀy/n per client); with α = 0 every variant is FedAvg; on a non-quadratic loss (logistic) HF tends
 to the exact HVP direction with an O(δ²) error; D, D′, D″ are three independent draws reproducible by seed."""
@@ -49,7 +50,8 @@ def test_full_batch_round_equals_the_closed_form_maml_step(variant, hessian_term
     result = simulate(problem, full_batches(problem, variant), federation, seed=0, eval_every=1)
     w0 = problem.init_params(generator(0, "init"))
     expected = closed_form_round(problem, w0, hessian_term)
-    # HF is exact on a quadratic up to the rounding of the central difference (ρ = 0, spec 004 §2.5)
+    # HF is exact on a quadratic up to the rounding of the central difference (a Hessian ρ-Lipschitz with ρ = 0:
+    # App. H's error term ρδ vanishes)
     assert torch.allclose(result.params, expected, rtol=1e-10 if variant != "hf" else 1e-7, atol=1e-12)
 
 
@@ -64,8 +66,9 @@ def test_zero_alpha_makes_every_variant_fedavg():
 
 
 def logistic_batches(algorithm, seed=0):
-    """Minibatches of the binary logistic loss f' of seed 003's S1 data (20 clients, d = 15): a loss with a non-zero
-    third derivative. The direction reads only the oracles, so the algorithm may be built on another problem."""
+    """Minibatches of the binary logistic loss f' of the S1 data of Hanzely, Zhao, Kolar (TMLR 2023, §5.1; 20
+    clients, d = 15): a loss with a non-zero third derivative. The direction reads only the oracles, so the
+    algorithm may be built on another problem."""
     sampler = RoundSampler(LOGISTIC, Federation(1, 0, 1, 1), seed, algorithm.minibatches(algorithm.hp), {"D": 7, "D1": 9, "D2": 11})
     clients, rows = sampler.draw(1, everyone=True)
     return sampler.step_batches(rows, 0), rows

@@ -1,7 +1,8 @@
-"""pFedFBE, pFedMe and FedProx (spec 000 §1.4, §2.1, §2.3(d), (f)): the pFedFBE direction is the gradient of
-the FBE (eq. 5–6) with full batches, its HVP options agree, it reduces to FedMiD's client step with η = 1/λ
-and no Hessian term, it refuses λ ≤ L; pFedMe's inner loop solves the Moreau subproblem; FedProx with μ = 0
-is FedAvg; the personal models are what the papers define."""
+"""pFedFBE (the pFedFBE paper, ICLR 2023 submission, §2.1–2.2, Algorithm 1), pFedMe (T Dinh, Tran, Nguyen,
+NeurIPS 2020, Algorithm 1) and FedProx (Li, Sahu, Zaheer, Sanjabi, Talwalkar, Smith, MLSys 2020): the pFedFBE
+direction is the gradient of the FBE (eq. 5–6) with full batches, its HVP options agree, it reduces to FedMiD's
+client step with η = 1/λ and no Hessian term, it refuses λ ≤ L; pFedMe's inner loop solves the Moreau subproblem;
+FedProx with μ = 0 is FedAvg; the personal models are what the papers define."""
 from __future__ import annotations
 
 import pytest
@@ -66,7 +67,8 @@ def test_hvp_options_agree_on_least_squares():
 
 
 def test_first_order_pfedfbe_with_step_one_over_lambda_is_fedmids_client_step():
-    """Spec 000 §1.4 remark: with η = 1/λ and no Hessian term, w⁺ = prox_{h/λ}(w − ∇f̃/λ)."""
+    """With η = 1/λ (as in every experiment of the pFedFBE paper, §4) and no Hessian term, the step of eq. (9) is
+    w⁺ = w − η·λ(w − T(w)) = prox_{h/λ}(w − ∇f̃/λ)."""
     problem = small_lasso()
     lam = 250.0
     federation = Federation(4, 3, 5, 6)

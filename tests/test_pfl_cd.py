@@ -1,27 +1,32 @@
-"""Seed 003's block methods (spec 003 §3.0–3.5) on the synthetic S1 (MX2) and S2 (EWS) problems, each against a
-NumPy transcription of the spec's pseudo-code, fed the engine's random draws.
+"""The block methods of Hanzely, Zhao, Kolar (TMLR 2023, §3, §4.2 and App. A: Algorithms 1, 2, 5 and 6) on the
+synthetic S1 (MX2) and S2 (EWS) problems, each against a NumPy transcription of the paper's pseudo-code, fed the
+engine's random draws.
 
 The engine's draws are replayed exactly: with trial seed s, a round's length comes from `generator(s, "algorithm")`
 (a p_w-coin flipped up to its first success: `torch.empty(()).geometric_(p_w)`, or τ for LSGD-PFL, no draw), then
 its rows from `generator(s, "minibatches")` (`torch.randint(n, (length, M, B))`, every device at every step).
-Everything else (logistic gradients, the block objectives, the updates) is NumPy float64 written from the spec, not
-from the implementation, and the run's final (w̃ = w/√M, β) and metric rows must agree to ~1e-10. Checked:
+Everything else (logistic gradients, the block objectives, the updates) is NumPy float64 written from the paper (and
+the authors' code where the two differ), not from the implementation, and the run's final (w̃ = w/√M, β) and metric
+rows must agree to ~1e-10. Checked:
 
-* the Thm 8/9 parameter rules (§3.3) from the problem's constants, which are recomputed from the data (§4.1–4.2:
-  𝓛', μ' = LAPACK's last eigenvalue of the Hessian at the truth), equal `pfl_rules.rules` and the spec's tables
-  (§4.1, σ_h = 1: p_w 0.0221, η 5.515, γ 2.757, θ 0.181; §4.2, σ_h = 5: p_w 0.4665, η 4.228, θ 0.2365);
+* the Thm 8/9 parameter rules (§4.3, with ρ = p_w/n and θ = min{0.8, 1/η} of §5.1) from the problem's constants,
+  which are recomputed from the data as the authors' code does (`Synthetic/MX2/`, `Synthetic/EWS/`: 𝓛', μ' =
+  LAPACK's last eigenvalue of the Hessian at the truth), equal `pfl_rules.rules` and the values these rules give on
+  the authors' data (S1, σ_h = 1: p_w 0.0221, η 5.515, γ 2.757, θ 0.181; S2, σ_h = 5: p_w 0.4665, η 4.228,
+  θ 0.2365);
 * ASCD-PFL (Alg. 5, θ = min{0.8, 1/η}) on S1 (β-gradients F-scaled, 1/M) and S2 (EWS code: β-gradients not
   divided by M), with metric rows (objective F, estimation error, the gap against F*) after every round;
-* SCD-PFL (§3.5), and the reduction ASCD-PFL with θ = 0 = SCD-PFL;
+* SCD-PFL (App. A, Alg. 6), and the reduction ASCD-PFL with θ = 0 = SCD-PFL;
 * LSGD-PFL (Alg. 1: average every τ iterations, joint SGD on (w_m, β_m)) with B ∈ {1, 3}, w-gradients ∇_w f_m or
   (1/M)∇_w f_m, with and without the reparametrisation, and on S2;
 * ACD-PFL (Alg. 2 with its typos corrected, Thm 7 parameters, full gradients) with both choices of the
-  un-sampled block's y, and that it reaches the spec's F* of S1 within 30 communications;
-* the communication accounting of §3.0: one round (one w-update, one metric row) per ζ = w; the `iterations`
-  column is the sum of the drawn lengths, whose mean is 1/p_w.
+  un-sampled block's y, and that it reaches F* of S1 within 30 communications;
+* the communication accounting: one round (one w-update, one metric row) per ζ = w (∇_w F needs the server, §4.2);
+  the `iterations` column is the sum of the drawn lengths, whose mean is 1/p_w.
 
 Metric rows would run the reference solver (seconds) for `objective_gap`; it is replaced by F* = 0.280405 (S1,
-σ_h = 1, spec §5.3), so the rows check that the gap is F − F*, not the solver (tested elsewhere).
+σ_h = 1: L-BFGS on the authors' data with their code's λ), so the rows check that the gap is F − F*, not the
+solver (tested elsewhere).
 """
 from __future__ import annotations
 
@@ -40,7 +45,7 @@ from fedbench.rng import generator
 from fedbench.simulate import Federation, Simulation, simulate
 
 DEVICES, SAMPLES = 20, 1000
-F_STAR_S1 = 0.280405  # spec 003 §5.3, σ_h = 1.0
+F_STAR_S1 = 0.280405  # F* of (11) at σ_h = 1.0: L-BFGS on the authors' data, their code's λ = 1e-2/σ_h
 RTOL = 1e-10
 
 
@@ -60,18 +65,19 @@ def stub_reference(monkeypatch):
     monkeypatch.setattr(fedbench.reference, "solve", lambda problem, *a, **k: SimpleNamespace(objective=F_STAR_S1))
 
 
-# -- the spec's objectives in NumPy ------------------------------------------------------------------------------
+# -- the paper's objectives in NumPy -----------------------------------------------------------------------------
 
 class Blocks:
-    """F(w, β) = (1/M) Σ_m f_m(w̃, β_m) of spec §2 (mx2: f'_m(β_m) + (λ/2)‖w̃ − β_m‖², eq. 11; ews: f'_m([w̃; β_m]),
-    eq. 16), f' the mean logistic loss of σ(xᵀθ), w̃ = s·w with s = 1/√M under the reparametrisation (§1.3).
-    `beta_factor` is the scale the CD methods put on ∇_β f_m: 1/M (∇_{β_m}F, §3.0) or 1 (the EWS code, §4.2)."""
+    """F(w, β) = (1/M) Σ_m f_m(w̃, β_m) of the paper's §2 (mx2: f'_m(β_m) + (λ/2)‖w̃ − β_m‖², eq. 11; ews:
+    f'_m([w̃; β_m]), eq. 16), f' the mean logistic loss of σ(xᵀθ), w̃ = s·w with s = 1/√M under the
+    reparametrisation by M^{-1/2} (§2, §6.3). `beta_factor` is the scale the CD methods put on ∇_β f_m: 1/M
+    (∇_{β_m}F of F = (1/M) Σ_m f_m) or 1 (the authors' EWS code, `Synthetic/EWS/`, does not divide by M)."""
 
     def __init__(self, problem, preset, sigma_h, reparam=True):
         self.x, self.y = problem.x.numpy(), problem.y.numpy()
         self.beta_true, self.w_true = problem.beta_true.numpy(), problem.w_true.numpy()
         self.kind = "ews" if preset == "s2" else "mx2"
-        self.lam = 0.0 if preset == "s2" else 1e-2 / sigma_h  # the code's λ rule (§4.1)
+        self.lam = 0.0 if preset == "s2" else 1e-2 / sigma_h  # the code's λ rule (the paper's §5.1 prints σ_h·1e-2)
         self.split = 10 if preset == "s2" else 0
         self.scale = DEVICES**-0.5 if reparam else 1.0
         self.beta_factor = 1.0 if preset == "s2" else 1.0 / DEVICES
@@ -118,7 +124,8 @@ class Blocks:
         return float(f.mean())
 
     def estimation_error(self, w, beta):
-        """The code's definition (§4.1–4.2): Σ‖β − β*‖² (S1); ‖w̃ − w*‖² + (1/M)Σ‖β − β*‖² (S2)."""
+        """The authors' code's definition (`Synthetic/MX2/`, `Synthetic/EWS/`): Σ‖β − β*‖² (S1);
+        ‖w̃ − w*‖² + (1/M)Σ‖β − β*‖² (S2)."""
         beta_error = np.square(beta - self.beta_true).sum(1)
         if self.kind == "mx2":
             return float(beta_error.sum())
@@ -126,7 +133,7 @@ class Blocks:
 
 
 def thm9(constants, n):
-    """Spec §3.3 (Thm 8/9) and §3.4 (ASCD θ) from μ, 𝓛^w, 𝓛^β."""
+    """Thm 8/9 (§4.3) with ρ = p_w/n, and ASCD-PFL's θ = min{0.8, 1/η} (§5.1), from μ, 𝓛^w, 𝓛^β."""
     mu, lw, lb = constants.mu, constants.smooth_w, constants.smooth_beta
     p_w = lw / (lw + lb)
     big_l = 2 * max(lw / p_w, lb / (1 - p_w))
@@ -162,7 +169,7 @@ def assert_state(result, want_w, want_beta):
 # -- the transcriptions ------------------------------------------------------------------------------------------
 
 def ascd_alg5(f, draws, p_w, eta, gamma, nu, theta):
-    """Spec §3.4 (Alg. 5): a round is β-iterations up to the next ζ = w. Returns (w̃, β) after every round."""
+    """App. A, Alg. 5: a round is β-iterations up to the next ζ = w. Returns (w̃, β) after every round."""
     w_y, beta_y = f.zeros()
     w_z, beta_z = f.zeros()
     states = [(f.scale * w_y, beta_y)]
@@ -186,7 +193,7 @@ def ascd_alg5(f, draws, p_w, eta, gamma, nu, theta):
 
 
 def scd_alg6(f, draws, p_w, eta):
-    """Spec §3.5 (SCD-PFL)."""
+    """App. A, Alg. 6 (SCD-PFL)."""
     w, beta = f.zeros()
     for picks in draws:
         for t, idx in enumerate(picks):
@@ -199,7 +206,7 @@ def scd_alg6(f, draws, p_w, eta):
 
 
 def lsgd_alg1(f, draws, tau, eta, w_factor):
-    """Spec §3.1 (Alg. 1): k mod τ = 0 averages the local copies; every iteration each device steps on its
+    """§3, Alg. 1: k mod τ = 0 averages the local copies; every iteration each device steps on its
     (w_m, β_m) with the minibatch mean gradient, scaled by w_factor (w) and beta_factor (β)."""
     w_local, beta = np.zeros((DEVICES, f.dim_w)), np.zeros((DEVICES, f.dim_beta))
     for k in range(tau * len(draws)):
@@ -212,7 +219,7 @@ def lsgd_alg1(f, draws, tau, eta, w_factor):
 
 
 def acd_alg2(f, lengths, constants, unsampled_y):
-    """Spec §3.2 (Alg. 2, Thm 7) with the typos corrected: w-update with probability p_w, β-gradient
+    """§4.2, Alg. 2 and Thm 7 with the typos corrected: w-update with probability p_w, β-gradient
     ∇_{β_m}F = (1/M)∇_β f_m, un-sampled block's y = x ("x") or kept ("keep"); full gradients."""
     mu, lw, lb = constants.mu, constants.smooth_w, constants.smooth_beta
     nu = mu / (math.sqrt(lw) + math.sqrt(lb)) ** 2
@@ -249,11 +256,12 @@ def acd_alg2(f, lengths, constants, unsampled_y):
     ("s2", 5.0, {"p_w": 0.4665, "eta": 4.228, "gamma": 5.43, "theta": 0.2365, "theta1": 0.195,
                  "smoothness": 0.0591}),
 ])
-def test_thm9_parameters_follow_the_constants_of_the_data_and_the_specs_tables(preset, sigma_h, table):
+def test_thm9_parameters_follow_the_constants_of_the_data_as_the_authors_code_sets_them(preset, sigma_h, table):
     problem = make(preset, sigma_h=sigma_h)
     f = Blocks(problem, preset, sigma_h)
-    # the constants of §4.1 (S1: 𝓛' = max‖x‖/4, 𝓛^w = λ/M, 𝓛^β = (𝓛'+λ)/M, μ = μ'/(3M)) and §4.2 (S2, the code's
-    # row-sliced 𝓛'_w, 𝓛'_β over M, μ = μ'/M), μ' = np.linalg.eig(H)[0][-1] at the true models
+    # the constants of the authors' code: S1 (`Synthetic/MX2/`: 𝓛' = max‖x‖/4, 𝓛^w = λ/M, 𝓛^β = (𝓛'+λ)/M,
+    # μ = μ'/(3M)) and S2 (`Synthetic/EWS/`: `mathcal_L_fun`'s row-sliced 𝓛'_w, 𝓛'_β over M, μ = μ'/M),
+    # μ' = np.linalg.eig(H)[0][-1] at the true models
     norms = np.linalg.norm(f.x, axis=-1)
     truth = (np.concatenate([np.tile(f.w_true, (DEVICES, 1)), f.beta_true], 1) if preset == "s2" else f.beta_true)
     sig = 1 / (1 + np.exp(-np.einsum("mnp,mp->mn", f.x, truth)))
@@ -273,7 +281,7 @@ def test_thm9_parameters_follow_the_constants_of_the_data_and_the_specs_tables(p
         assert getattr(theirs, key) == pytest.approx(getattr(ours, key), rel=1e-12), key
     assert theirs.theta2 == 0.5
     assert ALGORITHMS["ascd_pfl"](problem).hp.coupling == pytest.approx(ours.theta, rel=1e-12)
-    for key, value in table.items():  # the spec's printed values (3 digits or so)
+    for key, value in table.items():  # the values as recorded (3 digits or so)
         assert getattr(ours, key) == pytest.approx(value, abs=0.6 * 10 ** -(len(str(value).split(".")[1]))), key
 
 
@@ -312,7 +320,7 @@ def test_scd_matches_the_appendix_algorithm6(preset, sigma_h, rounds):
 def test_ascd_with_zero_coupling_is_scd_and_a_given_p_w_replaces_the_rule():
     problem = make("s2", sigma_h=5.0)
     f = Blocks(problem, "s2", 5.0)
-    p_w = 0.7  # η and the rest follow the given p_w (§4.4): 𝓛 = 2·max(𝓛^w/p_w, 𝓛^β/p_β)
+    p_w = 0.7  # η and the rest follow the given p_w (as in the paper's p_w study, §6.2): 𝓛 = 2·max(𝓛^w/p_w, 𝓛^β/p_β)
     c = problem.constants
     eta = 1 / (8 * max(c.smooth_w / p_w, c.smooth_beta / (1 - p_w)))
     ascd = run(problem, "ascd_pfl", 8, seed=0, theta=0.0, p_w=p_w)
@@ -358,24 +366,24 @@ def test_acd_matches_algorithm2_with_theorem7_parameters(unsampled_y):
     c = problem.constants
     p_w = math.sqrt(c.smooth_w) / (math.sqrt(c.smooth_w) + math.sqrt(c.smooth_beta))
     lengths = [len(p) for p in replay(seed, rounds, geometric(p_w))]
-    w, beta, p_w_spec = acd_alg2(f, lengths, c, unsampled_y)
+    w, beta, p_w_written = acd_alg2(f, lengths, c, unsampled_y)
     algorithm = ALGORITHMS["acd_pfl"](problem, unsampled_y=unsampled_y)
-    assert algorithm.hp.p_w == pytest.approx(p_w_spec, rel=1e-14)
+    assert algorithm.hp.p_w == pytest.approx(p_w_written, rel=1e-14)
     result = simulate(problem, algorithm, Federation(rounds, 0, 1, 1), seed=seed, eval_every=rounds)
     assert_state(result, w, beta)
     assert result.rows[-1]["iterations"] == sum(lengths)
 
 
 def test_acd_reaches_the_s1_optimum_in_a_few_dozen_communications():
-    """Thm 7: O(√(L^w/μ) log 1/ε) communications; on S1 (σ_h = 1) 30 rounds reach the spec's F* = 0.280405
-    (§5.3, L-BFGS on the same data) to its 6 digits, from F = ln 2."""
+    """Thm 7: O(√(L^w/μ) log 1/ε) communications; on S1 (σ_h = 1) 30 rounds reach F* = 0.280405 (L-BFGS on the
+    same data) to its 6 digits, from F = ln 2."""
     problem = make("s1", sigma_h=1.0)
     result = run(problem, "acd_pfl", 30, seed=0)
     assert result.rows[0]["objective"] == pytest.approx(math.log(2), rel=1e-14)
     assert abs(result.rows[-1]["objective"] - F_STAR_S1) < 2e-6
 
 
-# -- communication accounting (§3.0) -----------------------------------------------------------------------------
+# -- communication accounting (one round per w-update, §4.2) ----------------------------------------------------
 
 @pytest.mark.parametrize("name", ["ascd_pfl", "scd_pfl", "acd_pfl"])
 def test_one_round_per_w_update_and_iterations_are_the_drawn_lengths(name, monkeypatch):

@@ -1,6 +1,8 @@
-"""Seed 003's real-image devices (spec 003 §4.3, §6 item 8): the code's sequential selection against a plain
-transcription of the authors' loop, the label draws against NumPy's legacy RNG, both normalisations, the pool
-sources, and the shipped Fashion-MNIST and FEMNIST digits."""
+"""The real-image devices of Hanzely, Zhao, Kolar (TMLR 2023, §6.1, with the choices where the authors' code `CV/`
+differs from it: labels drawn with replacement, images taken in order, scalar normalisation, the test images carved
+from the training split): the code's sequential selection against a plain transcription of the authors' loop, the
+label draws against NumPy's legacy RNG, both normalisations, the pool sources, and the shipped Fashion-MNIST and
+FEMNIST digits."""
 from __future__ import annotations
 
 import os

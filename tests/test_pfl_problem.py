@@ -1,9 +1,9 @@
-"""Seed 003's block problem `pfl_synthetic` (spec 003 §1.3, §2, §4.1–4.2, §5.3–5.4, §7.3): the block gradients
+"""The block problem `pfl_synthetic` of Hanzely, Zhao, Kolar (TMLR 2023, §2, §5.1–5.2): the block gradients
 of every objective (mx2, mt2, apfl2, ews) against autograd of the block loss, with and without the
 reparametrisation w/√M and its chain rule; the reference solver's gradient, Hessian and certified F* against
 torch.func and an independent NumPy objective minimised by SciPy's L-BFGS; the equivalence of (9), (10) and (11)
-at the optimum; the constants and Thm 8/9 parameter rules against the spec's tables; the capability contract; and
-the metrics (objective, gap, both estimation errors) against NumPy."""
+at the optimum; the constants and Thm 8/9 parameter rules against the values the authors' code gives on its data;
+the capability contract; and the metrics (objective, gap, both estimation errors) against NumPy."""
 from __future__ import annotations
 
 import math
@@ -25,7 +25,7 @@ from sweeps.recipe import RecipeError, load
 
 M = pfl_synthetic.DEVICES
 
-# (preset, objective, extra config, σ_h): every objective of spec 003 §2 the problem offers, with two Λ for mt2 and
+# (preset, objective, extra config, σ_h): every objective of the paper's §2 the problem offers, with two Λ for mt2 and
 # two α for apfl2; ews only on S2's data
 OBJECTIVE_CASES = {
     "mx2": ("s1", "mx2", {}, 0.3),
@@ -36,8 +36,8 @@ OBJECTIVE_CASES = {
     "ews": ("s2", "ews", {}, 5.0),
 }
 
-# F* of (11) (S1, the code's λ = 1e-2/σ_h) and of (16) (S2), spec 003 §5.3–5.4
-SPEC_OPTIMA = [("s1", 0.1, 0.275408), ("s1", 0.3, 0.340562), ("s1", 1.0, 0.280405),
+# F* of (11) (S1, the code's λ = 1e-2/σ_h) and of (16) (S2) on the authors' data: L-BFGS, gradient norm < 1e-8
+L_BFGS_OPTIMA = [("s1", 0.1, 0.275408), ("s1", 0.3, 0.340562), ("s1", 1.0, 0.280405),
                ("s2", 5.0, 0.583665), ("s2", 10.0, 0.440731), ("s2", 15.0, 0.339393)]
 
 
@@ -58,10 +58,11 @@ def random_point(problem, gen: torch.Generator, devices: int, scale: float = 1.0
     return w, beta
 
 
-# -- an independent NumPy transcription of the objectives of spec 003 §2 in natural variables ------------------
+# -- an independent NumPy transcription of the objectives of the paper's §2 in natural variables ---------------
 def numpy_objective(problem, z: np.ndarray) -> tuple[float, np.ndarray]:
     """F(w̃, β) = (1/M) Σ_m f_m and its gradient at z = [w̃; β_1; …; β_M], with f'_m the mean binary cross-entropy
-    of σ(xᵀθ) (spec 003 §4.1) and f_m as written in spec 003 §2 (8), (11), (14), (16)."""
+    of σ(xᵀθ) (the authors' code's link; §5.1 prints the opposite sign) and f_m as written in the paper's §2, (8),
+    (11), (14), (16)."""
     obj = problem.objective
     x, y = problem.x.numpy(), problem.y.numpy()
     devices, samples, _ = x.shape
@@ -146,8 +147,8 @@ def test_block_gradients_match_autograd_of_the_block_loss(case, reparam):
 
 @pytest.mark.parametrize("case", list(OBJECTIVE_CASES))
 def test_reparametrisation_is_the_chain_rule(case):
-    """§1.3 / §7.3: with reparam, f_m sees w/√M, so ∇_w = (1/√M)·(the plain gradient at w̃ = w/√M) and ∇_β and
-    the loss are those of the plain problem at w̃."""
+    """§2 (eqs. 8, 11, 14, 16), §6.3: with reparam, f_m sees w/√M, so ∇_w = (1/√M)·(the plain gradient at
+    w̃ = w/√M) and ∇_β and the loss are those of the plain problem at w̃."""
     reparam, plain = problem_of(case, reparam=True), problem_of(case, reparam=False)
     gen = torch.Generator().manual_seed(5)
     rows = rows_of(list(range(M)), 5, gen)
@@ -172,7 +173,7 @@ def test_flat_objective_gradient_and_hessian(case):
     problem = problem_of(case)
     gen = torch.Generator().manual_seed(7)
     z = 0.7 * torch.randn(problem.dim_w + M * problem.dim_beta, dtype=torch.float64, generator=gen)
-    # the value and gradient on all data: torch.func and the NumPy transcription of spec 003 §2
+    # the value and gradient on all data: torch.func and the NumPy transcription of the paper's §2
     value, gradient = numpy_objective(problem, z.numpy())
     assert float(problem.flat_objective(z)) == pytest.approx(value, rel=1e-13)
     torch.testing.assert_close(problem.flat_gradient(z), torch.func.grad(problem.flat_objective)(z),
@@ -203,17 +204,17 @@ def test_newton_optimum_agrees_with_scipy_lbfgs(preset, sigma_h):
     assert float(problem.flat_gradient(solution.w).norm()) < 1e-9
 
 
-@pytest.mark.parametrize("preset, sigma_h, optimum", SPEC_OPTIMA)
-def test_reference_optimum_matches_the_spec(preset, sigma_h, optimum):
-    """spec 003 §5.3–5.4 (and §7.1–7.2: "a check on the data generator", to ≥ 4 decimals): here to the spec's
-    6 printed decimals."""
+@pytest.mark.parametrize("preset, sigma_h, optimum", L_BFGS_OPTIMA)
+def test_reference_optimum_matches_an_independent_l_bfgs_solve(preset, sigma_h, optimum):
+    """F* of (11) and (16) on the authors' data (Figs. 1–2) by an independent L-BFGS solve, also a check on the
+    data generator: here to its 6 printed decimals."""
     problem = make_problem("pfl_synthetic", preset=preset, sigma_h=sigma_h)
     assert solve(problem, use_disk=False).objective == pytest.approx(optimum, abs=1e-6)
 
 
 @pytest.mark.parametrize("sigma_h, optimum", [(0.1, 0.270455), (0.3, 0.331481)])
 def test_the_papers_lambda_rule(sigma_h, optimum):
-    """§4.1 / §6 item 1: the paper's λ = σ_h·1e-2 instead of the code's 1e-2/σ_h; F* of §5.3."""
+    """§5.1: the paper's λ = σ_h·1e-2 instead of the authors' code's 1e-2/σ_h; F* by L-BFGS on the same data."""
     problem = make_problem("pfl_synthetic", preset="s1", sigma_h=sigma_h, lam_rule="paper")
     assert problem.objective.lam == pytest.approx(1e-2 * sigma_h, rel=1e-15)
     assert problem.mixture_penalty == problem.objective.lam
@@ -223,7 +224,7 @@ def test_the_papers_lambda_rule(sigma_h, optimum):
 # -- 4. (9), (10) and (11) ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("sigma_h", [0.1, 0.3, 1.0])
 def test_mixture_objectives_9_10_11_are_equivalent(sigma_h):
-    """§2 remarks, §7.3: at the optimum of (11) w̃* = β̄*; minimising (9) over β alone (independent NumPy Newton)
+    """§2.4: at the optimum of (11) w̃* = β̄*; minimising (9) over β alone (independent NumPy Newton)
     gives the same value and the same β*; the inner problems of (10) at w̃* give β* back and the same value; and in
     stored variables with reparam the point (√M·β̄*, β*) is stationary."""
     problem = make_problem("pfl_synthetic", preset="s1", sigma_h=sigma_h, objective="mx2", reparam=True)
@@ -258,7 +259,7 @@ def test_mixture_objectives_9_10_11_are_equivalent(sigma_h):
     assert inner_10(beta_10.ravel())[0] / M == pytest.approx(solution.objective, abs=1e-12)
     np.testing.assert_allclose(beta_10, beta_star, rtol=0, atol=1e-6)
 
-    # stored variables (§1.3): w = √M·w̃* = √M·β̄*; every block of ∇F vanishes there
+    # stored variables (§2.4): w = √M·w̃* = √M·β̄*; every block of ∇F vanishes there
     w_stored = math.sqrt(M) * torch.from_numpy(beta_star.mean(0))
     g_w, g_beta = problem.client_block_grads(w_stored, torch.from_numpy(beta_star), torch.arange(M))
     # (the certificate gap ≤ 1e-10 with λ_min(∇²F) ~ 1e-5 leaves ‖∇F‖ up to ~5e-8)
@@ -268,7 +269,8 @@ def test_mixture_objectives_9_10_11_are_equivalent(sigma_h):
 
 
 # -- 5. constants and parameter rules ----------------------------------------------------------------------------
-# spec 003 §4.1's table: σ_h → (λ, μ', p_w, ρ, 𝓛, η, θ1, γ, 1 − ν, ASCD θ)
+# what the rules of the authors' code (`Synthetic/MX2/`) give on its data: σ_h → (λ, μ', p_w, ρ, 𝓛, η, θ1, γ,
+# 1 − ν, ASCD θ)
 S1_TABLE = {
     0.1: (0.1, 5.33e-4, 0.1579, 1.58e-4, 0.0633, 3.947, 0.333, 2.961, 2.6e-5, 0.253),
     0.3: (0.0333, 7.38e-4, 0.0667, 6.67e-5, 0.0500, 5.000, 0.5, 2.500, None, 0.200),
@@ -277,14 +279,14 @@ S1_TABLE = {
 
 
 @pytest.mark.parametrize("sigma_h", list(S1_TABLE))
-def test_s1_constants_and_rules_give_the_specs_table(sigma_h):
+def test_s1_constants_and_rules_give_the_authors_codes_values(sigma_h):
     lam, mu_prime, p_w, rho, smooth, eta, theta1, gamma, one_minus_nu, theta = S1_TABLE[sigma_h]
     problem = make_problem("pfl_synthetic", preset="s1", sigma_h=sigma_h)
     c, r = problem.constants, rules(problem)
     assert problem.objective.lam == pytest.approx(lam, rel=2e-3)
     assert problem.mu_prime == pytest.approx(mu_prime, rel=2e-3)
-    assert problem.smooth_prime == pytest.approx(0.4333, abs=1e-4)  # the code's max‖x‖/4 (§4.1, §6 item 3)
-    # MX2 (Lemma 2, §2.1 with /M): μ = μ'/(3M), 𝓛^w = λ/M, 𝓛^β = (𝓛'+λ)/M
+    assert problem.smooth_prime == pytest.approx(0.4333, abs=1e-4)  # the code's max‖x‖/4 (§5.1: max‖x‖²/4)
+    # MX2 (Lemma 2 and §5.1): μ = μ'/(3M), 𝓛^w = λ/M, 𝓛^β = (𝓛'+λ)/M
     assert (c.mu, c.smooth_w, c.smooth_beta) == pytest.approx(
         (problem.mu_prime / (3 * M), problem.objective.lam / M, (problem.smooth_prime + problem.objective.lam) / M),
         rel=1e-14)
@@ -298,26 +300,27 @@ def test_s1_constants_and_rules_give_the_specs_table(sigma_h):
 
 
 @pytest.mark.parametrize("sigma_h, theta1, gamma", [(5.0, 0.195, 5.43), (10.0, 0.166, 6.39), (15.0, 0.143, 7.41)])
-def test_s2_constants_and_rules_give_the_specs_values(sigma_h, theta1, gamma):
-    """§4.2: the code's row-sliced 𝓛'_w = 0.2758, 𝓛'_β = 0.3154, 𝓛^w = 𝓛'_w/M, 𝓛^β = 𝓛'_β/M, μ = μ'/M."""
+def test_s2_constants_and_rules_give_the_authors_codes_values(sigma_h, theta1, gamma):
+    """The authors' EWS code (`Synthetic/EWS/`, whose `mathcal_L_fun` slices rows, not columns): 𝓛'_w = 0.2758,
+    𝓛'_β = 0.3154, 𝓛^w = 𝓛'_w/M, 𝓛^β = 𝓛'_β/M, μ = μ'/M."""
     problem = make_problem("pfl_synthetic", preset="s2", sigma_h=sigma_h)
     c, r = problem.constants, rules(problem)
     assert problem.smooth_prime == pytest.approx((0.2758, 0.3154), abs=1e-4)
     assert (c.mu, c.smooth_w, c.smooth_beta) == pytest.approx(
         (problem.mu_prime / M, problem.smooth_prime[0] / M, problem.smooth_prime[1] / M), rel=1e-14)
-    assert problem.beta_scale == 1.0  # the EWS code's β-gradients are ∇_β f_m, not divided by M (§4.2)
+    assert problem.beta_scale == 1.0  # the EWS code's β-gradients are ∇_β f_m, not divided by M
     assert (r.p_w, r.rho, r.smoothness, r.eta) == pytest.approx((0.4665, 4.67e-4, 0.0591, 4.228), rel=2e-3)
-    # to the spec's 3 digits (σ_h = 10: θ1 = 0.16548, printed 0.166)
+    # to the 3 digits recorded (σ_h = 10: θ1 = 0.16548, recorded 0.166)
     assert r.theta1 == pytest.approx(theta1, abs=6e-4) and r.gamma == pytest.approx(gamma, abs=6e-3)
     assert min(0.8, 1 / r.eta) == pytest.approx(0.2365, rel=1e-3)
-    # the intended (paper) 𝓛' over the blocks' columns: max‖x_g‖²/4 = 0.0185, max‖x_l‖²/4 = 0.0107 (§4.2)
+    # §5.1's rule max‖x‖²/4 over each block's columns: max‖x_g‖²/4 = 0.0185, max‖x_l‖²/4 = 0.0107
     paper = make_problem("pfl_synthetic", preset="s2", sigma_h=sigma_h, smoothness="paper")
     assert paper.smooth_prime == pytest.approx((0.0185, 0.0107), abs=1e-4)
     assert rules(paper).eta > 15 * r.eta  # "≈20× larger η"
 
 
 def test_s1_paper_smoothness_squares_the_norm():
-    """§4.1 / §6 item 3: 𝓛' = max‖x‖²/4 = 0.7511 with smoothness="paper" (the code's is max‖x‖/4 = 0.4333)."""
+    """§5.1: 𝓛' = max‖x‖²/4 = 0.7511 with smoothness="paper" (the authors' code's is max‖x‖/4 = 0.4333)."""
     code = make_problem("pfl_synthetic", preset="s1", sigma_h=1.0)
     paper = make_problem("pfl_synthetic", preset="s1", sigma_h=1.0, smoothness="paper")
     assert paper.smooth_prime == pytest.approx(0.7511, abs=1e-4)
@@ -328,8 +331,9 @@ def test_s1_paper_smoothness_squares_the_norm():
 
 @pytest.mark.parametrize("case", list(OBJECTIVE_CASES))
 def test_lemma_constants_and_reparam_off_multiplies_the_w_constant_by_m(case):
-    """§2.1 (Lemma/code values) for every objective; §4.5: without reparametrisation 𝓛^w is not divided by M,
-    while μ and 𝓛^β are unchanged (p_w moves towards the w-block)."""
+    """Lemmas 1–4 (§2; the authors' code's values where a lemma and Table 2 differ) for every objective; without
+    reparametrisation (§6.3, as the authors' code `CV/Reparametrization/` sets it) 𝓛^w is not divided by M, while μ
+    and 𝓛^β are unchanged (p_w moves towards the w-block)."""
     problem, plain = problem_of(case), problem_of(case, reparam=False)
     obj, c, s, mu_p = problem.objective, problem.constants, problem.smooth_prime, problem.mu_prime
     lam, big, alpha = obj.lam, obj.big_lambda, obj.alpha
@@ -382,7 +386,8 @@ def test_a_recipe_pairing_fedavg_with_pfl_synthetic_is_refused(tmp_path):
 @pytest.mark.parametrize("preset, sigma_h, rule", [("s1", 1.0, "code"), ("s2", 5.0, "code"), ("s1", 1.0, "paper"),
                                                    ("s2", 5.0, "paper")])
 def test_evaluate_matches_numpy(preset, sigma_h, rule):
-    """§4.1: Σ_m‖β−β*_m‖² (s1); §4.2: ‖w̃−w*‖² + (1/M)Σ_m‖β−β*_m‖² (s2); paper (§6 item 4): ‖w̃−w*‖² + Σ_m‖β−β*_m‖²."""
+    """The authors' code: Σ_m‖β−β*_m‖² (s1, `Synthetic/MX2/`); ‖w̃−w*‖² + (1/M)Σ_m‖β−β*_m‖² (s2,
+    `Synthetic/EWS/`); the paper (§5.1–5.2): ‖w̃−w*‖² + Σ_m‖β−β*_m‖²."""
     problem = make_problem("pfl_synthetic", preset=preset, sigma_h=sigma_h, estimation_error=rule)
     data = (pfl_synthetic.mx2 if preset == "s1" else pfl_synthetic.ews)(sigma_h)
     gen = np.random.default_rng(11)
@@ -404,7 +409,8 @@ def test_evaluate_matches_numpy(preset, sigma_h, rule):
 @pytest.mark.parametrize("preset, sigma_h, error", [("s1", 0.1, 72.2), ("s1", 0.3, 79.3), ("s1", 1.0, 227.5),
                                                     ("s2", 5.0, 88.0), ("s2", 10.0, 332.1), ("s2", 15.0, 738.7)])
 def test_metrics_at_the_zero_start(preset, sigma_h, error):
-    """§5.3–5.4: every method starts at 0 with loss ln 2 = 0.6931 and these estimation errors (code definition)."""
+    """The curves stored with Figs. 1–2 (the authors' repository): every method starts at 0 (§5.1) with loss
+    ln 2 = 0.6931 and these estimation errors (the code's definition)."""
     problem = make_problem("pfl_synthetic", preset=preset, sigma_h=sigma_h)
     start = problem.init_params(torch.Generator())
     assert not start.any()
@@ -412,7 +418,7 @@ def test_metrics_at_the_zero_start(preset, sigma_h, error):
                            torch.zeros(M, problem.dim_beta, dtype=torch.float64))
     assert row["objective"] == pytest.approx(math.log(2), rel=1e-14)
     assert round(row["objective"], 4) == 0.6931
-    optimum = {(p, s): f for p, s, f in SPEC_OPTIMA}[preset, sigma_h]
+    optimum = {(p, s): f for p, s, f in L_BFGS_OPTIMA}[preset, sigma_h]
     assert row["objective_gap"] == pytest.approx(math.log(2) - optimum, abs=1e-6)
-    # to the spec's one decimal (σ_h = 10: 332.0496, printed 332.1)
+    # to the one decimal recorded (σ_h = 10: 332.0496, recorded 332.1)
     assert row["estimation_error"] == pytest.approx(error, abs=0.06)

@@ -20,7 +20,7 @@ def initial_server_point(problem, seed=0):
     return sim.server["w"]
 
 
-# -- (a) initial state of the bao2022 problems (spec 002 §5.4 item 4) ---------------------------------------------
+# -- (a) initial state of the bao2022 problems (w0 ~ N(0, I), as the released LassoRun.m and NuclearRun.m) ------
 
 def test_bao2022_lasso_random_init_f1_is_about_0_66():
     problem = fedbench.make_problem("lasso", seed=0)
@@ -156,7 +156,7 @@ def test_fbe_completion_extra_entry_ranges_over_positions_4_to_31():
         problem = fedbench.make_problem("lowrank", preset="fbe_completion", seed=seed, samples_per_client=1)
         diagonals = problem.truth.reshape(-1, 32, 32).diagonal(dim1=-2, dim2=-1)
         positions |= set((diagonals[:, 4:] != 0).nonzero()[:, 1].add(4).tolist())
-    assert min(positions) == 4 and max(positions) == 31  # 1-based 5..32 of spec 000 §3.2
+    assert min(positions) == 4 and max(positions) == 31  # 1-based 5..32: d0 ∈ {5, …, 32} (pFedFBE paper, §4.2)
 
 
 def test_shared_shift_gives_every_client_the_same_shift():
@@ -377,7 +377,8 @@ def test_minibatches_of_unequal_clients_stay_inside_each_client():
 # -- metrics ------------------------------------------------------------------------------------------------------------------
 
 def test_lasso_metrics_match_their_definitions():
-    """spec 002 §3.1: ℓ2/ℓ1 error, support {|w_j| > 0.01} precision/recall/F1, density; MSE without ½."""
+    """Bao et al. (ICML 2022, §4; the released eval_metric_lasso.m): ℓ2/ℓ1 error, support {|w_j| > 0.01}
+    precision/recall/F1, density; MSE without ½."""
     problem = small_lasso()
     rng = np.random.default_rng(0)
     w = rng.standard_normal(30) * 0.05
@@ -404,7 +405,8 @@ def test_lasso_metrics_match_their_definitions():
 
 
 def test_lowrank_metrics_match_their_definitions():
-    """spec 002 §3.2: Frobenius and operator-norm error, MATLAB rank (σ > max(p1,p2)·eps(σ_max))."""
+    """Bao et al. (ICML 2022, §4; the released eval_metric_nuc.m): Frobenius and operator-norm error, MATLAB rank
+    (σ > max(p1,p2)·eps(σ_max))."""
     problem = small_lowrank()
     sv = np.array([3.0, 1.0, 1e-13, 1e-17, 0.0])  # 6·eps(3) ≈ 2.7e-15: the first three count
     # signed permutations keep the singular values exact (no rounding noise near the tolerance)

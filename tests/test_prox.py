@@ -1,9 +1,10 @@
 """Regularizers, proximal maps, projections and subgradients (fedbench/prox.py) against their definitions.
 
-prox(v, step) must be argmin_w ½‖w − v‖² + step·h(w) (spec 002 §1.5, spec 000 §1.2), optionally over the
-ball ‖w‖₂ ≤ radius. Every closed form is compared with a numerical minimization of that definition
-(scipy), written without reference to the closed form: ℓ1 through the smooth split w = p − n, p, n ≥ 0;
-the nuclear norm through the variational form ‖W‖_* = min_{W = ABᵀ} ½(‖A‖² + ‖B‖²).
+prox(v, step) must be argmin_w ½‖w − v‖² + step·h(w) (prox_{step·h} as the pFedFBE paper, ICLR 2023 submission,
+§1, defines prox_h), optionally over the ball ‖w‖₂ ≤ radius (the 𝒲 of Bao et al., ICML 2022, §3.1). Every closed
+form is compared with a numerical minimization of that definition (scipy), written without reference to the closed
+form: ℓ1 through the smooth split w = p − n, p, n ≥ 0; the nuclear norm through the variational form
+‖W‖_* = min_{W = ABᵀ} ½(‖A‖² + ‖B‖²).
 """
 from __future__ import annotations
 
@@ -218,7 +219,7 @@ def test_l1_prox_leaves_trailing_intercept_coordinates_free(tensor_step):
 @pytest.mark.parametrize("size", [7, 5])
 @pytest.mark.parametrize("radius_factor", [0.3, 0.8, 5.0])
 def test_l1_prox_with_radius_is_the_constrained_argmin(size, radius_factor):
-    """Threshold-then-rescale must be the exact argmin over the ℓ2 ball (spec 002 §1.5), also with free
+    """Threshold-then-rescale must be the exact argmin over the ℓ2 ball (ℓ1 is positively homogeneous), also with free
     trailing coordinates; radius_factor 5 leaves the ball inactive (plain prox)."""
     rng = np.random.default_rng(size)
     lam, step, d = 0.4, 1.5, 7
@@ -424,7 +425,7 @@ def test_l1_subgradient_inequality_with_kinks_and_free_coordinates():
     # exact characterisation of ∂(λ‖·‖₁)(x): ‖g‖_∞ ≤ λ and ⟨g, x⟩ = λ‖x‖₁
     assert np.abs(g).max() <= lam
     assert g @ x == pytest.approx(h(x), rel=1e-14)
-    # the element spec 000 §1.2 prescribes: λ·sign(w), with 0 at the kinks
+    # the element the subgradient baselines take (the pFedFBE paper, §1, names none): λ·sign(w), 0 at the kinks
     np.testing.assert_array_equal(g[:size], lam * np.sign(x[:size]))
     assert g[1] == 0.0 and g[4] == 0.0
     # batched: rows independent
@@ -447,7 +448,7 @@ def test_nuclear_subgradient_inequality(rank):
         assert h(y) >= h(x) + np.sum(g * (y.reshape(shape) - x)) - 1e-11
     assert np.linalg.norm(g, 2) <= lam * (1 + 1e-12)
     assert np.sum(g * x) == pytest.approx(h(x), rel=1e-10, abs=1e-13)
-    # the element spec 000 §1.2 prescribes: λ·U₊V₊ᵀ from the singular vectors with σ > 0 only
+    # the element the subgradient baselines take: λ·U₊V₊ᵀ from the singular vectors with σ > 0 only
     u, s, vt = np.linalg.svd(x)
     positive = s > 1e-10
     np.testing.assert_allclose(g, lam * u[:, positive] @ vt[positive], atol=1e-10)

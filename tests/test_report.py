@@ -323,7 +323,7 @@ def test_a_report_without_the_sweeps_overrides_reports_that_sweep(swept, tmp_pat
 
 
 def test_a_method_without_personal_models_is_drawn_with_its_global_metric(tmp_path, tracking_uri):
-    """Spec 000 §2.3: a non-personalized method's personal model is its global model, so a `personal_X` panel
+    """A non-personalized method's personal model is its global model (the pFedFBE paper, §4.1), so a `personal_X` panel
     shows its `X` (real runs through `fedbench run`, read back from MLflow)."""
     path = tmp_path / "personal.yaml"
     path.write_text("name: personal-panels\n"

@@ -8,7 +8,7 @@ after a dozen rounds), 1e-9 where a finite-difference HVP divides those last-bit
 ~1e-11). Round-synchronous programs (`RoundProgram`) for fixed-length rounds; iteration-wise programs
 (`IterationProgram`) for ACD-PFL's, ASCD-PFL's, ASVRCD-PFL's and L2SGD+'s coin-flip rounds. Runs may differ in the
 float hyperparameters (`MIXED_CASES`); in any other, they run in separate programs
-(`why_not_batchable`). Seed 001's pair-score methods run in float32: within 5e-5 (a pAUC moves by one flipped
+(`why_not_batchable`). FeDXL's pair-score methods run in float32: within 5e-5 (a pAUC moves by one flipped
 near-tied pair). Every shipped algorithm is on the run axis; ASVRCD-PFL only when counting refreshes (else a
 ρ-coin at every iteration decides a full-data refresh inside the batched steps).
 """
@@ -379,7 +379,7 @@ def test_block_problems_draw_step_after_step(make):
 
 
 BLOCK_MIXED = [(0, 1.0, 1.0), (3, 1000.0, 1.0), (7, 1.0, 0.5), (11, 0.5, 2.0)]  # (seed, step factor, second factor)
-BLOCK_MIXED_CASES = {  # seed 003's methods -> (step size, the second per-run hyperparameter, its base value)
+BLOCK_MIXED_CASES = {  # Hanzely et al.'s methods -> (step size, the second per-run hyperparameter, its base value)
     "ascd_pfl": ("eta", "p_w", lambda problem: rules(problem).p_w),
     "scd_pfl": ("eta", "p_w", lambda problem: rules(problem).p_w),
     "asvrcd_pfl": ("eta", "rho", lambda problem: 0.05),  # refreshes exercised; ζ and refresh coins drawn per run
@@ -391,9 +391,9 @@ BLOCK_MIXED_CASES = {  # seed 003's methods -> (step size, the second per-run hy
 
 @pytest.mark.parametrize("name", sorted(BLOCK_MIXED_CASES))
 def test_block_methods_take_per_run_step_sizes_and_probabilities(name):
-    """Seed 003's methods in one batch with each run's own η (and p_w, ρ or p): their Thm 8/9 parameters follow
-    per run (`run_derived`), and so do the lengths of the coin-flip rounds; each run gives its curve alone. Run 1's
-    step is 1000x the rule's: it diverges and leaves the batch."""
+    """Hanzely, Zhao, Kolar's methods in one batch with each run's own η (and p_w, ρ or p): their Thm 8/9
+    parameters follow per run (`run_derived`), and so do the lengths of the coin-flip rounds; each run gives its curve
+    alone. Run 1's step is 1000x the rule's: it diverges and leaves the batch."""
     step, second, base = BLOCK_MIXED_CASES[name]
     problem, federation = pfl(), Federation(12, 0, 1 if name != "lsgd_pfl" else 5, 1)
     start = rules(problem).eta if step == "eta" else 10.0  # LSGD's logistic gradients are bounded: 1e4 diverges

@@ -1,14 +1,14 @@
-"""LSGD-PFL, local SGD on the global block with SGD on the device blocks (Hanzely, Zhao, Kolar, Algorithm 1; spec
-003 §3.1): every device keeps a copy w_m of w, and
+"""LSGD-PFL, local SGD on the global block with SGD on the device blocks (Hanzely, Zhao, Kolar, TMLR 2023, §3,
+Algorithm 1): every device keeps a copy w_m of w, and
 
     every τ iterations (a communication round):  w ← (1/M) Σ_m w_m;  w_m ← w
     every iteration, each device:  (w_m, β_m) ← (w_m, β_m) − η (s_w ∇_w, s_β ∇_β) f̃_m(w_m, β_m; B samples)
 
-τ is the federation's `local_steps`, B its `batch_size`. The gradient scales follow the two codes (§3.1): the
-problem's `beta_scale` for β (1/M, i.e. ∇_{β_m}F, or 1 in the EWS code) and `w_gradient` for w: `device`
-(∇_w f_m, what the synthetic code's ∇_w F(w_m, β) averages to) or `objective` ((1/M)∇_w f_m, the real-data
-code). The real-data code passes ASVRCD's η instead of the printed 0.01: `client_lr: null`. The steps of the two
-blocks, η·s_w and η·s_β, are each run's own (`derive`).
+τ is the federation's `local_steps`, B its `batch_size`. The gradient scales follow the authors' two codes
+(`Synthetic/`, `CV/`): the problem's `beta_scale` for β (1/M, i.e. ∇_{β_m}F, or 1 in the EWS code) and `w_gradient`
+for w: `device` (∇_w f_m, what the synthetic code's ∇_w F(w_m, β) averages to) or `objective` ((1/M)∇_w f_m, the
+real-data code). The real-data code passes ASVRCD's η instead of the printed 0.01: `client_lr: null`. The steps of
+the two blocks, η·s_w and η·s_β, are each run's own (`derive`).
 """
 from __future__ import annotations
 

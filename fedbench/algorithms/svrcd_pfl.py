@@ -1,5 +1,5 @@
-"""SVRCD-PFL, variance-reduced coordinate descent on (w, β) (Hanzely, Zhao, Kolar, Appendix A, Algorithm 7; spec
-003 §3.5): ASVRCD-PFL with θ1 = θ2 = 0 and no z-sequence, so the estimate is taken at y itself:
+"""SVRCD-PFL, variance-reduced coordinate descent on (w, β) (Hanzely, Zhao, Kolar, TMLR 2023, Appendix A,
+Algorithm 7): ASVRCD-PFL with θ1 = θ2 = 0 and no z-sequence, so the estimate is taken at y itself:
 
     with probability ρ: v ← y, recompute ∇F(v)
     ζ = w with probability p_w:  g_w = (1/p_w)(1/M) Σ_m [∇_w f_{m,j}(y) − ∇_w f_{m,j}(v)] + ∇_w F(v),  g_β = ∇_β F(v)

@@ -4,7 +4,8 @@ each gzip-compressed (`.gz`, as distributed) or not. Read with gzip and NumPy on
 0x00000803 for uint8 images of 3 dimensions, 0x00000801 for labels, then the big-endian sizes) is checked, and
 a missing or malformed file raises a ValueError naming it and what was expected.
 
-Spec 003 §4.3 uses Fashion-MNIST (`shared/data/fashion-mnist/`, its SOURCE.md) and MNIST in this format.
+Hanzely, Zhao, Kolar (TMLR 2023, §6) use MNIST, KMNIST and Fashion-MNIST in this format (Fashion-MNIST:
+`shared/data/fashion-mnist/`, its SOURCE.md).
 """
 from __future__ import annotations
 
