@@ -170,14 +170,14 @@ def test_ditto_unsampled_clients_keep_their_personal_rows():
     sim = Simulation(problem, fedbench.make_algorithm("ditto", problem, client_lr=0.05),
                      Federation(rounds=5, clients_per_round=3, local_steps=2, batch_size=5), seed=0)
     draws = []
-    original_draw = sim.sampler.draw
+    original_draw = sim.sampler.draw_round
 
     def recording_draw(*args, **kwargs):
-        clients, rows = original_draw(*args, **kwargs)
-        draws.append(clients.clone())
-        return clients, rows
+        draw = original_draw(*args, **kwargs)
+        draws.append(draw.clients.clone())
+        return draw
 
-    sim.sampler.draw = recording_draw
+    sim.sampler.draw_round = recording_draw
     w0 = sim.server["w"].clone()
     assert torch.equal(sim.clients["v"], w0.expand(problem.num_clients, -1))  # v_k starts at w0
     for _ in range(5):

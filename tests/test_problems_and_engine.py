@@ -304,14 +304,14 @@ def test_aggregation_weights_enter_the_server_average():
     problem.client_sizes = torch.tensor([20, 60, 20])  # pretend sizes; only the weights read them
     w0 = sim.server["w"].numpy().copy()
     draws = []
-    original = sim.sampler.draw
+    original = sim.sampler.draw_round
 
     def recording(*args, **kwargs):
-        clients, rows = original(*args, **kwargs)
-        draws.append(clients)
-        return clients, rows
+        draw = original(*args, **kwargs)
+        draws.append(draw.clients)
+        return draw
 
-    sim.sampler.draw = recording
+    sim.sampler.draw_round = recording
     sim.run_round()
     x = problem.features.numpy().reshape(3, 20, -1)
     y = problem.labels.numpy().reshape(3, 20)
