@@ -143,6 +143,16 @@ def _check_params(item, field: str) -> None:
             raise ParamError(f"{field}.{param.name}", str(err)) from None
 
 
+def _one_form(field: str, given: dict[str, bool], context: str, expected: str) -> str:
+    """The one form of a mapping that takes exactly one of several (`given`: each form's name, whether it is given);
+    none or several refused (ParamError at `field`, "found p and p_low{context}, expected {expected}")."""
+    forms = [name for name, present in given.items() if present]
+    if len(forms) != 1:
+        found = " and ".join(forms) if forms else "none of them"
+        raise ParamError(field, f"found {found}{context}, expected {expected}")
+    return forms[0]
+
+
 def _text(name: str, given: dict[str, Any]) -> str:
     return f"{name}({', '.join(f'{key}={value}' for key, value in given.items())})"
 
@@ -233,13 +243,10 @@ class Participation:
                                  f"{clients // self.groups}, the smallest of {self.groups} groups of {clients} clients")
         elif self.model == "bernoulli":
             ranged = self.p_low is not None or self.p_high is not None
-            forms = [name for name, given in (("p", self.p is not None), ("p_low", ranged),
-                                              ("p_file", self.p_file is not None)) if given]
-            if len(forms) != 1:
-                found = " and ".join(forms) if forms else "none of them"
-                raise ParamError("participation", f"found {found} for bernoulli, expected one of p, p_low with "
-                                 "p_high, or p_file")
-            if forms == ["p_low"]:
+            form = _one_form("participation", {"p": self.p is not None, "p_low": ranged,
+                                               "p_file": self.p_file is not None},
+                             " for bernoulli", "one of p, p_low with p_high, or p_file")
+            if form == "p_low":
                 if self.p_low is None or self.p_high is None:
                     missing = "p_high" if self.p_high is None else "p_low"
                     raise ParamError(f"participation.{missing}", "found none, expected p_low and p_high together")
@@ -320,13 +327,10 @@ class LocalSteps:
         one integer ≥ 1 per client."""
         _check_params(self, "local_steps")
         drawn = self.distribution is not None or self.low is not None or self.high is not None
-        forms = [name for name, given in (("distribution", drawn), ("counts", self.counts is not None),
-                                          ("file", self.file is not None)) if given]
-        if len(forms) != 1:
-            found = " and ".join(forms) if forms else "none of them"
-            raise ParamError("local_steps", f"found {found}, expected one of distribution (with low and high), counts "
-                             "or file")
-        if forms == ["distribution"]:
+        form = _one_form("local_steps", {"distribution": drawn, "counts": self.counts is not None,
+                                         "file": self.file is not None},
+                         "", "one of distribution (with low and high), counts or file")
+        if form == "distribution":
             for name in ("distribution", "low", "high"):
                 if getattr(self, name) is None:
                     raise ParamError(f"local_steps.{name}", "found none, expected all three, e.g. {distribution: "
