@@ -479,7 +479,9 @@ def test_a_list_of_chains_is_a_grid_axis_over_chains(recipe):
     for chains_set, where, phrase in [
             ("[[], [{top_k: [0.01, 2]}]]", "federation.uplink[1].0.top_k[1]", "expected float in (0, 1], found 2"),
             ("[[{clip: 1.0}], [{topk: 0.1}]]", "federation.uplink[1].0", "found 'topk', expected a transform"),
-            ("[[], {top_k: 0.1}]", "federation.uplink.0", "found [], expected a transform's name")]:
+            ("[[], {top_k: 0.1}]", "federation.uplink.0", "found [], expected a transform's name"),
+            ("[[{top_k: 0.1}], [{error_feedback: ef21}]]", "federation.uplink[1].0.error_feedback",
+             "found no compressor right before error feedback")]:
         refused(invoke("validate", recipe, "--set", f"federation.uplink={chains_set}"), f"{recipe}: {where}: ", phrase)
 
 

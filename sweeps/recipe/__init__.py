@@ -208,8 +208,22 @@ def _check_chain(source: str, path: str, link: str, spec: Any) -> list[tuple[Ste
         raise RecipeError(source, path, f"found {in_words(spec)}, expected a list of transforms, e.g. "
                           "[{top_k: 0.05}]")
     if spec and all(isinstance(chain, list) for chain in spec):
-        return [steps for j, chain in enumerate(spec) for steps in _chains(source, path, f"{link}[{j}]", chain)]
+        return [steps for j, chain in enumerate(spec) for steps in _ordered(source, path, link, j, chain)]
     return _chains(source, path, link, spec)
+
+
+def _ordered(source: str, path: str, link: str, j: int, spec: list) -> list[tuple[Step, ...]]:
+    """The chains of the `j`-th list of a grid over chains, each refused here, at `federation.uplink[j].i.NAME`, in
+    an order no run can have (`transforms.check_chain`; the aggregation's own rule is checked with each trial, where
+    the aggregation is known)."""
+    chains = _chains(source, path, f"{link}[{j}]", spec)
+    for steps in chains:
+        try:
+            transforms.check_chain(steps, link, "uniform")
+        except ParamError as err:
+            where = f"{link}[{j}]{err.name[len(link):]}"  # the step's path within the j-th chain
+            raise RecipeError(source, f"{path.rpartition('.')[0]}.{where}", err.message) from None
+    return chains
 
 
 def _chains(source: str, path: str, at: str, spec: list) -> list[tuple[Step, ...]]:
