@@ -862,7 +862,14 @@ def ui(
     finally:
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGTERM)
-            server.wait()
+            try:
+                server.wait(timeout=UI_STOP_SECONDS)
+            except subprocess.TimeoutExpired:  # its job consumers can outlast a SIGTERM by minutes: not ours to wait
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait()
+
+
+UI_STOP_SECONDS = 10  # how long a stopped `fedbench ui` waits for the MLflow server to end before killing it
 
 
 def run_counts(store, experiment_id: str, name: str | None) -> str:
