@@ -20,8 +20,12 @@ install: $(VENV)/.installed
 demo: install
 	$(VENV)/bin/fedbench sweep recipes/papers/bao2022_lasso.yaml
 
+# The suite in two parts: the tests that run in this process (and the CLI commands they start), two at a time on
+# pytest-xdist's workers with one thread each; then those that start Ray or drive Chromium, one at a time, as each
+# uses every core (a sweep's trials, the server races, the browser)
 test: install
-	$(PY) -m pytest -q
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 -m 'not slow and not ray and not browser'
+	$(PY) -m pytest -q -m 'not slow and (ray or browser)'
 
 test-fast: install
 	$(PY) -m pytest -q -m 'not slow and not ray and not browser and not heavy'

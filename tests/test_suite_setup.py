@@ -3,6 +3,7 @@ reason, is skipped with its reason printed at the end even under `-q`; the READM
 need and how long the install and the suite take."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,4 +27,5 @@ def test_a_skipped_tests_reason_is_printed_under_q(tmp_path):
 def test_the_readme_says_what_the_browser_tests_need_and_how_long_install_and_tests_take():
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert "Debian's `chromium` package" in readme and "they are skipped" in readme
-    assert "install into .venv (~3 minutes the first time)" in readme and "the test suite: ~19 minutes" in readme
+    assert "install into .venv (~3 minutes the first time)" in readme
+    assert re.search(r"the test suite: ~\d+ minutes on 2 cores", readme), readme[:2000]
