@@ -788,6 +788,7 @@ def list_recipes() -> None:
 
 UI_PORT = 5000  # MLflow's own default
 PORTS_TRIED = 100  # without --port: the default and the ports after it, until one is free
+UI_STOP_SECONDS = 10  # how long a stopped `fedbench ui` waits for the MLflow server to end before killing it
 
 
 @app.command()
@@ -867,9 +868,6 @@ def ui(
             except subprocess.TimeoutExpired:  # its job consumers can outlast a SIGTERM by minutes: not ours to wait
                 os.killpg(server.pid, signal.SIGKILL)
                 server.wait()
-
-
-UI_STOP_SECONDS = 10  # how long a stopped `fedbench ui` waits for the MLflow server to end before killing it
 
 
 def run_counts(store, experiment_id: str, name: str | None) -> str:
