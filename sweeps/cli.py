@@ -3,6 +3,7 @@ fedbench_sweeps.cli; in a checkout `python cli.py`, which imports it as sweeps.c
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import logging
@@ -13,10 +14,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import webbrowser
 from enum import Enum
 from pathlib import Path
-from typing import List, NoReturn, Optional
+from typing import Callable, Iterator, List, NoReturn, Optional
 
 import typer
 from rich import box
@@ -804,6 +806,30 @@ def ui(
 ) -> None:
     """Start the MLflow UI on the tracking store (telemetry off) and print the page of the experiment's runs:
     MLflow's model-training view, every run but the sweep parents listed, their per-round curves charted."""
+    with noted_stops() as stopped_by:
+        browse(recipe_path, experiment, open_browser, tracking_uri, host, port, stopped_by)
+
+
+@contextlib.contextmanager
+def noted_stops() -> Iterator[list[int]]:
+    """Ctrl-C and SIGTERM noted in the list yielded, not raised, while inside; the handlers before, after. An
+    exception raised from a handler is lost where the signal lands in a weakref callback (SQLAlchemy's, while
+    `ui` queried its store: the UI then served on, 1 stop in 4 here), and a blocking waitpid is not woken by
+    a signal that another of the process's threads takes."""
+    noted: list[int] = []
+    before = {number: signal.signal(number, lambda received, _: noted.append(received))
+              for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield noted
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
+
+
+def browse(recipe_path: Optional[Path], experiment: Optional[str], open_browser: bool, tracking_uri: Optional[str],
+           host: str, port: Optional[int], stopped_by: list[int]) -> None:
+    """`ui`, its stops noted in `stopped_by` and looked at where it waits: before the server starts, while it
+    starts and while it serves."""
     from .tracking import runs_url, sqlite_path, tracking_uri as resolve_uri
 
     if recipe_path is not None and experiment is not None:
@@ -839,6 +865,8 @@ def ui(
             webbrowser.open(table)
         return
     assert port is not None  # listen_port chose it
+    if stopped_by:
+        raise typer.Exit(128 + stopped_by[0])
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", f"sqlite:///{path.resolve()}",
                "--host", host, "--port", str(port)]
     # The server's own lines, unless `fedbench -v`: in the system's temporary folder, not the researcher's
@@ -848,18 +876,17 @@ def ui(
     # SIGTERM) stops the server's workers too instead of leaving them running (~250 MB each).
     server = subprocess.Popen(command + ["--workers", "1"], env={**os.environ, "MLFLOW_TRACKING_URI": uri},
                               stdout=output, stderr=subprocess.STDOUT if output else None, start_new_session=True)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        if not serving(server, host, port):
+        if serving(server, host, port, stopping=lambda: bool(stopped_by)):
+            pages()  # once the server answers: a page opened before (~30 s here) was an error page
+            say(f"serving (its log: {log if output else 'above'}); Ctrl-C stops it")
+            if open_browser:
+                webbrowser.open(table)
+            while server.poll() is None and not stopped_by:
+                time.sleep(0.2)
+        elif not stopped_by:
             tail = "".join(log.read_text().splitlines(keepends=True)[-20:]) if output else ""
             fail(f"the MLflow UI server did not start on {host}:{port}\n{tail}")
-        pages()  # once the server answers: a page opened before (~30 s here) was an error page
-        say(f"serving (its log: {log if output else 'above'}); Ctrl-C stops it")
-        if open_browser:
-            webbrowser.open(table)
-        raise typer.Exit(server.wait())
-    except KeyboardInterrupt:
-        pass
     finally:
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGTERM)
@@ -868,6 +895,7 @@ def ui(
             except subprocess.TimeoutExpired:  # its job consumers can outlast a SIGTERM by minutes: not ours to wait
                 os.killpg(server.pid, signal.SIGKILL)
                 server.wait()
+    raise typer.Exit(128 + stopped_by[0] if stopped_by else server.returncode)  # 130 after Ctrl-C, 143 SIGTERM
 
 
 def run_counts(store, experiment_id: str, name: str | None) -> str:
@@ -914,18 +942,19 @@ def listen_error(host: str, port: int) -> Optional[OSError]:
     return None
 
 
-def serving(server: subprocess.Popen, host: str, port: int, timeout: float = 60.0) -> bool:
-    """Wait until the UI server we started answers as MLflow (False if it exited or the time ran out). A
+def serving(server: subprocess.Popen, host: str, port: int, stopping: Callable[[], bool] = lambda: False,
+            timeout: float = 60.0) -> bool:
+    """Wait until the UI server we started answers as MLflow (False if it exited, `stopping()` said so or the
+    time ran out). A
     connection alone proves nothing: another program could hold the port, our server failing to bind it; so
     MLflow's /version must answer with this MLflow's version, and our server must still run."""
     import http.client
-    import time
 
     from mlflow.version import VERSION
 
     address = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)  # the wildcard, reached on loopback
     deadline = time.monotonic() + timeout
-    while server.poll() is None and time.monotonic() < deadline:
+    while server.poll() is None and not stopping() and time.monotonic() < deadline:
         connection = http.client.HTTPConnection(address, port, timeout=2)  # not urllib: no proxy in between
         try:
             connection.request("GET", "/version")

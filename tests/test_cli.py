@@ -162,7 +162,22 @@ def test_ui_prints_its_pages_once_served_and_leaves_nothing_beside_the_store(rec
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stdout.read()
     assert sorted(path.name for path in folder.iterdir()) == made and "mlflow.db.lock" not in made, made
+
+
+def test_ui_notes_ctrl_c_and_sigterm_instead_of_raising_them():
+    """`fedbench ui` served on after 1 SIGTERM in 4: the SystemExit its handler raised was lost in a SQLAlchemy
+    weakref callback, and a blocking waitpid is not woken by a signal another thread takes. Its handlers now note
+    the signal for its waits to see, and give the handlers before back when it ends."""
+    from sweeps.cli import noted_stops
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with noted_stops() as stopped_by:
+        signal.raise_signal(signal.SIGTERM)  # its handler has run when this returns
+        signal.raise_signal(signal.SIGINT)  # a KeyboardInterrupt here would fail the test
+        assert stopped_by == [signal.SIGTERM, signal.SIGINT]
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
 def test_ui_without_a_store_says_so(tmp_path):
