@@ -812,10 +812,10 @@ def ui(
 
 @contextlib.contextmanager
 def noted_stops() -> Iterator[list[int]]:
-    """Ctrl-C and SIGTERM noted in the list yielded, not raised, while inside; the handlers before, after. An
-    exception raised from a handler is lost where the signal lands in a weakref callback (SQLAlchemy's, while
-    `ui` queried its store: the UI then served on, 1 stop in 4 here), and a blocking waitpid is not woken by
-    a signal that another of the process's threads takes."""
+    """Ctrl-C and SIGTERM noted in the list yielded, not raised, while inside; the handlers set before are set
+    again at its end. An exception raised from a handler is lost where the signal lands in a weakref callback
+    (SQLAlchemy's, while `ui` queried its store: the UI then served on, 4 of 26 stops here), and a blocking
+    waitpid is not woken by a signal that another of the process's threads takes."""
     noted: list[int] = []
     before = {number: signal.signal(number, lambda received, _: noted.append(received))
               for number in (signal.SIGINT, signal.SIGTERM)}
@@ -945,9 +945,8 @@ def listen_error(host: str, port: int) -> Optional[OSError]:
 def serving(server: subprocess.Popen, host: str, port: int, stopping: Callable[[], bool] = lambda: False,
             timeout: float = 60.0) -> bool:
     """Wait until the UI server we started answers as MLflow (False if it exited, `stopping()` said so or the
-    time ran out). A
-    connection alone proves nothing: another program could hold the port, our server failing to bind it; so
-    MLflow's /version must answer with this MLflow's version, and our server must still run."""
+    time ran out). A connection alone proves nothing: another program could hold the port, our server failing to
+    bind it; so MLflow's /version must answer with this MLflow's version, and our server must still run."""
     import http.client
 
     from mlflow.version import VERSION
