@@ -388,7 +388,9 @@ class Problem:
             ```
         """
         width = min(batch_size, self.max_size) if self.caps_batches else batch_size
-        # The b largest of i.i.d. uniform keys are a uniform subset; topk is ~4x cheaper than argsort here.
+        # The b largest of i.i.d. uniform keys are a uniform subset. topk (an nth_element per row) is ~3x cheaper
+        # than argsort here on fresh keys (110 µs against 370 µs at E = S = 10, n_k = 128), and most of a round's
+        # draws; its order within a minibatch is part of every recorded curve's rounding.
         keys = torch.rand(steps, len(clients), self.max_size, generator=gen)
         if not self.equal_sizes:  # padding positions beyond a client's n_k are never picked
             keys.masked_fill_(torch.arange(self.max_size) >= self.client_sizes_cpu[clients][:, None], -1.0)
