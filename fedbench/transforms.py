@@ -71,6 +71,7 @@ import torch
 from torch import Tensor
 
 from fedbench.hparams import Param, ParamError
+from fedbench.rng import largest_keys
 
 LINKS = ("uplink", "downlink")
 
@@ -175,7 +176,7 @@ class RandK(Compressor):
     def draw(self, gen, clients, numel, dtype):
         # the K largest of i.i.d. uniform keys are a uniform K-subset; float64 keys leave no ties to break
         keys = torch.rand(clients, numel, dtype=torch.float64, generator=gen)
-        return keys.topk(kept_count(self.k, numel), dim=-1, sorted=False).indices
+        return largest_keys(keys, kept_count(self.k, numel))
 
     def compress(self, x, drawn):
         assert drawn is not None  # random: the engine draws for it

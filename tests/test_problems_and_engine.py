@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fedbench
-from fedbench.rng import generator
+from fedbench.rng import generator, largest_keys
 from fedbench.simulate import Federation, Simulation, simulate
 from small_problems import small_lasso, small_lowrank
 
@@ -373,6 +373,20 @@ def test_minibatches_of_unequal_clients_stay_inside_each_client():
         assert all(len(set(r.tolist())) == 5 for r in picks)
         assert len(set(picks.reshape(-1).tolist())) == int(sizes[client])  # every sample gets drawn
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("width", [1, 10, 40, 127])  # 1 of 128 takes topk's partial sort, the others its nth_element
+@pytest.mark.parametrize("sorted_", [False, True])
+def test_largest_keys_picks_what_topk_picks_in_its_order(dtype, width, sorted_):
+    """`largest_keys` selects on the keys' bits: the same indices in the same order as topk on the floats, with padding
+    (−1) and ties among the keys (here on purpose: a float32 key is a multiple of 2⁻²⁴, so they happen)."""
+    gen = generator(0, "keys")
+    keys = torch.rand(6, 50, 128, generator=gen, dtype=dtype)
+    keys[:2] = torch.randint(0, 16, (2, 50, 128), generator=gen).to(dtype) / 16  # many ties
+    keys[2:4].masked_fill_(torch.arange(128) >= torch.randint(width, 129, (2, 50, 1), generator=gen), -1.0)
+    expected = keys.topk(width, dim=-1, sorted=sorted_).indices
+    assert torch.equal(largest_keys(keys, width, sorted=sorted_), expected)
 
 # -- metrics ------------------------------------------------------------------------------------------------------------------
 

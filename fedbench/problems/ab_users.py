@@ -35,7 +35,7 @@ from fedbench.models import MLP
 from fedbench.problems.base import Layout
 from fedbench.problems.classification import ImageClassification
 from fedbench.prox import NoRegularizer
-from fedbench.rng import generator
+from fedbench.rng import generator, largest_keys
 
 CLASSES, FIRST = 10, 5  # labels 0–4 are the "first five classes"
 PAPER_A = {"digits": (196, 32), "cifar10": (68, 14)}  # (a, a_test): a of Fallah et al., §5; a_test our choice
@@ -202,7 +202,7 @@ class ABUsers(ImageClassification):
         keys = torch.rand(self.num_clients, int(sizes.max()), generator=generator(self.seed, "adaptation"))
         keys.masked_fill_(torch.arange(keys.shape[1]) >= sizes[:, None], -1.0)
         width = min(self.config["adapt_batch"], int(sizes.min()))
-        rows = (offsets[:, None] + keys.topk(width, dim=-1).indices).to(self.device)
+        rows = (offsets[:, None] + largest_keys(keys, width, sorted=True)).to(self.device)
         x, y = (self.x_test, self.y_test) if on_test else (self.x_train, self.y_train)
         flat = rows.reshape(-1)
         weight = torch.full(rows.shape, 1.0 / width, device=self.device)
