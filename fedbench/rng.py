@@ -21,8 +21,7 @@ def generator(seed: int, stream: str) -> torch.Generator:
 
 
 # The integer type of each floating key type's width: `largest_keys` compares keys by their bits.
-_SAME_WIDTH_INT = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
-                   torch.bfloat16: torch.int16}
+_SAME_WIDTH_INT = {torch.float64: torch.int64, torch.float32: torch.int32}
 
 
 def largest_keys(keys: torch.Tensor, k: int, sorted: bool = False) -> torch.Tensor:

@@ -374,7 +374,6 @@ def test_minibatches_of_unequal_clients_stay_inside_each_client():
         assert len(set(picks.reshape(-1).tolist())) == int(sizes[client])  # every sample gets drawn
 
 
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("width", [1, 10, 40, 127])  # 1 of 128 takes topk's partial sort, the others its nth_element
 @pytest.mark.parametrize("sorted_", [False, True])
@@ -387,6 +386,7 @@ def test_largest_keys_picks_what_topk_picks_in_its_order(dtype, width, sorted_):
     keys[2:4].masked_fill_(torch.arange(128) >= torch.randint(width, 129, (2, 50, 1), generator=gen), -1.0)
     expected = keys.topk(width, dim=-1, sorted=sorted_).indices
     assert torch.equal(largest_keys(keys, width, sorted=sorted_), expected)
+
 
 # -- metrics ------------------------------------------------------------------------------------------------------------------
 
