@@ -9,6 +9,7 @@ and strings only, so that loading runs no code), format 1:
      "global": Tensor [d],              # the model the run's global metrics evaluate (`Algorithm.global_params`)
      "parameters": {name: Tensor},      # the same values in the problem's own shapes (`Problem.parameters`):
                                         # an MLP's layer1.weight [in, out], layer1.bias [out], ...; a matrix W
+                                        # (and its intercept b, where the problem fits one)
      "personal": Tensor [N, d] or None, # each client's own model, for personalized methods
      "personal_left_out": str}          # why `personal` is None for a personalized method (too large), else ""
 

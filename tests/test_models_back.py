@@ -30,6 +30,16 @@ algorithms: {ascd_pfl: {}}
 seeds: [0]
 eval_every: 2
 """
+# The pFedFBE paper's matrix completion (§4.2), shrunk: its model is a matrix W and an intercept b.
+COMPLETION = """\
+name: models-completion
+problem: {name: lowrank, preset: fbe_completion, rows: 6, cols: 5, clients: 6, samples_per_client: 30,
+          test_samples_per_client: 10}
+federation: {rounds: 8, clients_per_round: 3, local_steps: 2, batch_size: 5}
+algorithms: {fedmid: {client_lr: 1.0e-3, server_threshold: none}}
+seeds: [3]
+eval_every: 4
+"""
 
 
 def runs_of(uri: str, experiment: str, role: str) -> list:
@@ -63,6 +73,20 @@ def test_a_runs_model_is_exported_and_gives_its_last_rows_metrics(tmp_path, trac
     assert model["global"].shape == (30,) and model["parameters"]["w"].equal(model["global"])
     assert_last_row(model, recipe, "fedmid", 7, run)
     assert load_run_model(run.info.run_id, tracking_uri)["global"].equal(model["global"])
+
+
+def test_a_matrix_and_its_intercept_come_back_by_name(tmp_path, tracking_uri):
+    recipe = tmp_path / "completion.yaml"
+    recipe.write_text(COMPLETION)
+    done = invoke("run", recipe, "--seed", 3, "--tracking-uri", tracking_uri)
+    assert done.exit_code == 0, done.output
+    [run] = runs_of(tracking_uri, "models-completion", "run")
+    assert run.info.status == "FINISHED"
+    model = load_run_model(run.info.run_id, tracking_uri)
+    matrix, intercept = model["parameters"]["W"], model["parameters"]["b"]
+    assert matrix.shape == (6, 5) and matrix.reshape(-1).equal(model["global"][:30])
+    assert intercept.shape == (1,) and intercept.equal(model["global"][30:])
+    assert_last_row(model, recipe, "fedmid", 3, run)
 
 
 def test_a_personalized_runs_client_models_come_back_too(tmp_path, tracking_uri):

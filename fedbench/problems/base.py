@@ -698,7 +698,7 @@ class Problem:
         has one, else the vector itself as `w`.
 
         Example:
-            The low-rank problem's model is the matrix it estimates:
+            A problem whose model is one matrix, without an intercept:
 
             ```python
             def parameters(self, w):

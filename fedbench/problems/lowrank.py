@@ -83,8 +83,10 @@ class LowRank(LeastSquares):
         return Nuclear(self.config["lam"], self.shape, self.config["domain_radius"])
 
     def parameters(self, w: Tensor) -> dict[str, Tensor]:
-        """The model as the matrix it estimates, `W` `[rows, cols]`."""
-        return {"W": w.view(*self.shape)}
+        """The model as the matrix it estimates, `W` `[rows, cols]`, and its intercept `b` `[1]` where it has one
+        (`fbe_completion`: the pFedFBE paper's ⟨W, X⟩ + b)."""
+        matrix = {"W": w[: self.feature_dim].view(*self.shape)}
+        return matrix if self.dim == self.feature_dim else {**matrix, "b": w[self.feature_dim:]}
 
     def recovery_metrics(self, models: Tensor, truth: Tensor | None = None) -> dict[str, Tensor]:
         truth = self.truth if truth is None else truth
