@@ -6,8 +6,9 @@ A round of the runs `ids` goes through three steps of the program (`fedbench.run
 
     received = links.receive(server, ids)         # the downloads as the clients receive them (the downlink)
     ...client_init(received, ...), local steps, client_final -> message
-    message = links.send(message, received, clients, present)   # each client's uploads attacked, through the uplink,
-                                                                # robustly aggregated: as the server receives them
+    message = links.send(message, server, received, clients, present)   # each client's uploads attacked, through
+                                                  # the uplink, robustly aggregated, as updates on the server's own
+                                                  # entries (EF21-P): as the server receives them
     ...server_update, the per-client rows written back
     links.commit()                                # the round's new link state written
 
@@ -87,10 +88,14 @@ class Links:
         self.trim, self.byzantine = federation.trim, federation.byzantine
         self.uploads = algorithm.uploads if self.uplink or self.adversaries or self.rule else ()
         self.downloads = algorithm.downloads if self.downlink else ()
+        # uploads that are new values of a compressed download: the server adds each client's update from its copy ŵ
+        # to its own entry w (EF21-P), not to ŵ
+        self.rebased = tuple(upload for upload in algorithm.uploads if upload.relative_to in self.downloads)
         self.chains = bool(self.uplink or self.downlink)  # link state to keep
         self.active = bool(self.chains or self.uploads)
         self.acting = ", ".join(f"federation.{field}" for field, given in (
-            ("adversaries", self.adversaries), ("uplink", self.uplink), ("aggregation", self.rule)) if given)
+            ("adversaries", self.adversaries), ("uplink", self.uplink), ("aggregation", self.rule),
+            ("downlink", self.rebased)) if given)
         self.streams = {link: [sim.link_streams.get(link) for sim in sims] for link in LINKS}
         self.runs, self.num_clients, self.device = len(sims), first.problem.num_clients, first.problem.device
         if self.adversaries:
@@ -129,31 +134,42 @@ class Links:
             return server
         return {**server, **{name: self.copies[name].index_select(0, self.index) for name in self.downloads}}
 
-    def send(self, message: State, received: State, clients: Tensor, present: Tensor | None = None) -> State:
+    def send(self, message: State, server: State, received: State, clients: Tensor,
+             present: Tensor | None = None) -> State:
         """The message of the round's clients `clients` `[R, S]` (of the runs `receive` or `received` began it for) as
-        the server receives it. Each declared upload, on the update `upload − received[relative_to]` where it declares
-        one (added back after): the adversarial clients' attacked, then every client's through the uplink; then the
-        robust rule's aggregate of the S clients' values in place of each (`fedbench.robust`). `present` `[R, S]`: the
-        slots that hold a participant (None: all), the only ones whose error-feedback vectors change."""
-        if not self.uploads:
+        the server receives it, from the server's entries `server` (those runs' rows, before its update). Each declared
+        upload that is a new value of a server entry (`relative_to`) is the client's update x = upload −
+        received[relative_to] from what it started from, which the server adds to its own entry: server[relative_to]
+        + y, y the update as it arrives. With a compressed download this is EF21-P's step w + x (Gruntkowska, Tyurin,
+        Richtárik 2023, Algorithm 1): the server's w is never replaced by the clients' copy ŵ, and the compression
+        error w − ŵ stays for the next broadcast. y: the adversarial clients' attacked, then every client's through
+        the uplink; then the robust rule's aggregate of the S clients' values in place of each (`fedbench.robust`).
+        `present` `[R, S]`: the slots that hold a participant (None: all), the only ones whose error-feedback vectors
+        change."""
+        if not (self.uploads or self.rebased):
             return message
         sent = dict(message)
-        for upload in self.uploads:
-            value = message[upload.name]
-            base = received[upload.relative_to] if upload.relative_to else None
-            self._check(upload, value, base, clients.shape[1])
+        for upload in self.all_uploads:
+            acted = upload in self.uploads
+            if not (acted or upload in self.rebased):
+                continue
+            value, entry = message[upload.name], upload.relative_to
+            base, own = (received[entry], server[entry]) if entry else (None, None)
+            self._check(upload, value, base, clients.shape[1], acted)
             if self.adversaries or self.uplink:
-                value = self._transmitted(upload.name, value, base, clients, present)
+                value = self._transmitted(upload.name, value, base, own, clients, present)
+            elif entry and base is not own:  # through the downlink: ŵ is not w
+                value = server[entry] + (value - received[entry])
             if self.rule:
                 value = aggregate_robustly(value, self.rule, self.trim, self.byzantine).expand_as(value)
             sent[upload.name] = value
         return sent
 
-    def _transmitted(self, upload: str, value: Tensor, base: Tensor | None, clients: Tensor,
+    def _transmitted(self, upload: str, value: Tensor, base: Tensor | None, own: Tensor | None, clients: Tensor,
                      present: Tensor | None) -> Tensor:
-        """An upload `[R, S, ...]` as it arrives: its update x `[R, S, d]` attacked where the client is adversarial,
-        then through the uplink (the new error-feedback vectors of the clients of the slots `present` pending until
-        `commit`)."""
+        """An upload `[R, S, ...]` as it arrives: its update x `[R, S, d]` from `base` (what the client started from)
+        attacked where the client is adversarial, then through the uplink (the new error-feedback vectors of the
+        clients of the slots `present` pending until `commit`), added to the server's `own` entry."""
         x = (value if base is None else value - base).reshape(len(self.ids), clients.shape[1], -1)
         if self.adversaries:
             x = self._attacked(upload, x, clients)
@@ -163,7 +179,7 @@ class Links:
             if present is not None:
                 new = torch.where(present[..., None], new, kept)  # type: ignore[arg-type]  # kept: new is from it
             self.pending.append((self.kept, upload, (self.index[:, None], clients), new))
-        return y.view(value.shape) if base is None else base + y.view(value.shape)
+        return y.view(value.shape) if own is None else own + y.view(value.shape)
 
     def _attacked(self, upload: str, x: Tensor, clients: Tensor) -> Tensor:
         """The updates x `[R, S, d]` with the adversarial clients' attacked (the gaussian attack's draws on each run's
@@ -228,11 +244,13 @@ class Links:
             self.kept[upload] = x.new_zeros(self.runs, self.num_clients, x.shape[2])
         return self.kept[upload][self.index[:, None], clients]
 
-    def _check(self, upload: Upload, value: Tensor, base: Tensor | None, sampled: int) -> None:
+    def _check(self, upload: Upload, value: Tensor, base: Tensor | None, sampled: int, acted: bool) -> None:
+        """Refuse (MessageError) an upload the links cannot take: not floating point, of one value a run where a
+        transform, an attack or a rule acts on it (`acted`), or of another shape than its server entry."""
         where = f"{self.acting}: {self.name}'s upload {upload.name!r}"
         if not value.is_floating_point():
             raise MessageError(f"{where} holds {value.dtype}, expected floating point values to transform")
-        if value.shape[1] != sampled:
+        if acted and value.shape[1] != sampled:
             raise MessageError(f"{where} has one value a run ([R, 1, ...]), not one a client: its devices all-reduce "
                                "it (declare Upload(..., all_reduced=True)), and nothing acts on it")
         if base is not None and base.shape[2:] != value.shape[2:]:

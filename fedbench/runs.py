@@ -512,7 +512,7 @@ class RoundProgram:
             local = stepped if counts is None or step < draws.least else _step_taken(local, stepped, counts > step)
         message, updated = algorithm.client_final(local, rnd, hp)
         self._uploaded = self._uploaded_by(message)
-        message = self.links.send(message, received, clients, present)
+        message = self.links.send(message, server, received, clients, present)
         if present is None:
             server = algorithm.server_update(server, message, self._weights(clients), rnd, hp)
         else:
@@ -762,7 +762,7 @@ class IterationProgram(RoundProgram):
                                 self._noise(group), rnd, hp)
         message, updated = self.algorithm.client_final(local, rnd, hp)
         up = _times(self._uploaded_by(message), len(self.clients_all))
-        message = self.links.send(message, self.links.received(server, group), rnd.clients)
+        message = self.links.send(message, server, self.links.received(server, group), rnd.clients)
         server = self.algorithm.server_update(server, message, self._weights(rnd.clients), rnd, hp)
         _write_rows(self.server, server, group, runs)
         _write_rows(self.clients, updated, group, runs)

@@ -12,8 +12,9 @@ A chain is a list of transforms, as a recipe writes it under `federation:`: each
 Uplink. For each declared upload of each of a round's S clients (`fedbench.algorithms.base.Upload`), the chain acts on
 the flat vector x `[d]`: the update x = upload − ŝ[relative_to] where the upload declares the server entry it is a new
 value of (ŝ: the server's entries as the client received them, through the downlink), else the upload itself. The
-server then receives ŝ[relative_to] + y (or y). The steps apply left to right, each to what the one before gave,
-per client and per upload (a clip bounds each upload's norm on its own):
+server then receives s[relative_to] + y (or y), the update added to its own entry s (= ŝ without a downlink). The
+steps apply left to right, each to what the one before gave, per client and per upload (a clip bounds each upload's
+norm on its own):
 
 * a compressor C, at most one a chain (its encoding is what the message costs):
   - `top_k` k: the K = max(1, round(k·d)) coordinates of largest magnitude, the others 0 (Stich, Cordonnier, Jaggi
@@ -40,12 +41,15 @@ per client and per upload (a clip bounds each upload's norm on its own):
   given one: `fedbench.privacy`, which requires the steps between the clip and the noise to keep the clipped norm
   (`shortens`: top_k, sign).
 
-Downlink. Each download goes through a compressor (`top_k` or `qsgd`) as a difference to what the clients last
-received: the server keeps a copy ŵ of its last broadcast per run (ŵ = the initial state at the start, which every
-client knows from the run's seed) and at each round's start sets ŵ ← ŵ + C(w − ŵ) and sends C(w − ŵ); the round's
-clients start from ŵ (the primal error feedback of Gruntkowska, Tyurin, Richtárik 2023, "EF21-P and Friends"). The
-server's own state stays w. A download whose shape is not its copy's (FeDXL's score pools while they fill) goes whole,
-and becomes the copy.
+Downlink: EF21-P (Gruntkowska, Tyurin, Richtárik 2023, "EF21-P and Friends", Algorithm 1). Each download goes
+through a compressor (`top_k` or `qsgd`) as a difference to what the clients last received: the server keeps its own
+w and a copy ŵ of what it has broadcast per run (ŵ = the initial state at the start, which every client knows from
+the run's seed), at each round's start sets ŵ ← ŵ + C(w − ŵ) and sends C(w − ŵ); the round's clients start from ŵ
+(Algorithm 1's w^t, at which the gradients are taken; its x^t is the server's w here). An upload that is a new value of
+the download comes back as an update from ŵ, which the server adds to its own w (above): FedAvg's server step is then
+w ← w + η·mean(u_k − ŵ), Algorithm 1's x^{t+1} = x^t − γ∇f(w^t) with local steps, and what C left out of w − ŵ is
+sent in later rounds, never dropped. A download whose shape is not its copy's (FeDXL's score pools while they fill)
+goes whole, and becomes the copy.
 
 Bits of one client's message of d values of b bits (b: the width of the run's dtype), `Transform.bits`:
 top_k K·(b + ⌈log₂ d⌉), each kept value with its index; rand_k K·b, the mask drawn from the run's uplink stream,

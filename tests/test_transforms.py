@@ -167,7 +167,7 @@ def test_each_transform_equals_a_loop_over_clients_in_numpy(name, chain):
         for k, client in enumerate(clients.tolist()):
             update = np_local(problem, name, sent, rows["D"][:, k].numpy(), HP) - sent
             mine = [draw[0] if draw.shape[0] == 1 else draw[k] for draw in drawn]  # gaussian: one for all
-            received.append(sent + up(update, client, mine, len(clients)))
+            received.append(w + up(update, client, mine, len(clients)))  # the update on the server's own w
         w = np_server(problem, name, w, np.mean(received, axis=0), HP)
         sim.run_round()
         np.testing.assert_allclose(sim.server["w"].numpy(), w, rtol=1e-12, atol=1e-12)
@@ -239,6 +239,29 @@ def test_ef21_is_its_algorithm_one():
         g_i, g = g_i + c, g + c.mean(0)
         expected.append(x)
     np.testing.assert_allclose(engine_iterates(problem, federation, gamma, seed), expected, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("server_lr", [1.0, 0.5])
+def test_a_compressed_downlink_is_ef21p(server_lr):
+    """Gruntkowska, Tyurin, Richtárik 2023 ("EF21-P and Friends"), Algorithm 1 with FedAvg's clients and C = top-k:
+    the server keeps its w and the clients' shared copy ŵ (w⁰ at the start); each round ŵ ← ŵ + C(w − ŵ), the sampled
+    clients run their local steps from ŵ, and the server steps w ← w + η · mean(u_k − ŵ). What C leaves out, w − ŵ,
+    is sent in later rounds, never dropped: at η = 1 the server's w is not replaced by ŵ + the mean update."""
+    problem, seed, k = small_lasso(), 3, 0.2
+    federation = Federation(10, 3, 3, 5, downlink=[{"top_k": k}])
+    hp = {"client_lr": 0.05, "server_lr": server_lr}
+    sim = Simulation(problem, fedbench.make_algorithm("fedavg", problem, subgradient=False, **hp), federation, seed)
+    sampler = RoundSampler(problem, federation, seed)
+    w = problem.init_params(generator(seed, "init")).numpy()
+    copy = w.copy()
+    for _ in range(federation.rounds):
+        clients, rows = sampler.draw(federation.local_steps)
+        copy = copy + np_compress("top_k", {"k": k}, w - copy, None)
+        updates = [np_local(problem, "fedavg", copy, rows["D"][:, j].numpy(), hp) - copy for j in range(len(clients))]
+        w = w + server_lr * np.mean(updates, axis=0)
+        sim.run_round()
+        np.testing.assert_allclose(sim.server["w"].numpy(), w, rtol=1e-12, atol=1e-12)
+    assert np.linalg.norm(w - copy) > 0.01 * np.linalg.norm(w)  # the error still to send is not negligible
 
 
 # -- the run axis and checkpoints ---------------------------------------------------------------------------------
@@ -405,11 +428,12 @@ def test_an_upload_whose_shape_differs_from_its_server_entry_is_refused_at_its_f
     algorithm = fedbench.make_algorithm("fedavg", problem)
     links = Links([SimpleNamespace(algorithm=algorithm, federation=Federation(uplink=["sign"]), link_streams={},
                                    problem=problem)], {"w": torch.zeros(1, 1, D, dtype=torch.float64)})
-    message = {"w": torch.zeros(1, 3, D + 1, dtype=torch.float64)}
-    received = links.receive({"w": torch.zeros(1, 1, D, dtype=torch.float64)}, [0])
+    message, server = {"w": torch.zeros(1, 3, D + 1, dtype=torch.float64)}, {"w": torch.zeros(1, 1, D,
+                                                                                           dtype=torch.float64)}
+    received = links.receive(server, [0])
     with pytest.raises(ValueError, match=r"federation.uplink: fedavg's upload 'w' \[31\] is declared a new value of "
                                          r"server entry 'w' \[30\]"):
-        links.send(message, received, torch.zeros(1, 3, dtype=torch.long))
+        links.send(message, server, received, torch.zeros(1, 3, dtype=torch.long))
 
 
 # -- recipes ------------------------------------------------------------------------------------------------------
