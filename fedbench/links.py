@@ -103,6 +103,10 @@ class Links:
             self.adversarial = torch.stack([sim.adversarial for sim in sims]).to(self.device)  # [R, N]
         self.kept: State = {}  # upload -> each client's error-feedback vector [R, N, d]
         self.copies: State = {name: server[name].clone() for name in self.downloads}  # download -> ŵ [R, 1, ...]
+        # download -> bits of the messages broadcast so far `[R]`, and that count when each client last received
+        # `[R, N]` (int64, on the host; `catch_up`)
+        self.sent: State = {}
+        self.synced: State = {}
         self.drawn: dict[int, dict[str, Tensor]] = {}  # run -> this round's draws, by what drew them
         self.pending: list[tuple[State, str, tuple[Tensor, ...], Tensor]] = []  # (state, entry, index, rows): `commit`
         self.ids: list[int] = []  # the runs of the round in progress
@@ -266,22 +270,62 @@ class Links:
                                 math.prod(message[upload.name].shape[2:]), value_bits(message[upload.name]))
                    for upload in self.all_uploads)
 
-    def download_bits(self, server: State, downloads: Sequence[str]) -> int:
-        """Bits one participant receives of the server's `downloads` (entries `[R, 1, ...]`) at a round's start: as the
-        downlink encodes each, else (no downlink, or a shape not its copy's) its values at their width."""
-        return sum(message_bits(self.downlink if name in self.copies and self.copies[name].shape == server[name].shape
-                                else (), math.prod(server[name].shape[1:]), value_bits(server[name]))
-                   for name in downloads)
+    def download_messages(self, server: State, downloads: Sequence[str]) -> tuple[tuple[str, int, int], ...]:
+        """Each of the server's `downloads` (entries `[R, 1, ...]`) at a round's start: (its name, the bits of its
+        message as the downlink encodes it, the bits of its values whole at their width). Without a downlink, or of a
+        shape not its copy's, the message is the values whole."""
+        messages = []
+        for name in downloads:
+            value = server[name]
+            numel, width = math.prod(value.shape[1:]), value_bits(value)
+            through = name in self.copies and self.copies[name].shape == value.shape
+            messages.append((name, message_bits(self.downlink, numel, width) if through else numel * width,
+                             numel * width))
+        return tuple(messages)
+
+    def catch_up(self, ids: list[int], clients: Tensor, present: Tensor | None,
+                 messages: tuple[tuple[str, int, int], ...]) -> list[int]:
+        """Bits each run of `ids` sends the participants of its round that has just ended (clients `[R, S]`, those of
+        the slots `present`; None: all) of the downloads `messages` (`download_messages`, at the round's start).
+
+        A download through the downlink is one message a run and round to the clients' one shared copy ŵ, which every
+        client must hold to start a round from it: a participant receives every message since the last round it took
+        part in (at its first, every one since the start: ŵ⁰, the initial state, it knows from the run's seed), or ŵ
+        whole where that costs fewer bits. A client receives nothing while it takes no part (it may be unreachable),
+        so that a round where every client takes part costs each its one message, and under partial participation a
+        client's catching up is counted when it returns. Any other download: its values whole, to each participant."""
+        index = torch.tensor(ids)
+        clients = clients.cpu()
+        taking = torch.ones(clients.shape, dtype=torch.bool) if present is None else present.cpu()
+        bits = torch.zeros(len(ids), dtype=torch.int64)
+        for name, message, whole in messages:
+            if name not in self.copies:
+                bits += taking.sum(-1) * whole
+                continue
+            if name not in self.sent:
+                self.sent[name] = torch.zeros(self.runs, dtype=torch.int64)
+                self.synced[name] = torch.zeros(self.runs, self.num_clients, dtype=torch.int64)
+            sent, synced = self.sent[name], self.synced[name]
+            sent[index] += message
+            now = sent[index, None].expand(clients.shape)
+            behind = now - synced[index[:, None], clients]  # bits of the messages each participant missed and this one
+            bits += torch.where(taking, behind.clamp(max=whole), 0).sum(-1)
+            synced[index[:, None], clients] = torch.where(taking, now, synced[index[:, None], clients])
+        return bits.tolist()
 
     # -- checkpoints --------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The link state, under `links` (nothing without chains, so that such a program's checkpoint is as it was);
         taken between rounds, where nothing is pending."""
-        return {"links": {"kept": self.kept, "copies": self.copies}} if self.chains else {}
+        return {"links": {"kept": self.kept, "copies": self.copies, "sent": self.sent, "synced": self.synced}
+                } if self.chains else {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The link state of a program's checkpoint (`state`), and the adversarial clients of its runs' records."""
         if self.chains:
-            self.kept, self.copies = dict(state["links"]["kept"]), dict(state["links"]["copies"])
+            links = state["links"]
+            self.kept, self.copies = dict(links["kept"]), dict(links["copies"])
+            # a checkpoint from before `catch_up` counts from here on as if every copy were in sync
+            self.sent, self.synced = dict(links.get("sent", {})), dict(links.get("synced", {}))
         if self.adversaries:
             self.adversarial = torch.stack([run["adversarial"] for run in state["runs"]]).to(self.device)

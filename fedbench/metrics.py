@@ -82,5 +82,7 @@ ENGINE_COLUMNS = (
     Metric("comm_down", "floats sent to clients"),
     Metric("iterations", "local iterations per client"),
     Metric("comm_up_bits", "bits sent to the server"),  # as the uplink encodes them (`fedbench.transforms`)
+    # as the downlink encodes them; with one, what keeps each participant's copy in sync: the messages it missed too
+    # (`fedbench.links.Links.catch_up`)
     Metric("comm_down_bits", "bits sent to clients"),
 )

@@ -10,7 +10,10 @@ Aggregation rules (`federation.aggregation`; unweighted, as Flower's FedMedian, 
   Learning: Towards Optimal Statistical Rates", Definition 1); for an even S the mean of the two middle values, as
   `numpy.median`.
 * `trimmed_mean` (`federation.trim` β, 0 ≤ β < 1/2): per coordinate, the ⌊βS⌋ largest and ⌊βS⌋ smallest values
-  left out and the rest averaged (Yin et al. 2018, Definition 2; `scipy.stats.trim_mean(values, β)`).
+  left out and the rest averaged (Yin et al. 2018, Definition 2), ⌊βS⌋ of β as written (`floor_of`). This is
+  `scipy.stats.trim_mean(values, β)` wherever scipy's cut, int(β·S) of the float product, is the same; it is not
+  where that product falls just below an integer: at β = 0.29, S = 100 (28.999999999999996) scipy leaves out 28 at
+  each end and this rule 29 (among β of two decimals and S ≤ 100, the only such pair).
 * `krum` (`federation.byzantine` f, for S > 2f + 2): the upload whose sum of squared distances to its S − f − 2
   nearest other uploads is least (Blanchard, El Mhamdi, Guerraoui, Stainer, NeurIPS 2017, "Machine Learning with
   Adversaries: Byzantine Tolerant Gradient Descent", §4); `multi_krum`: the mean of the m = S − f uploads of least
@@ -68,7 +71,9 @@ def median(values: Tensor) -> Tensor:
 
 
 def trimmed_mean(values: Tensor, beta: float) -> Tensor:
-    """The coordinate-wise β-trimmed mean over clients, `[R, S, ...]` -> `[R, 1, ...]`."""
+    """The coordinate-wise β-trimmed mean over clients, `[R, S, ...]` -> `[R, 1, ...]`, ⌊βS⌋ of β as written left out
+    at each end: `scipy.stats.trim_mean` where its int(β·S) of the float product is that cut (not at β = 0.29,
+    S = 100, where scipy's is 28; the module's docstring)."""
     cut = floor_of(beta, values.shape[1])
     if 2 * cut >= values.shape[1]:
         raise ValueError(f"trimming {cut} of {values.shape[1]} clients from each side leaves none")

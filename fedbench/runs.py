@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
 import torch
 from torch import Tensor
@@ -66,6 +66,7 @@ GATHER_BUDGET = 4 * 2**20  # bytes of minibatch rows one batched local step gath
 STREAM_BYTES = 2**20  # rows of the iterations an iteration-wise program draws ahead for all its runs at a time
 HP_RANK = 3  # float hyperparameters are [R, 1, 1]: they broadcast against [R, 1, d] and [R, S, d]
 UNEVEN = "in a round of uneven local work (each client's own count: rnd.client_steps)"
+Counted = TypeVar("Counted")  # what `RoundProgram._counted` remembers
 
 
 class NotBatchable(ValueError):
@@ -337,7 +338,7 @@ class RoundProgram:
         self.share = 0.0  # Σ over steps of the step's seconds / live runs: each live run's share of the time
         self.settled = [0.0] * len(sims)  # `share` when each run was last charged (`_settle`)
         self._uploaded = (0, 0)  # floats and bits one participant uploaded in the last round
-        self._counts: dict[tuple, tuple[int, int]] = {}  # by message shapes (`_counted`)
+        self._counts: dict[tuple, Any] = {}  # by message shapes (`_counted`)
         # Runs per batched kernel: a local step gathers S·b rows per run; beyond GATHER_BUDGET bytes the gathered
         # batch leaves the cache and the batch runs slower than its runs one after another (Bao et al.'s Lasso,
         # 800 KB a run: 1.2x at R = 4, 0.4x at R = 64, before `plan` sent such runs one after another), so
@@ -424,14 +425,15 @@ class RoundProgram:
     def _streams(self, ids: list[int]) -> tuple[torch.Generator, ...]:
         return tuple(self.sims[i].algorithm_gen for i in ids)
 
-    def _downloaded(self) -> tuple[int, int]:
-        """Floats and bits (as the downlink encodes them) one participant downloads: the server state before the
-        round. Counted once per shapes (`_counted`)."""
+    def _downloaded(self) -> tuple[int, tuple[tuple[str, int, int], ...]]:
+        """Floats one participant downloads (the server state before the round) and each download's message
+        (`Links.download_messages`: what `Links.catch_up` counts the bits of). Counted once per shapes
+        (`_counted`)."""
         downloads, copies = self.algorithm.downloads, self.links.copies
         shapes = tuple((self.server[k].shape, self.server[k].dtype, copies[k].shape if k in copies else None)
                        for k in downloads)
         return self._counted(("down", shapes), lambda: (sum(self.server[k][0].numel() for k in downloads),
-                                                         self.links.download_bits(self.server, downloads)))
+                                                         self.links.download_messages(self.server, downloads)))
 
     def _uploaded_by(self, message: dict[str, Tensor]) -> tuple[int, int]:
         """Floats and bits (as the uplink encodes them) one participant uploads: `message`. Counted once per shapes
@@ -440,7 +442,7 @@ class RoundProgram:
         return self._counted(("up", shapes), lambda: (upload_floats(self.algorithm, message),
                                                        self.links.upload_bits(message)))
 
-    def _counted(self, shapes: tuple, count: Callable[[], tuple[int, int]]) -> tuple[int, int]:
+    def _counted(self, shapes: tuple, count: Callable[[], Counted]) -> Counted:
         """`count()` of a message of these shapes and dtypes, remembered: the counts follow from them and the
         program's links alone, and counting them anew each round took 35 µs of a 1.7 ms round under the profiler
         (ASCD-PFL on Fashion-MNIST)."""
@@ -465,7 +467,7 @@ class RoundProgram:
         LinAlgError) are returned: the batch then replays the round run by run on the same draws, so that
         only the failing runs fail."""
         draws = self._draw()
-        down = self._downloaded()
+        down, messages = self._downloaded()
         start = (self.server, self.clients)  # every chunk starts from the state before the round
         failed = []
         for first in range(0, len(self.live), self.chunk):
@@ -474,8 +476,9 @@ class RoundProgram:
                 self._advance(draws, positions, start)
             except torch.linalg.LinAlgError:
                 failed += [self.live[p] for p in _failing_alone(positions, lambda p: self._advance(draws, [p], start))]
-        for i, taking, length in zip(self.live, draws.participants, draws.lengths):  # the participants' messages
-            self.sims[i].count_round(_times(self._uploaded, taking), _times(down, taking), length)
+        down_bits = self.links.catch_up(self.live, draws.clients, draws.present, messages)
+        for i, taking, length, bits in zip(self.live, draws.participants, draws.lengths, down_bits):
+            self.sims[i].count_round(_times(self._uploaded, taking), (down * taking, bits), length)
         self.rounds_done += 1
         return failed
 
@@ -767,9 +770,10 @@ class IterationProgram(RoundProgram):
         _write_rows(self.server, server, group, runs)
         _write_rows(self.clients, updated, group, runs)
         self.links.commit()
-        down = _times(self._downloaded(), len(self.clients_all))
-        for i in group:
-            self.sims[i].count_round(up, down, self.length[i])
+        down, messages = self._downloaded()
+        down_bits = self.links.catch_up(group, self.clients_all.expand(len(group), -1), None, messages)
+        for i, bits in zip(group, down_bits):
+            self.sims[i].count_round(up, (down * len(self.clients_all), bits), self.length[i])
 
     def _step_every_row(self, rows: dict[str, Tensor]) -> None:
         """A local step of every row of the batch, in the middle of its run's round: the steps of the rows of runs that

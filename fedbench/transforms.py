@@ -31,7 +31,11 @@ norm on its own):
     Descent"; Karimireddy et al. 2019, Algorithm 2, whose p = γg + e is here x + e on the update x).
   - `ef21`: an estimate g: y = g + C(x − g), g ← y (Richtárik, Sokolov, Fatkhullin 2021, "EF21", Algorithm 1: the
     client sends C(x − g), from which the server, which holds each g it has built, makes g + C(x − g)).
-    With g = 0 at the start, the first round sends C(x): Algorithm 1 with g_i⁰ = C(∇f_i(x⁰)).
+    With g = 0 at the start, the first round sends C(x): Algorithm 1 with g_i⁰ = C(∇f_i(x⁰)). Under partial
+    participation (S of N clients a round) the server's mean is over the round's participants' estimates alone, each
+    g_i as the client left it at its last round: not EF21-PP (Fatkhullin, Sokolov, Gorbunov, Li, Richtárik 2021,
+    "EF21 with Bells & Whistles"), whose server keeps every client's g_i and averages all N of them, the absent
+    clients' unchanged.
 * `clip` norm: y = x · min(1, C/‖x‖₂), C = norm (McMahan, Ramage, Talwar, Zhang 2018, "Learning Differentially
   Private Recurrent Language Models", Algorithm 1, flat clipping).
 * `gaussian` sigma: the last step, after a clip (whose C it takes), with uniform aggregation: y = x + z with one
@@ -49,16 +53,19 @@ the run's seed), at each round's start sets ŵ ← ŵ + C(w − ŵ) and sends C(
 the download comes back as an update from ŵ, which the server adds to its own w (above): FedAvg's server step is then
 w ← w + η·mean(u_k − ŵ), Algorithm 1's x^{t+1} = x^t − γ∇f(w^t) with local steps, and what C left out of w − ŵ is
 sent in later rounds, never dropped. A download whose shape is not its copy's (FeDXL's score pools while they fill)
-goes whole, and becomes the copy.
+goes whole, and becomes the copy. Every client holds the one copy ŵ, which folds in every round's message: a client
+that missed rounds receives their messages too when it next takes part, or ŵ whole where that is fewer bits
+(`comm_down_bits`, `fedbench.links.Links.catch_up`).
 
 Bits of one client's message of d values of b bits (b: the width of the run's dtype), `Transform.bits`:
-top_k K·(b + ⌈log₂ d⌉), each kept value with its index; rand_k K·b, the mask drawn from the run's uplink stream,
-which the server replays (a seed shared at the start; Konečný et al. 2016, "Federated Learning: Strategies for
-Improving Communication Efficiency", §2, send the seed with each message instead); qsgd b + d·(1 + ⌈log₂(s + 1)⌉),
-the norm at the values' width (the run keeps it at that precision), and each coordinate's sign and level in a
-fixed-length code (Alistarh et al.'s Elias code is shorter for small s; not counted here); sign d + b, a bit per
-coordinate and the scale; error feedback, clip and gaussian change nothing (EF21 sends C(x − g)). Without a
-compressor a message costs d·b.
+top_k K·b + min(K·⌈log₂ d⌉, d), the kept values and where they are: K indices of ⌈log₂ d⌉ bits, or a mask of d
+bits where that is fewer (from k ≈ 1/⌈log₂ d⌉ up: at k = 25%, d = 1,024, 1,024 bits, not 2,560); rand_k K·b, the
+mask drawn from the run's uplink stream, which the server replays (a seed shared at the start; Konečný et al. 2016,
+"Federated Learning: Strategies for Improving Communication Efficiency", §2, send the seed with each message
+instead); qsgd b + d·(1 + ⌈log₂(s + 1)⌉), the norm at the values' width (the run keeps it at that precision), and
+each coordinate's sign and level in a fixed-length code (Alistarh et al.'s Elias code is shorter for small s; not
+counted here); sign d + b, a bit per coordinate and the scale; error feedback, clip and gaussian change nothing
+(EF21 sends C(x − g)). Without a compressor a message costs d·b.
 
 Randomness: rand_k, qsgd and gaussian draw on the run's own stream of their link ("uplink", "downlink"), which
 exists only where the link has a random transform (runs without one keep exactly the streams they had); the draws
@@ -156,7 +163,8 @@ def index_bits(numel: int) -> int:
 
 class TopK(Compressor):
     name = "top_k"
-    help = "the K = max(1, round(k·d)) coordinates of largest magnitude (biased); K·(b + ⌈log₂ d⌉) bits"
+    help = ("the K = max(1, round(k·d)) coordinates of largest magnitude (biased); K·b + min(K·⌈log₂ d⌉, d) bits "
+            "(their indices, or a d-bit mask where fewer)")
     params = (FRACTION,)
     on_downlink = True
     shortens = True  # a subset of x's coordinates
@@ -167,7 +175,8 @@ class TopK(Compressor):
         return torch.zeros_like(x).scatter_(-1, kept, x.gather(-1, kept))
 
     def bits(self, numel, value_bits):
-        return kept_count(self.k, numel) * (value_bits + index_bits(numel))
+        kept = kept_count(self.k, numel)
+        return kept * value_bits + min(kept * index_bits(numel), numel)  # indices, or a mask of the d coordinates
 
 
 class RandK(Compressor):

@@ -14,7 +14,9 @@ Refusals through the command line are in `tests/test_refusals.py`.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -65,6 +67,26 @@ def test_trimmed_mean_is_scipys_per_run(uploads, beta):
     for run in range(3):
         np.testing.assert_allclose(got[run, 0].numpy(), stats.trim_mean(uploads[run].numpy(), beta, axis=0),
                                    rtol=1e-14, atol=1e-15)
+
+
+def test_trimmed_mean_is_scipys_exactly_where_their_cuts_agree():
+    """β of two decimals in [0, 0.5): the engine leaves out ⌊βS⌋ of β as written at each end, scipy int(β·S) of the
+    float product. Where those agree the means are equal; among S ≤ 100 they disagree only at β = 0.29, S = 100,
+    where scipy keeps the 29th value from each end."""
+    betas = [i / 100 for i in range(50)]
+    exact = lambda beta, clients: math.floor(Fraction(str(beta)) * clients)  # noqa: E731  # ⌊βS⌋
+    assert [(b, s) for s in range(1, 101) for b in betas if int(b * s) != exact(b, s)] == [(0.29, 100)]
+    gen = torch.Generator().manual_seed(1)
+    for clients in (1, 7, 10, 25, 99, 100):
+        values = torch.randn(1, clients, 3, generator=gen, dtype=torch.float64)
+        ordered = np.sort(values[0].numpy(), axis=0)
+        for beta in betas:
+            got = robust.trimmed_mean(values, beta)[0, 0].numpy()
+            scipys = stats.trim_mean(values[0].numpy(), beta, axis=0)
+            cut, theirs = exact(beta, clients), int(beta * clients)
+            np.testing.assert_allclose(got, ordered[cut: clients - cut].mean(0), rtol=1e-14, atol=1e-15)
+            np.testing.assert_allclose(scipys, ordered[theirs: clients - theirs].mean(0), rtol=1e-14, atol=1e-15)
+            assert np.allclose(got, scipys, rtol=1e-14, atol=1e-15) == (cut == theirs)
 
 
 def test_a_trim_leaving_no_client_is_refused(uploads):

@@ -357,16 +357,36 @@ def kept(k, d):
     return max(1, round(k * d))
 
 
+def top_k_bits(k, d, width):
+    """K values and their K indices of ⌈log₂ d⌉ bits each, or a mask of d bits where that is fewer."""
+    return kept(k, d) * width + min(kept(k, d) * math.ceil(math.log2(d)), d)
+
+
+def synced_bits(problem, federation, seed, messages):
+    """Bits to keep every participant's copy of a broadcast in sync, from each round's (message bits, copy's bits
+    whole) in `messages`: a participant receives the round's message and each one it missed since it last took part
+    (at its first, every one since the start), or the copy whole where that is fewer bits. The participants are read
+    from the run's own draws."""
+    participants, last, sent, total = RoundSampler(problem, federation, seed).participants, {}, [0], 0
+    for t, (message, whole) in enumerate(messages):
+        sent.append(sent[-1] + message)  # sent[t + 1]: the bits of rounds 0..t's messages
+        clients, present = participants.draw(t)
+        for client in (clients if present is None else clients[present]).tolist():
+            total += min(sent[t + 1] - sent[last.get(client, -1) + 1], whole)
+            last[client] = t
+    return total
+
+
 D, WIDTH = 30, 64  # small_lasso's model, in float64
 BITS = {  # uplink, downlink -> bits of one client's message up, down (each a model of D values)
     "none": ([], [], D * WIDTH, D * WIDTH),
-    "top_k": ([{"top_k": 0.1}], [], kept(0.1, D) * (WIDTH + math.ceil(math.log2(D))), D * WIDTH),
+    "top_k": ([{"top_k": 0.1}], [], top_k_bits(0.1, D, WIDTH), D * WIDTH),
     "rand_k": ([{"rand_k": 0.25}], [], kept(0.25, D) * WIDTH, D * WIDTH),
     "qsgd": ([{"qsgd": 4}], [], WIDTH + D * (1 + math.ceil(math.log2(5))), D * WIDTH),
     "qsgd 1 level": ([{"qsgd": 1}], [], WIDTH + D * 2, D * WIDTH),
     "sign with ef": (["sign", "error_feedback"], [], D + WIDTH, D * WIDTH),
     "clip and noise": ([{"clip": 1.0}, {"gaussian": 1.0}], [], D * WIDTH, D * WIDTH),
-    "downlink top_k": ([], [{"top_k": 0.5}], D * WIDTH, kept(0.5, D) * (WIDTH + math.ceil(math.log2(D)))),
+    "downlink top_k": ([], [{"top_k": 0.5}], D * WIDTH, top_k_bits(0.5, D, WIDTH)),
     "downlink qsgd": ([], [{"qsgd": 8}], D * WIDTH, WIDTH + D * (1 + math.ceil(math.log2(9)))),
 }
 
@@ -377,8 +397,37 @@ def test_bits_are_counted_as_each_transform_encodes_its_message(case):
     problem, rounds, sampled = small_lasso(), 4, 3
     federation = Federation(rounds, sampled, 2, 5, uplink=uplink, downlink=downlink)
     *_, last = Simulation(problem, fedbench.make_algorithm("fedavg", problem), federation, 0, eval_every=rounds)
-    assert last["comm_up_bits"] == rounds * sampled * up and last["comm_down_bits"] == rounds * sampled * down
+    assert last["comm_up_bits"] == rounds * sampled * up
+    assert last["comm_down_bits"] == synced_bits(problem, federation, 0, [(down, D * WIDTH)] * rounds)
     assert last["comm_up"] == last["comm_down"] == rounds * sampled * D  # floats keep their meaning
+
+
+def test_top_k_sends_its_indices_or_a_mask_whichever_is_fewer_bits():
+    """K indices of ⌈log₂ d⌉ bits, or a mask of d bits: at k = 25%, d = 1,024 the mask (1,024 bits, not 2,560)."""
+    top_k = lambda k: TRANSFORMS["top_k"](k=k)  # noqa: E731
+    assert top_k(0.25).bits(1024, 32) == 256 * 32 + 1024
+    assert top_k(0.05).bits(1024, 32) == 51 * (32 + 10)  # 510 index bits < 1,024
+    assert top_k(0.1).bits(1024, 32) == 102 * 32 + 1020 and top_k(0.1).bits(1000, 32) == 100 * 32 + 1000  # the tie
+    assert top_k(1.0).bits(30, 64) == 30 * 64 + 30
+
+
+@pytest.mark.parametrize("participation", [{"model": "uniform"}, {"model": "markov", "p_on": 0.3, "p_off": 0.5}])
+def test_a_compressed_downlink_counts_what_keeps_every_copy_in_sync(participation):
+    """S = 2 of 8 clients a round, a top-k downlink: a client that missed rounds starts from a copy that folds in their
+    messages too, so it receives them (or the copy whole, where fewer bits). Counted against `synced_bits`, and
+    against the participants' messages alone (uniform: 24,210 bits against their 15,840; 16,560 was counted before,
+    top-k's indices then at ⌈log₂ d⌉ bits each)."""
+    problem, rounds = small_lasso(), 8
+    federation = Federation(rounds, 2, 2, 5, downlink=[{"top_k": 0.5}], participation=participation)
+    sim = Simulation(problem, fedbench.make_algorithm("fedavg", problem), federation, 0, eval_every=rounds)
+    *_, last = sim
+    expected = synced_bits(problem, federation, 0, [(top_k_bits(0.5, D, WIDTH), D * WIDTH)] * rounds)
+    assert last["comm_down_bits"] == expected
+    participants = sim.comm_down // D
+    assert expected > participants * top_k_bits(0.5, D, WIDTH)  # more than one message per participant
+    everyone = Federation(rounds, 0, 2, 5, downlink=[{"top_k": 0.5}])  # every client, every round: one message each
+    *_, last = Simulation(problem, fedbench.make_algorithm("fedavg", problem), everyone, 0, eval_every=rounds)
+    assert last["comm_down_bits"] == rounds * problem.num_clients * top_k_bits(0.5, D, WIDTH)
 
 
 def test_bits_of_a_float32_run_and_of_several_uploads():
@@ -390,25 +439,27 @@ def test_bits_of_a_float32_run_and_of_several_uploads():
     assert rows[-1]["comm_up_bits"] == 32 * rows[-1]["comm_up"]  # float32 values, no transform
     *_, last = sim
     sizes = [problem.dim, 8, 8]  # the model, the scores of the positives and of the negatives (2 steps of 8 samples)
-    assert last["comm_up_bits"] == 3 * 3 * sum(kept(0.5, d) * (32 + math.ceil(math.log2(d))) for d in sizes)
+    assert last["comm_up_bits"] == 3 * 3 * sum(top_k_bits(0.5, d, 32) for d in sizes)
 
 
 def test_a_download_whose_shape_changed_goes_whole():
     """FeDXL's score pools grow over the first rounds: a pool whose shape is not the clients' copy's is sent whole
-    (its values at their width), the others through the downlink's top-k."""
+    (its values at their width), the others through the downlink's top-k; a client that missed rounds receives their
+    messages too (`synced_bits`)."""
     problem = fedbench.make_problem("pauc", seed=0, preset="guo2023_noisy_auc", clients=4, positives_per_client=10,
                                     negatives_per_client=50, features=6, test_size=60, val_size=0)
-    sim = Simulation(problem, fedbench.make_algorithm("fedxl1", problem), Federation(4, 3, 2, 8, downlink=[
-        {"top_k": 0.5}]), 0)
-    copies, expected, whole = {name: sim.server[name].shape for name in sim.algorithm.downloads}, 0, 0
+    federation = Federation(4, 3, 2, 8, downlink=[{"top_k": 0.5}])
+    sim = Simulation(problem, fedbench.make_algorithm("fedxl1", problem), federation, 0)
+    copies = {name: sim.server[name].shape for name in sim.algorithm.downloads}
+    messages: dict = {name: [] for name in copies}  # each round's (message, whole) of each download
     for _ in range(4):
         for name, copy in copies.items():
             shape, numel = sim.server[name].shape, sim.server[name].numel()
-            expected += 3 * (kept(0.5, numel) * (32 + math.ceil(math.log2(numel))) if shape == copy else 32 * numel)
-            whole += shape != copy
+            messages[name].append((top_k_bits(0.5, numel, 32) if shape == copy else 32 * numel, 32 * numel))
             copies[name] = shape
         sim.run_round()
-    assert sim.comm_down_bits == expected and whole >= 2
+    assert sim.comm_down_bits == sum(synced_bits(problem, federation, 0, rounds) for rounds in messages.values())
+    assert sum(message == whole for rounds in messages.values() for message, whole in rounds) >= 2  # sent whole
 
 
 # -- what the engine refuses ----------------------------------------------------------------------------------------

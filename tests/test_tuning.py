@@ -150,10 +150,10 @@ def test_tune_searches_top_k_and_each_run_records_and_sends_the_k_it_was_given(r
     for run in nested:
         k = sampled[run.data.tags["optuna_trial"]]
         assert run.data.params["federation.uplink"] == f"top_k(k={k}) → error_feedback(kind=ef)"
-        # what the run sent up is what K = max(1, round(k·d)) of d = 30 costs: K·(64 + ⌈log₂ 30⌉) bits per client
-        # and round, 4 clients a round for 20 rounds
+        # what the run sent up is what K = max(1, round(k·d)) of d = 30 costs: K·64 + min(K·⌈log₂ 30⌉, 30) bits (the
+        # indices, or a mask where fewer) per client and round, 4 clients a round for 20 rounds
         (last,) = [m for m in client.get_metric_history(run.info.run_id, "comm_up_bits") if m.step == 20]
-        assert last.value == 20 * 4 * kept_count(k, 30) * (64 + index_bits(30))
+        assert last.value == 20 * 4 * (kept_count(k, 30) * 64 + min(kept_count(k, 30) * index_bits(30), 30))
 
 
 def test_a_tuned_step_is_set_where_its_algorithm_reads_its_chain(tmp_path):
