@@ -283,24 +283,27 @@ class Links:
                              numel * width))
         return tuple(messages)
 
-    def catch_up(self, ids: list[int], clients: Tensor, present: Tensor | None,
+    def catch_up(self, ids: list[int], clients: Tensor, present: Tensor | None, participants: list[int],
                  messages: tuple[tuple[str, int, int], ...]) -> list[int]:
         """Bits each run of `ids` sends the participants of its round that has just ended (clients `[R, S]`, those of
-        the slots `present`; None: all) of the downloads `messages` (`download_messages`, at the round's start).
+        the slots `present`, None: all; `participants`, their number in each run) of the downloads `messages`
+        (`download_messages`, at the round's start).
 
         A download through the downlink is one message a run and round to the clients' one shared copy ŵ, which every
         client must hold to start a round from it: a participant receives every message since the last round it took
         part in (at its first, every one since the start: ŵ⁰, the initial state, it knows from the run's seed), or ŵ
         whole where that costs fewer bits. A client receives nothing while it takes no part (it may be unreachable),
         so that a round where every client takes part costs each its one message, and under partial participation a
-        client's catching up is counted when it returns. Any other download: its values whole, to each participant."""
-        index = torch.tensor(ids)
-        clients = clients.cpu()
+        client's catching up is counted when it returns. Any other download: its values whole, to each participant.
+        Without a downlink nothing is read from the device (the clients are there: a sync on a GPU)."""
+        whole_bits = sum(whole for name, _, whole in messages if name not in self.copies)
+        if not self.copies:
+            return [count * whole_bits for count in participants]
+        bits = torch.tensor(participants, dtype=torch.int64) * whole_bits
+        index, clients = torch.tensor(ids), clients.cpu()
         taking = torch.ones(clients.shape, dtype=torch.bool) if present is None else present.cpu()
-        bits = torch.zeros(len(ids), dtype=torch.int64)
         for name, message, whole in messages:
             if name not in self.copies:
-                bits += taking.sum(-1) * whole
                 continue
             if name not in self.sent:
                 self.sent[name] = torch.zeros(self.runs, dtype=torch.int64)

@@ -476,7 +476,7 @@ class RoundProgram:
                 self._advance(draws, positions, start)
             except torch.linalg.LinAlgError:
                 failed += [self.live[p] for p in _failing_alone(positions, lambda p: self._advance(draws, [p], start))]
-        down_bits = self.links.catch_up(self.live, draws.clients, draws.present, messages)
+        down_bits = self.links.catch_up(self.live, draws.clients, draws.present, draws.participants, messages)
         for i, taking, length, bits in zip(self.live, draws.participants, draws.lengths, down_bits):
             self.sims[i].count_round(_times(self._uploaded, taking), (down * taking, bits), length)
         self.rounds_done += 1
@@ -771,7 +771,8 @@ class IterationProgram(RoundProgram):
         _write_rows(self.clients, updated, group, runs)
         self.links.commit()
         down, messages = self._downloaded()
-        down_bits = self.links.catch_up(group, self.clients_all.expand(len(group), -1), None, messages)
+        down_bits = self.links.catch_up(group, self.clients_all.expand(len(group), -1), None,
+                                        [len(self.clients_all)] * len(group), messages)
         for i, bits in zip(group, down_bits):
             self.sims[i].count_round(up, (down * len(self.clients_all), bits), self.length[i])
 
