@@ -11,6 +11,7 @@
 `run` is one run in this process; `run_seeds` runs several seeds as one batched program, each as it runs alone.
 Your own algorithms and problems are registered by `fedbench.plugins` and then run by name like the built-in ones.
 A float hyperparameter may follow a schedule (`fedbench.schedules`: `Cosine`, `Step`, ...), a value per round.
+A stored run's model comes back with `fedbench.load_model(RUN_ID)`, its problem with `fedbench.problem_of(model)`.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from typing import Any, Mapping, Sequence
 from fedbench.algorithms import ALGORITHMS, Algorithm
 from fedbench.participation import LocalSteps, Participation
 from fedbench.problems import PROBLEMS, Problem, make_problem
-from fedbench.saved import load_model
+from fedbench.saved import load_model, problem_of
 from fedbench.simulate import Federation, Result, Simulation, run_batch, run_seeds, simulate
 
 
@@ -69,4 +70,4 @@ def run(algorithm: str, problem: Problem, rounds: int = 100, clients_per_round: 
 
 
 __all__ = ["ALGORITHMS", "PROBLEMS", "Federation", "Result", "Simulation", "load_model", "make_algorithm",
-           "make_problem", "run", "run_batch", "run_seeds", "simulate"]
+           "make_problem", "problem_of", "run", "run_batch", "run_seeds", "simulate"]

@@ -1,11 +1,14 @@
 """A run's model as fedbench saves it and reads it back: every tracked run stores its final model as the MLflow
-artifact `model/final.pt` (`fedbench export RUN_ID PATH` copies it out, `fedbench_sweeps.load_run_model(run_id)`
-reads it from the store); `load_model` reads such a file.
+artifact `model/final.pt` (`fedbench export RUN_ID PATH` copies it out); `load_model` reads such a file, or a
+run's straight from the store by its run id, and `problem_of` rebuilds the problem it was trained on.
 
 The file is a dict that `torch.save` writes and `torch.load(..., weights_only=True)` reads back (tensors, numbers
-and strings only, so that loading runs no code), format 1:
+and strings only, so that loading runs no code), format 2:
 
-    {"format": 1, "algorithm": "fedmid", "problem": "lasso", "round": 2000, "status": "finished",
+    {"format": 2, "algorithm": "fedmid", "problem": "lasso", "round": 2000, "status": "finished",
+     "problem_config": {name: value},   # the problem's resolved parameters (`Problem.config`)
+     "problem_seed": 7,                 # the seed its instance was built with (`Problem.seed`)
+     "seed": 7,                         # the run's seed (its sampling, minibatches and initial point)
      "global": Tensor [d],              # the model the run's global metrics evaluate (`Algorithm.global_params`)
      "parameters": {name: Tensor},      # the same values in the problem's own shapes (`Problem.parameters`):
                                         # an MLP's layer1.weight [in, out], layer1.bias [out], ...; a matrix W
@@ -13,21 +16,27 @@ and strings only, so that loading runs no code), format 1:
      "personal": Tensor [N, d] or None, # each client's own model, for personalized methods
      "personal_left_out": str}          # why `personal` is None for a personalized method (too large), else ""
 
-Tensors are on the CPU, in the run's dtype. `problem.evaluate(model["global"], model["personal"])` on the run's
-problem instance gives the metrics of the run's last row (a test checks it).
+Tensors are on the CPU, in the run's dtype. `problem_of(model).evaluate(model["global"], model["personal"])` gives
+the metrics of the run's last row (a test checks it). Format 1, written before the problem's settings were saved,
+has no `problem_config`, `problem_seed` or `seed`; `load_model` still reads it, `problem_of` cannot rebuild its
+problem.
 """
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import torch
 
 if TYPE_CHECKING:  # a run's record; `fedbench.simulate` does not need this module
+    from fedbench.problems import Problem
     from fedbench.simulate import Simulation
 
-FORMAT = 1
+FORMAT = 2
+READ = (1, 2)  # the formats `load_model` reads: 1 lacks the problem's settings and the seeds
+RUN_ID = re.compile(r"[0-9a-f]{32}")  # an MLflow run id, as `fedbench show` and a sweep's console print it
 PERSONAL_LIMIT = 2**24  # values of per-client models saved at most (128 MiB in float64): N·d beyond is left out
 
 
@@ -40,6 +49,7 @@ def model_state(sim: Simulation) -> dict[str, Any]:
         left_out = f"{personal.numel():,} values, more than the {PERSONAL_LIMIT:,} saved at most"
         personal = None
     return {"format": FORMAT, "algorithm": sim.algorithm.name, "problem": sim.problem.name,
+            "problem_config": dict(sim.problem.config), "problem_seed": sim.problem.seed, "seed": sim.seed,
             "round": sim.rounds_done, "status": sim.status, "global": w,
             "parameters": {name: value.clone() for name, value in sim.problem.parameters(w).items()},
             "personal": None if personal is None else personal.detach().to("cpu", copy=True),
@@ -53,21 +63,55 @@ def model_bytes(sim: Simulation) -> bytes:
     return buffer.getvalue()
 
 
-def load_model(source: str | Path | bytes | BinaryIO) -> dict[str, Any]:
-    """A saved model (a file's path, its bytes or an open file): the dict `{"format": 1, "algorithm", "problem",
-    "round", "status", "global": Tensor [d], "parameters": {name: Tensor}, "personal": Tensor [N, d] or None,
-    "personal_left_out": str}` (`fedbench.saved`'s docstring says each), on the CPU. A file that is not a fedbench
-    model of this format raises ValueError.
+def load_model(source: str | Path | bytes | BinaryIO, tracking_uri: str | None = None,
+               round_: int | None = None) -> dict[str, Any]:
+    """A saved model: a file's path, its bytes or an open file, or a run's id (32 hex digits, as `fedbench show` and
+    a sweep's console print it; a file of that name wins), read from the MLflow store as `fedbench export` reads it
+    (`tracking_uri`, default `MLFLOW_TRACKING_URI`, else `./mlflow.db`): its final model, or that of round `round_`
+    (`tracking.models_every`). Returns the dict `{"format": 2, "algorithm", "problem", "problem_config",
+    "problem_seed", "seed", "round", "status", "global": Tensor [d], "parameters": {name: Tensor}, "personal": Tensor
+    [N, d] or None, "personal_left_out": str}` (`fedbench.saved`'s docstring says each), on the CPU. A file that is
+    not a fedbench model raises ValueError; a run the store does not hold, or one without a saved model,
+    `fedbench_sweeps.tracking.StoreError` (a ValueError).
 
     Example:
         ```python
-        model = fedbench.load_model("final.pt")               # fedbench export RUN_ID final.pt
-        problem.evaluate(model["global"], model["personal"])  # the metrics of the run's last row, on its problem
+        model = fedbench.load_model("0123456789abcdef0123456789abcdef")  # a run of ./mlflow.db, by its id
+        model = fedbench.load_model("final.pt")                          # fedbench export RUN_ID final.pt
+        fedbench.problem_of(model).evaluate(model["global"], model["personal"])  # the metrics of its last row
         ```
     """
+    if isinstance(source, str) and RUN_ID.fullmatch(source) and not Path(source).exists():
+        # MLflow, only for a run read from the store; mypy reads sweeps/ as `sweeps`, not by its installed name
+        from fedbench_sweeps.tracking import Store  # type: ignore[import-not-found]
+
+        source = Store(tracking_uri, write=False).run_model(source, round_)
+    elif tracking_uri is not None or round_ is not None:
+        raise ValueError("tracking_uri and round_ choose a run's model in the store: give a run id, not a file")
     if isinstance(source, bytes):
         source = io.BytesIO(source)
     model = torch.load(source, map_location="cpu", weights_only=True)
-    if not isinstance(model, dict) or model.get("format") != FORMAT:
-        raise ValueError(f"not a fedbench model of format {FORMAT}: {str(source)[:200]}")
+    if not isinstance(model, dict) or model.get("format") not in READ:
+        raise ValueError(f"not a fedbench model of format {' or '.join(map(str, READ))}: {str(source)[:200]}")
     return model
+
+
+def problem_of(run: str | Path | dict[str, Any], device: str = "cpu", tracking_uri: str | None = None) -> Problem:
+    """The problem a saved model was trained on, built again (its registered class, resolved parameters and seed) on
+    `device`: of a model `load_model` returned, or of what it reads (a run id, a file's path). A problem that reads
+    real data reads it from FEDBENCH_DATA, as the run did. A model saved before the problem's settings were (format
+    1) raises ValueError.
+
+    Example:
+        ```python
+        model = fedbench.load_model(run_id)
+        fedbench.problem_of(model).evaluate(model["global"], model["personal"])  # the run's last row's metrics
+        ```
+    """
+    from fedbench.problems import PROBLEMS
+
+    model = run if isinstance(run, dict) else load_model(run, tracking_uri)
+    if "problem_config" not in model:
+        raise ValueError(f"a model of format {model.get('format')} ({model.get('problem')}, round "
+                         f"{model.get('round')}) does not hold its problem's settings: saved before format 2")
+    return PROBLEMS[model["problem"]](model["problem_config"], seed=model["problem_seed"], device=device)

@@ -65,6 +65,8 @@ class Simulation:
         check_uploads(federation, algorithm, problem.num_clients)
         check_algorithm(federation, type(algorithm), algorithm.declared)
         self.problem, self.algorithm, self.federation = problem, algorithm, federation
+        self.seed = seed
+        """The run's seed: its sampling, minibatches, initial point and other draws."""
         self.accountant = (None if delta is None else
                            Accountant(Mechanism.of(federation, algorithm, problem.num_clients), delta))
         """With `delta` (a gaussian uplink step's run), each row's `epsilon`: ε at δ after the row's rounds

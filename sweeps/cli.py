@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import inspect
 import json
 import logging
 import math
@@ -18,16 +19,53 @@ import time
 import webbrowser
 from enum import Enum
 from pathlib import Path
-from typing import Callable, Iterator, List, NoReturn, Optional
+from typing import Any, Callable, Iterator, List, NoReturn, Optional
 
 import typer
+import typer.core
 from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Declarative experiment sweeps for federated optimization research.")
+
+def tidy_help(command: Any, ctx: Any) -> None:
+    """What Typer's Rich help would print wrong, set right before it prints: a docstring's line breaks (kept in
+    the commands' list and in a command's paragraphs after its first, they broke sentences mid-line) joined, and a
+    flag's type (`<bool>`, as if it took a value) left out."""
+    def joined(text: Optional[str]) -> str:
+        return "\n\n".join(" ".join(paragraph.split()) for paragraph in inspect.cleandoc(text or "").split("\n\n"))
+
+    command.help = joined(command.help)
+    for sub in getattr(command, "commands", {}).values():
+        sub.short_help = sub.short_help or joined(sub.help).split("\n\n")[0]
+    for param in command.get_params(ctx):
+        if getattr(param, "is_flag", False):
+            param.metavar = ""
+
+
+class Commands(typer.core.TyperGroup):
+    def format_help(self, ctx: Any, formatter: Any) -> None:  # Click's types: Typer's own copy of Click, or Click
+        tidy_help(self, ctx)
+        super().format_help(ctx, formatter)
+
+
+class Command(typer.core.TyperCommand):
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        tidy_help(self, ctx)
+        super().format_help(ctx, formatter)
+
+
+class App(typer.Typer):
+    """fedbench's Typer app: its commands' help printed by `Command`."""
+
+    def command(self, *args, **kwargs):
+        kwargs.setdefault("cls", Command)
+        return super().command(*args, **kwargs)
+
+
+app = App(cls=Commands, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+          help="Declarative experiment sweeps for federated optimization research.")
 console = Console()
 errors = Console(stderr=True)
 
@@ -585,11 +623,13 @@ def report(
 @app.command()
 def show(
     run_id: str = typer.Argument(..., metavar="RUN_ID", help="An MLflow run id, as a sweep's console names a failed "
-                                                            "run"),
+                                                            "run, or a sweep's parent run"),
     tracking_uri: Optional[str] = TrackingOption,
 ) -> None:
     """One run: its algorithm, seed, status and configuration, its last metrics, and, for a run that failed, its
-    whole error (the traceback the console cut to its last line)."""
+    whole error (the traceback the console cut to its last line); for a sweep's or tuning session's parent run, a
+    table of its runs (algorithm, configuration, seed, status, run id)."""
+    from .claims import CLAIM
     from .tracking import StoreError
 
     store = open_store(tracking_uri, write=False)
@@ -598,15 +638,52 @@ def show(
     except StoreError as err:
         fail(str(err))
     tags = run.data.tags
-    say(f"run {run_id} ({tags.get('role', 'untagged')}): {tags.get('algorithm', '–')} seed {tags.get('seed', '–')}, "
-        f"status {tags.get('status') or run.info.status.lower()}, experiment {run.info.experiment_id}")
+    what = f"{tags['algorithm']} seed {tags.get('seed', '–')}, " if "algorithm" in tags else ""  # not a parent's
+    say(f"run {run_id} ({tags.get('role', 'untagged')}): {what}status {tags.get('status') or run.info.status.lower()}, "
+        f"experiment {run.info.experiment_id}")
     for name, value in sorted(run.data.params.items()):
-        say(f"  {name} = {value}")
+        if not name.startswith(f"{CLAIM}/"):  # a sweep's bookkeeping of which process runs what (`sweeps.claims`)
+            say(f"  {name} = {value}")
     if run.data.metrics:
         say("last values: " + ", ".join(f"{name} {value:.6g}" for name, value in sorted(run.data.metrics.items())))
     if "error" in tags:
         say("error:")
         console.print(tags["error"], highlight=False, markup=False, soft_wrap=True)
+    children = store.children(run) if tags.get("role") in ("sweep", "tune") else []
+    if children:
+        console.print(children_table(children))
+        say(f"{len(children)} runs; `{program()} show RUN_ID` shows one")
+
+
+def children_table(runs: list) -> Table:
+    """A parent's runs, one row each, by algorithm, configuration and seed; a configuration as the hyperparameters
+    that vary between its algorithm's runs (all of them in `fedbench show RUN_ID`)."""
+    from .report.statistics import short
+
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    by_algorithm = collections.defaultdict(list)
+    table_rows = []
+    for run in runs:
+        by_algorithm[run.data.tags.get("algorithm", "–")].append(run)
+    for algorithm, mine in sorted(by_algorithm.items()):
+        params = [{k: v for k, v in run.data.params.items() if k != "seed"} for run in mine]
+        keys = dict.fromkeys(k for p in params for k in p)
+        varying = [k for k in keys if len({p.get(k) for p in params}) > 1]
+        rows = []
+        for run, p in zip(mine, params):
+            configuration = ", ".join(f"{k.removeprefix('algorithm.')}={short(p.get(k, 'none'))}" for k in varying)
+            tags = run.data.tags
+            rows.append((configuration or "–", int(tags.get("seed", -1)), tags.get("status") or run.info.status.lower(),
+                         run.info.run_id))
+        table_rows += [(algorithm, configuration, str(seed), status, run_id)
+                       for configuration, seed, status, run_id in sorted(rows)]
+    longest_word = max((len(word) for row in table_rows for word in row[1].split()), default=1)
+    for column in ("algorithm", "configuration", "seed", "status", "run id"):  # a configuration wraps between words
+        table.add_column(column, no_wrap=column != "configuration",
+                         min_width=longest_word if column == "configuration" else None)
+    for row in table_rows:
+        table.add_row(*row)
+    return table
 
 
 @app.command()
@@ -618,7 +695,8 @@ def export(
     tracking_uri: Optional[str] = TrackingOption,
 ) -> None:
     """Write a run's final model to PATH: the global model, in the problem's own shapes too, and each client's
-    model for a personalized method; `fedbench.load_model(PATH)` reads it back."""
+    model for a personalized method; `fedbench.load_model(PATH)` reads it back (`fedbench.load_model(RUN_ID)`
+    straight from the store)."""
     from fedbench.saved import load_model
     from .tracking import StoreError
 
@@ -652,16 +730,23 @@ def validate(
 
 
 @app.command("list")
-def list_components(with_plugins: Optional[List[str]] = WithOption) -> None:
-    """Problems and algorithms, with each parameter's type, default and valid range, and where each came from:
-    built in, or a plugin (installed packages' entry points, and those given with --with); then the federation's
-    parameters, its adversaries', its participation model's and uneven local steps', the transforms its uplink and
-    downlink may chain, and the privacy accounting of the uplink's noise."""
+def list_components(
+    names: Optional[List[str]] = typer.Argument(
+        None, metavar="NAME", help="What to print in full: a section (problems, algorithms, federation, "
+        "transforms, privacy, capabilities, schedules), a name (fedavg, lasso, top_k, participation), or a recipe "
+        "field's path or its start (federation.local_steps, algorithms.fedavg.client_lr, algorithms.fedavg.client): "
+        "the entries it names, with the parameters whose names start with the path's rest; repeatable"),
+    with_plugins: Optional[List[str]] = WithOption,
+) -> None:
+    """What a recipe may name and set: without NAME an overview, with NAMEs those in full.
+
+    Problems, algorithms (marked where they take uneven local work), the federation's fields (its adversaries,
+    participation model and uneven local steps), the transforms its uplink and downlink may chain, privacy
+    accounting, capabilities and schedules. Without NAME, each by name with a line about it; with NAMEs, those in
+    full: each parameter with its type, default, valid values and meaning, and where each component came from
+    (built in, or a plugin: installed packages' entry points, and those given with --with)."""
     from fedbench import plugins
-    from fedbench.algorithms import ALGORITHMS
-    from fedbench.problems import PROBLEMS
-    from fedbench.transforms import TRANSFORMS
-    from .recipe import FEDERATION_MAPPINGS, FEDERATION_PARAMS
+    from .catalogue import closest, listing
 
     plugins.discover()
     for spec in with_plugins or []:
@@ -669,74 +754,15 @@ def list_components(with_plugins: Optional[List[str]] = WithOption) -> None:
             plugins.load(spec)
         except plugins.PluginError as err:
             fail(f"--with: {err}")
-    for title, registry, attribute in (("problem", PROBLEMS, "params"), ("algorithm", ALGORITHMS, "hparams")):
-        for name, cls in registry.items():
-            where = plugins.origin(title, name)
-            console.print(param_table(f"{title} [bold]{name}[/]" + ("" if where == "built-in" else
-                                                                    f" (plugin: {where})"), getattr(cls, attribute)))
-            for line in contract_lines(title, cls):
-                console.print(f"  {line}", highlight=False)
-    console.print(param_table("[bold]federation[/]", FEDERATION_PARAMS))
-    for name, (made, example) in FEDERATION_MAPPINGS.items():
-        instead = " instead of E: uneven local work" if name == "local_steps" else ""
-        console.print(param_table(f"[bold]federation.{name}[/] (a mapping{instead}, e.g. {example})", made.params))
-    console.print("transforms of federation.uplink and federation.downlink, as [{name: value}, ...] (value: the first "
-                  "parameter, or {parameter: value}):", highlight=False)
-    for name, transform in TRANSFORMS.items():
-        title = f"transform [bold]{name}[/] ({'uplink and downlink' if transform.on_downlink else 'uplink'})"
-        console.print(param_table(title, transform.params) if transform.params else f"{title}, no parameters")
-        console.print(f"  {transform.help}", highlight=False)
-    console.print("privacy: {delta: δ} at a recipe's top level, required with a gaussian step: each row's epsilon is "
-                  "ε at δ, user-level (one client's data replaced), S of N clients drawn without replacement a round, "
-                  "by dp-accounting's RDP accountant", highlight=False)
-    from fedbench.contract import CAPABILITIES
-    from fedbench.schedules import KINDS
-
+    lines, unknown = listing(names or [], console.width, program())
+    for name in unknown:
+        near = ", ".join(closest(name))
+        fail(f"{name}: names no section, component or recipe field of `{program()} list` "
+             f"({f'closest: {near}; ' if near else ''}`{program()} list` without a name lists them)")
+    for line in lines:  # wrapped already, between words; as written (a [range] is text, not Rich markup)
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     for (title, name), why in sorted(plugins.broken_entry_points().items()):
-        console.print(f"{title} {name}: not loaded: {why}", highlight=False)
-    console.print("capabilities an algorithm may require and a problem provide:", highlight=False)
-    for name, meaning in CAPABILITIES.items():
-        console.print(f"  {name}: {meaning}", highlight=False)
-    console.print("an algorithm's float hyperparameter also takes a schedule, {schedule: KIND, init: ..., ...}: its "
-                  "value at round k after a linear warm-up of `warmup` rounds from `warmup_init` (default 0) to "
-                  "init, of H rounds after it (a list in a field is a grid axis; [optional]):", highlight=False,
-                  markup=False)
-    for kind, schedule in KINDS.items():
-        fields = ", ".join(f if f in schedule.required() else f"[{f}]" for f in schedule.own_fields())
-        console.print(f"  {kind}: {schedule.formula}  ({fields})", highlight=False, markup=False)
-
-
-def param_table(title: str, params) -> Table:
-    """The declared parameters (`fedbench.hparams.Param`) of a component, as `fedbench list` shows them."""
-    table = Table(title=title, title_justify="left", show_lines=False)
-    # names whole (they are what --set takes); the other columns fold, never cut to "…" at 80 columns
-    table.add_column("parameter", no_wrap=True, min_width=max((len(p.name) for p in params), default=9))
-    table.add_column("type", no_wrap=True, min_width=max((len(p.kind) + 6 * p.log for p in params), default=4))
-    table.add_column("default", overflow="fold")
-    table.add_column("range", overflow="fold")
-    table.add_column("description", ratio=1, overflow="fold")
-    for p in params:
-        table.add_row(p.name, p.kind + (" (log)" if p.log else ""), str(p.default), p.describe_range(), p.help)
-    return table
-
-
-def contract_lines(kind: str, cls) -> list[str]:
-    """What `fedbench list` says under a component's parameters: presets, metrics, capabilities."""
-    from fedbench.hparams import resolve
-
-    if kind == "algorithm":
-        requires = sorted(cls.requirements(resolve(cls.hparams, {}, cls.name)))
-        lines = [f"requires (default hyperparameters): {', '.join(requires) or 'minibatch gradients only'}"]
-        if cls.participation == "all":
-            lines.append("every client takes part in every round")
-        return lines
-    config = cls.resolve_config({})
-    lines = [f"presets: {', '.join(cls.presets)}"] if cls.presets else []
-    lines.append(f"provides: {', '.join(sorted(cls.capabilities(config)))}")
-    lines.append("metrics: " + ", ".join(f"{m.name} ({m.direction or '–'})" for m in cls.metrics(config)))
-    if "personal_evaluation" in cls.capabilities(config):
-        lines.append("personal metrics: " + ", ".join(m.personal().name for m in cls.personal_metrics(config)))
-    return lines
+        say(f"{title} {name}: not loaded: {why}")
 
 
 WIDE_TABLE = 140  # columns from which `fedbench recipes` is a table: below, its five columns cut the text

@@ -488,6 +488,10 @@ class Store:
         except MlflowException:
             raise StoreError(f"no run {run_id!r} in {self.uri}") from None
 
+    def children(self, run) -> list:
+        """The runs a sweep's or tuning session's parent run groups (tag `mlflow.parentRunId`)."""
+        return self.search(run.info.experiment_id, f"tags.`{PARENT_TAG}` = '{run.info.run_id}'")
+
     def run_model(self, run_id: str, round_: int | None = None) -> bytes:
         """The bytes of a run's saved model (`log_models`): its final one, or that of round `round_`; one it does not
         have is refused in one line, with the rounds it has."""
@@ -737,10 +741,11 @@ def new_run(trial: Trial, parent_id: str | None, start_time: float, tags: dict[s
 
 def load_run_model(run_id: str, uri: str | None = None, round_: int | None = None) -> dict[str, Any]:
     """A stored run's final model (or that of round `round_`, `tracking.models_every`), in `fedbench.saved`'s format,
-    read from the store at `uri` (default as the CLI's: `MLFLOW_TRACKING_URI`, else `./mlflow.db`)."""
+    read from the store at `uri` (default as the CLI's: `MLFLOW_TRACKING_URI`, else `./mlflow.db`): what
+    `fedbench.load_model(run_id, uri, round_)` reads."""
     from fedbench.saved import load_model
 
-    return load_model(Store(uri, write=False).run_model(run_id, round_))
+    return load_model(run_id, uri, round_)
 
 
 def ended_run(run_id: str, outcome: dict[str, Any], after: int = -1) -> EndedRun:

@@ -188,7 +188,7 @@ def test_ui_without_a_store_says_so(tmp_path):
 def test_validate_and_list(recipe):
     result = invoke("validate", recipe)
     assert result.exit_code == 0 and "3 configurations × 2 seeds" in result.output
-    listing = invoke("list")
+    listing = invoke("list", "problems", "algorithms")
     assert listing.exit_code == 0
     for name in ("lasso", "lowrank", "fedavg", "fedmid", "fedda", "server_threshold", "offset", "client_lr"):
         assert name in listing.output
@@ -459,3 +459,136 @@ def test_the_documented_whole_mapping_overrides_validate(page):
         recipe, sets = words[2], [words[i + 1] for i, word in enumerate(words) if word == "--set"]
         result = CliRunner().invoke(app, ["validate", recipe, *[arg for s in sets for arg in ("--set", s)]])
         assert result.exit_code == 0 and ": ok — " in result.output, (command, result.output)
+
+
+# -- fedbench list and --help at 80 columns (issue 59 item 8) ---------------------------------------------------
+
+EVERY_SECTION = ("problems", "algorithms", "federation", "transforms", "privacy", "capabilities", "schedules")
+
+
+def at_80(*args):
+    return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "80", "FEDBENCH_VERBOSE": None})
+
+
+def words(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_list_without_a_name_is_an_overview_of_every_entry_by_name():
+    from fedbench.algorithms import ALGORITHMS
+    from fedbench.problems import PROBLEMS
+    from fedbench.transforms import TRANSFORMS
+
+    overview = at_80("list")
+    assert overview.exit_code == 0, overview.output
+    lines = overview.output.splitlines()
+    assert len(lines) < 150 and max(map(len, lines)) <= 80, len(lines)
+    starts = {line.split()[0] for line in lines if line.startswith("  ")}
+    assert set(PROBLEMS) | set(ALGORITHMS) | set(TRANSFORMS) <= starts
+    assert "list NAME...` prints them in full" in words(overview.output)
+
+
+def test_list_by_section_wraps_at_word_boundaries_and_keeps_every_word_of_every_declaration():
+    """Every parameter's meaning comes out whole, its words in order (a table's narrow column split them,
+    `heterogenei ty`), square brackets included (Rich markup ate `[p_low, p_high]`), no line over 80 columns."""
+    from sweeps.catalogue import entries
+
+    listing = at_80("list", *EVERY_SECTION)
+    assert listing.exit_code == 0, listing.output
+    assert max(map(len, listing.output.splitlines())) <= 80
+    text = words(listing.output)
+    for entry in entries():
+        assert words(entry.heading) in text, entry.heading
+        for p in entry.params:
+            assert words(p.help) in text, (entry.path, p.name)
+            assert f"{p.name}: {p.kind}" in text, (entry.path, p.name)
+    steps = words(at_80("list", "federation.local_steps").output)
+    assert "each participant's count drawn every round: uniform, an integer in [low, high]" in steps
+    p_low = at_80("list", "federation.participation.p_low")
+    assert "p_low: float = None; [0, 1] bernoulli: each client's p_k drawn once per run uniformly in [p_low, " \
+           "p_high]" in words(p_low.output)
+    assert "p_high:" not in p_low.output and "p_on" not in p_low.output  # the field named, not its neighbours
+
+
+def test_list_says_which_algorithms_take_uneven_local_work_as_they_declare():
+    from fedbench.algorithms import ALGORITHMS
+    from fedbench.hparams import resolve
+
+    overview = at_80("list").output.splitlines()
+    marked = {line.split()[0] for line in overview if line.startswith("  ") and line.split()[1:2] == ["*"]}
+    taking = {name for name, cls in ALGORITHMS.items() if cls.takes_uneven_steps(resolve(cls.hparams, {}, name))}
+    assert marked == taking and {"fedavg", "fedprox", "scaffold"} <= taking and "fedda" not in taking
+    fedmid = words(at_80("list", "fedmid").output)
+    assert "uneven local work (federation.local_steps as a mapping): taken, but not with server_threshold: " \
+           "yuan" in fedmid
+    assert "uneven local work (federation.local_steps as a mapping): refused" in words(at_80("list", "fedda").output)
+
+
+def test_list_of_an_unknown_name_is_refused_in_one_line_with_the_closest():
+    refused = at_80("list", "fedavg", "fedavgg")
+    assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1, refused.output
+    assert "fedavgg: names no section, component or recipe field" in refused.output and "closest: fedavg" in \
+        refused.output
+
+
+def full_lines(lines: list[str], width: int) -> list[tuple[str, str]]:
+    """The consecutive lines of a wrapped paragraph where the second's first word would have fit on the first: a
+    line broken before its end (a docstring's hard line break)."""
+    return [(a, b) for a, b in zip(lines, lines[1:]) if a.strip() and b.strip()
+            and len(a.rstrip()) + 1 + len(b.split()[0]) <= width]
+
+
+def test_every_help_at_80_columns_breaks_no_sentence_and_shows_no_bool_type():
+    group = at_80("--help")
+    assert group.exit_code == 0
+    panel = group.output.split("Commands ")[1].splitlines()[1:]
+    rows = [line[1:-1] for line in panel if line.startswith("│")]
+    offset = rows[0].index(rows[0].split()[1])  # where the descriptions start
+    width = len(rows[0]) - 1 - offset
+    cells: list[list[str]] = []
+    for row in rows:
+        if row[:offset].strip():
+            cells.append([])
+        cells[-1].append(row[offset:])
+    assert len(cells) >= 10
+    for cell in cells:
+        assert not full_lines(cell, width), cell
+    for command in ((), ("run",), ("sweep",), ("tune",), ("report",), ("show",), ("export",), ("validate",),
+                    ("list",), ("recipes",), ("ui",)):
+        helped = at_80(*command, "--help")
+        assert helped.exit_code == 0 and "<bool>" not in helped.output, helped.output
+        description = helped.output.split("Usage:")[1].split("╭")[0].splitlines()[1:]
+        paragraph: list[str] = []
+        for line in [*description, ""]:
+            if line.strip():
+                paragraph.append(line[1:])
+            else:
+                assert not full_lines(paragraph, 78), (command, paragraph)
+                paragraph = []
+
+
+# -- fedbench show of a sweep's parent (issue 59 item 9) --------------------------------------------------------
+
+@pytest.mark.ray
+def test_show_of_a_sweeps_parent_lists_its_runs_and_leaves_out_its_claims(ray_local, recipe, tracking_uri):
+    from mlflow.tracking import MlflowClient
+
+    swept = invoke("sweep", recipe, "--tracking-uri", tracking_uri, "--no-report")
+    assert swept.exit_code == 0, swept.output
+    client = MlflowClient(tracking_uri)
+    runs = client.search_runs([client.get_experiment_by_name("small-lasso").experiment_id])
+    [parent] = [run for run in runs if run.data.tags.get("role") == "sweep"]
+    children = [run for run in runs if run.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(children) == 6 and any(name.startswith("claim/") for name in parent.data.params)  # kept in the store
+    shown = at_80("show", parent.info.run_id, "--tracking-uri", tracking_uri)
+    assert shown.exit_code == 0 and "claim/" not in shown.output, shown.output
+    lines = shown.output.splitlines()
+    assert max(map(len, lines)) <= 80 and "6 runs" in shown.output
+    header = next(line for line in lines if "run id" in line).split()
+    assert header == ["algorithm", "configuration", "seed", "status", "run", "id"]
+    for child in children:
+        tags = child.data.tags
+        [row] = [line.split() for line in lines if child.info.run_id in line]
+        learning_rate = f"client_lr={float(child.data.params['algorithm.client_lr']):g}"
+        assert row == [tags["algorithm"], learning_rate if tags["algorithm"] == "fedda" else "–", tags["seed"],
+                       "finished", child.info.run_id], row

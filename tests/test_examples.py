@@ -228,7 +228,7 @@ def test_the_installed_package_is_listed_and_its_sweep_records_its_codes_sha256(
     assert installed.returncode == 0, installed.stdout + installed.stderr
     path = [site, ROOT]
 
-    listed = cli("list", cwd=tmp_path, pythonpath=path)
+    listed = cli("list", "algorithms", "problems", cwd=tmp_path, pythonpath=path)
     assert listed.returncode == 0, listed.stdout + listed.stderr
     shown = " ".join(listed.stdout.split())
     for kind, group, name in (("algorithm", "algorithms", "fedadam"), ("algorithm", "algorithms", "fedyogi"),

@@ -69,7 +69,7 @@ def test_a_runs_model_is_exported_and_gives_its_last_rows_metrics(tmp_path, trac
     assert exported.exit_code == 0, exported.output
     assert f"{path}: fedmid on lasso, round 12 (finished): w [30]" in " ".join(exported.output.split())
     model = fedbench.load_model(path)
-    assert model["format"] == 1 and model["round"] == 12 and model["personal"] is None
+    assert model["format"] == 2 and model["round"] == 12 and model["personal"] is None
     assert model["global"].shape == (30,) and model["parameters"]["w"].equal(model["global"])
     assert_last_row(model, recipe, "fedmid", 7, run)
     assert load_run_model(run.info.run_id, tracking_uri)["global"].equal(model["global"])
@@ -165,3 +165,62 @@ def test_every_run_of_a_sweep_stores_its_model(ray_local, tmp_path, tracking_uri
         assert_last_row(model, recipe, algorithm, seed, run)
         assert_row_at(load_run_model(run.info.run_id, tracking_uri, 5), recipe, algorithm, seed, tracking_uri, run, 5)
     assert not models[("fedmid", 7)]["global"].equal(models[("fedmid", 8)]["global"])
+
+
+# -- a run's model by its id, with its problem (issue 59 item 9) ------------------------------------------------
+
+def test_load_model_takes_a_run_id_and_problem_of_rebuilds_the_runs_problem(tmp_path, tracking_uri, monkeypatch):
+    """`fedbench.load_model(RUN_ID)` finds the store as `fedbench export` does (MLFLOW_TRACKING_URI, or the
+    tracking_uri given); the model holds the problem's settings and the seeds, and `fedbench.problem_of` builds the
+    problem again: its evaluation of the model is the run's last logged test metric, for each seed of one
+    `fedbench run` (one program)."""
+    recipe = tmp_path / "lasso.yaml"
+    recipe.write_text(LASSO.replace("lam: 0.05}", "lam: 0.05, test_samples_per_client: 10}"))
+    done = invoke("run", recipe, "-a", "fedmid", "--seed", 7, "--seed", 8, "--tracking-uri", tracking_uri)
+    assert done.exit_code == 0, done.output
+    runs = runs_of(tracking_uri, "models-lasso", "run")
+    assert sorted(int(run.data.tags["seed"]) for run in runs) == [7, 8]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
+    for run in runs:
+        run_id, seed = run.info.run_id, int(run.data.tags["seed"])
+        model = fedbench.load_model(run_id)
+        assert invoke("export", run_id, tmp_path / "m.pt").exit_code == 0
+        assert model["global"].equal(fedbench.load_model(tmp_path / "m.pt")["global"])
+        trial = load(recipe).single_trial("fedmid", seed=seed)
+        assert model["format"] == 2 and model["seed"] == seed and model["problem_config"] == trial.problem_config
+        for source in (run_id, model):
+            problem = fedbench.problem_of(source)
+            assert problem.config == trial.problem_config and problem.seed == seed
+            test_mse = problem.evaluate(model["global"], model["personal"])["test_mse"]
+            assert test_mse == pytest.approx(run.data.metrics["test_mse"], rel=1e-12)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'other.db'}")
+    assert fedbench.load_model(runs[0].info.run_id, tracking_uri)["seed"] == int(runs[0].data.tags["seed"])
+
+
+def test_a_model_saved_before_format_2_still_loads_but_has_no_problem_to_rebuild(tmp_path):
+    import torch
+
+    old = {"format": 1, "algorithm": "fedmid", "problem": "lasso", "round": 3, "status": "finished",
+           "global": torch.zeros(4), "parameters": {"w": torch.zeros(4)}, "personal": None, "personal_left_out": ""}
+    torch.save(old, tmp_path / "old.pt")
+    model = fedbench.load_model(tmp_path / "old.pt")
+    assert model["format"] == 1 and model["global"].equal(old["global"])
+    with pytest.raises(ValueError, match="does not hold its problem's settings: saved before format 2"):
+        fedbench.problem_of(model)
+
+
+def test_a_run_id_the_store_does_not_hold_is_refused_in_one_line(tracking_uri):
+    with pytest.raises(ValueError, match=f"no run '{'0' * 32}' in {tracking_uri}"):
+        fedbench.load_model("0" * 32, tracking_uri)
+
+
+def test_every_problems_settings_survive_a_weights_only_load(tmp_path):
+    """A model's file is read with `weights_only=True` (no code runs): each problem's resolved config must be of the
+    types it reads back, presets included."""
+    import torch
+
+    for name, cls in fedbench.PROBLEMS.items():
+        for preset in cls.presets or [None]:
+            config = cls.resolve_config({"preset": preset} if preset else {})
+            torch.save({"config": config}, tmp_path / "c.pt")
+            assert torch.load(tmp_path / "c.pt", weights_only=True)["config"] == config, (name, preset)

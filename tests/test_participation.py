@@ -432,7 +432,7 @@ def test_a_models_parameters_and_the_counts_are_grid_axes_and_set_reaches_inside
 
 
 def test_fedbench_list_shows_the_fields_of_a_participation_model_and_of_uneven_local_steps():
-    listing = invoke("list")
+    listing = invoke("list", "federation")
     assert listing.exit_code == 0
     for name in ("federation.participation", "bernoulli | markov", "p_file", "p_on",
                  "federation.local_steps", "uneven local work", "distribution", "counts"):

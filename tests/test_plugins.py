@@ -104,7 +104,7 @@ def test_a_plugins_declarations_validate_the_recipe(folder):
 
 
 def test_list_shows_a_plugin_and_where_it_came_from(folder):
-    result = invoke("list", "--with", folder / "my_method.py")
+    result = invoke("list", "algorithms", "--with", folder / "my_method.py")
     assert result.exit_code == 0, result.output
     text = "".join(result.output.split())  # the table titles as printed, wrapped at the console's width
     assert f"algorithmmy_method(plugin:{folder / 'my_method.py'})" in text

@@ -257,5 +257,5 @@ def test_fedbench_run_logs_epsilon_to_mlflow(recipe, tmp_path, tracking_uri):
 
 
 def test_fedbench_list_says_how_to_account_the_noise():
-    listing = invoke("list")
+    listing = invoke("list", "privacy")
     assert listing.exit_code == 0 and "privacy: {delta: δ} at a recipe's top level" in listing.output

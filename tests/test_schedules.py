@@ -359,7 +359,7 @@ def test_tune_searches_a_field_of_a_schedule(tmp_path):
 
 
 def test_list_names_the_kinds_with_their_formulas():
-    listing = invoke("list")
+    listing = invoke("list", "schedules")
     assert listing.exit_code == 0
     assert "cosine: final + (init − final)·(1 + cos(πk/H))/2  (init, final, [warmup]" in listing.output
 

@@ -118,7 +118,7 @@ def source_path(cls) -> str:
 
 
 def problem_page(name: str, cls) -> str:
-    from fedbench_sweeps.cli import contract_lines
+    from fedbench_sweeps.catalogue import contract_lines
 
     lines = [f"# Problem `{name}`", "", f"Source: `{source_path(cls)}`. In a recipe: `problem: {{name: {name}, ...}}`.",
              "", "## What it is", "", module_doc(cls), "", "## Parameters", "",
@@ -163,7 +163,7 @@ def metric_tables(cls) -> list[str]:
 def algorithm_page(name: str, cls) -> str:
     from fedbench.hparams import resolve
     from fedbench.problems import PROBLEMS
-    from fedbench_sweeps.cli import contract_lines
+    from fedbench_sweeps.catalogue import contract_lines
 
     title = cls.title or name
     lines = [f"# Algorithm `{name}`" + (f": {title}" if title != name else ""), "",
@@ -493,9 +493,10 @@ API_PAGES = {
         {"fedbench.run": (), "fedbench.problems.make_problem": (), "fedbench.make_algorithm": (),
          "fedbench.simulate.simulate": (), "fedbench.simulate.run_seeds": (), "fedbench.simulate.run_batch": (),
          "fedbench.simulate.Result": EVERY, "fedbench.federation.Federation": ("check",),
-         "fedbench.simulate.Simulation": ("server", "clients", "status", "rounds_done", "accountant", "run_round",
-                                          "streams", "state_dict", "load_state_dict"),
-         "fedbench.saved.load_model": (), "fedbench.algorithms.ALGORITHMS": (), "fedbench.problems.PROBLEMS": ()}),
+         "fedbench.simulate.Simulation": ("server", "clients", "status", "rounds_done", "seed", "accountant",
+                                          "run_round", "streams", "state_dict", "load_state_dict"),
+         "fedbench.saved.load_model": (), "fedbench.saved.problem_of": (), "fedbench.algorithms.ALGORITHMS": (),
+         "fedbench.problems.PROBLEMS": ()}),
     "privacy": ApiPage(
         "Privacy accounting", "ε of DP-FedAvg's Gaussian uplink at a δ: the mechanism the engine runs (sampling, "
         "adjacency, sensitivity) and dp-accounting's RDP accountant", "fedbench.privacy",
