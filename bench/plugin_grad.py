@@ -17,7 +17,7 @@ Shapes [S, b, d]: the how-to recipe's round (5 clients of batches of 10), the is
 of the problem's defaults, whole data) and a wider [20, 50, 200]. Each option's median microseconds per call over
 interleaved repetitions, and its ratio to `hand` measured in the same run (the machine is shared: read the
 ratios). Then, end to end, FedAvg on the how-to's recipe federation, the default gradient against the
-hand-written one, milliseconds per round (10 local steps).
+hand-written one, milliseconds per round (10 local steps; 3x the repetitions: a round is noisier).
 
 Usage: OMP_NUM_THREADS=1 python bench/plugin_grad.py [--repeats 7] [--threads 1]
 """
@@ -152,7 +152,7 @@ def main() -> None:
     sims = {name: Simulation(cls(config, 0), ALGORITHMS["fedavg"](cls(config, 0), client_lr=0.03), federation, 0,
                              eval_every=10**6)
             for name, cls in (("hand", HandWritten), ("default", problem_class), ("vmap_grad", VmapGrad))}
-    seconds = median_round_seconds(sims, rounds=20, repeats=args.repeats, device="cpu")
+    seconds = median_round_seconds(sims, rounds=20, repeats=3 * args.repeats, device="cpu")  # noisier than a call
     print("FedAvg, S = 5, b = 10, E = 10, ms per round: " + "  ".join(
         f"{name} {value * 1e3:.2f} ({value / seconds['hand']:.1f}x)" for name, value in seconds.items()))
 

@@ -606,9 +606,9 @@ class Problem:
         """The minibatch gradient of the smooth loss of every client at its point: `w` `[S, d]` -> `[S, d]`.
         Default: one backward pass over the sum of the clients' losses (`loss`: client k's loss depends on row k of
         w alone, so row k of the sum's gradient is its gradient). On the least squares of the how-to "Write a
-        problem" at S = 20, b = 50, d = 10 (`bench/plugin_grad.py`, one CPU thread) it took 5.5-6.2x the time of
+        problem" at S = 20, b = 50, d = 10 (`bench/plugin_grad.py`, one CPU thread) it took 5.5-6.5x the time of
         the hand-written einsum below, against 7.3-9.0x for torch.func's `vmap(grad(minibatch_loss))` (the
-        default before, the same values to rounding), and 1.3-1.6x at d = 200: a problem overrides it where a
+        default before, the same values to rounding), and 1.3-1.7x at d = 200: a problem overrides it where a
         batched form is faster (or overrides `loss` with one, which this backward pass then goes through).
 
         Example:
