@@ -7,10 +7,10 @@ local data, `Problem.full_data`) and answers, at any batched point `w` `[S, d]`:
     oracle.grad(w)     -> [S, d]    its gradient
     oracle.hvp(w, v)   -> [S, d]    its Hessian at w times v
 
-The problem computes them (`Problem.loss/grad/hvp`: torch.func over its per-client batch loss by default,
-hand-written where that is faster). An algorithm declares its minibatches (`Minibatch`); the engine
-draws each one that is not a reuse of another, and hands them to `client_step` as `Batches`, so that
-`batches.D.grad(u)` reads like the paper's ∇f̃(u; D).
+The problem computes them (`Problem.loss/grad/hvp`: by default torch.func's vmap of its per-client batch loss
+and backward passes through it, hand-written where that is faster). An algorithm declares its minibatches
+(`Minibatch`); the engine draws each one that is not a reuse of another, and hands them to `client_step` as
+`Batches`, so that `batches.D.grad(u)` reads like the paper's ∇f̃(u; D).
 
 In `client_step` the oracles take the run axis too (the engine lifts them, or the problem's take it,
 `Problem.oracles_take_runs`): `batches.D.grad(u)` at `u` `[R, S, d]` is `[R, S, d]`, `batches.D.loss(u)` `[R, S]`,
@@ -112,12 +112,12 @@ class Oracle:
 
     def hvp(self, w: Tensor, v: Tensor) -> Tensor:
         """∇²f(w_k; batch_k) v_k for each client, `w`, `v` `[S, d]` -> `[S, d]`: the problem's HVP, a closed form
-        where it has one (`exact_hvp`), else torch.func's. An algorithm that calls it declares that it `requires`
+        where it has one (`exact_hvp`), else autograd's. An algorithm that calls it declares that it `requires`
         `hvp`."""
         return self.problem.hvp(w, v, self.batch)
 
     def autograd_hvp(self, w: Tensor, v: Tensor) -> Tensor:
-        """torch.func's HVP, whatever closed form the problem has."""
+        """autograd's HVP (`Problem.autograd_hvp`), whatever closed form the problem has."""
         return self.problem.autograd_hvp(w, v, self.batch)
 
 

@@ -7,7 +7,8 @@
   the tutorials, and every name a page shows has a docstring (a name without one fails the build);
 - in headless Chromium (as tests/test_browser.py), served over HTTP with no network beyond localhost: the home
   page leads to the tutorial, an algorithm's page opens, and the search box finds it; nothing is fetched from
-  outside the site (no web fonts, no CDN).
+  outside the site (no web fonts, no CDN); at 1280-1600 px wide no code block is clipped or under its copy
+  button, the gallery's figures are legible and no sidebar link is cut (docs/stylesheets/extra.css).
 """
 from __future__ import annotations
 
@@ -344,6 +345,62 @@ def test_the_site_leads_from_home_to_the_tutorial_and_finds_an_algorithm_by_sear
     view.wait_for_url(f"{served}/reference/algorithms/scaffold/**")
     assert view.locator("h1").inner_text().startswith("Algorithm scaffold")
     assert not outside, f"the site fetched from outside itself: {outside}"
+
+
+# What each page is checked for at each width (issue 59 item 12): in the content column of ~700 px the code blocks
+# scrolled (their lines' ends hidden), the copy button covered the end of a block's first line, the gallery's
+# figures were ~150 px wide, and the sidebar's sticky title half hid the link scrolled under it.
+READABLE_PAGES = ["", "how-to/write-a-problem/", "tutorials/compare-your-own-method/", "guide/recipes/", "gallery/",
+                  "gallery/bao2022/", "reference/api/problem/"]
+LEGIBLE_FIGURE = 480  # px: the gallery's 2 × 2 panels with their axis labels readable
+READABILITY = """() => {
+  const overlaps = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+  const blocks = [...document.querySelectorAll('.md-content pre > code')];
+  const clipped = blocks.filter(code => code.scrollWidth > code.clientWidth)
+    .map(code => code.textContent.split('\\n')[0].slice(0, 60));
+  const covered = blocks.filter(code => {
+    const button = code.parentElement.querySelector('.md-code__button');
+    if (!button) return false;
+    const range = document.createRange();
+    range.selectNodeContents(code);
+    return [...range.getClientRects()].some(line => line.width > 0 && overlaps(line, button.getBoundingClientRect()));
+  }).map(code => code.textContent.split('\\n')[0].slice(0, 60));
+  const figures = [...document.querySelectorAll('.md-content img')].map(img => img.getBoundingClientRect().width);
+  const sidebar = document.querySelector('.md-sidebar--primary .md-sidebar__scrollwrap');
+  let edge = sidebar.getBoundingClientRect().top;
+  const title = document.querySelector('.md-sidebar--primary .md-nav--primary > .md-nav__title');
+  if (title && title.getClientRects().length) edge = Math.max(edge, title.getBoundingClientRect().bottom);
+  const cut = [...sidebar.querySelectorAll('.md-nav__link')].filter(link => {
+    const box = link.getBoundingClientRect();
+    return box.height > 0 && box.top < edge - 1 && box.bottom > edge + 1;
+  }).map(link => link.textContent.trim());
+  return {blocks: blocks.length, clipped, covered, figures, cut};
+}"""
+
+
+@pytest.mark.browser
+@pytest.mark.heavy  # 5-7 s a width on 2 busy cores
+@pytest.mark.parametrize("width", [1280, 1400, 1600])
+def test_the_site_is_readable_at_desktop_widths(served, browser_page, width, tmp_path):
+    """Issue 59 item 12, in Chromium at 1280, 1400 and 1600 × 1000 px, on pages of long code, figures and a deep
+    sidebar: no code block scrolls (its lines wrap in the wider column), no code under a block's copy button, the
+    gallery's figures at least LEGIBLE_FIGURE px wide, and no sidebar link cut at the sidebar's top. Each page's
+    screenshot is written to tmp_path."""
+    view = browser_page
+    view.set_viewport_size({"width": width, "height": 1000})
+    seen = {}
+    for path in READABLE_PAGES:
+        view.goto(f"{served}/{path}")
+        view.wait_for_timeout(200)  # Material scrolls the sidebar to the page's link after the load
+        seen[path or "home"] = view.evaluate(READABILITY)
+        view.screenshot(path=str(tmp_path / f"{width}-{(path or 'home').strip('/').replace('/', '-')}.png"))
+    print(f"screenshots: {tmp_path}")
+    assert sum(found["blocks"] for found in seen.values()) > 100  # the pages' code blocks were looked at
+    faults = {page: {check: found[check] for check in ("clipped", "covered", "cut") if found[check]}
+              for page, found in seen.items()}
+    faults["gallery/"]["figures"] = [w for w in seen["gallery/"]["figures"] if w < LEGIBLE_FIGURE]
+    assert len(seen["gallery/"]["figures"]) == 6
+    assert not any(fault for page in faults.values() for fault in page.values()), (width, faults)
 
 
 LISTED = {"algorithms": ["fedmid", "fast_fedda", "c_fedda", "pfedme"],

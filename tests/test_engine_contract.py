@@ -1,10 +1,13 @@
 """The engine's contract with algorithms and problems (issue 12): oracles (loss, gradient, Hessian-vector
-products) derived by torch.func and the hand-written overrides agreeing with them, full-data client
-gradients, minibatch declarations, the algorithm's own random stream, rounds of random length, and the
+products) derived from the clients' loss by default and the hand-written overrides agreeing with them, full-data
+client gradients, minibatch declarations, the algorithm's own random stream, rounds of random length, and the
 capability contract over every algorithm × problem pair."""
 from __future__ import annotations
 
+import importlib.util
 import itertools
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +23,7 @@ from fedbench.oracle import Minibatch
 from fedbench.problems import PROBLEMS
 from fedbench.problems.base import Problem
 from fedbench.rng import generator
+from fedbench.runs import RunOracle
 from fedbench.simulate import Federation, Simulation, simulate
 from helpers import npz_problem, write_npz
 from small_problems import small_lasso, small_lowrank
@@ -34,7 +38,7 @@ def draw_batch(problem, clients, size, seed=0):
 
 # -- oracles ------------------------------------------------------------------------------------------------------
 
-def test_least_squares_hand_written_grad_and_hvp_equal_torch_func():
+def test_least_squares_hand_written_grad_and_hvp_equal_the_defaults():
     problem = small_lasso()
     batch = draw_batch(problem, [0, 3, 5], 7)
     w = torch.randn(3, problem.dim, dtype=torch.float64, generator=generator(1, "w"))
@@ -51,7 +55,7 @@ def test_least_squares_hand_written_grad_and_hvp_equal_torch_func():
 
 
 def test_mlp_hvp_equals_central_finite_differences():
-    """The default HVP (forward-over-reverse torch.func) of the pAUC MLP's cross-entropy, in float64, against
+    """The default HVP (a double backward pass) of the pAUC MLP's cross-entropy, in float64, against
     central differences of its gradient."""
     problem = fedbench.make_problem("pauc", seed=0, clients=4, features=6, model="mlp", hidden=8, test_size=60,
                                     val_size=0)
@@ -64,16 +68,76 @@ def test_mlp_hvp_equals_central_finite_differences():
     eps = 1e-6
     central = (problem.grad(w + eps * v, batch) - problem.grad(w - eps * v, batch)) / (2 * eps)
     torch.testing.assert_close(hvp, central, rtol=1e-6, atol=1e-8)
-    # and the hand-written batched BCE gradient is the torch.func one
+    # and the hand-written batched BCE gradient is the default one
     torch.testing.assert_close(problem.grad(w, batch), Problem.grad(problem, w, batch), rtol=1e-12, atol=1e-14)
 
 
-def test_emnist_hand_written_grad_equals_torch_func_with_padding(tmp_path):
+def test_emnist_hand_written_grad_equals_the_default_with_padding(tmp_path):
     problem = npz_problem(tmp_path, [3, 12, 6], bias=True)
     batch = draw_batch(problem, [0, 1, 2], 8)  # client 0 has 3 samples: 5 padded picks
     assert (batch[2][0] == 0).sum() == 5
     w = 0.01 * torch.randn(3, problem.dim, generator=generator(5, "w"))
     torch.testing.assert_close(problem.grad(w, batch), Problem.grad(problem, w, batch), rtol=1e-5, atol=1e-7)
+
+
+def how_to_problem(folder: Path, **config):
+    """The problem of docs/how-to/write-a-problem.md (least squares with client drift), from its `my_problem.py`
+    block as a reader writes it, with the page's defaults (20 clients of 50 samples, d = 10)."""
+    page = (Path(__file__).parents[1] / "docs" / "how-to" / "write-a-problem.md").read_text()
+    (folder / "my_problem.py").write_text(re.search(r'^```python title="my_problem.py"\n(.*?)^```', page,
+                                                    re.S | re.M).group(1))
+    spec = importlib.util.spec_from_file_location("my_problem", folder / "my_problem.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    defaults = {p.name: p.default for p in module.DriftingLeastSquares.params}
+    return module.DriftingLeastSquares({**defaults, "data_seed": 0, **config}, 0)
+
+
+def least_squares_gradients(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """(1/b) X_kᵀ(X_k w_k − y_k) for each client k, in NumPy."""
+    x, y, w = x.numpy(), y.numpy(), w.numpy()
+    return torch.from_numpy(np.stack([x[k].T @ (x[k] @ w[k] - y[k]) / x.shape[1] for k in range(len(w))]))
+
+
+def test_the_default_gradient_of_the_how_to_problem_is_its_least_squares_gradient(tmp_path):
+    """At the issue's [20, 50, 10] (every client's whole data), at points a run's clients share (stride 0) and
+    lifted over 3 runs as the engine lifts it."""
+    problem = how_to_problem(tmp_path)
+    assert "grad" not in vars(type(problem))  # the default, as a reader's problem has it
+    x, y = batch = problem.gather(torch.arange(1000).view(20, 50))
+    w = torch.randn(20, 10, dtype=torch.float64, generator=generator(1, "w"))
+    torch.testing.assert_close(problem.grad(w, batch), least_squares_gradients(x, y, w), rtol=1e-12, atol=1e-12)
+    shared = w[:1].expand(20, -1)
+    torch.testing.assert_close(problem.grad(shared, batch), least_squares_gradients(x, y, shared.contiguous()),
+                               rtol=1e-12, atol=1e-12)
+    rows = problem.draw_minibatches(torch.arange(20).expand(3, 20).reshape(-1), 1, 7, generator(2, "rows"))[0]
+    oracle = RunOracle(problem.step_oracle(rows), 3, 20)
+    points = torch.randn(3, 20, 10, dtype=torch.float64, generator=generator(3, "w"))
+    x, y = problem.gather(rows)
+    torch.testing.assert_close(oracle.grad(points), least_squares_gradients(x, y, points.flatten(0, 1)).view(3, 20, 10),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_the_default_gradient_and_hvp_go_through_a_batched_loss(tmp_path):
+    """A problem that writes its clients' losses batched (`loss`) gets its gradient and HVPs by backward passes
+    through that form: `minibatch_loss` is not called."""
+    base = type(how_to_problem(tmp_path))
+
+    class BatchedLoss(base):
+        def minibatch_loss(self, w, batch):
+            raise AssertionError("the batched loss is the one to differentiate")
+
+        def loss(self, w, batch):
+            x, y = batch
+            return 0.5 * (torch.einsum("sbd,sd->sb", x, w) - y).square().mean(-1)
+
+    problem = BatchedLoss({p.name: p.default for p in base.params} | {"data_seed": 0}, 0)
+    x, y = batch = problem.gather(torch.arange(250).view(5, 50))
+    w = torch.randn(5, 10, dtype=torch.float64, generator=generator(4, "w"))
+    v = torch.randn(5, 10, dtype=torch.float64, generator=generator(5, "v"))
+    torch.testing.assert_close(problem.grad(w, batch), least_squares_gradients(x, y, w), rtol=1e-12, atol=1e-12)
+    hvp = torch.stack([x[k].T @ (x[k] @ v[k]) / 50 for k in range(5)])
+    torch.testing.assert_close(problem.hvp(w, v, batch), hvp, rtol=1e-12, atol=1e-12)
 
 
 # -- full local data --------------------------------------------------------------------------------------------------
