@@ -511,9 +511,9 @@ def show_tuned(recipe, summary) -> None:
 
     spec = recipe.tune
     table = Table(title=f"tune {recipe.name}: {spec.objective} {spec.metric} ({spec.mode})")
-    for column in ("algorithm", "this call's trials: ok/pruned/diverged/failed", "study's trials (all calls)",
+    for column in ("algorithm", "this call's trials: ok / pruned / diverged / failed", "study's trials (all calls)",
                    "study's best", "fresh seeds: mean ± std"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")  # folded, never cut to "…"
     for result in summary.results:
         counts = result.counts
         reruns = (f"{describe(result.fresh_values)} ({','.join(map(str, result.fresh_seeds))})"
