@@ -320,6 +320,8 @@ def test_a_report_without_the_sweeps_overrides_reports_that_sweep(swept, tmp_pat
             f"(fedbench report {path} --set federation.rounds=10)") in " ".join(other.output.split()), other.output
     again = invoke("report", path, "--set", "federation.rounds=10", "--tracking-uri", uri, "--out", tmp_path / "out")
     assert again.exit_code == 0, again.output
+    for out in ("plain", "out"):  # issue 59 item 10: the figure says the --set of the sweep it draws
+        assert Image.open(tmp_path / out / "figure.png").text["Title"] == "report-rounds (--set federation.rounds=10)"
 
 
 def test_a_method_without_personal_models_is_drawn_with_its_global_metric(tmp_path, tracking_uri):

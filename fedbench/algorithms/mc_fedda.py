@@ -8,7 +8,8 @@ Restart semantics of the authors' released MATLAB code: at a stage start the anc
 last server iterate ŵ_m (not a weighted average), g ← 0, and the round counter (so A_r and the γ terms)
 restarts. The ball step is applied in every client and server prox. Stages are given explicitly
 (`stage_rounds`, `stage_lams`, `stage_radii`), as the experiments do, rather than by the theory's
-λ_m = 2^{−m}λ₀ and ×4 stage growth; the last stage runs on if the federation has more rounds. The
+λ_m = 2^{−m}λ₀ and ×4 stage growth; the last stage runs on if the federation has more rounds, and stages that
+begin after the run's last round are warned of (`caveats`: a run shortened with its stages as they are). The
 problem's λ is not used (λ_m replaces it). The stage lists are the same for every run of a program; the stages'
 first rounds and regularizers h_m = λ_m·ℛ are derived from them (`derive`).
 """
