@@ -153,11 +153,13 @@ def recipe_file(given: Path) -> Path:
 
 
 def load_recipe(path: Path, sets: Optional[List[str]], algorithm: Optional[str] = None,
-                with_plugins: Optional[List[str]] = None):
+                with_plugins: Optional[List[str]] = None, only: Optional[List[str]] = None):
+    """The recipe at `path` with `sets` applied; with `only` (-a), its runs of those algorithms alone."""
     from .recipe import RecipeError, load
 
     try:
-        return load(recipe_file(path), sets or [], algorithm, with_plugins)
+        recipe = load(recipe_file(path), sets or [], algorithm, with_plugins)
+        return recipe.only(only) if only else recipe
     except RecipeError as err:
         fail(str(err), err.detail)
 
@@ -179,6 +181,8 @@ def check_builds(recipe, trials=None, **options) -> None:
         recipe.check_builds(trials)
     except RecipeError as err:
         fail(str(err), err.detail)
+    for caveat in recipe.caveats(trials):  # valid runs, whose hyperparameters do not say what they do
+        errors.print(f"[bold yellow]warning:[/] {caveat}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -230,7 +234,7 @@ def run(
         json_path.write_text(json.dumps(rows, indent=1))
         say(f"rows written to {json_path}")
     if store is not None:
-        log_runs(store, recipe, trials, outcomes)
+        log_runs(store, recipe, trials, outcomes, sets or [])
     if any(outcome.status == "diverged" for outcome in outcomes):
         raise typer.Exit(1)
 
@@ -302,8 +306,10 @@ def drive_runs(recipe, trials: list, sims: list, tracking_uri: Optional[str], re
         return outcomes
 
 
-def log_runs(store, recipe, trials: list, outcomes: list) -> None:
-    """`fedbench run`'s runs logged to the store; a run the store refuses is kept for the next command (`spill`)."""
+def log_runs(store, recipe, trials: list, outcomes: list, sets: list[str]) -> None:
+    """`fedbench run`'s runs logged to the store, with the --set options that made them (a report's title says
+    them); a run the store refuses is kept for the next command (`spill`)."""
+    import shlex
     from dataclasses import asdict
 
     from .report import headline_metrics
@@ -312,10 +318,10 @@ def log_runs(store, recipe, trials: list, outcomes: list) -> None:
     for t, outcome in zip(trials, outcomes):
         try:
             run_id = store.log_run(recipe.name, headline_metrics(recipe), t, asdict(outcome),
-                                   {"recipe_hash": recipe.recipe_hash})
+                                   {"recipe_hash": recipe.recipe_hash, "overrides": shlex.join(sets)})
         except Exception as error:  # the store failed after the run: its result is kept, not lost
             kept = spill(store.uri, recipe.name, headline_metrics(recipe), t, asdict(outcome),
-                         {"recipe_hash": recipe.recipe_hash})
+                         {"recipe_hash": recipe.recipe_hash, "overrides": shlex.join(sets)})
             fail(f"{store.uri}: the run could not be stored ({first_line(error, 100)}); its result is kept in "
                  f"{kept} and stored by the next fedbench command on this store")
         say(f"logged to {store.uri} (experiment {recipe.name!r}, run {run_id})")
@@ -365,6 +371,8 @@ def sweep(
     recipe_paths: List[Path] = typer.Argument(..., metavar="RECIPE...", help="YAML recipe(s), or shipped recipes' "
                                               "names (fedbench recipes): several run one after another on one "
                                               "Ray, each with its experiment and report"),
+    algorithms: Optional[List[str]] = typer.Option(None, "--algorithm", "-a", help="Sweep only this one of the "
+                                                   "recipe's algorithms; repeat it for several"),
     sets: Optional[List[str]] = SetOption,
     with_plugins: Optional[List[str]] = WithOption,
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (default: start a local Ray)"),
@@ -378,11 +386,11 @@ def sweep(
     yes: bool = typer.Option(False, "--yes", help="Run a recipe of more runs than its max_runs: (default 2000)"),
 ) -> None:
     """Run every (config, seed) of the recipe on Ray Tune; runs already finished in the store are skipped. Several
-    recipes are all checked before the first runs (--set applies to each), and share one Ray."""
+    recipes are all checked before the first runs (--set and -a apply to each), and share one Ray."""
     use_data_dir(data_dir)
     from .cluster import ClusterError, one_cluster
 
-    recipes = [load_recipe(path, sets, with_plugins=with_plugins) for path in recipe_paths]
+    recipes = [load_recipe(path, sets, with_plugins=with_plugins, only=algorithms) for path in recipe_paths]
     for recipe in recipes:
         check_builds(recipe, **{"--max-concurrent": max_concurrent, "--device": device})
         if recipe.runs() > recipe.max_runs and not yes:  # a grid grown by a slip (a zero too many) is not started
@@ -498,15 +506,12 @@ def tune(
     from .cluster import ClusterError
     from .recipe import RecipeError
     from .tracking import StoreError
-    from .tuning import describe, tune_recipe
+    from .tuning import tune_recipe
 
-    recipe = load_recipe(recipe_path, sets, with_plugins=with_plugins)
+    recipe = load_recipe(recipe_path, sets, with_plugins=with_plugins, only=algorithm)
     if recipe.tune is None:
         fail(f"{recipe_path}: tune: missing; `fedbench tune` needs a tune: block (space, metric, mode, trials)")
-    chosen = algorithm or list(recipe.algorithms)
-    for name in chosen:
-        if name not in recipe.algorithms:
-            fail(f"{recipe_path}: --algorithm: found {name!r}, expected one of {', '.join(recipe.algorithms)}")
+    chosen = list(recipe.algorithms)
     check_builds(recipe, **{"--max-concurrent": max_concurrent, "--rerun-best": rerun_best, "--device": device})
     recipe = on_device(recipe, device)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[detail]}"),
@@ -529,24 +534,35 @@ def tune(
         except (ClusterError, RecipeError, StoreError) as err:
             bar.stop()
             fail(str(err), getattr(err, "detail", ""))
-    spec = recipe.tune
-    table = Table(title=f"tune {recipe.name}: {spec.objective} {spec.metric} ({spec.mode})")
-    for column in ("algorithm", "trials", "ok/pruned/diverged/failed", "best params", "best",
-                   "fresh seeds: mean ± std"):
-        table.add_column(column)
-    for result in summary.results:
-        counts = result.counts
-        params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                           for k, v in result.best_params.items())
-        reruns = (f"{describe(result.fresh_values)} ({','.join(map(str, result.fresh_seeds))})"
-                  if result.fresh_seeds else "-")
-        table.add_row(result.algorithm, str(result.study_trials), "/".join(str(counts[k]) for k in counts),
-                      params or "-", f"{result.best_value:.4g}", reruns)
-    console.print(table)
+    show_tuned(recipe, summary)
     console.print(f"studies in {summary.storage} (optuna-dashboard {summary.storage}); runs under parent "
                   f"{summary.parent_run_id} in experiment {recipe.name!r}", highlight=False)
     for error in summary.tracking_errors:
         errors.print(f"tracking error: {error}", highlight=False)
+
+
+def show_tuned(recipe, summary) -> None:
+    """`tune`'s summary: this call's trials by how they ended, apart from the study's trials over every call (what
+    its best is the best of); the best values whole, one line per algorithm below the table (a table column cut
+    `client_lr=0.000123` to `client_lr=0.…` at 80 columns)."""
+    from .tuning import describe
+
+    spec = recipe.tune
+    table = Table(title=f"tune {recipe.name}: {spec.objective} {spec.metric} ({spec.mode})")
+    for column in ("algorithm", "this call's trials: ok / pruned / diverged / failed", "study's trials (all calls)",
+                   "study's best", "fresh seeds: mean ± std"):
+        table.add_column(column, overflow="fold")  # folded, never cut to "…"
+    for result in summary.results:
+        counts = result.counts
+        reruns = (f"{describe(result.fresh_values)} ({','.join(map(str, result.fresh_seeds))})"
+                  if result.fresh_seeds else "-")
+        table.add_row(result.algorithm, f"{sum(counts.values())}: " + "/".join(str(counts[k]) for k in counts),
+                      str(result.study_trials), f"{result.best_value:.4g}", reruns)
+    console.print(table)
+    for result in summary.results:
+        params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                           for k, v in result.best_params.items())
+        say(f"{result.algorithm}: study's best {params or '-'}")
 
 
 class XAxis(str, Enum):

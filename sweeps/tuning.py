@@ -345,7 +345,9 @@ def lowest(recipe: Recipe, algorithm: str) -> dict[str, Any]:
 
 
 def describe(values: list[float]) -> str:
+    """Mean ± sample standard deviation; one value alone, said so (no "± 0": one seed has no spread)."""
     if not values:
         return "-"
-    spread = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.fmean(values):.6g} ± {spread:.2g}"
+    if len(values) == 1:
+        return f"{values[0]:.6g} (n = 1)"
+    return f"{statistics.fmean(values):.6g} ± {statistics.stdev(values):.2g}"

@@ -592,3 +592,84 @@ def test_show_of_a_sweeps_parent_lists_its_runs_and_leaves_out_its_claims(ray_lo
         learning_rate = f"client_lr={float(child.data.params['algorithm.client_lr']):g}"
         assert row == [tags["algorithm"], learning_rate if tags["algorithm"] == "fedda" else "–", tags["seed"],
                        "finished", child.info.run_id], row
+
+
+# -- issue 59 item 10: friction of a shipped recipe's command line ------------------------------------------------
+
+def test_a_run_shorter_than_mc_feddas_stages_is_warned_of_them():
+    """`--set federation.rounds=200` on papers/bao2022_lasso kept MC-FedDA's stages (250, 250, 1500 rounds): its
+    runs never left their first stage, unwarned. They are valid runs (a shortened run is the first rounds of the full
+    one, which bench/gallery.py times), so a warning names the algorithm, both numbers and stages that fit; stages
+    that begin within the rounds are not warned of."""
+    result = invoke("validate", "papers/bao2022_lasso", "--set", "federation.rounds=200")
+    assert result.exit_code == 0, result.output
+    warning = next(line for line in result.output.splitlines() if line.startswith("warning:"))
+    assert ("algorithms.mc_fedda.stage_rounds: found [250, 250, 1500] for 200 rounds: the run ends in stage 1 of 3, "
+            "stages 2–3 beginning at rounds 250, 500; in the same proportions: stage_rounds=[25,25,150]") in warning
+    fitted = invoke("validate", "papers/bao2022_lasso", "--set", "federation.rounds=200",
+                    "--set", "algorithms.mc_fedda.stage_rounds=[25,25,150]")
+    assert fitted.exit_code == 0 and "warning" not in fitted.output, fitted.output
+    assert "warning" not in invoke("validate", "papers/bao2022_lasso").output
+    alone = invoke("run", "papers/bao2022_lasso", "-a", "fedmid", "--set", "federation.rounds=2", "--no-track")
+    assert alone.exit_code == 0 and "warning" not in alone.output, alone.output  # a run of another algorithm
+
+
+def test_mc_feddas_caveat_is_where_the_engines_stages_do_not_all_begin():
+    """The warning's rule against the engine's own stage of each round (`MCFedDA._stage` on the starts `derive`
+    makes): a run of R rounds (indices 0..R-1) is warned of exactly when its last round is not in the last stage."""
+    from fedbench.algorithms.mc_fedda import MCFedDA
+    from fedbench.hparams import HParams
+
+    stages = [250.0, 250.0, 1500.0]
+    hp = HParams({"stage_rounds": stages, "stage_starts": [0, 250, 500]})
+    for rounds in (1, 200, 250, 251, 499, 500, 501, 2000):
+        last_stage = MCFedDA._stage(rounds - 1, hp)
+        assert bool(MCFedDA.caveats({"stage_rounds": stages}, rounds)) == (last_stage < 2), rounds
+    assert MCFedDA.caveats({"stage_rounds": [3.0, 4.0]}, 2) == {
+        "stage_rounds": "found [3, 4] for 2 rounds: the run ends in stage 1 of 2, stage 2 beginning at round 3; in "
+                        "the same proportions: stage_rounds=[1,1]"}
+    assert "proportions" not in MCFedDA.caveats({"stage_rounds": stages}, 2)["stage_rounds"]  # 3 stages in 2 rounds
+
+
+def test_an_algorithm_the_recipe_does_not_run_is_refused_naming_those_it_runs(tmp_path):
+    """`run -a fednova` read as if the recipe were wrong ("found 'fednova', expected one of ..."): it says the recipe
+    does not run it and which it runs, how to add a known algorithm, and that no algorithm has an unknown name."""
+    from helpers import refused
+
+    listed = "it runs fedmid, fedda, fast_fedda, c_fedda, mc_fedda"
+    refused(invoke("run", "papers/bao2022_lasso", "-a", "fednova", "--no-track"), "--algorithm: the recipe does not "
+            f"run 'fednova'; {listed}; no algorithm is named 'fednova'")
+    refused(invoke("run", "papers/bao2022_lasso", "-a", "fedavg", "--no-track"),
+            f"the recipe does not run 'fedavg'; {listed}; --set algorithms.fedavg={{}} adds it")
+    refused(invoke("sweep", "papers/bao2022_lasso", "-a", "fedmid", "-a", "scaffold"),
+            f"the recipe does not run 'scaffold'; {listed}")
+    refused(invoke("tune", "recipes/lasso.yaml", "-a", "fedad"), "the recipe does not run 'fedad'; it runs fedmid, "
+            "fedda, fedavg; no algorithm is named 'fedad' (did you mean 'fedda'?)")
+    added = invoke("run", "papers/bao2022_lasso", "-a", "fedavg", "--set", "algorithms.fedavg={}",
+                   "--set", "federation.rounds=2", "--no-track")
+    assert added.exit_code == 0, added.output
+
+
+def test_setting_an_algorithm_of_the_recipe_to_null_is_refused():
+    """`--set algorithms.fedda=null` was accepted and ran FedDA at its default hyperparameters (YAML's `fedda:`), not
+    without it: refused, pointing at -a. An algorithm the recipe does not list joins it at its defaults, as before."""
+    from helpers import refused
+
+    refused(invoke("validate", "papers/bao2022_lasso", "--set", "algorithms.fedda=null"),
+            "--set: algorithms.fedda=null: found null for an algorithm the recipe runs", "expected -a NAME")
+    joined = invoke("validate", "papers/bao2022_lasso", "--set", "algorithms.fedavg=null")
+    assert joined.exit_code == 0 and "mc_fedda, fedavg" in " ".join(joined.output.split()), joined.output
+
+
+def test_no_two_shipped_recipes_share_an_experiment_name():
+    """recipes/lasso.yaml and papers/bao2022_lasso (and lowrank.yaml and papers/bao2022_lowrank) were both experiment
+    `bao2022-lasso` (`bao2022-lowrank`): a report of one drew the other's runs too."""
+    from sweeps.recipe import read_yaml
+    from sweeps.shipped import find, names
+
+    experiments: dict[str, list[str]] = {}
+    for name in names():
+        path = find(name)
+        assert path is not None
+        experiments.setdefault(read_yaml(path).get("name") or path.stem, []).append(name)
+    assert len(experiments) == len(names()) > 30, {e: n for e, n in experiments.items() if len(n) > 1}

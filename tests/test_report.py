@@ -320,6 +320,8 @@ def test_a_report_without_the_sweeps_overrides_reports_that_sweep(swept, tmp_pat
             f"(fedbench report {path} --set federation.rounds=10)") in " ".join(other.output.split()), other.output
     again = invoke("report", path, "--set", "federation.rounds=10", "--tracking-uri", uri, "--out", tmp_path / "out")
     assert again.exit_code == 0, again.output
+    for out in ("plain", "out"):  # issue 59 item 10: the figure says the --set of the sweep it draws
+        assert Image.open(tmp_path / out / "figure.png").text["Title"] == "report-rounds (--set federation.rounds=10)"
 
 
 def test_a_method_without_personal_models_is_drawn_with_its_global_metric(tmp_path, tracking_uri):
@@ -423,3 +425,74 @@ def test_one_algorithm_drawn_has_a_color_per_configuration_several_a_color_each(
     assert [colors[c.algorithm, c.config_hash] for c in both] == ["C0"] * 7 + ["C1"] * 7
     assert len(set(map(str, STYLES))) == 7  # a configuration's style is STYLES[its rank]
     assert [h.get_color() for h in legend_handles(both, colors)] == ["C0"] * 7 + ["C1"] * 7
+
+
+def test_one_runs_final_value_is_shown_alone_not_plus_or_minus_zero():
+    """Issue 59 item 10: a one-seed summary read "0.5 ± 0", a spread of none where one run has no spread; it reads
+    the value with n = 1, in the final values and the seconds per 1000 rounds alike (two runs keep their ± sd)."""
+    from types import SimpleNamespace
+
+    from sweeps.recipe import SelectSpec
+    from sweeps.report.render import final_text, table
+    from sweeps.report.settings import Settings
+    from sweeps.report.statistics import Configuration
+    from sweeps.tuning import describe
+
+    finished = SimpleNamespace(data=SimpleNamespace(tags={"status": "finished"}))
+    alone = Configuration("fedmid", "h", [finished], {}, finals={"loss": [0.5]}, seconds=[12.0])
+    assert final_text(alone, "loss") == final_text(alone, "loss", "ci95") == "0.5 (n = 1)"
+    settings = Settings([], SelectSpec(metric="loss", mode="min"), {}, "rounds", {}, {}, 1, {})
+    assert table([alone], settings)[1][0][4:] == ["12 (n = 1)", "0.5 (n = 1)"]
+    pair = Configuration("fedmid", "h", [finished, finished], {}, finals={"loss": [0.5, 1.5]})
+    assert final_text(pair, "loss") == "1 ± 0.71"
+    assert describe([0.25]) == "0.25 (n = 1)" and describe([1.0, 3.0]) == "2 ± 1.4"
+
+
+def test_uniform_participation_is_labelled_uniform():
+    """A run drawn uniformly records no participation field (its config hash is as before the field existed, so
+    stores made before read the same): against a cyclic configuration it read `participation=none`; it reads
+    `participation=uniform`, from the same stored params."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from sweeps.recipe import SelectSpec
+    from sweeps.report.settings import Settings
+    from sweeps.report.statistics import configurations
+
+    def run(config_hash, params, loss):
+        return SimpleNamespace(data=SimpleNamespace(tags={"algorithm": "fedavg", "config_hash": config_hash, "seed": "0",
+                                                          "status": "finished"}, params=params, metrics={}), loss=loss)
+
+    runs = [run("a", {"federation.rounds": "30"}, 2.0),
+            run("b", {"federation.rounds": "30", "federation.participation": "cyclic(groups=4)"}, 1.0)]
+    settings = Settings([], SelectSpec(metric="loss", mode="min"), {}, "rounds", {}, {}, 1, {})
+    configs = configurations(runs, ["fedavg"], settings, lambda r, metric: (np.array([0, 1]), np.array([3.0, r.loss])))
+    assert [c.varying for c in configs] == ["federation.participation=cyclic(groups=4)",
+                                            "federation.participation=uniform"]
+
+
+@pytest.mark.heavy  # ~6 s: two runs and two reports
+def test_a_reports_figures_say_the_set_options_that_made_its_runs(tmp_path, tracking_uri):
+    """Issue 59 item 10: the figure of a sweep shortened by --set was titled as the recipe's own. Its titles (the
+    drawn one and the PNG's Title) and the page say the --set options: here of `fedbench run`'s runs (tag
+    `overrides`), reported as their experiment; a run made without --set has none."""
+    path = tmp_path / "shortened.yaml"
+    path.write_text(RECIPE.replace("name: report-grid", "name: report-set"))
+    made = invoke("run", path, "-a", "fedmid", "--set", "federation.rounds=10", "--set", "algorithm.client_lr=0.01",
+                  "--tracking-uri", tracking_uri)
+    assert made.exit_code == 0, made.output
+    result = invoke("report", "--experiment", "report-set", "--tracking-uri", tracking_uri, "--out", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    title = "report-set (--set federation.rounds=10 --set algorithm.client_lr=0.01)"
+    assert Image.open(tmp_path / "out" / "figure.png").text["Title"] == title
+    assert Image.open(tmp_path / "out" / "metric_l2_error.png").text["Title"].startswith(f"{title}: ")
+    assert f"# Report: {title}" in (tmp_path / "out" / "report.md").read_text()
+
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(RECIPE.replace("name: report-grid", "name: report-plain").replace("[1e-2, 0.07]", "1e-2")
+                     .replace("rounds: 30", "rounds: 10"))
+    assert invoke("run", plain, "-a", "fedmid", "--tracking-uri", tracking_uri).exit_code == 0
+    assert invoke("report", "--experiment", "report-plain", "--tracking-uri", tracking_uri,
+                  "--out", tmp_path / "plain").exit_code == 0
+    assert Image.open(tmp_path / "plain" / "figure.png").text["Title"] == "report-plain"

@@ -259,3 +259,18 @@ def test_a_scored_stream_sends_its_rows_at_each_rung_stamped_with_round_and_scor
     send.close()
     assert [(event["event"], event["round"]) for event in reported] == [("start", 0.0), ("rows", 10.0),
                                                                         ("rows", 30.0), ("end", 35.0)]
+
+
+@pytest.mark.ray
+def test_sweep_a_runs_only_the_algorithms_named(ray_local, tmp_path, tracking_uri):
+    """Issue 59 item 10: `sweep` had no -a. `sweep -a fedda -a fedavg` runs their configurations alone, as a part of
+    the recipe's sweep (its experiment and parent): the whole sweep after it runs only fedmid's."""
+    path = write(tmp_path, GRID.replace("rounds: 30", "rounds: 5").replace("seeds: [3, 4]", "seeds: [3]"))
+    result = CliRunner().invoke(app, ["sweep", str(path), "-a", "fedda", "-a", "fedavg", "--no-report",
+                                      "--tracking-uri", tracking_uri])
+    assert result.exit_code == 0, result.output
+    assert sorted(run.data.tags["algorithm"] for run in runs_of(tracking_uri, "grid", "trial")) == ["fedavg"] * 2 + [
+        "fedda"] * 2
+    whole = sweep(load(path), tracking=tracking_uri)
+    assert (whole.total, whole.skipped, whole.counts["finished"]) == (6, 4, 2)
+    assert len(runs_of(tracking_uri, "grid", "sweep")) == 1

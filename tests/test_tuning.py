@@ -237,3 +237,20 @@ def test_the_best_configuration_of_a_labelled_recipe_is_a_valid_recipe(name):
         best = best_recipe(recipe, algorithm, {}, [1])
         assert list(best.algorithms) == [algorithm] and best.seeds == [1]
         assert best.report.labels.get(algorithm) == recipe.report.labels.get(algorithm)
+
+
+@pytest.mark.ray
+def test_the_summary_keeps_this_calls_trials_apart_and_the_best_values_whole(ray_local, tmp_path, tracking_uri):
+    """Issue 59 item 10: at 80 columns (a pipe's width, as here) the summary cut `client_lr=0.000123` to
+    `client_lr=0.…`, and counted the study's trials of every call beside the ok/pruned of this one. A second call
+    of 2 trials: this call's 2 by how they ended, the study's 4, and its best value whole on a line of its own."""
+    path = write(tmp_path, RECIPE.replace("trials: 20", "trials: 2").replace("rounds: 150", "rounds: 20")
+                 .replace("[1.0e-4, 1.0]", "[1.0e-4, 1.0e-3]"))
+    tune(path, tracking_uri)
+    output = tune(path, tracking_uri).output
+    best = study(tmp_path).best_params["client_lr"]
+    assert "…" not in output, output
+    assert f"fedmid: study's best client_lr={best:.4g}" in output, output
+    row = next(line for line in output.splitlines() if line.startswith("│ fedmid"))
+    assert [cell.strip() for cell in row.strip("│").split("│")][1:3] == ["2: 2/0/0/0", "4"], output
+    assert "this call's" in output and "study's trials" in " ".join(output.split()), output

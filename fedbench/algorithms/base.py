@@ -337,6 +337,22 @@ class Algorithm:
         """
 
     @classmethod
+    def caveats(cls, hp: Mapping[str, Any], rounds: int) -> dict[str, str]:
+        """What a run of `rounds` rounds with these hyperparameters does that they do not say, by the hyperparameter
+        concerned: a recipe's validator warns of each (the run is valid: a shortened run is the first rounds of the
+        full one). Default: none.
+
+        Args:
+            hp: the resolved hyperparameters by name, as Python values.
+            rounds: the run's communication rounds.
+
+        Example:
+            MC-FedDA's stages that begin after the run's last round (`fedbench/algorithms/mc_fedda.py`): with
+            `stage_rounds: [250, 250, 1500]` a run of 200 rounds never leaves its first stage.
+        """
+        return {}
+
+    @classmethod
     def requirements(cls, hp: Mapping[str, Any]) -> set[str]:
         """The capabilities this algorithm needs with these hyperparameters. Default: `requires`, and
         `personal_evaluation` for a personalized method, else `global_evaluation`.

@@ -8,7 +8,8 @@ Restart semantics of the authors' released MATLAB code: at a stage start the anc
 last server iterate ŵ_m (not a weighted average), g ← 0, and the round counter (so A_r and the γ terms)
 restarts. The ball step is applied in every client and server prox. Stages are given explicitly
 (`stage_rounds`, `stage_lams`, `stage_radii`), as the experiments do, rather than by the theory's
-λ_m = 2^{−m}λ₀ and ×4 stage growth; the last stage runs on if the federation has more rounds. The
+λ_m = 2^{−m}λ₀ and ×4 stage growth; the last stage runs on if the federation has more rounds, and stages that
+begin after the run's last round are warned of (`caveats`: a run shortened with its stages as they are). The
 problem's λ is not used (λ_m replaces it). The stage lists are the same for every run of a program; the stages'
 first rounds and regularizers h_m = λ_m·ℛ are derived from them (`derive`).
 """
@@ -42,6 +43,19 @@ class MCFedDA(CFedDA):
         if any(not float(r).is_integer() for r in hp["stage_rounds"]):
             raise ParamError("stage_rounds", f"found {hp['stage_rounds']}, expected whole numbers of rounds", cls.name)
 
+    @classmethod
+    def caveats(cls, hp, rounds):
+        stages = [int(r) for r in hp["stage_rounds"]]
+        starts = list(itertools.accumulate([0] + stages[:-1]))
+        reached = sum(start < rounds for start in starts)
+        if reached == len(stages):
+            return {}
+        later, count = ", ".join(map(str, starts[reached:])), len(stages)
+        unreached = f"stage {count} beginning at round" if reached == count - 1 else \
+            f"stages {reached + 1}–{count} beginning at rounds"
+        return {"stage_rounds": f"found {stages} for {rounds} rounds: the run ends in stage {reached} of {count}, "
+                                f"{unreached} {later}{scaled(stages, rounds)}"}
+
     def derive(self, hp):
         return {**super().derive(hp),
                 "stage_starts": list(itertools.accumulate([0] + [int(r) for r in hp.stage_rounds[:-1]])),
@@ -69,3 +83,13 @@ class MCFedDA(CFedDA):
             w = server["w"]
             server = {"g": w.new_zeros(w.shape), "wt": alpha(0, hp.alpha, hp.a) * w, "w": w, "anchor": w.clone()}
         return server
+
+
+def scaled(stages: list[int], rounds: int) -> str:
+    """The stage lengths in the same proportions within `rounds` rounds, each stage at least a round, as a
+    suggestion (none where the stages do not fit)."""
+    total = sum(stages)
+    head = [max(1, stage * rounds // total) for stage in stages[:-1]]
+    if sum(head) >= rounds:
+        return ""
+    return f"; in the same proportions: stage_rounds=[{','.join(map(str, [*head, rounds - sum(head)]))}]"

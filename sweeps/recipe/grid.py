@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any, Optional
 
@@ -94,8 +94,7 @@ class Recipe:
                                   f"the recipe compares {', '.join(self.algorithms)}; choose one with --algorithm")
             algorithm = next(iter(self.algorithms))
         if algorithm not in self.algorithms:
-            raise RecipeError(self.source, "--algorithm", f"found {algorithm!r}, expected one of "
-                              f"{', '.join(self.algorithms)}{closest(algorithm, self.algorithms)}")
+            raise not_run(self.source, algorithm, list(self.algorithms))
         if seed is not None and not is_seed(seed):
             raise RecipeError(self.source, "--seed", f"found {seed!r}, expected an integer >= 0 (as each of seeds)")
         fixed = fixed or {}
@@ -122,6 +121,14 @@ class Recipe:
                     chosen[section][path.removeprefix(section + ".")] = value
         return self._trial(chosen["problem"], chosen["federation"], algorithm,
                            chosen[f"algorithms.{algorithm}"], self.seeds[0] if seed is None else seed)
+
+    def only(self, names: list[str]) -> Recipe:
+        """The recipe's runs of the algorithms `names` alone (`-a NAME` of sweep and tune): the same recipe (its
+        document, hash, experiment and sweep), a part of its runs. A name it does not list is refused (`not_run`)."""
+        for name in names:
+            if name not in self.algorithms:
+                raise not_run(self.source, name, list(self.algorithms))
+        return replace(self, algorithms={name: grid for name, grid in self.algorithms.items() if name in names})
 
     def grids(self, algorithm: str) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
         """The problem and federation grids of one algorithm: the recipe's, with the algorithm's own
@@ -238,6 +245,17 @@ class Recipe:
         except ValueError as err:  # what else building the run refuses (pfedfbe's λ below the clients' smoothness)
             raise RecipeError(self.source, f"algorithms.{trial.algorithm}", str(err)) from None
 
+    def caveats(self, trials: list[Trial] | None = None) -> list[str]:
+        """What runs of `trials` (default: the recipe's) would do that their hyperparameters do not say
+        (`Algorithm.caveats`: MC-FedDA's stages beyond the run's rounds), one line each, as `fedbench` warns of them:
+        valid runs, so warned of, not refused (a shortened run is the first rounds of the full one)."""
+        lines: dict[str, None] = {}
+        for trial in self.trials() if trials is None else trials:
+            caveats = ALGORITHMS[trial.algorithm].caveats(trial.hyperparameters, trial.federation.rounds)
+            for name, message in caveats.items():
+                lines[f"{self.source}: algorithms.{trial.algorithm}.{name}: {message}"] = None
+        return list(lines)
+
     def check_memory(self, trial: Trial) -> None:
         """Refuse a run whose estimate (`Problem.run_bytes`) exceeds this machine's memory, naming the size parameter
         whose default would lower it most (the one to lower): building it would die allocating, at run time."""
@@ -269,6 +287,15 @@ def machine_memory() -> int | None:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):  # no sysconf (Windows), or no such name
         return None
+
+
+def not_run(source: str, algorithm: str, listed: list[str]) -> RecipeError:
+    """The refusal of `-a NAME` for an algorithm the recipe does not list: which it does, and how to add a known one
+    (or that none is named so, and the closest name the recipe runs)."""
+    hint = (f"; --set algorithms.{algorithm}={{}} adds it" if algorithm in ALGORITHMS
+            else f"; no algorithm is named {algorithm!r}{closest(algorithm, listed)}")
+    return RecipeError(source, "--algorithm", f"the recipe does not run {algorithm!r}; it runs {', '.join(listed)}"
+                       f"{hint}")
 
 
 def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:

@@ -266,6 +266,12 @@ def apply_overrides(raw: dict[str, Any], assignments: list[str], source: str, al
             raise RecipeError(source, "--set", f"{path}: {err.message}") from None
         except yaml.YAMLError:
             raise RecipeError(source, "--set", f"cannot parse the value of {path!r}: {shown(text)}") from None
+        listed = raw.get("algorithms")
+        if value is None and len(keys) == 2 and keys[0] == "algorithms" and isinstance(listed, dict) and \
+                keys[1] in listed:  # YAML's `fedda:` (null) is fedda at its defaults: no way to leave it out
+            raise RecipeError(source, "--set", f"{path}=null: found null for an algorithm the recipe runs, which would "
+                              f"run it at its default hyperparameters, not leave it out; expected -a NAME for each "
+                              f"algorithm to run, or {path}={{}} for its defaults")
         set_field(raw, keys, value, source, path)
     return raw
 

@@ -98,12 +98,12 @@ def write_report(store: Store, source: Source, out: Optional[Path] = None, x: Op
     metric_pngs = []
     for metric in available:
         path = out / f"metric_{metric}.png"
-        save_metric(path, source.name, metric, drawn, colors, settings, histories)
+        save_metric(path, source.title, metric, drawn, colors, settings, histories)
         files.append(path)
         metric_pngs.append((settings.label(metric), path.name))
     figures = [out / "figure.png", *(out / f"figure_{axis}.png" for axis in settings.also_x)]
     for path, axis in zip(figures, [settings.x, *settings.also_x]):
-        save_figure(path, source.name, drawn, colors, replace(settings, x=axis), histories)
+        save_figure(path, source.title, drawn, colors, replace(settings, x=axis), histories)
     csv_path = out / "table.csv"
     write_csv(csv_path, configs, settings)
 
@@ -140,7 +140,8 @@ def make_page(store: Store, source: Source, configs: list[Configuration], settin
     best_rows = [row for row, config in zip(rows, configs) if config.best]
     select = settings.select
     facts = [f"source: {source.description} (experiment {source.name!r}, store {store.uri})",
-             f"runs: {len(source.runs)} ({statuses(source.runs)}) in {len(configs)} configurations",
+             f"runs: {len(source.runs)} ({statuses(source.runs)}) in {len(configs)} configurations"
+             + (f", made with {source.made_with}" if source.made_with else ""),
              f"best configuration (★): the {'lowest' if select.mode == 'min' else 'highest'} mean final "
              f"{settings.label(select.metric)}; one with a run that did not finish ranks below all whose runs did",
              f"written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"]
@@ -151,7 +152,7 @@ def make_page(store: Store, source: Source, configs: list[Configuration], settin
     if settings.targets:
         notes.append("rounds to target: the first evaluated round at which a run's metric reached the value from "
                      "the side it started on, averaged over the runs that reached it")
-    return Page(f"Report: {source.name}", facts, figures, (header, best_rows), (header, rows), metric_pngs, notes)
+    return Page(f"Report: {source.title}", facts, figures, (header, best_rows), (header, rows), metric_pngs, notes)
 
 
 def report(store: Store, recipe: Optional[Recipe] = None, experiment: Optional[str] = None,

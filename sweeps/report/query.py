@@ -32,6 +32,12 @@ class Source:
     parent_id: Optional[str] = None  # where the report's artifacts go
     description: str = ""
     hint: str = ""  # where there are no runs: what the store holds instead, and the command that reports it
+    made_with: str = ""  # the --set options that made its runs, as typed (`--set federation.rounds=200`)
+
+    @property
+    def title(self) -> str:
+        """Its name, and the --set options that made its runs: a figure of a shortened sweep says so."""
+        return f"{self.name} ({self.made_with})" if self.made_with else self.name
 
 
 def one_per_seed(runs: list) -> list:
@@ -90,7 +96,8 @@ def find_source(store: Store, recipe: Optional[Recipe] = None, experiment: Optio
             raise ReportError(f"run {run_id} is a {role or 'untagged'} run, not a sweep or tuning session; "
                               f"pass its parent with --run, or the experiment with --experiment")
         stored = stored_recipe(store, parent)
-        return Source(stored.name, parent_runs(store, parent, stored), stored, run_id, f"{role} run {run_id}")
+        return Source(stored.name, parent_runs(store, parent, stored), stored, run_id, f"{role} run {run_id}",
+                      made_with=set_options(parent))
     name = recipe.name if recipe is not None else experiment
     assert name is not None  # exactly one of recipe, experiment and run_id is given
     found = store.client.get_experiment_by_name(name)
@@ -107,13 +114,15 @@ def find_source(store: Store, recipe: Optional[Recipe] = None, experiment: Optio
             stored = stored_recipe(store, swept)
             return Source(name, parent_runs(store, swept, stored), stored, swept.info.run_id,
                           f"the runs of {recipe.source} swept with {set_options(swept)} (its newest sweep; give "
-                          "report other --set to report another)")
+                          "report other --set to report another)", made_with=set_options(swept))
         return Source(name, runs, recipe, sweeps[0].info.run_id if sweeps else None, f"the runs of {recipe.source}",
-                      "" if runs else other_sweeps(store, experiment_id, recipe))
+                      "" if runs else other_sweeps(store, experiment_id, recipe), made_with(sweeps))
     every = store.search(experiment_id, "")  # newest first
     parents = [run for run in every if run.data.tags.get("role") in ("sweep", "tune")]
+    alone = [run for run in every if run.data.tags.get("role") == "run"]  # `fedbench run`'s: no parent
     return Source(name, one_per_seed([run for run in every if run.data.tags.get("role") in RUN_ROLES]),
-                  stored_recipe(store, parents[0]) if parents else None, None, f"every run of experiment {name!r}")
+                  stored_recipe(store, parents[0]) if parents else None, None, f"every run of experiment {name!r}",
+                  made_with=made_with([*parents, *alone]))
 
 
 def _other_sweeps(store: Store, experiment_id: str, recipe: Recipe) -> tuple[list, list]:
@@ -127,6 +136,15 @@ def _other_sweeps(store: Store, experiment_id: str, recipe: Recipe) -> tuple[lis
 def set_options(sweep) -> str:
     """The --set options a sweep parent was made with (tagged by `shlex.join`), as one would type them again."""
     return " ".join(f"--set {shlex.quote(item)}" for item in shlex.split(sweep.data.tags.get("overrides", "")))
+
+
+def made_with(makers: list) -> str:
+    """The --set options of the runs that made a report's runs (sweep and tuning parents, `fedbench run`'s runs): the
+    one they share, or a word that they differ."""
+    found = {set_options(run) for run in makers}
+    if len(found) > 1:
+        return "runs made with different --set: each parent run's overrides tag says which"
+    return found.pop() if found else ""
 
 
 def swept_with_overrides(store: Store, experiment_id: str, recipe: Recipe):

@@ -78,7 +78,7 @@ def save_metric(path: Path, title: str, metric: str, drawn: list[Configuration],
     ax.set_title(f"{title}: {settings.label(metric)}\n{band_note(drawn)}", fontsize=11)
     ax.legend(handles=legend_handles(drawn, colors), fontsize=8, loc="best", framealpha=0.85)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, metadata={"Title": f"{title}: {settings.label(metric)}"})
     plt.close(fig)
 
 
@@ -102,10 +102,10 @@ def save_figure(path: Path, title: str, drawn: list[Configuration], colors: Colo
         ax.set_title(settings.label(metric), fontsize=11)
     for ax in axes.flat[count:]:
         ax.set_visible(False)
-    fig.suptitle(f"{title} ({band_note(drawn)})", fontsize=12)
+    fig.suptitle(f"{title}\n{band_note(drawn)}", fontsize=12)
     fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=9, frameon=False)
     fig.tight_layout(rect=(0, legend_inches / height, 1, 1))
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, metadata={"Title": title})
     plt.close(fig)
 
 
@@ -113,14 +113,20 @@ def fmt(value: float, digits: int = 4) -> str:
     return "–" if math.isnan(value) else f"{value:.{digits}g}"
 
 
+def mean_text(values: list[float], interval: str = "sd", digits: int = 4) -> str:
+    """Mean ± spread (`spread`); one value alone, with n = 1: one run has no spread, and "± 0" would say it has
+    none."""
+    mean, spread_ = spread(values, interval)
+    return f"{fmt(mean, digits)} (n = 1)" if len(values) == 1 else f"{fmt(mean, digits)} ± {fmt(spread_, 2)}"
+
+
 def final_text(config: Configuration, metric: str, interval: str = "sd") -> str:
     """A configuration's final value of `metric`: mean ± its spread over the runs that did not fail, and how many
     failed runs that leaves out (their partial curves are no result)."""
     if not config.finals[metric]:
         return f"– (all {len(config.runs)} runs failed)" if config.failed == len(config.runs) else "–"
-    mean, spread_ = spread(config.finals[metric], interval)
     failed = f" ({config.failed} failed run{'s' if config.failed > 1 else ''} left out)" if config.failed else ""
-    return f"{fmt(mean)} ± {fmt(spread_, 2)}{failed}"
+    return f"{mean_text(config.finals[metric], interval)}{failed}"
 
 
 def reach_text(rounds: list[Optional[float]]) -> str:
@@ -139,7 +145,7 @@ def table(configs: list[Configuration], settings: Settings) -> tuple[list[str], 
     rows = []
     for config in configs:
         cells = [settings.label(config.algorithm) + (" ★" if config.best else ""), config.varying or "–",
-                 str(len(config.runs)), config.status, "{} ± {}".format(*map(fmt, spread(config.seconds), (3, 2)))]
+                 str(len(config.runs)), config.status, mean_text(config.seconds, digits=3)]
         for metric in settings.table_metrics:
             cells.append(final_text(config, metric, settings.interval))
         cells += [reach_text(config.reached[m]) for m in settings.targets]

@@ -23,6 +23,11 @@ def shown_value(algorithm: str, key: str, value: Optional[str]) -> str:
     return (declared.label_of(value) if declared is not None else None) or f"{name}={short(value)}"
 
 
+# The fields a run's configuration leaves out at their default (`Federation.config`, so that runs made before the
+# field existed keep their config hash), by parameter name: what a configuration without one has.
+LEFT_OUT = {"federation.participation": "uniform"}
+
+
 @dataclass
 class Curve:
     x: np.ndarray
@@ -155,11 +160,12 @@ def configurations(runs: list, order: list[str], settings: Settings, histories: 
         mine[0].best = True
         for rank, config in enumerate(mine):
             config.rank = rank
-        # a field some configurations leave out (no uplink chain, no adversaries) varies too: "none" where it is out
+        # a field some configurations leave out (no uplink chain, no adversaries) varies too: "none" where it is out,
+        # or the default a run's configuration leaves out (`Federation.config`)
         keys = dict.fromkeys(k for c in mine for k in c.params)
         varying = [k for k in keys if len({c.params.get(k) for c in mine}) > 1]
         for config in mine:
-            values = {k: config.params.get(k, "none") for k in varying}
+            values = {k: config.params.get(k, LEFT_OUT.get(k, "none")) for k in varying}
             config.varying = ", ".join(f"{k.removeprefix('algorithm.')}={short(v)}" for k, v in values.items())
             shown = ", ".join(shown_value(algorithm, k, v) for k, v in values.items())
             config.name = settings.label(algorithm) + (f" ({shown})" if shown else "")
