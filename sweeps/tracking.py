@@ -220,9 +220,10 @@ def check_sqlite(path: Path, write: bool) -> str:
                              "writable, free some space, or give another --tracking-uri") from None
         raise StoreError(f"{path}: not a usable MLflow store ({what}); move it aside (or restore a backup) "
                          "and run again") from None
-    if problem != "ok":
-        raise StoreError(f"{path}: the MLflow store is damaged ({problem[:80]}); move it aside (or restore a "
-                         "backup) and run again")
+    if problem != "ok":  # SQLite's text may span lines ("*** in database main ***", then the page): one here
+        found = cut("; ".join(line.strip() for line in problem.splitlines() if line.strip()), 120)
+        raise StoreError(f"{path}: the MLflow store is damaged ({found}); move it aside (or restore a backup) and "
+                         "run again")
     left = sorted(name for name in tables if name.startswith("_alembic_tmp_"))
     if "experiments" not in tables and not left:
         raise StoreError(f"{path}: not an MLflow store (an SQLite file without MLflow's tables); give another "

@@ -4,6 +4,7 @@ no node of the cluster can hold, and `fedbench ui` on a port another program hol
 from __future__ import annotations
 
 import http.server
+import os
 import re
 import socket
 import subprocess
@@ -71,6 +72,20 @@ def test_an_empty_recipe_says_it_is_empty(tmp_path, text):
 def test_a_recipe_that_is_no_mapping_says_what_it_is(tmp_path, text, found):
     path = write(tmp_path, text)
     refused(invoke("validate", path), f"{path}: {found}", "expected a mapping")
+
+
+def test_a_fifo_given_as_the_recipe_is_refused_at_once(tmp_path):
+    """Issue 59 item 6: `validate` on a FIFO waited for ever, in the open, for a writer that never came."""
+    fifo = tmp_path / "r.yaml"
+    os.mkfifo(fifo)
+    done = subprocess.run([sys.executable, "cli.py", "validate", str(fifo)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and done.stderr.strip() == (
+        f"error: {fifo}: found a FIFO (named pipe), expected a regular file holding a recipe"), done.stderr
+
+
+def test_a_folder_given_as_the_recipe_is_refused_as_one(tmp_path):
+    refused(invoke("validate", tmp_path), f"{tmp_path}: found a folder, expected a regular file holding a recipe")
 
 
 # -- short refusal lines, details with -v -----------------------------------------------------------------
