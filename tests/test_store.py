@@ -247,6 +247,24 @@ def test_a_damaged_store_is_refused_in_one_line_before_anything_runs(tmp_path, t
     assert "round" not in result.stdout  # nothing computed: refused first
 
 
+@pytest.mark.heavy  # a command: ~5 s of CPU
+def test_a_store_whose_check_answers_in_two_lines_is_refused_in_one(tmp_path, tracking_uri):
+    """Issue 59 item 6: a b-tree page's header overwritten, SQLite's quick_check answers '*** in database main ***'
+    and the page on a second line, which the refusal printed as is: two lines."""
+    from sweeps.tracking import sqlite_path
+
+    path = sqlite_path(tracking_uri)
+    data = bytearray(path.read_bytes())
+    page = int.from_bytes(data[16:18], "big")  # the page size, in the database header
+    data[page:page + 8] = b"\x0d\x00\x00\xff\xff\x00\x00\x00"  # page 2: a leaf of 65535 cells, its content past the end
+    path.write_bytes(data)
+    with closing(sqlite3.connect(path)) as db:
+        assert "\n" in db.execute("PRAGMA quick_check(1)").fetchone()[0]  # the damage this test is about
+    result = subprocess.run([sys.executable, "-m", "cli", "run", load_race(tmp_path).source, "--tracking-uri",
+                             tracking_uri], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    refused_in_one_line(result, f"{path}: the MLflow store is damaged (*** in database main ***; Page 2: ")
+
+
 def test_a_result_the_store_refuses_is_kept_and_stored_by_the_next_command(tmp_path, tracking_uri, monkeypatch):
     """`fedbench run` computes, then the store fails (full, damaged meanwhile): the run's result is kept in a file
     beside the store, the one line says where, and the next command that opens the store stores it."""

@@ -251,9 +251,10 @@ class Recipe:
         if available is None or needed <= available:
             return
         if data is None or curve >= data:
-            raise RecipeError(self.source, self.field(trial.algorithm, "federation", "rounds"), f"found "
-                              f"{trial.federation.rounds}: a run needs ~{in_bytes(needed)} (its curve: {trial.rows_logged()} "
-                              f"rows, one every {trial.eval_every} rounds), this machine has {in_bytes(available)}")
+            raise RecipeError(self.source, self.field(trial.algorithm, "federation", "rounds"),
+                              f"found {trial.federation.rounds}: a run needs ~{in_bytes(needed)} (its curve: "
+                              f"{trial.rows_logged()} rows, one every {trial.eval_every} rounds), this machine has "
+                              f"{in_bytes(available)}")
         defaults = {p.name: p.default for p in problem.params}
         name = min(problem.size_params, key=lambda size: problem.run_bytes({**config, size: defaults[size]}) or 0)
         raise RecipeError(self.source, self.field(trial.algorithm, "problem", name), f"found {config[name]}: a run "
