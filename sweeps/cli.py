@@ -830,7 +830,7 @@ def browse(recipe_path: Optional[Path], experiment: Optional[str], open_browser:
            host: str, port: Optional[int], stopped_by: list[int]) -> None:
     """`ui`, its stops noted in `stopped_by` and looked at where it waits: before the server starts, while it
     starts and while it serves."""
-    from .tracking import runs_url, sqlite_path, tracking_uri as resolve_uri
+    from .tracking import last_line, runs_url, sqlite_path, tracking_uri as resolve_uri
 
     if recipe_path is not None and experiment is not None:
         fail("give RECIPE or --experiment, not both")
@@ -876,6 +876,9 @@ def browse(recipe_path: Optional[Path], experiment: Optional[str], open_browser:
     # SIGTERM) stops the server's workers too instead of leaving them running (~250 MB each).
     server = subprocess.Popen(command + ["--workers", "1"], env={**os.environ, "MLFLOW_TRACKING_URI": uri},
                               stdout=output, stderr=subprocess.STDOUT if output else None, start_new_session=True)
+    # Its start takes 10-60 s (imports, the store's check): said at once, the links when it answers
+    say(f"starting the MLflow UI server on {host}:{port} (its log: {log if output else 'below'}); its links follow "
+        "once it answers, Ctrl-C stops it")
     try:
         if serving(server, host, port, stopping=lambda: bool(stopped_by)):
             pages()  # once the server answers: a page opened before (~30 s here) was an error page
@@ -885,8 +888,10 @@ def browse(recipe_path: Optional[Path], experiment: Optional[str], open_browser:
             while server.poll() is None and not stopped_by:
                 time.sleep(0.2)
         elif not stopped_by:
-            tail = "".join(log.read_text().splitlines(keepends=True)[-20:]) if output else ""
-            fail(f"the MLflow UI server did not start on {host}:{port}\n{tail}")
+            lines = log.read_text(errors="replace").splitlines()[-20:] if output else []
+            last = f" ({last_line(chr(10).join(lines))})" if lines else ""
+            fail(f"the MLflow UI server did not start on {host}:{port}{last}; its log: {log if output else 'above'}",
+                 " | ".join(lines))
     finally:
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGTERM)
@@ -943,16 +948,18 @@ def listen_error(host: str, port: int) -> Optional[OSError]:
 
 
 def serving(server: subprocess.Popen, host: str, port: int, stopping: Callable[[], bool] = lambda: False,
-            timeout: float = 60.0) -> bool:
-    """Wait until the UI server we started answers as MLflow (False if it exited, `stopping()` said so or the
-    time ran out). A connection alone proves nothing: another program could hold the port, our server failing to
-    bind it; so MLflow's /version must answer with this MLflow's version, and our server must still run."""
+            timeout: float | None = None) -> bool:
+    """Wait until the UI server we started answers as MLflow (False if it exited, `stopping()` said so or `timeout`
+    seconds ran out). Without a timeout, as long as the server lives: its start took 25-64 s on a loaded machine, past
+    the 60 s this waited once, and a server that has not failed is still starting (Ctrl-C stops it). A connection
+    alone proves nothing: another program could hold the port, our server failing to bind it; so MLflow's /version
+    must answer with this MLflow's version, and our server must still run."""
     import http.client
 
     from mlflow.version import VERSION
 
     address = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)  # the wildcard, reached on loopback
-    deadline = time.monotonic() + timeout
+    deadline = math.inf if timeout is None else time.monotonic() + timeout
     while server.poll() is None and not stopping() and time.monotonic() < deadline:
         connection = http.client.HTTPConnection(address, port, timeout=2)  # not urllib: no proxy in between
         try:

@@ -449,7 +449,8 @@ def test_ui_without_port_moves_past_the_default_port_in_use(tracking_uri):
             server.wait(timeout=60)
     moved = re.match(r"port 5000 is in use; serving on port (\d+) instead$", lines[0])
     assert moved and lines[-1].startswith("serving"), "".join(lines)
-    assert lines[1].startswith(f"runs:   http://127.0.0.1:{moved.group(1)}/#/experiments"), lines[1]
+    assert lines[1].startswith(f"starting the MLflow UI server on 127.0.0.1:{moved.group(1)} "), lines[1]
+    assert lines[2].startswith(f"runs:   http://127.0.0.1:{moved.group(1)}/#/experiments"), lines[2]
 
 
 def test_serving_is_not_fooled_by_another_program_on_the_port(other_program):
@@ -459,3 +460,43 @@ def test_serving_is_not_fooled_by_another_program_on_the_port(other_program):
     ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
     assert not cli.serving(ours, "127.0.0.1", other_program, timeout=10)
     ours.wait()
+
+
+# A server that answers as MLflow's does (/version, this MLflow's version) once it has started, `sys.argv[2]` seconds
+# after it was
+LATE_SERVER = """\
+import http.server, sys, time
+from mlflow.version import VERSION
+
+class Version(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(VERSION.encode())
+
+    def log_message(self, *args):
+        pass
+
+time.sleep(float(sys.argv[2]))
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Version).serve_forever()
+"""
+
+
+def test_serving_waits_for_a_server_that_lives_past_a_minute(monkeypatch, free_tcp_port):
+    """Issue 59 item 7: `ui` gave up on its server after 60 s, which on a loaded machine was not enough. A server that
+    answers after 80 s (of a clock on which each 0.2 s poll takes 10 s: 2 s here) is waited for."""
+    import time
+
+    import cli
+
+    server = subprocess.Popen([sys.executable, "-c", LATE_SERVER, str(free_tcp_port), "2"])
+    start, real_sleep = time.monotonic(), time.sleep
+    clock = [start]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "sleep", lambda seconds: (real_sleep(seconds), clock.__setitem__(0, clock[0] + 10)))
+    try:
+        assert cli.serving(server, "127.0.0.1", free_tcp_port)
+        assert clock[0] - start > 60, clock[0] - start
+    finally:
+        server.kill()
+        server.wait()
