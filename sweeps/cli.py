@@ -38,8 +38,27 @@ WithOption = typer.Option(None, "--with", metavar="PLUGIN", help="A plugin (my_m
 DataOption = typer.Option(None, "--data-dir", envvar="FEDBENCH_DATA",
                           help="Root of real datasets (sets FEDBENCH_DATA for this run and its Ray workers)")
 DeviceOption = typer.Option(None, "--device", help="auto, cpu, cuda or cuda:N (default: the recipe's device:)")
-TrackingOption = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI",
-                              help="MLflow store (default sqlite:///mlflow.db in this directory)")
+
+
+def tracking_driver(uri: Optional[str]) -> Optional[str]:
+    """--tracking-uri (or MLFLOW_TRACKING_URI) as given; a PostgreSQL one whose default driver is not installed is
+    said to use psycopg2 instead, or refused where neither is (`tracking.with_driver`)."""
+    if uri is None or not uri.startswith("postgresql://"):
+        return uri
+    from .tracking import StoreError, driver_note
+
+    try:
+        note = driver_note(uri)
+    except StoreError as err:
+        fail(str(err))
+    if note:
+        say(note)
+    return uri
+
+
+TrackingOption = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI", callback=tracking_driver,
+                              help="MLflow store (default sqlite:///mlflow.db in this directory; postgresql:// uses "
+                              "psycopg2 where psycopg 3 is not installed)")
 
 
 @app.callback()

@@ -84,7 +84,37 @@ SUMMARY_METRICS = ("train_seconds", "eval_seconds", "wall_seconds")  # per run, 
 
 
 def tracking_uri(given: str | None = None) -> str:
-    return given or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+    """The store: `given`, else MLFLOW_TRACKING_URI, else `DEFAULT_URI`; a PostgreSQL one with a driver that is
+    installed (`with_driver`)."""
+    return with_driver(given or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI)
+
+
+def installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def with_driver(uri: str, has: Callable[[str], bool] = installed) -> str:
+    """`postgresql://` names SQLAlchemy's default PostgreSQL driver, psycopg (3) since SQLAlchemy 2.1, which MLflow
+    does not install (`No module named 'psycopg'` at the first query): where it is absent and psycopg2 (MLflow's
+    own choice) is installed, the URI names psycopg2 instead (`postgresql+psycopg2://`, `driver_note` says so); with
+    neither, refused in one line (StoreError). Any other URI is as given."""
+    if not uri.startswith("postgresql://") or has("psycopg"):
+        return uri
+    if has("psycopg2"):
+        return "postgresql+psycopg2://" + uri.removeprefix("postgresql://")
+    raise StoreError("postgresql://: no PostgreSQL driver is installed (SQLAlchemy's default for postgresql:// is "
+                     "psycopg 3); pip install psycopg2-binary (then postgresql:// works) or psycopg")
+
+
+def driver_note(given: str | None) -> str | None:
+    """What `with_driver` did to the store's URI, in a line without the URI (it may hold a password); None: nothing."""
+    uri = given or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+    if with_driver(uri) == uri:
+        return None
+    return ("postgresql:// stands for SQLAlchemy's default driver, psycopg 3, which is not installed: using psycopg2 "
+            "(postgresql+psycopg2://) instead")
 
 
 def sqlite_path(uri: str) -> Path | None:
