@@ -112,6 +112,16 @@ def open_store(uri: Optional[str], write: bool = True):
     return store
 
 
+def check_room(store, trials: list) -> None:
+    """Refuse runs whose curves the store's disk cannot hold (`Store.check_room`), before they run."""
+    from .tracking import StoreError
+
+    try:
+        store.check_room(trials)
+    except StoreError as err:
+        fail(str(err))
+
+
 def use_data_dir(data_dir: Optional[Path]) -> None:
     """Real datasets are read from FEDBENCH_DATA; set before Ray starts, its workers inherit it."""
     if data_dir is not None:
@@ -195,6 +205,8 @@ def run(
     trials = chosen_trials(recipe, algorithm, chosen)
     check_builds(recipe, trials, **{"--device": device})
     store = open_store(tracking_uri) if track else None  # one that cannot take the result: refused before computing
+    if store is not None:
+        check_room(store, trials)
     keep_freed_memory()
     together, sims = build_runs(recipe_path, trials, device)
     console.print(run_title(trials, together), highlight=False)
@@ -288,15 +300,18 @@ def log_runs(store, recipe, trials: list, outcomes: list) -> None:
     from dataclasses import asdict
 
     from .report import headline_metrics
-    from .tracking import first_line, spill
+    from .tracking import StoreError, first_line, spill
 
     for t, outcome in zip(trials, outcomes):
         try:
             run_id = store.log_run(recipe.name, headline_metrics(recipe), t, asdict(outcome),
                                    {"recipe_hash": recipe.recipe_hash})
         except Exception as error:  # the store failed after the run: its result is kept, not lost
-            kept = spill(store.uri, recipe.name, headline_metrics(recipe), t, asdict(outcome),
-                         {"recipe_hash": recipe.recipe_hash})
+            try:
+                kept = spill(store.uri, recipe.name, headline_metrics(recipe), t, asdict(outcome),
+                             {"recipe_hash": recipe.recipe_hash})
+            except StoreError as nowhere:
+                fail(f"{store.uri}: the run could not be stored ({first_line(error, 100)}); {nowhere}")
             fail(f"{store.uri}: the run could not be stored ({first_line(error, 100)}); its result is kept in "
                  f"{kept} and stored by the next fedbench command on this store")
         say(f"logged to {store.uri} (experiment {recipe.name!r}, run {run_id})")

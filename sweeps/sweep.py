@@ -68,8 +68,9 @@ def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | No
     store = Store(tracking)
     experiment_id = store.experiment(recipe.name, headline_metrics(recipe))
     done = store.completed(experiment_id)
-    to_run = any((trial.config_hash, trial.seed) not in done for trial in trials)
-    with cluster_for(recipe, address, max_concurrent, needed=to_run) as slot_count:
+    to_run = [trial for trial in trials if (trial.config_hash, trial.seed) not in done]
+    store.check_room(to_run)  # their curves: refused before Ray starts where the store's disk cannot hold them
+    with cluster_for(recipe, address, max_concurrent, needed=bool(to_run)) as slot_count:
         parent_id = store.open_sweep(experiment_id, recipe, overrides or [], parent_tags)
         lease = Lease(store, experiment_id, parent_id, recipe.recipe_hash)
         try:

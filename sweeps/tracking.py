@@ -59,6 +59,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 from . import mlflow_fast  # noqa: E402
 from .mlflow_fast import EndedRun, NewRun  # noqa: E402
 from .recipe import Recipe, Trial  # noqa: E402
+from .recipe.loading import in_bytes  # noqa: E402
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 BATCH = 1000  # MLflow's limit of metrics per log_batch call (100 for params and tags)
@@ -291,7 +292,19 @@ def older_schema(path: Path, found: str, write: bool) -> bool:
     return True
 
 
-MIN_FREE_BYTES = 8 * 2**20  # free space a store's disk needs for a command that writes: a few runs and journals
+MIN_FREE_BYTES = 2**20  # free space a store's disk needs for any command that writes: its journal, a few runs' tags
+# A metric value's cost in a SQLite store (a row of MLflow's `metrics` and its indexes): measured 257 B a value, the
+# file's growth over 16,000 and 64,000 values of Lasso runs' curves (16 a round, names of 6-16 characters, `log_rows`);
+# rounded up for longer names (`personal_...`). What the runs of a command will write is checked against it
+# (`Store.check_room`).
+STORED_VALUE_BYTES = 300
+
+
+def free_bytes(folder: Path) -> int:
+    """Free space on the disk of `folder`, or of its nearest folder that exists (one to be made)."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return shutil.disk_usage(folder).free
 
 
 def writable_folder(path: Path) -> None:
@@ -305,8 +318,13 @@ def writable_folder(path: Path) -> None:
         raise StoreError(f"{path.parent}: the MLflow store's folder cannot be written ({error.strerror}); make it "
                          "writable or give another --tracking-uri") from None
     if free < MIN_FREE_BYTES:
-        raise StoreError(f"{path.parent}: the MLflow store's disk is full ({free // 1024} KiB free, at least "
-                         f"{MIN_FREE_BYTES // 2**20} MiB needed); free some space or give another --tracking-uri")
+        raise StoreError(f"{path.parent}: the MLflow store's disk is full ({in_bytes(free)} free, at least "
+                         f"{in_bytes(MIN_FREE_BYTES)} needed); free some space or give another --tracking-uri")
+
+
+def stored_values(trials: Iterable[Trial]) -> int:
+    """The metric values the runs of `trials` store: each row's metrics and train_seconds, and the summary metrics."""
+    return sum(trial.rows_logged() * (len(trial.metrics()) + 1) + len(SUMMARY_METRICS) for trial in trials)
 
 
 def first_line(error: BaseException, limit: int = 160) -> str:
@@ -404,6 +422,20 @@ class Store:
 
     def folder(self) -> Path:
         return store_folder(self.uri)
+
+    def check_room(self, trials: list[Trial]) -> None:
+        """Refuse (StoreError), before they run, runs whose curves a SQLite store's disk cannot hold: their
+        `stored_values` at `STORED_VALUE_BYTES` each, beyond `MIN_FREE_BYTES`. A server's disk is not seen from here."""
+        path = sqlite_path(self.uri)
+        if path is None or not trials:
+            return
+        values = stored_values(trials)
+        needed, free = MIN_FREE_BYTES + STORED_VALUE_BYTES * values, shutil.disk_usage(path.parent).free
+        if free < needed:
+            runs = f"{len(trials)} run{'s' if len(trials) != 1 else ''}"
+            raise StoreError(f"{path.parent}: the MLflow store's disk has {in_bytes(free)} free, {runs} will write "
+                             f"~{in_bytes(needed)} ({values} metric values); free some space or give another "
+                             "--tracking-uri")
 
     def experiment(self, name: str, headline: list[str] | None = None) -> str:
         """The experiment's id, created if new, with the tags of `EXPERIMENT_KIND` and of the runs view, whose
@@ -720,12 +752,17 @@ def spill_folders(uri: str) -> list[Path]:
 def spill(uri: str, experiment: str, headline: list[str], trial: Trial, outcome: dict[str, Any],
           tags: dict[str, str]) -> Path:
     """A run's result that the store `uri` refused (full, damaged, gone), kept in a file for `Store.store_spilled`,
-    which the next command that opens the store for writing calls: the path."""
+    which the next command that opens the store for writing calls: the path. Kept where its disk has room for it and
+    `MIN_FREE_BYTES` more: a store's disk that was full is, and filling it up helps no one; nowhere, refused in one
+    line (StoreError) saying where to free space."""
     kept = pickle.dumps({"experiment": experiment, "headline": headline, "trial": trial, "outcome": outcome,
                          "tags": tags})
     name = f"{time.strftime('%Y%m%d-%H%M%S')}-{trial.config_hash}-{trial.seed}-{os.getpid()}.pickle"
-    for folder in spill_folders(uri):
+    folders = spill_folders(uri)
+    for folder in folders:
         try:
+            if free_bytes(folder) < len(kept) + MIN_FREE_BYTES:
+                continue
             folder.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile(dir=folder, delete=False) as file:  # whole or not at all
                 file.write(kept)
@@ -733,7 +770,9 @@ def spill(uri: str, experiment: str, headline: list[str], trial: Trial, outcome:
             return folder / name
         except OSError:
             continue
-    raise StoreError(f"{store_folder(uri)}: the run could not be kept either (no folder to write it to)")
+    raise StoreError(f"{store_folder(uri)}: the run could not be kept either: no room for its {in_bytes(len(kept))} "
+                     f"and {in_bytes(MIN_FREE_BYTES)} more in {folders[0]} nor {folders[1]}; free space on either "
+                     "disk and run again")
 
 
 CURVE_KEY = "comm_up"  # an engine column: every row of every run has it (the rounds of a stored curve)
