@@ -246,7 +246,7 @@ def test_the_curve_a_run_keeps_costs_what_the_estimate_says():
         tracemalloc.stop()
         return size, len(rows) * len(rows[0])
 
-    (small, small_values), (large, large_values) = kept(200), kept(1200)
+    (small, small_values), (large, large_values) = kept(100), kept(600)
     from sweeps.recipe.grid import CURVE_VALUE_BYTES
 
     assert (large - small) / (large_values - small_values) == pytest.approx(CURVE_VALUE_BYTES, rel=0.25)
