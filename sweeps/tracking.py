@@ -91,6 +91,7 @@ def tracking_uri(given: str | None = None) -> str:
 
 
 def installed(module: str) -> bool:
+    """Whether a module can be imported here (looked up, not imported)."""
     import importlib.util
 
     return importlib.util.find_spec(module) is not None
@@ -98,9 +99,9 @@ def installed(module: str) -> bool:
 
 def with_driver(uri: str, has: Callable[[str], bool] = installed) -> str:
     """`postgresql://` names SQLAlchemy's default PostgreSQL driver, psycopg (3) since SQLAlchemy 2.1, which MLflow
-    does not install (`No module named 'psycopg'` at the first query): where it is absent and psycopg2 (MLflow's
-    own choice) is installed, the URI names psycopg2 instead (`postgresql+psycopg2://`, `driver_note` says so); with
-    neither, refused in one line (StoreError). Any other URI is as given."""
+    does not install (`No module named 'psycopg'` at the first query): where it is absent and psycopg2 is installed,
+    the URI names psycopg2 instead (`postgresql+psycopg2://`, `driver_note` says so); with neither, refused in one
+    line (StoreError). Any other URI is as given."""
     if not uri.startswith("postgresql://") or has("psycopg"):
         return uri
     if has("psycopg2"):
@@ -109,9 +110,8 @@ def with_driver(uri: str, has: Callable[[str], bool] = installed) -> str:
                      "psycopg 3); pip install psycopg2-binary (then postgresql:// works) or psycopg")
 
 
-def driver_note(given: str | None) -> str | None:
-    """What `with_driver` did to the store's URI, in a line without the URI (it may hold a password); None: nothing."""
-    uri = given or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+def driver_note(uri: str) -> str | None:
+    """What `with_driver` does to a store's URI, in a line without the URI (it may hold a password); None: nothing."""
     if with_driver(uri) == uri:
         return None
     return ("postgresql:// stands for SQLAlchemy's default driver, psycopg 3, which is not installed: using psycopg2 "
