@@ -10,6 +10,11 @@ released (the sweep ended), dead (a process of this host that no longer exists: 
 once) or silent for `LEASE_SECONDS` (a host that went away), by logging the claim of the next generation, which
 again only one succeeds in.
 
+The parent run is closed by the last of its sweeps to end: a sweep that ends while another is going (every run it
+found claimed by the other, or its own share done first) leaves it RUNNING, for the other's runs are, and that one
+closes it (`sweep.close_parent`). Each releases its claims before it looks, so that of two ending at once the later
+sees the other gone.
+
 Both sweeps must use one parent run for this: `Store.open_sweep` makes a new parent, waits `SETTLE_SECONDS` for
 other sweeps' to be written, and keeps the earliest. Should two parents still come to hold claims (two hosts
 whose clocks disagree), a claim counts only where no live owner claims the run on another parent: both then
@@ -164,8 +169,19 @@ class Lease:
                 wanted.append(Param(f"{CLAIM}/{run[0]}/{run[1]}/{generation + 1}", self.id))
         return mine, elsewhere, wanted
 
+    def others_alive(self) -> list[str]:
+        """The other live owners of this sweep's parent run (sweeps of the recipe still going), as described."""
+        now = time.time()
+        tags = self.store.client.get_run(self.parent_id).data.tags
+        states = [OwnerState(**json.loads(value)) for key, value in tags.items()
+                  if key.startswith(f"{OWNER}/") and key != f"{OWNER}/{self.id}"]
+        return [state.shown() for state in states if state.alive(now)]
+
     def release(self) -> None:
-        """This sweep ends: its claims are free for the next sweep at once (those of finished runs are moot)."""
+        """This sweep ends: its claims are free for the next sweep at once (those of finished runs are moot). Once
+        released, again: nothing."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         self._thread.join()
         # a store that fails now: the claims expire with the lease, or at once on this host

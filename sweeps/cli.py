@@ -76,8 +76,27 @@ WithOption = typer.Option(None, "--with", metavar="PLUGIN", help="A plugin (my_m
 DataOption = typer.Option(None, "--data-dir", envvar="FEDBENCH_DATA",
                           help="Root of real datasets (sets FEDBENCH_DATA for this run and its Ray workers)")
 DeviceOption = typer.Option(None, "--device", help="auto, cpu, cuda or cuda:N (default: the recipe's device:)")
-TrackingOption = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI",
-                              help="MLflow store (default sqlite:///mlflow.db in this directory)")
+
+
+def tracking_driver(uri: Optional[str]) -> Optional[str]:
+    """--tracking-uri (or MLFLOW_TRACKING_URI) as given; a PostgreSQL one whose default driver is not installed is
+    said to use psycopg2 instead, or refused where neither is (`tracking.with_driver`)."""
+    if uri is None or not uri.startswith("postgresql://"):
+        return uri
+    from .tracking import StoreError, driver_note
+
+    try:
+        note = driver_note(uri)
+    except StoreError as err:
+        fail(str(err))
+    if note:
+        say(note)
+    return uri
+
+
+TrackingOption = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI", callback=tracking_driver,
+                              help="MLflow store (default sqlite:///mlflow.db in this directory; postgresql:// uses "
+                              "psycopg2 where psycopg 3 is not installed)")
 
 
 @app.callback()
@@ -129,6 +148,16 @@ def open_store(uri: Optional[str], write: bool = True):
     if store.recovered:
         say(f"stored {len(store.recovered)} run(s) that an earlier command kept when the store failed it")
     return store
+
+
+def check_room(store, trials: list) -> None:
+    """Refuse runs whose curves the store's disk cannot hold (`Store.check_room`), before they run."""
+    from .tracking import StoreError
+
+    try:
+        store.check_room(trials)
+    except StoreError as err:
+        fail(str(err))
 
 
 def use_data_dir(data_dir: Optional[Path]) -> None:
@@ -218,6 +247,8 @@ def run(
     trials = chosen_trials(recipe, algorithm, chosen)
     check_builds(recipe, trials, **{"--device": device})
     store = open_store(tracking_uri) if track else None  # one that cannot take the result: refused before computing
+    if store is not None:
+        check_room(store, trials)
     keep_freed_memory()
     together, sims = build_runs(recipe_path, trials, device)
     console.print(run_title(trials, together), highlight=False)
@@ -313,15 +344,18 @@ def log_runs(store, recipe, trials: list, outcomes: list, sets: list[str]) -> No
     from dataclasses import asdict
 
     from .report import headline_metrics
-    from .tracking import first_line, spill
+    from .tracking import StoreError, first_line, spill
 
     for t, outcome in zip(trials, outcomes):
         try:
             run_id = store.log_run(recipe.name, headline_metrics(recipe), t, asdict(outcome),
                                    {"recipe_hash": recipe.recipe_hash, "overrides": shlex.join(sets)})
         except Exception as error:  # the store failed after the run: its result is kept, not lost
-            kept = spill(store.uri, recipe.name, headline_metrics(recipe), t, asdict(outcome),
-                         {"recipe_hash": recipe.recipe_hash, "overrides": shlex.join(sets)})
+            try:
+                kept = spill(store.uri, recipe.name, headline_metrics(recipe), t, asdict(outcome),
+                             {"recipe_hash": recipe.recipe_hash, "overrides": shlex.join(sets)})
+            except StoreError as nowhere:
+                fail(f"{store.uri}: the run could not be stored ({first_line(error, 100)}); {nowhere}")
             fail(f"{store.uri}: the run could not be stored ({first_line(error, 100)}); its result is kept in "
                  f"{kept} and stored by the next fedbench command on this store")
         say(f"logged to {store.uri} (experiment {recipe.name!r}, run {run_id})")
@@ -872,7 +906,7 @@ def browse(recipe_path: Optional[Path], experiment: Optional[str], open_browser:
            host: str, port: Optional[int], stopped_by: list[int]) -> None:
     """`ui`, its stops noted in `stopped_by` and looked at where it waits: before the server starts, while it
     starts and while it serves."""
-    from .tracking import runs_url, sqlite_path, tracking_uri as resolve_uri
+    from .tracking import last_line, runs_url, sqlite_path, tracking_uri as resolve_uri
 
     if recipe_path is not None and experiment is not None:
         fail("give RECIPE or --experiment, not both")
@@ -918,6 +952,9 @@ def browse(recipe_path: Optional[Path], experiment: Optional[str], open_browser:
     # SIGTERM) stops the server's workers too instead of leaving them running (~250 MB each).
     server = subprocess.Popen(command + ["--workers", "1"], env={**os.environ, "MLFLOW_TRACKING_URI": uri},
                               stdout=output, stderr=subprocess.STDOUT if output else None, start_new_session=True)
+    # Its start takes 10-60 s (imports, the store's check): said at once, the links when it answers
+    say(f"starting the MLflow UI server on {host}:{port} (its log: {log if output else 'below'}); its links follow "
+        "once it answers, Ctrl-C stops it")
     try:
         if serving(server, host, port, stopping=lambda: bool(stopped_by)):
             pages()  # once the server answers: a page opened before (~30 s here) was an error page
@@ -927,8 +964,10 @@ def browse(recipe_path: Optional[Path], experiment: Optional[str], open_browser:
             while server.poll() is None and not stopped_by:
                 time.sleep(0.2)
         elif not stopped_by:
-            tail = "".join(log.read_text().splitlines(keepends=True)[-20:]) if output else ""
-            fail(f"the MLflow UI server did not start on {host}:{port}\n{tail}")
+            lines = log.read_text(errors="replace").splitlines()[-20:] if output else []
+            last = f" ({last_line(chr(10).join(lines))})" if lines else ""
+            fail(f"the MLflow UI server did not start on {host}:{port}{last}; its log: {log if output else 'above'}",
+                 " | ".join(lines))
     finally:
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGTERM)
@@ -985,16 +1024,18 @@ def listen_error(host: str, port: int) -> Optional[OSError]:
 
 
 def serving(server: subprocess.Popen, host: str, port: int, stopping: Callable[[], bool] = lambda: False,
-            timeout: float = 60.0) -> bool:
-    """Wait until the UI server we started answers as MLflow (False if it exited, `stopping()` said so or the
-    time ran out). A connection alone proves nothing: another program could hold the port, our server failing to
-    bind it; so MLflow's /version must answer with this MLflow's version, and our server must still run."""
+            timeout: float | None = None) -> bool:
+    """Wait until the UI server we started answers as MLflow (False if it exited, `stopping()` said so or `timeout`
+    seconds ran out). Without a timeout, as long as the server lives: its start took 25-64 s on a loaded machine, past
+    the 60 s this waited once, and a server that has not failed is still starting (Ctrl-C stops it). A connection
+    alone proves nothing: another program could hold the port, our server failing to bind it; so MLflow's /version
+    must answer with this MLflow's version, and our server must still run."""
     import http.client
 
     from mlflow.version import VERSION
 
     address = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)  # the wildcard, reached on loopback
-    deadline = time.monotonic() + timeout
+    deadline = math.inf if timeout is None else time.monotonic() + timeout
     while server.poll() is None and not stopping() and time.monotonic() < deadline:
         connection = http.client.HTTPConnection(address, port, timeout=2)  # not urllib: no proxy in between
         try:

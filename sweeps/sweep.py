@@ -68,8 +68,9 @@ def sweep(recipe: Recipe, overrides: list[str] | None = None, tracking: str | No
     store = Store(tracking)
     experiment_id = store.experiment(recipe.name, headline_metrics(recipe))
     done = store.completed(experiment_id)
-    to_run = any((trial.config_hash, trial.seed) not in done for trial in trials)
-    with cluster_for(recipe, address, max_concurrent, needed=to_run) as slot_count:
+    to_run = [trial for trial in trials if (trial.config_hash, trial.seed) not in done]
+    store.check_room(to_run)  # their curves: refused before Ray starts where the store's disk cannot hold them
+    with cluster_for(recipe, address, max_concurrent, needed=bool(to_run)) as slot_count:
         parent_id = store.open_sweep(experiment_id, recipe, overrides or [], parent_tags)
         lease = Lease(store, experiment_id, parent_id, recipe.recipe_hash)
         try:
@@ -87,7 +88,7 @@ def sweep_claimed(recipe: Recipe, trials: list[Trial], done: set[tuple[str, int]
     pending, summary, unfinished = claim(trials, done, store, experiment_id, parent_id, lease)
     checkpoints = policy_of(recipe, tracking)
     if not pending:
-        store.close_sweep(parent_id, "FINISHED", {**summary.counts, "skipped": summary.skipped})
+        close_parent(store, lease, parent_id, "FINISHED", {**summary.counts, "skipped": summary.skipped})
         return summary
 
     start = time.perf_counter()
@@ -104,7 +105,7 @@ def sweep_claimed(recipe: Recipe, trials: list[Trial], done: set[tuple[str, int]
         summary.interrupted = fit_packs(recipe, packs, checkpoints, runs, max_concurrent, progress)
         summary.interrupted = summary.interrupted or len(runs.ended) < len(pending)
     finally:
-        close(summary, runs, log, store, parent_id, start)
+        close(summary, runs, log, store, lease, parent_id, start)
     return summary
 
 
@@ -164,9 +165,10 @@ def fit_packs(recipe: Recipe, packs: list[list[Program]], checkpoints: Policy, r
     return False
 
 
-def close(summary: SweepSummary, runs: Runs, log: SweepLog, store: Store, parent_id: str, start: float) -> None:
+def close(summary: SweepSummary, runs: Runs, log: SweepLog, store: Store, lease: Lease, parent_id: str,
+          start: float) -> None:
     """The sweep's end: runs still going abandoned, the queued writes stored, the summary completed and the parent
-    run closed (what the store refuses goes to `summary.tracking_errors`)."""
+    run closed (`close_parent`; what the store refuses goes to `summary.tracking_errors`)."""
     for key in runs.running:
         log.abandoned(key, INTERRUPTED)
     try:
@@ -182,6 +184,15 @@ def close(summary: SweepSummary, runs: Runs, log: SweepLog, store: Store, parent
     summary.wall_seconds = time.perf_counter() - start
     status = "FINISHED" if summary.ok else ("KILLED" if summary.interrupted else "FAILED")
     try:
-        store.close_sweep(parent_id, status, {**summary.counts, "skipped": summary.skipped})
+        close_parent(store, lease, parent_id, status, {**summary.counts, "skipped": summary.skipped})
     except Exception as error:  # the store failed (full, gone): the summary says so, no traceback
         summary.tracking_errors.append(f"the sweep's parent run was not closed: {first_line(error)}")
+
+
+def close_parent(store: Store, lease: Lease, parent_id: str, status: str, counts: dict[str, int]) -> None:
+    """The parent run closed with this sweep's status and counts, unless another sweep of the recipe that shares it
+    is still going (`sweeps.claims`): then it stays RUNNING, as that sweep's runs are, and that sweep closes it at its
+    end. The claims are released first, so that of two sweeps ending at once the later sees the other gone."""
+    lease.release()
+    if not lease.others_alive():
+        store.close_sweep(parent_id, status, counts)

@@ -59,6 +59,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 from . import mlflow_fast  # noqa: E402
 from .mlflow_fast import EndedRun, NewRun  # noqa: E402
 from .recipe import Recipe, Trial  # noqa: E402
+from .recipe.loading import in_bytes  # noqa: E402
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 BATCH = 1000  # MLflow's limit of metrics per log_batch call (100 for params and tags)
@@ -84,7 +85,37 @@ SUMMARY_METRICS = ("train_seconds", "eval_seconds", "wall_seconds")  # per run, 
 
 
 def tracking_uri(given: str | None = None) -> str:
-    return given or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+    """The store: `given`, else MLFLOW_TRACKING_URI, else `DEFAULT_URI`; a PostgreSQL one with a driver that is
+    installed (`with_driver`)."""
+    return with_driver(given or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI)
+
+
+def installed(module: str) -> bool:
+    """Whether a module can be imported here (looked up, not imported)."""
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def with_driver(uri: str, has: Callable[[str], bool] = installed) -> str:
+    """`postgresql://` names SQLAlchemy's default PostgreSQL driver, psycopg (3) since SQLAlchemy 2.1, which MLflow
+    does not install (`No module named 'psycopg'` at the first query): where it is absent and psycopg2 is installed,
+    the URI names psycopg2 instead (`postgresql+psycopg2://`, `driver_note` says so); with neither, refused in one
+    line (StoreError). Any other URI is as given."""
+    if not uri.startswith("postgresql://") or has("psycopg"):
+        return uri
+    if has("psycopg2"):
+        return "postgresql+psycopg2://" + uri.removeprefix("postgresql://")
+    raise StoreError("postgresql://: no PostgreSQL driver is installed (SQLAlchemy's default for postgresql:// is "
+                     "psycopg 3); pip install psycopg2-binary (then postgresql:// works) or psycopg")
+
+
+def driver_note(uri: str) -> str | None:
+    """What `with_driver` does to a store's URI, in a line without the URI (it may hold a password); None: nothing."""
+    if with_driver(uri) == uri:
+        return None
+    return ("postgresql:// stands for SQLAlchemy's default driver, psycopg 3, which is not installed: using psycopg2 "
+            "(postgresql+psycopg2://) instead")
 
 
 def sqlite_path(uri: str) -> Path | None:
@@ -220,9 +251,10 @@ def check_sqlite(path: Path, write: bool) -> str:
                              "writable, free some space, or give another --tracking-uri") from None
         raise StoreError(f"{path}: not a usable MLflow store ({what}); move it aside (or restore a backup) "
                          "and run again") from None
-    if problem != "ok":
-        raise StoreError(f"{path}: the MLflow store is damaged ({problem[:80]}); move it aside (or restore a "
-                         "backup) and run again")
+    if problem != "ok":  # SQLite's text may span lines ("*** in database main ***", then the page): one here
+        found = cut("; ".join(line.strip() for line in problem.splitlines() if line.strip()), 120)
+        raise StoreError(f"{path}: the MLflow store is damaged ({found}); move it aside (or restore a backup) and "
+                         "run again")
     left = sorted(name for name in tables if name.startswith("_alembic_tmp_"))
     if "experiments" not in tables and not left:
         raise StoreError(f"{path}: not an MLflow store (an SQLite file without MLflow's tables); give another "
@@ -260,7 +292,19 @@ def older_schema(path: Path, found: str, write: bool) -> bool:
     return True
 
 
-MIN_FREE_BYTES = 8 * 2**20  # free space a store's disk needs for a command that writes: a few runs and journals
+MIN_FREE_BYTES = 2**20  # free space a store's disk needs for any command that writes: its journal, a few runs' tags
+# A metric value's cost in a SQLite store (a row of MLflow's `metrics` and its indexes): measured 257 B a value, the
+# file's growth over 16,000 and 64,000 values of Lasso runs' curves (16 a round, names of 6-16 characters, `log_rows`);
+# rounded up for longer names (`personal_...`). What the runs of a command will write is checked against it
+# (`Store.check_room`).
+STORED_VALUE_BYTES = 300
+
+
+def free_bytes(folder: Path) -> int:
+    """Free space on the disk of `folder`, or of its nearest folder that exists (one to be made)."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return shutil.disk_usage(folder).free
 
 
 def writable_folder(path: Path) -> None:
@@ -274,8 +318,13 @@ def writable_folder(path: Path) -> None:
         raise StoreError(f"{path.parent}: the MLflow store's folder cannot be written ({error.strerror}); make it "
                          "writable or give another --tracking-uri") from None
     if free < MIN_FREE_BYTES:
-        raise StoreError(f"{path.parent}: the MLflow store's disk is full ({free // 1024} KiB free, at least "
-                         f"{MIN_FREE_BYTES // 2**20} MiB needed); free some space or give another --tracking-uri")
+        raise StoreError(f"{path.parent}: the MLflow store's disk is full ({in_bytes(free)} free, at least "
+                         f"{in_bytes(MIN_FREE_BYTES)} needed); free some space or give another --tracking-uri")
+
+
+def stored_values(trials: Iterable[Trial]) -> int:
+    """The metric values the runs of `trials` store: each row's metrics and train_seconds, and the summary metrics."""
+    return sum(trial.rows_logged() * (len(trial.metrics()) + 1) + len(SUMMARY_METRICS) for trial in trials)
 
 
 def first_line(error: BaseException, limit: int = 160) -> str:
@@ -373,6 +422,20 @@ class Store:
 
     def folder(self) -> Path:
         return store_folder(self.uri)
+
+    def check_room(self, trials: list[Trial]) -> None:
+        """Refuse (StoreError), before they run, runs whose curves a SQLite store's disk cannot hold: their
+        `stored_values` at `STORED_VALUE_BYTES` each, beyond `MIN_FREE_BYTES`. A server's disk is not seen from here."""
+        path = sqlite_path(self.uri)
+        if path is None or not trials:
+            return
+        values = stored_values(trials)
+        needed, free = MIN_FREE_BYTES + STORED_VALUE_BYTES * values, shutil.disk_usage(path.parent).free
+        if free < needed:
+            runs = f"{len(trials)} run{'s' if len(trials) != 1 else ''}"
+            raise StoreError(f"{path.parent}: the MLflow store's disk has {in_bytes(free)} free, {runs} will write "
+                             f"~{in_bytes(needed)} ({values} metric values); free some space or give another "
+                             "--tracking-uri")
 
     def experiment(self, name: str, headline: list[str] | None = None) -> str:
         """The experiment's id, created if new, with the tags of `EXPERIMENT_KIND` and of the runs view, whose
@@ -693,12 +756,17 @@ def spill_folders(uri: str) -> list[Path]:
 def spill(uri: str, experiment: str, headline: list[str], trial: Trial, outcome: dict[str, Any],
           tags: dict[str, str]) -> Path:
     """A run's result that the store `uri` refused (full, damaged, gone), kept in a file for `Store.store_spilled`,
-    which the next command that opens the store for writing calls: the path."""
+    which the next command that opens the store for writing calls: the path. Kept where its disk has room for it and
+    `MIN_FREE_BYTES` more: a store's disk that was full is, and filling it up helps no one; nowhere, refused in one
+    line (StoreError) saying where to free space."""
     kept = pickle.dumps({"experiment": experiment, "headline": headline, "trial": trial, "outcome": outcome,
                          "tags": tags})
     name = f"{time.strftime('%Y%m%d-%H%M%S')}-{trial.config_hash}-{trial.seed}-{os.getpid()}.pickle"
-    for folder in spill_folders(uri):
+    folders = spill_folders(uri)
+    for folder in folders:
         try:
+            if free_bytes(folder) < len(kept) + MIN_FREE_BYTES:
+                continue
             folder.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile(dir=folder, delete=False) as file:  # whole or not at all
                 file.write(kept)
@@ -706,7 +774,9 @@ def spill(uri: str, experiment: str, headline: list[str], trial: Trial, outcome:
             return folder / name
         except OSError:
             continue
-    raise StoreError(f"{store_folder(uri)}: the run could not be kept either (no folder to write it to)")
+    raise StoreError(f"{store_folder(uri)}: the run could not be kept either: no room for its {in_bytes(len(kept))} "
+                     f"and {in_bytes(MIN_FREE_BYTES)} more in {folders[0]} nor {folders[1]}; free space on either "
+                     "disk and run again")
 
 
 CURVE_KEY = "comm_up"  # an engine column: every row of every run has it (the rounds of a stored curve)

@@ -209,6 +209,49 @@ def test_a_run_no_machine_holds_is_refused_at_validate_with_the_estimate(tmp_pat
     assert seconds < FAST, seconds
 
 
+def test_a_curve_no_machine_holds_is_refused_at_federation_rounds(tmp_path):
+    """Issue 59 item 6: `federation.rounds: 1e12` passed validate, the estimate leaving out the curve a run keeps
+    (10^11 rows of ~0.8 KB here); below what the machine holds it passes."""
+    from sweeps.recipe.grid import CURVE_VALUE_BYTES, machine_memory
+
+    path = write(tmp_path, RECIPE)
+    first, seconds = refused_fast("validate", path, "--set", "federation.rounds=1e12")
+    assert first.startswith(f"error: {path}: federation.rounds: found 1000000000000: a run needs ~"), first
+    assert "(its curve: 100000000001 rows, one every 10 rounds), this machine has" in first, first
+    assert len(first) <= LONGEST_LINE and seconds < FAST, (first, seconds)
+    trial = load(path).trials()[0]
+    row = 1 + len(trial.metrics())  # the round and the metrics
+    fits = machine_memory() // (CURVE_VALUE_BYTES * row) // 2 * 10  # rounds of a curve of half the memory
+    assert invoke("validate", path, "--set", f"federation.rounds={fits}").exit_code == 0
+
+
+def test_the_curve_a_run_keeps_costs_what_the_estimate_says():
+    """`CURVE_VALUE_BYTES` measured: the rows of a real run's curve, as the run keeps them, cost within 25 % of it a
+    value."""
+    import gc
+    import tracemalloc
+
+    import fedbench
+
+    problem = fedbench.make_problem("lasso", clients=8, samples_per_client=20, dim=30, support=10, lam=0.05)
+
+    def kept(rounds: int) -> tuple[int, int]:
+        sim = fedbench.Simulation(problem, fedbench.make_algorithm("fedavg", problem, client_lr=1e-3),
+                                  fedbench.Federation(rounds, 4, 1, 5), 0, eval_every=1)
+        gc.collect()
+        tracemalloc.start()
+        rows = list(sim)
+        gc.collect()
+        size = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        return size, len(rows) * len(rows[0])
+
+    (small, small_values), (large, large_values) = kept(100), kept(600)
+    from sweeps.recipe.grid import CURVE_VALUE_BYTES
+
+    assert (large - small) / (large_values - small_values) == pytest.approx(CURVE_VALUE_BYTES, rel=0.25)
+
+
 def test_the_estimate_grows_with_the_declared_sizes():
     from fedbench.problems import PROBLEMS
 

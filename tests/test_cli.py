@@ -131,7 +131,8 @@ def test_ui_prints_its_pages_once_served_and_leaves_nothing_beside_the_store(rec
     """Issue 47 item 6: `ui` printed the runs' page ~28 s before the server answered, left `mlflow-ui.log` and
     `mlflow.db.lock` in the researcher's folder, and nothing said why MLflow counts one run more than the sweep ran
     (its parent). The page is printed once the server answers (fetched at once, here), with the runs it lists and
-    the parents it leaves out; the folder holds what `fedbench run` made, nothing more."""
+    the parents it leaves out; the folder holds what `fedbench run` made, nothing more. Issue 59: a line at once says
+    that the server is starting and where its log is (nothing was printed for the 25-64 s of its start)."""
     import urllib.request
 
     folder = tmp_path / "work"
@@ -153,6 +154,7 @@ def test_ui_prints_its_pages_once_served_and_leaves_nothing_beside_the_store(rec
             line = proc.stdout.readline()
             assert line, "".join(lines)
             lines.append(line)
+        assert lines[0].startswith(f"starting the MLflow UI server on 127.0.0.1:{free_tcp_port} (its log: "), lines
         with urllib.request.urlopen(f"http://127.0.0.1:{free_tcp_port}/health", timeout=5) as response:
             assert response.status == 200  # at once: the page printed is served
         lines += [proc.stdout.readline(), proc.stdout.readline()]

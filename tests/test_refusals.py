@@ -4,6 +4,7 @@ no node of the cluster can hold, and `fedbench ui` on a port another program hol
 from __future__ import annotations
 
 import http.server
+import os
 import re
 import socket
 import subprocess
@@ -71,6 +72,20 @@ def test_an_empty_recipe_says_it_is_empty(tmp_path, text):
 def test_a_recipe_that_is_no_mapping_says_what_it_is(tmp_path, text, found):
     path = write(tmp_path, text)
     refused(invoke("validate", path), f"{path}: {found}", "expected a mapping")
+
+
+def test_a_fifo_given_as_the_recipe_is_refused_at_once(tmp_path):
+    """Issue 59 item 6: `validate` on a FIFO waited for ever, in the open, for a writer that never came."""
+    fifo = tmp_path / "r.yaml"
+    os.mkfifo(fifo)
+    done = subprocess.run([sys.executable, "cli.py", "validate", str(fifo)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and done.stderr.strip() == (
+        f"error: {fifo}: found a FIFO (named pipe), expected a regular file holding a recipe"), done.stderr
+
+
+def test_a_folder_given_as_the_recipe_is_refused_as_one(tmp_path):
+    refused(invoke("validate", tmp_path), f"{tmp_path}: found a folder, expected a regular file holding a recipe")
 
 
 # -- short refusal lines, details with -v -----------------------------------------------------------------
@@ -434,7 +449,8 @@ def test_ui_without_port_moves_past_the_default_port_in_use(tracking_uri):
             server.wait(timeout=60)
     moved = re.match(r"port 5000 is in use; serving on port (\d+) instead$", lines[0])
     assert moved and lines[-1].startswith("serving"), "".join(lines)
-    assert lines[1].startswith(f"runs:   http://127.0.0.1:{moved.group(1)}/#/experiments"), lines[1]
+    assert lines[1].startswith(f"starting the MLflow UI server on 127.0.0.1:{moved.group(1)} "), lines[1]
+    assert lines[2].startswith(f"runs:   http://127.0.0.1:{moved.group(1)}/#/experiments"), lines[2]
 
 
 def test_serving_is_not_fooled_by_another_program_on_the_port(other_program):
@@ -444,3 +460,43 @@ def test_serving_is_not_fooled_by_another_program_on_the_port(other_program):
     ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
     assert not cli.serving(ours, "127.0.0.1", other_program, timeout=10)
     ours.wait()
+
+
+# A server that answers as MLflow's does (/version, this MLflow's version) once it has started, `sys.argv[2]` seconds
+# after it was
+LATE_SERVER = """\
+import http.server, sys, time
+from mlflow.version import VERSION
+
+class Version(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(VERSION.encode())
+
+    def log_message(self, *args):
+        pass
+
+time.sleep(float(sys.argv[2]))
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Version).serve_forever()
+"""
+
+
+def test_serving_waits_for_a_server_that_lives_past_a_minute(monkeypatch, free_tcp_port):
+    """Issue 59 item 7: `ui` gave up on its server after 60 s, which on a loaded machine was not enough. A server that
+    answers after 80 s (of a clock on which each 0.2 s poll takes 10 s: 2 s here) is waited for."""
+    import time
+
+    import cli
+
+    server = subprocess.Popen([sys.executable, "-c", LATE_SERVER, str(free_tcp_port), "2"])
+    start, real_sleep = time.monotonic(), time.sleep
+    clock = [start]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "sleep", lambda seconds: (real_sleep(seconds), clock.__setitem__(0, clock[0] + 10)))
+    try:
+        assert cli.serving(server, "127.0.0.1", free_tcp_port)
+        assert clock[0] - start > 60, clock[0] - start
+    finally:
+        server.kill()
+        server.wait()

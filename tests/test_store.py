@@ -7,6 +7,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import closing
 from dataclasses import asdict
@@ -247,6 +248,24 @@ def test_a_damaged_store_is_refused_in_one_line_before_anything_runs(tmp_path, t
     assert "round" not in result.stdout  # nothing computed: refused first
 
 
+@pytest.mark.heavy  # a command: ~5 s of CPU
+def test_a_store_whose_check_answers_in_two_lines_is_refused_in_one(tmp_path, tracking_uri):
+    """Issue 59 item 6: a b-tree page's header overwritten, SQLite's quick_check answers '*** in database main ***'
+    and the page on a second line, which the refusal printed as is: two lines."""
+    from sweeps.tracking import sqlite_path
+
+    path = sqlite_path(tracking_uri)
+    data = bytearray(path.read_bytes())
+    page = int.from_bytes(data[16:18], "big")  # the page size, in the database header
+    data[page:page + 8] = b"\x0d\x00\x00\xff\xff\x00\x00\x00"  # page 2: a leaf of 65535 cells, its content past the end
+    path.write_bytes(data)
+    with closing(sqlite3.connect(path)) as db:
+        assert "\n" in db.execute("PRAGMA quick_check(1)").fetchone()[0]  # the damage this test is about
+    result = subprocess.run([sys.executable, "-m", "cli", "run", load_race(tmp_path).source, "--tracking-uri",
+                             tracking_uri], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    refused_in_one_line(result, f"{path}: the MLflow store is damaged (*** in database main ***; Page 2: ")
+
+
 def test_a_result_the_store_refuses_is_kept_and_stored_by_the_next_command(tmp_path, tracking_uri, monkeypatch):
     """`fedbench run` computes, then the store fails (full, damaged meanwhile): the run's result is kept in a file
     beside the store, the one line says where, and the next command that opens the store stores it."""
@@ -442,3 +461,64 @@ def test_an_older_store_opened_to_read_and_a_newer_store_are_refused_in_one_line
     with pytest.raises(StoreError) as refused:
         Store(tracking_uri)
     assert "newer schema version (f00dfeedbeef" in str(refused.value) and "\n" not in str(refused.value)
+
+
+# -- room on the store's disk for what the runs write (issue 59 item 7) -----------------------------------------
+
+def test_a_store_grows_by_what_the_sizing_rule_allows_a_metric_value(tmp_path, tracking_uri):
+    """`STORED_VALUE_BYTES` against the store's own growth: the curves of runs as `log_rows` stores them (measured
+    257 B a value) cost at most that and at least 3/4 of it, so that a check by it neither refuses room that is
+    enough by far nor passes a disk that fills."""
+    from sweeps.tracking import STORED_VALUE_BYTES, sqlite_path, stored_values
+
+    trial = load_race(tmp_path).trials()[0]
+    store = Store(tracking_uri)
+    experiment = store.experiment("room")
+    keys = [metric.name for metric in trial.metrics()]
+    path = sqlite_path(tracking_uri)
+    grown = []
+    for rows in (1000, 3000):
+        run_id = store.start_trial(experiment, trial, None, time.time(), {}, role="run")
+        before = path.stat().st_size
+        store.log_rows({run_id: ([{"round": r, **{k: 1 / (r + i + 1) for i, k in enumerate(keys)}} for r in range(rows)],
+                                 [0.01 * r for r in range(rows)], -1)})
+        grown.append((path.stat().st_size - before, rows * (len(keys) + 1)))
+    per_value = (grown[1][0] - grown[0][0]) / (grown[1][1] - grown[0][1])
+    assert 0.75 * STORED_VALUE_BYTES <= per_value <= STORED_VALUE_BYTES, per_value
+    assert stored_values([trial]) == trial.rows_logged() * (len(keys) + 1) + 3  # and the 3 summary metrics
+
+
+@pytest.mark.heavy  # a command: ~5 s of CPU
+def test_runs_whose_curves_the_disk_cannot_hold_are_refused_before_they_run(tmp_path, small_disk):
+    """The disk check wanted a fixed 8 MiB: a run of 3000 rows of 16 values (~12 MiB in the store) started on a disk
+    of ~11 MiB free, to fill it. It is refused in one line, what it needs said, before anything runs."""
+    path = tmp_path / "long.yaml"
+    path.write_text(RECIPE.replace("rounds: 12", "rounds: 3000").replace("eval_every: 5", "eval_every: 1"))
+    uri = f"sqlite:///{small_disk / 'mlflow.db'}"
+    refused_in_one_line(fedbench("run", str(path), "--tracking-uri", uri), f"{small_disk}: the MLflow store's disk has ",
+                        "1 run will write ~15 MiB (48019 metric values)")
+
+
+def test_a_run_is_kept_off_a_nearly_full_disk_or_refused_where_no_disk_has_room(tmp_path, small_disk, monkeypatch):
+    """The result a store refused was kept beside it, on the disk that had just filled, wherever the file fitted. It
+    is kept where a disk has room for it and `MIN_FREE_BYTES` more; nowhere, refused in one line naming both
+    folders."""
+    from sweeps.tracking import MIN_FREE_BYTES, StoreError, spill, spill_folders
+
+    with contextlib.suppress(OSError), open(small_disk / "filler", "wb") as filler:
+        while True:
+            filler.write(b"\0" * 2**16)
+    with open(small_disk / "filler", "r+b") as filler:  # room for the file (a few KiB), not for a margin after it
+        filler.truncate(filler.seek(0, 2) - MIN_FREE_BYTES // 2)
+    uri = f"sqlite:///{small_disk / 'mlflow.db'}"
+    trial = load_race(tmp_path).trials()[0]
+    outcome = asdict(Outcome([{"round": 0, "objective": 1.0}], "finished", "cpu"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "elsewhere"))
+    (tmp_path / "elsewhere").mkdir()
+    kept = spill(uri, "race", [], trial, outcome, {})
+    assert kept.parent == spill_folders(uri)[1] and not (small_disk / "unstored").exists()
+    monkeypatch.setattr(tempfile, "tempdir", str(small_disk / "tmp"))  # the other disk as full
+    with pytest.raises(StoreError) as refused:
+        spill(uri, "race", [], trial, outcome, {})
+    message = str(refused.value)
+    assert "\n" not in message and str(small_disk / "unstored") in message and str(small_disk / "tmp") in message

@@ -54,6 +54,7 @@ def check_once(uri: str, outputs: list[str], database=None) -> None:
     client = MlflowClient(uri)
     parents = [run for run in client.search_runs([runs[0].info.experiment_id]) if run.data.tags["role"] == "sweep"]
     assert len(parents) == 1, outputs
+    assert parents[0].info.status == "FINISHED", outputs  # closed by the later of the two to end
 
 
 def together(tmp_path: Path, uri: str, database=None) -> None:

@@ -171,3 +171,47 @@ def test_runs_started_and_ended_many_to_a_transaction_equal_mlflows_own_calls(tm
         assert seen(mine) == seen(theirs)
         assert fast_store.client.get_run(mine).info.artifact_uri.endswith(f"{mine}/artifacts")
     assert fast_store.client.get_run(fast[3]).info.status == "FAILED"
+
+
+# -- a PostgreSQL store named postgresql:// (issue 59 item 7) --------------------------------------------------
+
+@pytest.mark.parametrize("present, uri", [
+    ({"psycopg", "psycopg2"}, "postgresql://u:p@db:5432/mlflow"),  # SQLAlchemy's default driver is there
+    ({"psycopg2"}, "postgresql+psycopg2://u:p@db:5432/mlflow"),
+    ({"psycopg"}, "postgresql://u:p@db:5432/mlflow")])
+def test_a_postgresql_uri_names_a_driver_that_is_installed(present, uri):
+    from sweeps.tracking import with_driver
+
+    assert with_driver("postgresql://u:p@db:5432/mlflow", present.__contains__) == uri
+    for other in ("sqlite:///mlflow.db", "http://host:5000", "postgresql+psycopg2://u@db/m", "mysql://u@db/m"):
+        assert with_driver(other, present.__contains__) == other
+
+
+def test_a_postgresql_uri_without_any_driver_is_refused_in_one_line_with_the_fix():
+    from sweeps.tracking import StoreError, with_driver
+
+    with pytest.raises(StoreError) as refused:
+        with_driver("postgresql://u:secret@db/mlflow", lambda module: False)
+    message = str(refused.value)
+    assert "\n" not in message and "pip install psycopg2-binary" in message and "secret" not in message
+
+
+@pytest.mark.heavy  # the session's PostgreSQL and its migrated template database: ~10 s the first time
+def test_a_postgresql_uri_opens_the_store_with_psycopg2_and_says_so(postgres, tmp_path):
+    """`postgresql://` failed at the first query (`No module named 'psycopg'`: SQLAlchemy 2.1's default driver, not
+    installed); it now opens the store through psycopg2, and the command line says so, without the URI."""
+    from typer.testing import CliRunner
+
+    from cli import app
+    from servers import migrated_template
+
+    database = postgres.create_database("driverless", template=migrated_template(postgres, tmp_path / "template"))
+    uri = database.replace("postgresql+psycopg2://", "postgresql://")
+    store = Store(uri)
+    experiment = store.client.get_experiment(store.experiment("through-psycopg2"))
+    assert experiment.name == "through-psycopg2" and store.uri.startswith("postgresql+psycopg2://")
+    shown = CliRunner().invoke(app, ["show", "no-such-run", "--tracking-uri", uri])
+    assert shown.exit_code == 2 and shown.output.splitlines()[0] == (
+        "postgresql:// stands for SQLAlchemy's default driver, psycopg 3, which is not installed: using psycopg2 "
+        "(postgresql+psycopg2://) instead"), shown.output
+    assert "no run 'no-such-run'" in shown.output

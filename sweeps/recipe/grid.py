@@ -257,12 +257,22 @@ class Recipe:
         return list(lines)
 
     def check_memory(self, trial: Trial) -> None:
-        """Refuse a run whose estimate (`Problem.run_bytes`) exceeds this machine's memory, naming the size parameter
-        whose default would lower it most (the one to lower): building it would die allocating, at run time."""
+        """Refuse a run whose estimate exceeds this machine's memory: building it, or keeping its curve, would die
+        allocating, at run time. The estimate is its data and state (`Problem.run_bytes`), refused at the size
+        parameter whose default would lower it most (the one to lower), and the curve it keeps whole
+        (`CURVE_VALUE_BYTES` a value of each row it logs), refused at `federation.rounds` where the curve is the
+        larger part (`federation.rounds: 1e12` passed)."""
         problem, config = PROBLEMS[trial.problem], trial.problem_config
-        needed, available = problem.run_bytes(config), machine_memory()
-        if needed is None or available is None or needed <= available:
+        data, available = problem.run_bytes(config), machine_memory()
+        curve = CURVE_VALUE_BYTES * (len(trial.metrics()) + 1) * trial.rows_logged()  # + 1: the row's round
+        needed = (data or 0) + curve
+        if available is None or needed <= available:
             return
+        if data is None or curve >= data:
+            raise RecipeError(self.source, self.field(trial.algorithm, "federation", "rounds"),
+                              f"found {trial.federation.rounds}: a run needs ~{in_bytes(needed)} (its curve: "
+                              f"{trial.rows_logged()} rows, one every {trial.eval_every} rounds), this machine has "
+                              f"{in_bytes(available)}")
         defaults = {p.name: p.default for p in problem.params}
         name = min(problem.size_params, key=lambda size: problem.run_bytes({**config, size: defaults[size]}) or 0)
         raise RecipeError(self.source, self.field(trial.algorithm, "problem", name), f"found {config[name]}: a run "
@@ -277,6 +287,11 @@ class Recipe:
     def metrics(self) -> dict[str, Metric]:
         """Every metric the recipe's runs evaluate, by name (the union over its algorithms and grid points)."""
         return metrics_of(self.trials())
+
+
+# A run keeps its curve whole, each row a dict of floats: measured (tracemalloc, CPython 3.11) 803 B a row of a Lasso
+# run's 16 values (its round and 15 metrics), ~50 B a value
+CURVE_VALUE_BYTES = 50
 
 
 @cache

@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import difflib
+import os
 import re
+import stat
 import sys
 from collections.abc import Hashable
 from pathlib import Path
@@ -175,11 +177,20 @@ def unknown(source: str, path: str, message: str, options) -> RecipeError:
     return RecipeError(source, path, f"{message}; -v lists the valid names", f"expected one of {', '.join(options)}")
 
 
+# What `read_yaml` calls a file that is not a regular one: opening a FIFO for reading blocks until a writer comes
+NOT_REGULAR = {stat.S_ISFIFO: "a FIFO (named pipe)", stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device",
+               stat.S_ISDIR: "a folder", stat.S_ISSOCK: "a socket"}
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     source = str(path)
     try:
+        mode = os.stat(path).st_mode  # before opening: a FIFO's open would wait for a writer for ever
+        kind = next((name for test, name in NOT_REGULAR.items() if test(mode)), None)
+        if kind is not None:
+            raise RecipeError(source, "", f"found {kind}, expected a regular file holding a recipe")
         with open(path, "rb") as file:
-            data = file.read(MAX_BYTES + 1)  # no more: the file may be endless (a FIFO, /dev/zero)
+            data = file.read(MAX_BYTES + 1)  # no more: a file may grow while it is read
     except OSError as err:
         raise RecipeError(source, "", f"cannot read the file ({err.strerror})") from None
     if len(data) > MAX_BYTES:

@@ -74,6 +74,12 @@ class Trial:
         privacy = (epsilon_metric(self.delta),) if self.delta is not None else ()
         return problem + algorithm.declared_metrics(self.hyperparameters) + ENGINE_COLUMNS + privacy
 
+    def rows_logged(self) -> int:
+        """The rows of the run's curve, where it does not diverge: at round 0, every `eval_every` rounds and at the
+        last."""
+        rounds = self.federation.rounds
+        return rounds // self.eval_every + 1 + (rounds % self.eval_every != 0)
+
     def params(self) -> dict[str, Any]:
         """The configuration flattened to dotted names, plus the seed: what the tracker records (a schedule as it
         reads, `cosine(init=0.1, final=0.001)`)."""
