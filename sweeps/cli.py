@@ -688,7 +688,8 @@ def list_components(with_plugins: Optional[List[str]] = WithOption) -> None:
         console.print(f"  {transform.help}", highlight=False)
     console.print("privacy: {delta: δ} at a recipe's top level, required with a gaussian step: each row's epsilon is "
                   "ε at δ, user-level (one client's data replaced), S of N clients drawn without replacement a round, "
-                  "by dp-accounting's RDP accountant", highlight=False)
+                  "by dp-accounting's PLD accountant on the dominating pair (tight; accountant: rdp, the looser RDP "
+                  "bound)", highlight=False)
     from fedbench.contract import CAPABILITIES
     from fedbench.schedules import KINDS
 
