@@ -43,10 +43,11 @@ probability takes the pair (qP₋ + (1 − q)Q, qP + (1 − q)Q), u and u′ at 
 mechanism exceeds, not its dominating one.)
 
 The PLD's loss values lie on a grid of spacing h, each round's PLD rounded pessimistically (a coarser grid: a larger
-ε, never a smaller one). h starts at a power of two near 1/(10m) and halves until one more halving changes ε by less
-than a relative 1e-3 (`_pld_epsilon`), for each round a run logs: its ε depends on (mechanism, δ, round) alone, and
-is within that of the limit (measured against a grid 16 times finer: at most 6.5e-4 over q = 0.001 to 1, σ = 0.5 to
-1,000, 10 and 1,000 rounds), where one grid for all would be too coarse for small q or too costly for small σ.
+ε, never a smaller one). The rounds from 2^k to 2^(k+1) − 1 share one grid: h starts at a power of two near 1/(10m)
+and halves until one more halving changes ε after 2^(k+1) rounds by less than a relative 1e-3 (`_grid`, once per
+mechanism, δ and k), so that a row's ε depends on (mechanism, δ, round) alone and is within about that of the limit
+(its error grows with the rounds: measured against a grid 16 times finer, at most 6.5e-4 over q = 0.001 to 1, σ = 0.5
+to 1,000, 10 and 1,000 rounds), where one grid for all would be too coarse for small q or too costly for small σ.
 
 `rdp`: the Rényi DP accountant (`dp_accounting.rdp.RdpAccountant`, `REPLACE_ONE`). A round is
 `SampledWithoutReplacementDpEvent(N, S, GaussianDpEvent(m))`, the subsampled Gaussian of Wang, Balle,
@@ -58,8 +59,9 @@ but loose: 2.1 to 3.5 times the PLD's ε on the shipped privacy recipes (σ = 4:
 
 Cost: ε is computed at the rounds a run logs, once per (accountant, mechanism, δ, round) and then looked up, so that
 the seeds of a program and a sweep's later configurations of the same mechanism share it. `pld`: the PLD of one round
-once per mechanism, then for each new round its r-fold composition and ε (tens of milliseconds; `bench/privacy_rows.py`
-measures it); `rdp`: the RDP of one round once per mechanism (~0.3 s for a sampled one), then microseconds a round.
+and the grid once per mechanism and octave of rounds (a second or so), then for each new round its r-fold composition
+and ε (milliseconds to tens of them; `bench/privacy_rows.py` measures it); `rdp`: the RDP of one round once per
+mechanism (~0.3 s for a sampled one), then a tenth of a millisecond a round.
 The library (~2 s to import, with SciPy's signal module) is imported where a first ε is computed.
 """
 from __future__ import annotations
@@ -233,13 +235,22 @@ def _round_pld(mechanism: Mechanism, grid: float) -> PrivacyLossDistribution:
 
 
 def _pld_epsilon(mechanism: Mechanism, delta: float, rounds: int) -> float:
-    """ε at `delta` of the `rounds`-fold composition of the round's PLD, on grids halved from ~1/(10m) until one more
-    halving changes it by less than `TOLERANCE` (the module's docstring)."""
+    """ε at `delta` of the `rounds`-fold composition of the round's PLD, on the grid of its octave of rounds."""
+    return _composed_epsilon(mechanism, delta, rounds, _grid(mechanism, delta, 1 << rounds.bit_length()))
+
+
+@functools.lru_cache(maxsize=1 << 10)
+def _grid(mechanism: Mechanism, delta: float, rounds: int) -> float:
+    """The grid for the rounds below `rounds` (a power of two) down to its half: halved from ~1/(10m) until one more
+    halving changes ε at `rounds` rounds by less than `TOLERANCE` (the module's docstring)."""
     grid = 2.0 ** math.floor(math.log2(1 / (10 * mechanism.noise_multiplier)))
-    coarse = _round_pld(mechanism, grid).self_compose(rounds).get_epsilon_for_delta(delta)
+    coarse = _composed_epsilon(mechanism, delta, rounds, grid)
     while True:
-        grid /= 2
-        fine = _round_pld(mechanism, grid).self_compose(rounds).get_epsilon_for_delta(delta)
+        fine = _composed_epsilon(mechanism, delta, rounds, grid / 2)
         if coarse - fine <= TOLERANCE * fine:
-            return float(fine)
-        coarse = fine
+            return grid / 2
+        grid, coarse = grid / 2, fine
+
+
+def _composed_epsilon(mechanism: Mechanism, delta: float, rounds: int, grid: float) -> float:
+    return float(_round_pld(mechanism, grid).self_compose(rounds).get_epsilon_for_delta(delta))

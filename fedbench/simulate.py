@@ -44,8 +44,9 @@ class Simulation:
     it to `federation.rounds` or divergence (a non-finite metric, or an objective above `divergence_factor` times
     its value at the start; the partial curve is kept either way) as a program of one run (`fedbench.runs`). With
     `delta`, a run whose uplink adds DP-FedAvg's noise (a `gaussian` step) has in each row its `epsilon`: ε at δ
-    after the row's rounds by the `accountant` (`fedbench.privacy.ACCOUNTANTS`: pld, the tight default, or rdp). `compile` (`auto`, `on`, `off`): whether its program's local steps run
-    compiled by torch.compile (`fedbench.compiling`; `auto`: where the measured table says that wins).
+    after the row's rounds by the `accountant` (`fedbench.privacy.ACCOUNTANTS`: pld, the tight default, or rdp).
+    `compile` (`auto`, `on`, `off`): whether its program's local steps run compiled by torch.compile
+    (`fedbench.compiling`; `auto`: where the measured table says that wins).
 
     Example:
         ```python
@@ -222,8 +223,8 @@ def simulate(problem: Problem, algorithm: Algorithm, federation: Federation, see
     """One run of `algorithm` (a configured instance) on `problem` with `federation`, its random streams from
     `seed`, evaluated every `eval_every` rounds, ended early where it diverges (a non-finite metric, or an
     objective above `divergence_factor` times its start); with `delta`, the rows of a federation whose uplink adds
-    DP-FedAvg's noise carry `epsilon`, ε at that δ by the `accountant` (`fedbench.privacy`); its local steps compiled or not (`compile`,
-    `fedbench.compiling`).
+    DP-FedAvg's noise carry `epsilon`, ε at that δ by the `accountant` (`fedbench.privacy`); its local steps
+    compiled or not (`compile`, `fedbench.compiling`).
 
     Example:
         ```python

@@ -102,8 +102,8 @@ def pair_loss(q: float, m: float):
     def loss(x):
         return np.logaddexp(math.log1p(-q), math.log(q) + (2 * x - 1) / (2 * m * m))
 
-    def at(l):
-        return m * m * np.log((np.exp(l) - (1 - q)) / q) + 0.5
+    def at(value):
+        return m * m * np.log((np.exp(value) - (1 - q)) / q) + 0.5
     return loss, at
 
 
