@@ -31,7 +31,7 @@ for another sampling and another neighbouring relation.)
 `pld` (the default): the dominating pair. With q = S/N, P = N(1, m²) and Q = N(0, m²) (the sum's shift by the
 sensitivity, in its units), one round of sampling without replacement under replace-one is dominated by the pair
 (qP + (1 − q)Q, Q) and by its reverse (Zhu, Dong, Wang 2022, "Optimal Accounting of Differential Privacy via
-Characteristic Function", AISTATS, §5, sampling without replacement under the replace-one relation): the
+Characteristic Function", AISTATS: their pair for sampling without replacement under the replace-one relation): the
 Poisson-subsampled Gaussian's pair of removing and of adding one element, at probability q and multiplier m, and no
 more than that, as every other client's upload equal to u and the replaced one's −u realise both. dp-accounting's
 `PoissonSampledDpEvent(q, GaussianDpEvent(m))` under `ADD_OR_REMOVE_ONE` is that pair (both of its orders, ε the
@@ -42,12 +42,13 @@ FFT), and ε at δ is read off it (`get_epsilon_for_delta`). (dp-accounting's ow
 probability takes the pair (qP₋ + (1 − q)Q, qP + (1 − q)Q), u and u′ at ±C around the others' upload: a pair the
 mechanism exceeds, not its dominating one.)
 
-The PLD's loss values lie on a grid of spacing h, each round's PLD rounded pessimistically (a coarser grid: a larger
-ε, never a smaller one). The rounds from 2^k to 2^(k+1) − 1 share one grid: h starts at a power of two near 1/(10m)
-and halves until one more halving changes ε after 2^(k+1) rounds by less than a relative 1e-3 (`_grid`, once per
-mechanism, δ and k), so that a row's ε depends on (mechanism, δ, round) alone and is within about that of the limit
-(its error grows with the rounds: measured against a grid 16 times finer, at most 6.5e-4 over q = 0.001 to 1, σ = 0.5
-to 1,000, 10 and 1,000 rounds), where one grid for all would be too coarse for small q or too costly for small σ.
+The PLD's loss values lie on a grid of spacing h, each round's PLD built pessimistically (on any grid, ε is never below
+the pair's own; a finer grid comes closer). The rounds from 2^k to 2^(k+1) − 1 share one grid: h starts at a power of
+two near 1/(10m) and halves until one more halving changes ε after 2^(k+1) rounds by less than a relative 1e-3 (`_grid`,
+once per mechanism, δ and k), so that a row's ε depends on (mechanism, δ, round) alone and is within about that of the
+limit (its error grows with the rounds: measured against a grid 16 times finer, 8e-5 to 6.5e-4 above it over q = 0.001
+to 1, σ = 0.5 to 1,000, 10 and 1,000 rounds, but for an ε of 4e-5, q = 0.001 and σ = 1,000 after 1,000 rounds, 1e-6
+below the finer grid's (2%)), where one grid for all would be too coarse for small q or too costly for small σ.
 
 `rdp`: the Rényi DP accountant (`dp_accounting.rdp.RdpAccountant`, `REPLACE_ONE`). A round is
 `SampledWithoutReplacementDpEvent(N, S, GaussianDpEvent(m))`, the subsampled Gaussian of Wang, Balle,
