@@ -33,6 +33,7 @@ from torch import Tensor
 from fedbench.algorithms.base import Algorithm, MessageError, Upload
 from fedbench.federation import Federation
 from fedbench.hparams import ParamError
+from fedbench.privacy import gaussian_step
 from fedbench.robust import KRUMS, RULES, aggregate_robustly, attack
 from fedbench.transforms import LINKS, Transform, compiled, message_bits
 
@@ -47,8 +48,9 @@ def check_uploads(federation: Federation, algorithm: type[Algorithm] | Algorithm
     such message, on a problem of `clients` clients (None: unknown, not checked): an uplink chain or adversaries on an
     upload its devices all-reduce inside the round (`Upload.all_reduced`: the engine sees the one value they then all
     hold, not a message per client); a robust aggregation rule there too, or where the server does not take its
-    uploads in through a mean (`Algorithm.uploads_averaged`); Krum and Multi-Krum with f too large for the clients a
-    round, S ≤ 2f + 2 (Blanchard et al. 2017, §4)."""
+    uploads in through a mean (`Algorithm.uploads_averaged`), and there DP-FedAvg's `gaussian` step too (its one draw,
+    shared by the clients, protects only their mean, not each client's upload: `fedbench.transforms`); Krum and
+    Multi-Krum with f too large for the clients a round, S ≤ 2f + 2 (Blanchard et al. 2017, §4)."""
     name = algorithm.name
     reduced = [upload.name for upload in algorithm.uploads if upload.all_reduced]
     rule = federation.aggregation if federation.aggregation in RULES else None
@@ -61,6 +63,11 @@ def check_uploads(federation: Federation, algorithm: type[Algorithm] | Algorithm
     if rule and not algorithm.uploads_averaged:
         raise ParamError("aggregation", f"found {rule} for {name}, whose server uses each client's uploads (not "
                          "only their mean); expected uniform or samples", "federation")
+    noise = gaussian_step(federation.uplink)
+    if noise is not None and not algorithm.uploads_averaged:
+        raise ParamError(f"uplink.{noise}.gaussian", f"found gaussian for {name}, whose server uses each client's "
+                         "upload; expected none: its draw, shared by the clients, protects only their mean",
+                         "federation")
     sampled = clients if algorithm.participation == "all" else federation.clients_per_round or clients
     f = federation.byzantine
     if rule in KRUMS and sampled is not None and sampled <= 2 * f + 2:

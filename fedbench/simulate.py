@@ -30,7 +30,7 @@ from fedbench.compiling import check_mode
 from fedbench.federation import DIVERGENCE_FACTOR, Federation, RoundSampler, aggregation_weights, minibatch_sizes
 from fedbench.links import check_uploads
 from fedbench.participation import check_algorithm
-from fedbench.privacy import EPSILON, Accountant, Mechanism
+from fedbench.privacy import ACCOUNTANTS, EPSILON, Accountant, Mechanism
 from fedbench.problems.base import Problem
 from fedbench.rng import generator
 from fedbench.robust import adversarial_clients
@@ -44,8 +44,9 @@ class Simulation:
     it to `federation.rounds` or divergence (a non-finite metric, or an objective above `divergence_factor` times
     its value at the start; the partial curve is kept either way) as a program of one run (`fedbench.runs`). With
     `delta`, a run whose uplink adds DP-FedAvg's noise (a `gaussian` step) has in each row its `epsilon`: ε at δ
-    after the row's rounds (`fedbench.privacy`). `compile` (`auto`, `on`, `off`): whether its program's local steps run
-    compiled by torch.compile (`fedbench.compiling`; `auto`: where the measured table says that wins).
+    after the row's rounds by the `accountant` (`fedbench.privacy.ACCOUNTANTS`: pld, the tight default, or rdp).
+    `compile` (`auto`, `on`, `off`): whether its program's local steps run compiled by torch.compile
+    (`fedbench.compiling`; `auto`: where the measured table says that wins).
 
     Example:
         ```python
@@ -57,7 +58,7 @@ class Simulation:
 
     def __init__(self, problem: Problem, algorithm: Algorithm, federation: Federation, seed: int,
                  eval_every: int = 10, divergence_factor: float = DIVERGENCE_FACTOR, delta: float | None = None,
-                 compile: str = "auto"):
+                 compile: str = "auto", accountant: str = ACCOUNTANTS[0]):
         check_mode(compile)
         minibatches = algorithm.minibatches(algorithm.hp)
         sizes, fields = minibatch_sizes(minibatches, algorithm.hp, federation.batch_size)
@@ -68,7 +69,7 @@ class Simulation:
         self.seed = seed
         """The run's seed: its sampling, minibatches, initial point and other draws."""
         self.accountant = (None if delta is None else
-                           Accountant(Mechanism.of(federation, algorithm, problem.num_clients), delta))
+                           Accountant(Mechanism.of(federation, algorithm, problem.num_clients), delta, accountant))
         """With `delta` (a gaussian uplink step's run), each row's `epsilon`: ε at δ after the row's rounds
         (`fedbench.privacy`); else None."""
         self.eval_every = max(1, int(eval_every))
@@ -220,19 +221,19 @@ class Result:
 
 def simulate(problem: Problem, algorithm: Algorithm, federation: Federation, seed: int = 0,
              eval_every: int = 10, divergence_factor: float = DIVERGENCE_FACTOR, delta: float | None = None,
-             compile: str = "auto") -> Result:
+             compile: str = "auto", accountant: str = ACCOUNTANTS[0]) -> Result:
     """One run of `algorithm` (a configured instance) on `problem` with `federation`, its random streams from
     `seed`, evaluated every `eval_every` rounds, ended early where it diverges (a non-finite metric, or an
     objective above `divergence_factor` times its start); with `delta`, the rows of a federation whose uplink adds
-    DP-FedAvg's noise carry `epsilon`, ε at that δ (`fedbench.privacy`); its local steps compiled or not (`compile`,
-    `fedbench.compiling`).
+    DP-FedAvg's noise carry `epsilon`, ε at that δ by the `accountant` (`fedbench.privacy`); its local steps
+    compiled or not (`compile`, `fedbench.compiling`).
 
     Example:
         ```python
         result = simulate(problem, FedMiD(problem, client_lr=1e-3), Federation(rounds=2000), seed=0)
         ```
     """
-    sim = Simulation(problem, algorithm, federation, seed, eval_every, divergence_factor, delta, compile)
+    sim = Simulation(problem, algorithm, federation, seed, eval_every, divergence_factor, delta, compile, accountant)
     rows = list(sim)
     return Result(rows, sim.status, algorithm.global_params(sim.server),
                   algorithm.personal_params(sim.server, sim.clients), sim.train_seconds, sim.eval_seconds)

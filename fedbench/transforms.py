@@ -41,9 +41,11 @@ norm on its own):
 * `gaussian` sigma: the last step, after a clip (whose C it takes), with uniform aggregation: y = x + z with one
   z ~ N(0, (σC/S)² I) a run, upload and round, the same for all S clients of the run, so that the server's mean with
   weights 1/S gains exactly z: DP-FedAvg's noise on the average (McMahan et al. 2018, Algorithm 1: σ = zS/(qW), with
-  weights w_k = 1 and qW = S; their z is this σ, their S this C). Its privacy loss ε at a δ, in every row of a run
-  given one: `fedbench.privacy`, which requires the steps between the clip and the noise to keep the clipped norm
-  (`shortens`: top_k, sign).
+  weights w_k = 1 and qW = S; their z is this σ, their S this C). The draw is shared: it protects the noised mean
+  only, not each client's upload (whose differences from the others' carry no noise), so that an algorithm whose
+  server uses each client's upload (`Algorithm.uploads_averaged` False) is refused it (`fedbench.links`). Its privacy
+  loss ε at a δ, in every row of a run given one: `fedbench.privacy`, which requires the steps between the clip and
+  the noise to keep the clipped norm (`shortens`: top_k, sign).
 
 Downlink: EF21-P (Gruntkowska, Tyurin, Richtárik 2023, "EF21-P and Friends", Algorithm 1). Each download goes
 through a compressor (`top_k` or `qsgd`) as a difference to what the clients last received: the server keeps its own
@@ -275,7 +277,7 @@ class Clip(Transform):
 
 class Gaussian(Transform):
     name = "gaussian"
-    help = "adds z ~ N(0, (σC/S)² I), one draw a run and round for all its clients (DP-FedAvg's noise on the mean)"
+    help = "adds z ~ N(0, (σC/S)² I), one draw a run and round shared by its clients (DP-FedAvg's: on their mean)"
     params = (Param("sigma", "float", 1.0, "noise multiplier σ, on the clip's C", low=0),)
     random = True
     sigma: float

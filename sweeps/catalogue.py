@@ -113,10 +113,11 @@ def entries() -> list[Entry]:
         written = f"a step {{{name}: value}} of federation.{links.replace(' and ', ' or ')}"
         found.append(Entry(f"transforms.{name}", f"transform {name} ({written}: {TRANSFORM_VALUE})",
                            f"{transform.help} ({links})", transform.params, [transform.help]))
-    found.append(Entry("privacy", "privacy: {delta: δ} at a recipe's top level, required with a gaussian step: each "
-                       "row's epsilon is ε at δ, user-level (one client's data replaced), S of N clients drawn without "
-                       "replacement a round, by dp-accounting's RDP accountant",
-                       "{delta: δ}: ε at δ of the uplink's gaussian noise, in every row"))
+    found.append(Entry("privacy", "privacy: {delta: δ, accountant: pld | rdp} at a recipe's top level, required with "
+                       "a gaussian step: each row's epsilon is ε at δ, user-level (one client's data replaced), S of N "
+                       "clients drawn without replacement a round, by dp-accounting's PLD accountant on the dominating "
+                       "pair (tight; the default) or its RDP bound (accountant: rdp, looser)",
+                       "{delta: δ, accountant: pld | rdp}: ε at δ of the uplink's gaussian noise, in every row"))
     found.append(Entry("capabilities", "capabilities an algorithm may require and a problem provide:",
                        ", ".join(CAPABILITIES), notes=[f"{n}: {meaning}" for n, meaning in CAPABILITIES.items()]))
     formulas = []

@@ -38,7 +38,7 @@ def build_simulation(trial: Trial, device: str | None = None, problem=None) -> S
                                           device=resolve_device(device or trial.device))
     algorithm = ALGORITHMS[trial.algorithm](problem, **trial.hyperparameters)
     return Simulation(problem, algorithm, trial.federation, trial.seed, trial.eval_every, trial.divergence_factor,
-                      trial.delta, trial.compile)
+                      trial.delta, trial.compile, trial.accountant)
 
 
 def build_batch(trials: list[Trial], device: str | None = None) -> list[Simulation]:

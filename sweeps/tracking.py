@@ -3,8 +3,8 @@
 Layout. Experiment = recipe name. The sweep's parent run carries the recipe (file and resolved YAML as
 artifacts), its hash, the tool's git commit and the host; it is found again by recipe hash, so a resumed
 sweep keeps one parent. Each (config, seed) is a nested run (tag `mlflow.parentRunId`) with flattened
-params, tags `role=trial, problem, algorithm, seed, config_hash, configuration, status` and the per-round curve as
-metrics with `step=round`.
+params, tags `role=trial, problem, algorithm, seed, config_hash, configuration, status` (and `accountant`, pld or
+rdp, where its rows carry ε) and the per-round curve as metrics with `step=round`.
 
 Speed and safety. On SQLite one `log_metric` costs ~10-30 ms; the curve goes out with `log_batch` in
 chunks of 1000 (~0.5 ms per value), or faster straight into MLflow's SQL store (`sweeps.mlflow_fast`). During a
@@ -801,6 +801,8 @@ def new_run(trial: Trial, parent_id: str | None, start_time: float, tags: dict[s
     configuration = f"{trial.algorithm} ({hp})"  # what the UI's runs view groups the seeds by
     run_tags = {"role": role, "problem": trial.problem, "algorithm": trial.algorithm, "seed": str(trial.seed),
                 "config_hash": trial.config_hash, "configuration": configuration, "status": "running", **tags}
+    if trial.delta is not None:
+        run_tags["accountant"] = trial.accountant  # what computed its rows' ε (`fedbench.privacy`)
     if trial.plugins:
         run_tags["plugin_sha256"] = " ".join(source.sha256 for source in trial.plugins)
     if parent_id:

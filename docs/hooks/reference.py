@@ -499,7 +499,7 @@ API_PAGES = {
          "fedbench.problems.PROBLEMS": ()}),
     "privacy": ApiPage(
         "Privacy accounting", "ε of DP-FedAvg's Gaussian uplink at a δ: the mechanism the engine runs (sampling, "
-        "adjacency, sensitivity) and dp-accounting's RDP accountant", "fedbench.privacy",
+        "adjacency, sensitivity) and dp-accounting's accountants (PLD by default, RDP)", "fedbench.privacy",
         {"fedbench.privacy.Accountant": ("epsilon",), "fedbench.privacy.Mechanism": ("of", "noise_multiplier", "event"),
          "fedbench.privacy.check": (), "fedbench.privacy.epsilon_metric": ()}),
     "participation": ApiPage(

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from fedbench import participation, plugins, schedules, transforms
+from fedbench import participation, plugins, privacy, schedules, transforms
 from fedbench.algorithms import ALGORITHMS
 from fedbench.hparams import LIST_KINDS, Param, ParamError
 from fedbench.problems import PROBLEMS
@@ -322,7 +322,8 @@ def parse(raw: dict[str, Any], source: str) -> Recipe:
                     model.eval_every, model.device, model.divergence_factor, model.resources, model.tune, raw,
                     report=model.report or ReportSpec(), overrides=overrides, checkpoints=model.checkpoints,
                     max_runs=model.max_runs, models_every=model.tracking.models_every,
-                    delta=model.privacy.delta if model.privacy else None, compile=model.compile)
+                    delta=model.privacy.delta if model.privacy else None, compile=model.compile,
+                    accountant=model.privacy.accountant if model.privacy else privacy.ACCOUNTANTS[0])
     if model.tune:  # its space read against the grids as validated: a chain's steps, an algorithm's own entries
         recipe.dimensions = check_space(recipe)
     runs = recipe.runs()  # counted, not built: a grid of millions is refused before it takes minutes and GBs

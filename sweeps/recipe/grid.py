@@ -57,6 +57,7 @@ class Recipe:
     models_every: int = 0  # `tracking.models_every`: a run's model stored every this many rounds (0: the final only)
     delta: Optional[float] = None  # `privacy.delta`: the δ of the rows' ε in runs with DP-FedAvg's noise
     compile: str = "auto"  # whether runs' local steps are compiled (`fedbench.compiling`)
+    accountant: str = privacy.ACCOUNTANTS[0]  # `privacy.accountant`: what computes the rows' ε (`fedbench.privacy`)
 
     @property
     def recipe_hash(self) -> str:
@@ -157,7 +158,7 @@ class Recipe:
                       seed, self.eval_every, self.device, self.divergence_factor,
                       plugins.sources("problem", self.problem) + plugins.sources("algorithm", algorithm),
                       self.models_every, self.delta if privacy.gaussian_step(federation.uplink) is not None else None,
-                      self.compile)
+                      self.compile, self.accountant)
         self.check(trial)
         return trial
 

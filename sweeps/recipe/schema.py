@@ -6,7 +6,7 @@ against the engine's declarations.
 from __future__ import annotations
 
 import re
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -180,9 +180,11 @@ class Tracking(StrictModel):
 class Privacy(StrictModel):
     """Privacy accounting of DP-FedAvg's noise (a `gaussian` step of `federation.uplink`, after a clip): every row of
     such a run has `epsilon`, ε at `delta` after the row's rounds, user-level with one client's data replaced, for the
-    fixed number of clients each round draws without replacement (or all of them), by dp-accounting's RDP accountant
+    fixed number of clients each round draws without replacement (or all of them), by dp-accounting's `accountant`
     (`fedbench.privacy`). Required where a run adds the noise, refused where none does."""
     delta: float = Field(gt=0, lt=1)  # the δ of (ε, δ)-DP, e.g. 1.0e-5 (below 1/N, the clients' number, by custom)
+    # pld: the privacy-loss distribution of the mechanism's dominating pair (tight); rdp: the Rényi DP bound (looser)
+    accountant: Literal["pld", "rdp"] = "pld"
 
 
 class RecipeModel(StrictModel):

@@ -15,7 +15,7 @@ from fedbench.hparams import Param, PerRound
 from fedbench.metrics import ENGINE_COLUMNS, Metric
 from fedbench.participation import LocalSteps, Participation
 from fedbench.plugins import Source
-from fedbench.privacy import epsilon_metric
+from fedbench.privacy import ACCOUNTANTS, epsilon_metric
 from fedbench.problems import PROBLEMS
 from fedbench.robust import Adversaries
 from fedbench.transforms import LINKS
@@ -42,22 +42,23 @@ class Trial:
     delta: float | None = None
     compile: str = "auto"  # whether its local steps run compiled (`fedbench.compiling`; not in its config: as the
     # device, it changes how the run is computed, its numbers only by rounding)
+    accountant: str = ACCOUNTANTS[0]  # the recipe's `privacy.accountant`: what computes its rows' ε (with a δ only)
 
     def config(self) -> dict[str, Any]:
         """Everything that determines the run except the seed (and the device it runs on, and whether its steps are
         compiled), as data: a schedule as the recipe writes it (a mapping, `PerRound.as_config`); for a plugin's
         run, the sha256 of the plugin's code too, so that an edited plugin's runs run again (a built-in's config is
-        as it was). A run accounted at a δ has it as `privacy.delta`: δ changes no iterate, but every row's
-        `epsilon`, and a store that holds the curve of a config must hold the curve at its δ (as `eval_every`
-        changes only which rows there are); a run without noise is recorded (and hashed) as before privacy
-        existed."""
+        as it was). A run accounted at a δ has it as `privacy.delta`, and its accountant as `privacy.accountant`:
+        neither changes an iterate, but both every row's `epsilon`, and a store that holds the curve of a config must
+        hold the curve at its δ by its accountant (as `eval_every` changes only which rows there are); a run without
+        noise is recorded (and hashed) as before privacy existed."""
         hyperparameters = {k: v.as_config() if isinstance(v, PerRound) else v for k, v in self.hyperparameters.items()}
         config = {"problem": {"name": self.problem, **self.problem_config},
                   "federation": self.federation.config(),
                   "algorithm": {"name": self.algorithm, **hyperparameters},
                   "eval_every": self.eval_every, "divergence_factor": self.divergence_factor}
         if self.delta is not None:
-            config["privacy"] = {"delta": self.delta}
+            config["privacy"] = {"delta": self.delta, "accountant": self.accountant}
         if self.plugins:
             config["plugins"] = sorted(source.sha256 for source in self.plugins)
         return config
