@@ -41,6 +41,9 @@ DATASETS = {
 
 @dataclass(frozen=True)
 class ImageTensors:
+    """A data set's training and test images as uint8 NCHW tensors, with its normalisation constants and the files
+    it was read from."""
+
     x_train: Tensor  # [n, C, H, W] uint8, as stored
     y_train: Tensor  # [n] int64
     x_test: Tensor

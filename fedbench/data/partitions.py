@@ -54,6 +54,7 @@ from torch import Tensor
 from fedbench.hparams import ParamError
 
 SCHEMES = ("iid", "dirichlet", "label_quantity", "shards")
+"""The schemes `split` knows."""
 # The parameter each scheme needs beside `clients` and `min_size`; a scheme refuses the others' parameters.
 SCHEME_PARAMETER = {"iid": None, "dirichlet": "alpha", "label_quantity": "classes_per_client",
                     "shards": "shards_per_client"}
@@ -103,6 +104,7 @@ class Partition:
         return f"{self.scheme}({', '.join([*shown, f'min_size={self.min_size}'])})"
 
     def digest(self) -> str:
+        """A 16-hex-digit hash of `describe()`."""
         return hashlib.blake2b(self.describe().encode(), digest_size=8).hexdigest()
 
     def split(self, labels: Tensor, generator: torch.Generator) -> list[Tensor]:
