@@ -25,9 +25,9 @@ Schemes (K classes: the labels' largest value + 1):
   `min_size`). n < N·min_size is refused. NIID-Bench also zeroes the proportions of clients already holding n/N
   rows (a balancing step not in Hsu et al.); that is not done here, so the law above holds.
   Gamma variates for the Dirichlet are drawn in log space, G = Gamma(α+1)·U^{1/α} (Marsaglia and Tsang 2000,
-  §6), with `torch._standard_gamma` and `torch.rand` on the generator: a direct Gamma(α) draw underflows below
-  1e-308 when U < 10^{−308α} (half the time at α = 0.001), where torch clamps it to the smallest normal, and a
-  class whose N draws all underflow would be split evenly.
+  their boost for α < 1), with `torch._standard_gamma` and `torch.rand` on the generator: a direct Gamma(α) draw
+  underflows below 1e-308 when U < 10^{−308α} (half the time at α = 0.001), where torch clamps it to the smallest
+  normal, and a class whose N draws all underflow would be split evenly.
 * `label_quantity` #C = k (NIID-Bench §4 "quantity-based label imbalance", its `noniid-#label{k}` code):
   client i holds label i mod K and k−1 further distinct labels drawn uniformly from the other K−1; each label's
   rows, in a random order, are split among its holders in client order into parts of ⌊n_c/t⌋ or ⌈n_c/t⌉ (the
@@ -149,8 +149,9 @@ class Partition:
         return _deal(labels, counts.T, generator)
 
     def _shards(self, labels: Tensor, generator: torch.Generator) -> list[Tensor]:
-        n, shards = len(labels), self.clients * int(self.shards_per_client or 0)
-        smallest = (n // shards) * int(self.shards_per_client or 0) if shards <= n else 0
+        n, per_client = len(labels), int(self.shards_per_client or 0)
+        shards = self.clients * per_client
+        smallest = (n // shards) * per_client
         if smallest < max(self.min_size, 1):
             raise ParamError("shards_per_client", f"found {self.shards_per_client} shards for each of "
                              f"{self.clients} clients: {shards} shards of {n} rows leave a client {smallest} rows, "
