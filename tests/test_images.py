@@ -37,7 +37,8 @@ def test_random_crop_flip_draws_one_per_image_in_the_rows_order():
     out = images.random_crop_flip(x, gen(4))
     flat = images.crop_flip(x.reshape(24, 1, 28, 28), images.crop_flip_draws((24,), gen(4)))
     assert torch.equal(out.reshape(24, 1, 28, 28), flat)
-    assert torch.equal(images.random_crop_flip(x, gen(4)), out) and not torch.equal(images.random_crop_flip(x, gen(5)), out)
+    assert torch.equal(images.random_crop_flip(x, gen(4)), out)
+    assert not torch.equal(images.random_crop_flip(x, gen(5)), out)
 
 
 def test_offsets_are_uniform_and_flips_fair():
@@ -62,7 +63,8 @@ def test_normalize_is_to_tensor_then_normalize():
     out = images.normalize(x, (0.5, 0.25), (0.5, 0.125))
     want = np.array([[[[(0 - 0.5) / 0.5, (1 - 0.5) / 0.5]], [[(0.2 - 0.25) / 0.125, (0.4 - 0.25) / 0.125]]]])
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-6)
-    assert out.dtype == torch.float32 and images.normalize(x, (0.5, 0.25), (0.5, 0.125), torch.float64).dtype == torch.float64
+    assert out.dtype == torch.float32
+    assert images.normalize(x, (0.5, 0.25), (0.5, 0.125), torch.float64).dtype == torch.float64
 
 
 def test_unknown_data_set_is_refused():

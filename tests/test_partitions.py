@@ -72,7 +72,8 @@ def test_dirichlet_shares_follow_beta(clients, alpha):
     shares = counts / per_class  # [R, K, N]
     x = shares[:, :, 0].ravel()
     mean, var, fourth = beta_moments(alpha, (clients - 1) * alpha)
-    assert mean == pytest.approx(1 / clients) and var == pytest.approx((clients - 1) / (clients**2 * (clients * alpha + 1)))
+    assert mean == pytest.approx(1 / clients)
+    assert var == pytest.approx((clients - 1) / (clients**2 * (clients * alpha + 1)))
     m = len(x)
     assert abs(x.mean() - mean) <= 4 * np.sqrt(var / m)
     assert abs(x.var(ddof=1) - var) <= 4 * np.sqrt((fourth - var**2 * (m - 3) / (m - 1)) / m)
@@ -245,7 +246,8 @@ def test_describe_is_stable():
     assert Partition("dirichlet", 500, alpha=0.05, min_size=1).digest() == partition.digest()
     assert Partition("dirichlet", 5, alpha=1).describe() == Partition("dirichlet", 5, alpha=1.0).describe()
     assert Partition("dirichlet", 500, alpha=0.5).digest() != partition.digest()
-    assert Partition("shards", 100, shards_per_client=2).describe() == "shards(clients=100, shards_per_client=2, min_size=1)"
+    shards = Partition("shards", 100, shards_per_client=2)
+    assert shards.describe() == "shards(clients=100, shards_per_client=2, min_size=1)"
     assert Partition("iid", 7, min_size=0).describe() == "iid(clients=7, min_size=0)"
 
 
