@@ -21,10 +21,12 @@ STATED = {
     "mcmahan_cnn": 1_663_370,
     "resnet18_gn": 11_173_962,
 }
-"""Counts the sources state: Reddi et al., "Adaptive Federated Optimization", ICLR 2021, Appendix, the EMNIST
-character recognition model's table (layer by layer: 320 + 18,496 + 1,179,776 + 7,998); McMahan et al., AISTATS 2017,
-§3: "a final softmax output layer (1,663,370 total parameters)"; ResNet-18 in its CIFAR form with 10 classes,
-kuangliu/pytorch-cifar's `ResNet18` with BatchNorm, whose affine parameters a GroupNorm has as well."""
+"""Counts the sources state: the EMNIST character recognition CNN of Reddi et al., "Adaptive Federated Optimization",
+ICLR 2021, Appendix (the model of their EMNIST CR task; TFF's released summary of the same network gives its layers'
+counts, 320 + 18,496 + 1,179,776 + the output layer's 129 per class); McMahan et al., AISTATS 2017, §3: "a final
+softmax output layer (1,663,370 total parameters)"; ResNet-18 in its CIFAR form with 10 classes, the count of
+kuangliu/pytorch-cifar's `ResNet18` with BatchNorm, whose affine parameters a GroupNorm has as well (counted again in
+closed form below)."""
 
 
 def test_parameter_counts_are_those_their_papers_state():

@@ -1,6 +1,6 @@
-"""Deep networks as torch `nn.Module`s: the shipped ones (`NETWORKS`, each as its paper or its authors' released
-code defines it, its parameter count tested against theirs), a researcher's own (`load_network`), and the check
-every module passes before a run uses it (`check_module`).
+"""Deep networks as torch modules for the problems that train them: the shipped ones (`NETWORKS`, each as its paper
+or its authors' released code defines it, its parameter count tested against theirs), a researcher's own
+(`load_network`), and the check every module passes before a run uses it (`check_module`).
 
 A network's state is its parameters and nothing else. The engine holds S clients × R runs of them and averages
 what the clients send; a buffer that the forward pass updates (BatchNorm's running mean and variance) would be
@@ -66,8 +66,9 @@ NETWORKS: dict[str, Shipped] = {
     "pfl_cifar10_cnn": Shipped(ConvDropoutCNN, (3, 32, 32), 10, "pfl-research (Granqvist et al., 2024), "
                                "benchmarks/model/pytorch/cnn.py simple_cnn: its CIFAR-10 CNN",
                                {"zero_biases": False}),
-    "resnet18_gn": Shipped(ResNet18GN, (3, 32, 32), 10, "He et al., CVPR 2016, CIFAR form, with two-group GroupNorm "
-                           "(Hsieh et al., ICML 2020; Reddi et al., ICLR 2021)"),
+    "resnet18_gn": Shipped(ResNet18GN, (3, 32, 32), 10, "He et al., CVPR 2016, in its CIFAR form "
+                           "(kuangliu/pytorch-cifar), with two-group GroupNorm in place of BatchNorm (Hsieh et al., "
+                           "ICML 2020)"),
 }
 """The shipped networks by the name a recipe gives them (`model: emnist_cnn`)."""
 

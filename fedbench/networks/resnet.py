@@ -2,11 +2,16 @@
 
 He, Zhang, Ren, Sun, "Deep Residual Learning for Image Recognition", CVPR 2016 (the basic block; four stages of
 two blocks, 64 to 512 channels), in its CIFAR form: a 3×3 stem convolution of stride 1 and no max pooling, as
-kuangliu/pytorch-cifar's `ResNet18` (11,173,962 parameters with 10 classes). Each BatchNorm is a GroupNorm of two
-groups, as Hsieh, Phanishayee, Mutlu, Gibbons, "The Non-IID Data Quagmire of Decentralized Machine Learning",
-ICML 2020, propose for non-IID clients and Reddi et al., "Adaptive Federated Optimization", ICLR 2021, use for their
-CIFAR-10 and CIFAR-100 ResNet-18: a GroupNorm has the affine parameters of the BatchNorm it replaces (a scale and
-an offset per channel) and no running statistics, so the count is the same and nothing but parameters is kept.
+kuangliu/pytorch-cifar's `ResNet18` (11,173,962 parameters with 10 classes). Each BatchNorm is a GroupNorm (Wu and
+He, ECCV 2018), as Hsieh, Phanishayee, Mutlu, Gibbons, "The Non-IID Data Quagmire of Decentralized Machine
+Learning", ICML 2020, propose for non-IID clients: it has the affine parameters of the BatchNorm it replaces (a
+scale and an offset per channel) and no running statistics, so the count is the same and nothing but parameters is
+kept. Two groups per layer by default (`groups`).
+
+Reddi et al., "Adaptive Federated Optimization", ICLR 2021, train a ResNet-18 with GroupNorm on CIFAR-10 and
+CIFAR-100, but their released Keras network (google-research/federated, `utils/models/resnet_models.py`,
+`create_resnet18`) is not this one: pre-activation blocks, a 7×7 stride-2 stem with max pooling, and TensorFlow
+Addons' GroupNormalization at its default number of groups.
 """
 from __future__ import annotations
 
