@@ -25,15 +25,17 @@ ENTRY_POINT = "entry point "  # how an entry point's `Source.spec` starts
 
 
 class PluginError(ValueError):
-    """A plugin that cannot be registered; the message is one line: the plugin, then the cause."""
+    """A plugin that cannot be registered (or a file that does not import, `import_source`); the message is one line:
+    the plugin, then the cause."""
 
 
 @dataclass(frozen=True)
 class Source:
-    """Where a plugin component's code is. `spec` as it was named (a file's absolute path, `module[:Class]`, or
-    `entry point <group>:<name> (<package>)`), `path` the file whose text `sha256` hashes, and for a file plugin
-    that text itself (`text`) and the modules it imports from its folder (`modules`: path relative to the folder,
-    text; `siblings`), which `sha256` covers too and a run carries to wherever it runs."""
+    """Where a plugin component's or a network's code is. `spec` as it was named (a file's absolute path, for a
+    network followed by `:Class`; `module[:Class]`; or `entry point <group>:<name> (<package>)`), `path` the file
+    whose text `sha256` hashes, and for a file that text itself (`text`) and the modules it imports from its folder
+    (`modules`: path relative to the folder, text; `siblings`), which `sha256` covers too and a run carries to
+    wherever it runs."""
     spec: str
     path: str | None
     sha256: str

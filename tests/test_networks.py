@@ -223,6 +223,9 @@ def test_a_module_network_is_imported_by_name_and_hashed_by_its_package(tmp_path
     cls, source = load_network("my_nets.wide:WideCNN")
     assert cls().layers[0].out_channels == 8 and source.text is None and source.sha256
     assert network_class(source) is cls
+    with pytest.raises(ParamError, match="^problem.model: network my_nets.wide:Narrow: found nothing by that name, "
+                                         "expected a subclass of torch.nn.Module$"):
+        load_network("my_nets.wide:Narrow")
     for name in [n for n in sys.modules if n.startswith("my_nets")]:
         monkeypatch.delitem(sys.modules, name)
 

@@ -38,7 +38,7 @@ ALTERNATIVE = "GroupNorm (torch.nn.GroupNorm: no running statistics, Hsieh et al
 class Shipped:
     """A shipped network: its module class, the input shape (channels, height, width) and number of classes of the
     setting its source defines it for, its source (paper and released code) in words, and constructor arguments
-    beyond those (`options`)."""
+    beyond those (`options`); `parameters` is its number of parameters in that setting."""
     cls: type[nn.Module]
     input_shape: Shape
     classes: int
@@ -126,7 +126,8 @@ def network_class(source: Source) -> type[nn.Module]:
     cls = getattr(module, name, None)
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         found = "nothing by that name" if cls is None else f"an object of type {type(cls).__name__}"
-        raise refused(f"network {source.shown}:{name}: found {found}, expected a subclass of torch.nn.Module")
+        named = source.spec if source.text is None else f"{source.shown}:{name}"  # a file by its name alone
+        raise refused(f"network {named}: found {found}, expected a subclass of torch.nn.Module")
     return cls
 
 
