@@ -159,8 +159,12 @@ def test_batchnorm_without_running_statistics_is_refused_too():
     assert "use GroupNorm" in message
 
 
-def test_dropout_and_groupnorm_are_accepted():
-    check_module(nn.Sequential(nn.Conv2d(3, 8, 3), nn.GroupNorm(2, 8), nn.Dropout(0.5)), torch.randn(4, 3, 8, 8))
+def test_dropout_and_groupnorm_are_accepted_and_the_check_draws_nothing_from_torchs_generator():
+    module = nn.Sequential(nn.Conv2d(3, 8, 3), nn.GroupNorm(2, 8), nn.Dropout(0.5))
+    images = torch.randn(4, 3, 8, 8)
+    state = torch.get_rng_state()
+    check_module(module, images)
+    assert torch.equal(torch.get_rng_state(), state)
 
 
 def test_a_module_that_does_not_run_on_the_example_is_refused_in_one_line():

@@ -137,7 +137,8 @@ def check_module(module: nn.Module, example_input: torch.Tensor) -> None:
     all (without running statistics it still mixes the examples of a batch, and evaluates on the statistics of the
     evaluation batch): ParamError at `problem.model` naming what was found and the alternative, GroupNorm (Hsieh et
     al., ICML 2020). The module's own buffers are left as they were: the forward runs on a copy, on
-    `example_input` (a batch of examples as the problem feeds them). A module with dropout is accepted: the engine
+    `example_input` (a batch of examples as the problem feeds them), and torch's global generator is left as it
+    was too, so that checking a module does not change a run's draws. A module with dropout is accepted: the engine
     draws its masks from each client's own stream. See the module's docstring for why this refuses rather than
     keep BatchNorm per client (FedBN).
 
@@ -153,7 +154,7 @@ def check_module(module: nn.Module, example_input: torch.Tensor) -> None:
     trial = copy.deepcopy(module).train()
     before = {name: buffer.clone() for name, buffer in trial.named_buffers()}
     try:
-        with torch.no_grad():
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):  # its dropout draws leave torch's generator as it was
             trial(example_input)
     except Exception as err:
         raise refused(f"{what} does not run on an example batch of shape {list(example_input.shape)}: "
