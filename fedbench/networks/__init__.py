@@ -46,13 +46,16 @@ class Shipped:
     options: dict[str, Any] = field(default_factory=dict)
 
     def build(self, input_shape: Shape | None = None, classes: int | None = None) -> nn.Module:
-        """The module, for its source's setting or another input shape and number of classes."""
+        """The module, for its source's setting or another input shape and number of classes, its weights drawn from
+        torch's global generator as its source initialises them."""
         return self.cls(input_shape or self.input_shape, classes or self.classes, **self.options)
 
     @functools.cached_property
     def parameters(self) -> int:
-        """Its number of parameters in its source's setting."""
-        return parameter_count(self.build())
+        """Its number of parameters in its source's setting (counted on a module built without drawing from torch's
+        global generator)."""
+        with torch.random.fork_rng(devices=[]):
+            return parameter_count(self.build())
 
 
 NETWORKS: dict[str, Shipped] = {
