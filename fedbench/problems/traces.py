@@ -72,13 +72,14 @@ def replayed(problem: Any, function: Callable[[Tensor, Any], Tensor], w: Tensor,
             return replayed(self, self.autograd_grad, w, batch)
         ```
     """
+    if torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None:
+        return function(w, batch)
     inputs = (w, batch) if type(batch) is Tensor else (w, *batch) if type(batch) is tuple else ()
     traces = vars(problem).get(SLOT)
     if traces is None:
         traces = vars(problem)[SLOT] = Traces(())
-    if (not traces.enabled or not inputs or torch.compiler.is_compiling()
-            or torch._C._functorch.peek_interpreter_stack() is not None
-            or not all(type(tensor) is Tensor and not tensor.requires_grad for tensor in inputs)):
+    if not (traces.enabled and inputs and all(type(tensor) is Tensor and not tensor.requires_grad
+                                              for tensor in inputs)):
         return function(w, batch)
     attributes = tuple(vars(problem).values())
     if not same_objects(attributes, traces.attributes):
