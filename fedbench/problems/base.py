@@ -2,11 +2,11 @@
 
 A problem owns its federated data, the smooth loss f (one client's minibatch loss, `minibatch_loss`:
 torch.func's vmap lifts it to every client's loss at once, and the gradients and Hessian-vector products that
-oracles serve are backward passes through that batched loss; problems override `loss`/`grad`/`hvp` where a
-hand-written form is faster), the regularizer h, the
-initial point, its declared metrics and their evaluation, and the capabilities it provides beyond
-minibatch gradients (`fedbench.contract`). Parameters are flat vectors `[d]`; a batch of clients is
-`[S, d]`. The engine lifts the oracles over its runs, so that an algorithm's local step calls them at `[R, S, d]`
+oracles serve are backward passes through that batched loss, the gradient's replayed from a trace of it
+(`fedbench.problems.traces`); problems override `loss`/`grad`/`hvp` where a hand-written form is faster), the
+regularizer h, the initial point, its declared metrics and their evaluation, and the capabilities it provides beyond
+minibatch gradients (`fedbench.contract`). Parameters are flat vectors `[d]`; a batch of clients is `[S, d]`. The
+engine lifts the oracles over its runs, so that an algorithm's local step calls them at `[R, S, d]`
 (`fedbench.oracle`), and a problem sees clients alone unless it declares `oracles_take_runs`.
 """
 from __future__ import annotations
