@@ -8,7 +8,7 @@ its `my_problem.py` block read from the page), float64 on the CPU. Options, each
                    dropped);
   summed_backward  one `torch.autograd.grad` of the sum of the clients' losses `vmap(minibatch_loss)`
                    (`Problem.autograd_grad`, as `ImageClassification.grad` does), the default untraced;
-  vmap_grad        torch.func's `vmap(grad(minibatch_loss))`, the default before this bench;
+  vmap_grad        torch.func's `vmap(grad(minibatch_loss))`, the default before issue 59 item 11;
   func_grad_sum    torch.func's `grad` of the sum of the clients' losses;
   batched_loss     one backward pass over a hand-written batched loss (einsum): what the untraced default gives a
                    problem that overrides `loss`;
@@ -18,9 +18,10 @@ its `my_problem.py` block read from the page), float64 on the CPU. Options, each
 Shapes [S, b, d]: the how-to recipe's round (5 clients of batches of 10), the issue's [20, 50, 10] (every client
 of the problem's defaults, whole data) and a wider [20, 50, 200]. Each option's median microseconds per call over
 interleaved repetitions, and its ratio to `hand` measured in the same run (the machine is shared: read the
-ratios). Then, end to end, FedAvg on the how-to's recipe federation, the default gradient against the
-hand-written one and the untraced default, milliseconds per round (10 local steps; 3x the repetitions: a round is
-noisier).
+ratios). The default's layouts are traced at their first call here, timed (the first in a process imports
+torch._dynamo; in a run, a layout is traced once its untraced calls have cost as much as that). Then, end to end,
+FedAvg on the how-to's recipe federation, the default gradient against the hand-written one and the untraced
+default, milliseconds per round (10 local steps; 3x the repetitions: a round is noisier).
 
 Usage: OMP_NUM_THREADS=1 python bench/plugin_grad.py [--repeats 7] [--threads 1]
 """
@@ -40,6 +41,7 @@ from torch.func import grad as func_grad, vmap
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from fedbench.algorithms import ALGORITHMS
+from fedbench.problems import traces
 from fedbench.problems.base import Problem
 from fedbench.problems.traces import trace
 from fedbench.rng import generator
@@ -123,6 +125,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    traces.IMPORT_SECONDS = traces.TRACE_SECONDS = 0.0  # each layout traced at its first call: the steady state
     problem_class = how_to_problem_class()
     print(f"torch {torch.__version__}, {args.threads} thread(s), float64; µs per call (median of {args.repeats}), "
           "ratio to hand")
@@ -135,6 +138,10 @@ def main() -> None:
                    "vmap_grad": vmap_grad, "func_grad_sum": func_grad_sum, "batched_loss": batched_loss,
                    "traced_vmap_grad": traced_vmap_grad(problem, w, batch),
                    "make_fx_vmap_grad": make_fx_vmap_grad(problem, w, batch)}
+        start = time.perf_counter()
+        Problem.grad(problem, w, batch)  # traced at once (the first in the process imports torch._dynamo)
+        print(f"[S, b, d] = [{clients}, {b}, {d}]: the default's first call, which traces: "
+              f"{time.perf_counter() - start:.3f} s")
         want = hand(problem, w, batch)
         for name, option in options.items():
             torch.testing.assert_close(option(problem, w, batch), want, rtol=1e-12, atol=1e-12, msg=name)

@@ -87,7 +87,7 @@ def test_a_compiled_run_gives_the_eager_rows(case):
     assert_close(compiled[0], eager[0])
 
 
-def test_a_plugin_problems_default_gradient_compiles_as_eager(tmp_path):
+def test_a_plugin_problems_default_gradient_compiles_as_eager(tmp_path, trace_at_once):
     """The how-to's problem has the default gradient: replayed from its trace in the eager steps, its backward pass
     itself in the compiled ones (`fedbench.problems.traces`); the rows agree to 1e-12."""
     problem = how_to_problem(tmp_path)

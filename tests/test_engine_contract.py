@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import time
 from pathlib import Path
 
 import cloudpickle
@@ -20,7 +21,7 @@ from fedbench.algorithms.fedavg import FedAvg
 from fedbench.contract import CAPABILITIES, IncompatibleError
 from fedbench.hparams import Param
 from fedbench.oracle import Minibatch
-from fedbench.problems import PROBLEMS
+from fedbench.problems import PROBLEMS, traces
 from fedbench.problems.base import Problem
 from fedbench.problems.traces import SLOT
 from fedbench.rng import generator
@@ -153,7 +154,7 @@ def ridge_gradients(problem, x, y, w):
     return least_squares_gradients(x.double() * scale, y.double(), w.double()) + 2 * problem.ridge * w.double()
 
 
-def test_the_default_gradient_replays_its_trace_exact_in_float64_and_float32(tmp_path):
+def test_the_default_gradient_replays_its_trace_exact_in_float64_and_float32(tmp_path, trace_at_once):
     """Issue 59 item 11: the default gradient runs the loss through vmap and autograd once for a layout of its
     inputs (make_fx's trace), then replays the trace's ATen operations without calling the loss, and gives the
     analytic gradient: float64 to 1e-12, float32 to its rounding."""
@@ -164,16 +165,40 @@ def test_the_default_gradient_replays_its_trace_exact_in_float64_and_float32(tmp
         torch.testing.assert_close(problem.grad(point, batch), ridge_gradients(problem, x, y, point), rtol=1e-12,
                                    atol=1e-12)
     assert len(problem.losses) == 1  # traced at the first call, replayed at every call
+    torch.testing.assert_close(problem.grad(w, batch), problem.autograd_grad(w, batch), rtol=0, atol=0)
     problem.scale = problem.scale.float()
     batch32 = (x.float(), y.float())
     for point in (w.float(), 2 * w.float()):
         got = problem.grad(point, batch32)
         assert got.dtype == torch.float32
         torch.testing.assert_close(got.double(), ridge_gradients(problem, x, y, point), rtol=1e-5, atol=1e-5)
-    assert len(problem.losses) == 2
+    assert len(problem.losses) == 2 + 1  # the untraced gradient's call above, and one trace
+    torch.testing.assert_close(problem.grad(w.float(), batch32), problem.autograd_grad(w.float(), batch32), rtol=0,
+                               atol=0)
 
 
-def test_the_traced_gradient_follows_reassigned_attributes_and_in_place_changes(tmp_path):
+def test_a_layout_is_traced_once_its_untraced_calls_have_cost_a_trace(tmp_path, monkeypatch):
+    """So that a short run never pays for tracing; a reassigned attribute starts the count anew."""
+    monkeypatch.setattr(traces, "IMPORT_SECONDS", 0.0)
+    monkeypatch.setattr(traces, "TRACE_SECONDS", 0.02)
+    problem = ridge_problem(tmp_path)
+    x, y = batch = problem.gather(torch.arange(250).view(5, 50))
+    w = torch.randn(5, 10, dtype=torch.float64, generator=generator(11, "w"))
+    for _ in range(2):
+        start, calls = time.perf_counter(), 0
+        while calls == 0 or not vars(problem)[traces.SLOT].graphs:
+            torch.testing.assert_close(problem.grad(w, batch), ridge_gradients(problem, x, y, w), rtol=1e-12,
+                                       atol=1e-12)
+            calls += 1
+        assert time.perf_counter() - start >= 0.02 and len(problem.losses) == calls > 2  # untraced calls, a trace
+        problem.losses.clear()
+        problem.grad(w, batch)
+        assert problem.losses == []
+        problem.ridge = 0.2
+        problem.losses.clear()
+
+
+def test_the_traced_gradient_follows_reassigned_attributes_and_in_place_changes(tmp_path, trace_at_once):
     """A float the loss reads is part of its trace, so reassigning it (or any attribute) traces anew; a tensor
     attribute is held by the trace itself, so an in-place change of it is seen."""
     problem = ridge_problem(tmp_path)
@@ -190,7 +215,7 @@ def test_the_traced_gradient_follows_reassigned_attributes_and_in_place_changes(
     assert len(problem.losses) == traced == 3  # the in-place change replayed, each reassignment traced
 
 
-def test_a_loss_that_draws_is_not_traced_and_draws_anew_at_each_call(tmp_path):
+def test_a_loss_that_draws_is_not_traced_and_draws_anew_at_each_call(tmp_path, trace_at_once):
     """Dropout in a batched loss (vmap refuses draws in `minibatch_loss`): every call draws its own mask, and the
     first call draws what the untraced gradient draws from the same state (tracing drew nothing)."""
     base = type(how_to_problem(tmp_path))
@@ -210,7 +235,7 @@ def test_a_loss_that_draws_is_not_traced_and_draws_anew_at_each_call(tmp_path):
     assert not torch.equal(problem.grad(w, batch), problem.grad(w, batch))
 
 
-def test_a_loss_that_branches_on_a_value_or_changes_the_problem_runs_untraced(tmp_path):
+def test_a_loss_that_branches_on_a_value_or_changes_the_problem_runs_untraced(tmp_path, trace_at_once):
     """A Python branch on a tensor's value would be frozen into a trace at the first call's branch (make_fx refuses
     one on the inputs, not on a tensor attribute, which is a constant to it); a loss that changes an attribute of the
     problem would change it once: both run as written at every call."""
@@ -242,7 +267,7 @@ def test_a_loss_that_branches_on_a_value_or_changes_the_problem_runs_untraced(tm
     assert counting.calls == before + 1
 
 
-def test_a_problem_pickles_and_copies_without_its_traces(tmp_path):
+def test_a_problem_pickles_and_copies_without_its_traces(tmp_path, trace_at_once):
     """Ray pickles a problem for its workers (cloudpickle, the plugin's class by value): its traces stay behind,
     and the copy traces its own."""
     problem = ridge_problem(tmp_path)

@@ -1,7 +1,9 @@
 """A problem's default minibatch gradient replayed from a trace (`Problem.grad`): the ATen operations of one backward
-pass through its batched loss, recorded once by `make_fx` for the inputs' layout (their shapes, strides, dtypes and
+pass through its batched loss, recorded by `make_fx` for the inputs' layout (their shapes, strides, dtypes and
 devices, and the batch's structure), then called without vmap's and autograd's cost per operation, which the few
-small kernels of a plugin problem's gradient do not hide (`bench/plugin_grad.py`).
+small kernels of a plugin problem's gradient do not hide (`bench/plugin_grad.py`). A layout is traced once its
+untraced calls have taken as long as tracing takes (IMPORT_SECONDS, TRACE_SECONDS), and gives the same values either
+way: the replay runs the same kernels on the same operands.
 
 A replay computes what the traced function computes, because a trace is used only where it cannot go stale:
 
@@ -11,10 +13,16 @@ A replay computes what the traced function computes, because a trace is used onl
   a result whose shape depends on values, or changes the problem's attributes is not traced: it runs as it is, as
   does one that `make_fx` cannot trace, and every call under `torch.compile` or a torch.func transform, or with
   inputs that require gradients.
+
+What it does not see is a change inside a Python object the function reads without reassigning it (an element
+of a list attribute, a key of a dict, an attribute of an attribute), nor a global: a loss that reads such changing
+state belongs in a problem that overrides `grad`.
 """
 from __future__ import annotations
 
 import operator
+import sys
+import time
 from typing import Any, Callable
 
 import torch
@@ -25,6 +33,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 SLOT = "_grad_traces"  # the problem's attribute that holds them; `Problem.__getstate__` leaves it out
 LAYOUTS = 8  # layouts traced per problem; inputs of any other layout run untraced
+# What a trace costs, in seconds of one CPU core (measured on the how-to's problem under a load of 5-7 on 2 cores):
+# make_fx's first call in a process imports torch._dynamo and torch._inductor (1.0-1.4 s), and each trace takes
+# 25 ms. A layout is traced once its untraced calls have cost as much (so that a short run, which would not win the
+# import back, never pays it, and a long run pays at most twice what the best choice would have).
+IMPORT_SECONDS = 1.0
+TRACE_SECONDS = 0.025
 aten = torch.ops.aten
 # Operations that return their input (or a view of it with the same shape and strides) where the shapes agree:
 # dropped from a trace, where each costs a call.
@@ -52,19 +66,22 @@ class RefuseUntraceable(TorchDispatchMode):
 
 
 class Traces:
-    """The traces of one problem: by layout, a graph, or None where the function was not traceable there; and the
-    problem's attribute values when they were made (held, so that no other object takes their ids)."""
+    """The traces of one problem: by layout, a graph, or None where the function was not traceable there; the
+    seconds its untraced calls have taken by layout, until it is traced; and the problem's attribute values when
+    these were counted (held, so that no other object takes their ids)."""
 
-    def __init__(self, attributes: tuple) -> None:
-        self.attributes = attributes
+    def __init__(self) -> None:
+        self.attributes: tuple = ()
         self.graphs: dict[tuple, GraphModule | None] = {}
+        self.untraced_seconds: dict[tuple, float] = {}
         self.enabled = True  # False once tracing changed the problem's attributes: never traced again
 
 
 def replayed(problem: Any, function: Callable[[Tensor, Any], Tensor], w: Tensor, batch: Tensor | tuple) -> Tensor:
     """`function(w, batch)`, a function of the problem's point `w` and its batch (a tensor or a tuple of tensors,
-    `gather`'s), replayed from its trace for the inputs' layout, traced at the layout's first call (see the module's
-    docstring for when it runs untraced instead; a batch of another structure does too).
+    `gather`'s), replayed from its trace for the inputs' layout, traced once the layout's untraced calls have taken
+    as long as tracing takes (IMPORT_SECONDS, TRACE_SECONDS; see the module's docstring for what runs untraced
+    instead; a batch of another structure does too).
 
     Example:
         ```python
@@ -77,19 +94,28 @@ def replayed(problem: Any, function: Callable[[Tensor, Any], Tensor], w: Tensor,
     inputs = (w, batch) if type(batch) is Tensor else (w, *batch) if type(batch) is tuple else ()
     traces = vars(problem).get(SLOT)
     if traces is None:
-        traces = vars(problem)[SLOT] = Traces(())
+        traces = vars(problem)[SLOT] = Traces()
     if not (traces.enabled and inputs and all(type(tensor) is Tensor and not tensor.requires_grad
                                               for tensor in inputs)):
         return function(w, batch)
     attributes = tuple(vars(problem).values())
     if not same_objects(attributes, traces.attributes):
-        traces.attributes, traces.graphs = attributes, {}
+        traces.attributes, traces.graphs, traces.untraced_seconds = attributes, {}, {}
     layout = (type(batch), *((tensor.shape, tensor.stride(), tensor.dtype, tensor.device) for tensor in inputs))
-    if layout not in traces.graphs and len(traces.graphs) < LAYOUTS:
-        traces.graphs[layout] = trace(function, type(batch) is tuple, inputs)
-        if not same_objects(tuple(vars(problem).values()), attributes):
-            traces.enabled, traces.graphs = False, {}
     graph = traces.graphs.get(layout)
+    if graph is not None:
+        return graph.forward(*inputs)
+    if layout in traces.graphs or len(traces.graphs) >= LAYOUTS:
+        return function(w, batch)
+    spent = traces.untraced_seconds.get(layout, 0.0)
+    if spent < TRACE_SECONDS + (0.0 if "torch._dynamo" in sys.modules else IMPORT_SECONDS):
+        start = time.perf_counter()
+        result = function(w, batch)
+        traces.untraced_seconds[layout] = spent + time.perf_counter() - start
+        return result
+    graph = traces.graphs[layout] = trace(function, type(batch) is tuple, inputs)
+    if not same_objects(tuple(vars(problem).values()), attributes):
+        traces.enabled, traces.graphs, graph = False, {}, None
     return function(w, batch) if graph is None else graph.forward(*inputs)
 
 
