@@ -33,12 +33,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 SLOT = "_grad_traces"  # the problem's attribute that holds them; `Problem.__getstate__` leaves it out
 LAYOUTS = 8  # layouts traced per problem; inputs of any other layout run untraced
-# What a trace costs, in seconds of one CPU core (measured on the how-to's problem under a load of 5-7 on 2 cores):
-# make_fx's first call in a process imports torch._dynamo and torch._inductor (1.0-1.4 s), and each trace takes
-# 25 ms. A layout is traced once its untraced calls have cost as much (so that a short run, which would not win the
-# import back, never pays it, and a long run pays at most twice what the best choice would have).
-IMPORT_SECONDS = 1.0
-TRACE_SECONDS = 0.025
+# What a trace costs, in seconds of one CPU core: make_fx's first call in a process imports torch._dynamo and
+# torch._inductor (1.15 s of CPU time here, 2.4-4 s of wall time on 2 cores under a load of 6-7), and a trace of the
+# how-to's least squares takes 25-130 ms. A layout is traced once its untraced calls have taken as long (so that a
+# short run, which would not win the import back, never pays it, and a long one pays at most about twice what the
+# best choice would have).
+IMPORT_SECONDS = 1.2
+TRACE_SECONDS = 0.05
 aten = torch.ops.aten
 # Operations that return their input (or a view of it with the same shape and strides) where the shapes agree:
 # dropped from a trace, where each costs a call.
