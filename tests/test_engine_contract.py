@@ -177,6 +177,25 @@ def test_the_default_gradient_replays_its_trace_exact_in_float64_and_float32(tmp
                                atol=0)
 
 
+def test_a_traced_gradient_that_depends_on_shapes_alone_is_a_new_tensor_at_each_call(tmp_path, trace_at_once):
+    """The trace computes once what depends on shapes alone, but never the result it returns: a caller may change
+    that in place (`u -= lr * g`) without changing the next call's."""
+    base = type(how_to_problem(tmp_path))
+
+    class Linear(base):
+        def minibatch_loss(self, w, batch):  # ∇ = (2, ..., 2) whatever w
+            return (2.0 * w).sum()
+
+    problem = Linear({p.name: p.default for p in base.params} | {"data_seed": 0}, 0)
+    batch = problem.gather(torch.arange(250).view(5, 50))
+    w = torch.zeros(5, 10, dtype=torch.float64)
+    for _ in range(3):
+        gradient = problem.grad(w, batch)
+        torch.testing.assert_close(gradient, torch.full((5, 10), 2.0, dtype=torch.float64), rtol=0, atol=0)
+        gradient.mul_(7.0)
+    assert any(vars(problem)[SLOT].graphs.values())
+
+
 def test_a_layout_is_traced_once_its_untraced_calls_have_cost_a_trace(tmp_path, monkeypatch):
     """So that a short run never pays for tracing; a reassigned attribute starts the count anew."""
     monkeypatch.setattr(traces, "IMPORT_SECONDS", 0.0)

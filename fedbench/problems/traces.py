@@ -130,26 +130,26 @@ def trace(function: Callable[[Tensor, Any], Tensor], batch_is_tuple: bool, input
     """`function`'s graph of ATen operations on `inputs`, a point and its batch (a tuple of the others where
     `batch_is_tuple`, else one tensor), without what depends on shapes alone (`fold_shape_constants`) nor the
     operations that return their input unchanged; None where it does not trace (an untraceable operation, or any
-    failure of make_fx: the call then runs untraced, and raises there if the function itself fails)."""
+    failure: the call then runs untraced, and raises there if the function itself fails)."""
     def flat(w: Tensor, *batch: Tensor) -> Tensor:
         with RefuseUntraceable():
             return function(w, batch if batch_is_tuple else batch[0])
 
     try:
         graph = make_fx(flat)(*inputs)
+        fold_shape_constants(graph)
+        for node in list(graph.graph.nodes):
+            if node.op == "call_function" and node.target in SAME_SHAPE_ALIASES:
+                value, source = node.meta.get("val"), node.args[0].meta.get("val")
+                if (isinstance(value, Tensor) and isinstance(source, Tensor) and value.shape == source.shape
+                        and value.stride() == source.stride()):
+                    node.replace_all_uses_with(node.args[0])
+                    graph.graph.erase_node(node)
     except Exception:
         return None
-    fold_shape_constants(graph)
-    for node in list(graph.graph.nodes):
-        if node.op == "call_function" and node.target in SAME_SHAPE_ALIASES:
-            value, source = node.meta.get("val"), node.args[0].meta.get("val")
-            if (isinstance(value, Tensor) and isinstance(source, Tensor) and value.shape == source.shape
-                    and value.stride() == source.stride()):
-                node.replace_all_uses_with(node.args[0])
-                graph.graph.erase_node(node)
     graph.graph.eliminate_dead_code()
     for node in graph.graph.nodes:
-        node.meta.clear()  # in a real-mode trace, every intermediate's value: memory the replay does not need
+        node.meta.clear()  # the trace's fake tensors and stack traces, which the replay does not need
     graph.recompile()
     return graph
 
