@@ -2,22 +2,26 @@
 against a hand-written one on the problem of docs/how-to/write-a-problem.md (least squares with client drift,
 its `my_problem.py` block read from the page), float64 on the CPU. Options, each `w` `[S, d]` -> `[S, d]`:
 
-  hand            the einsum gradient (1/b) Xᵀ(Xw − y) per client (`Problem.grad`'s docstring example);
-  default         `Problem.grad` as it is now;
-  vmap_grad       torch.func's `vmap(grad(minibatch_loss))`, the default before this bench;
-  summed_backward one `torch.autograd.grad` of the sum of the clients' losses `vmap(minibatch_loss)` (as
-                  `ImageClassification.grad` does);
-  func_grad_sum   torch.func's `grad` of that same sum;
-  batched_loss    one backward pass over a hand-written batched loss (einsum): what the default gives a problem
-                  that overrides `loss`;
-  traced          `vmap(grad(minibatch_loss))` traced once by make_fx and replayed (its ATen graph without the
-                  transforms' per-operation cost; stale if the loss reads attributes that change, so not taken).
+  hand             the einsum gradient (1/b) Xᵀ(Xw − y) per client (`Problem.grad`'s docstring example);
+  default          `Problem.grad` as it is now: `summed_backward` replayed from its trace
+                   (`fedbench.problems.traces`: make_fx's ATen graph, shape-only results folded, no-op views
+                   dropped);
+  summed_backward  one `torch.autograd.grad` of the sum of the clients' losses `vmap(minibatch_loss)`
+                   (`Problem.autograd_grad`, as `ImageClassification.grad` does), the default untraced;
+  vmap_grad        torch.func's `vmap(grad(minibatch_loss))`, the default before issue 59 item 11;
+  func_grad_sum    torch.func's `grad` of the sum of the clients' losses;
+  batched_loss     one backward pass over a hand-written batched loss (einsum): what the untraced default gives a
+                   problem that overrides `loss`;
+  traced_vmap_grad `vmap_grad` traced as the default traces `summed_backward` (the other graph to replay);
+  make_fx_vmap_grad `vmap_grad` traced by make_fx, its graph as it comes (nothing folded nor dropped).
 
 Shapes [S, b, d]: the how-to recipe's round (5 clients of batches of 10), the issue's [20, 50, 10] (every client
 of the problem's defaults, whole data) and a wider [20, 50, 200]. Each option's median microseconds per call over
 interleaved repetitions, and its ratio to `hand` measured in the same run (the machine is shared: read the
-ratios). Then, end to end, FedAvg on the how-to's recipe federation, the default gradient against the
-hand-written one, milliseconds per round (10 local steps; 3x the repetitions: a round is noisier).
+ratios). The default's layouts are traced at their first call here, timed (the first in a process imports
+torch._dynamo; in a run, a layout is traced once its untraced calls have cost as much as that). Then, end to end,
+FedAvg on the how-to's recipe federation, the default gradient against the hand-written one and the untraced
+default, milliseconds per round (10 local steps; 3x the repetitions: a round is noisier).
 
 Usage: OMP_NUM_THREADS=1 python bench/plugin_grad.py [--repeats 7] [--threads 1]
 """
@@ -37,7 +41,9 @@ from torch.func import grad as func_grad, vmap
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from fedbench.algorithms import ALGORITHMS
+from fedbench.problems import traces
 from fedbench.problems.base import Problem
+from fedbench.problems.traces import trace
 from fedbench.rng import generator
 from fedbench.simulate import Federation, Simulation
 
@@ -71,12 +77,6 @@ def vmap_grad(problem, w, batch):
     return vmap(func_grad(problem.minibatch_loss))(w, batch)
 
 
-def summed_backward(problem, w, batch):
-    point = w.detach().requires_grad_(True)
-    with torch.enable_grad():
-        return torch.autograd.grad(vmap(problem.minibatch_loss)(point, batch).sum(), point)[0]
-
-
 def func_grad_sum(problem, w, batch):
     return func_grad(lambda point: vmap(problem.minibatch_loss)(point, batch).sum())(w)
 
@@ -89,9 +89,16 @@ def batched_loss(problem, w, batch):
         return torch.autograd.grad(losses.sum(), point)[0]
 
 
-def traced_option(problem, w, batch):
-    graph = make_fx(lambda point, x, y: vmap(func_grad(problem.minibatch_loss))(point, (x, y)))(w, *batch)
-    return lambda problem, w, batch: graph(w, *batch)
+def replay(graph):
+    return lambda problem, w, batch: graph.forward(w, *batch)
+
+
+def traced_vmap_grad(problem, w, batch):
+    return replay(trace(lambda point, batch: vmap_grad(problem, point, batch), True, (w, *batch)))
+
+
+def make_fx_vmap_grad(problem, w, batch):
+    return replay(make_fx(lambda point, x, y: vmap_grad(problem, point, (x, y)))(w, *batch))
 
 
 def time_calls(options: dict, problem, w, batch, repeats: int) -> dict[str, float]:
@@ -118,6 +125,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    traces.IMPORT_SECONDS = traces.TRACE_SECONDS = 0.0  # each layout traced at its first call: the steady state
     problem_class = how_to_problem_class()
     print(f"torch {torch.__version__}, {args.threads} thread(s), float64; µs per call (median of {args.repeats}), "
           "ratio to hand")
@@ -126,9 +134,14 @@ def main() -> None:
                                  "data_seed": 0}, 0)
         batch = problem.gather(torch.arange(clients * b).view(clients, b))
         w = torch.randn(clients, d, dtype=torch.float64, generator=generator(0, "w"))
-        options = {"hand": hand, "default": Problem.grad, "vmap_grad": vmap_grad, "summed_backward": summed_backward,
-                   "func_grad_sum": func_grad_sum, "batched_loss": batched_loss,
-                   "traced": traced_option(problem, w, batch)}
+        start = time.perf_counter()
+        Problem.grad(problem, w, batch)  # traced at once (the first in the process imports torch._dynamo)
+        print(f"[S, b, d] = [{clients}, {b}, {d}]: the default's first call, which traces: "
+              f"{time.perf_counter() - start:.3f} s")
+        options = {"hand": hand, "default": Problem.grad, "summed_backward": Problem.autograd_grad,
+                   "vmap_grad": vmap_grad, "func_grad_sum": func_grad_sum, "batched_loss": batched_loss,
+                   "traced_vmap_grad": traced_vmap_grad(problem, w, batch),
+                   "make_fx_vmap_grad": make_fx_vmap_grad(problem, w, batch)}
         want = hand(problem, w, batch)
         for name, option in options.items():
             torch.testing.assert_close(option(problem, w, batch), want, rtol=1e-12, atol=1e-12, msg=name)
@@ -137,21 +150,21 @@ def main() -> None:
             f"{name} {value:.0f} ({value / micros['hand']:.1f}x)" for name, value in micros.items()))
         ratio = micros["default"] / micros["hand"]
         print(f"  default within {WITHIN:g}x of hand: {'yes' if ratio <= WITHIN else 'no'} ({ratio:.1f}x); "
-              f"before (vmap_grad): {micros['vmap_grad'] / micros['hand']:.1f}x")
+              f"untraced (summed_backward): {micros['summed_backward'] / micros['hand']:.1f}x")
 
     class HandWritten(problem_class):
         def grad(self, w, batch):
             return hand(self, w, batch)
 
-    class VmapGrad(problem_class):
+    class Untraced(problem_class):
         def grad(self, w, batch):
-            return vmap_grad(self, w, batch)
+            return self.autograd_grad(w, batch)
 
     config = {"clients": 20, "samples_per_client": 50, "dim": 10, "heterogeneity": 1.0, "data_seed": 0}
     federation = Federation(rounds=10**6, clients_per_round=5, local_steps=10, batch_size=10)
     sims = {name: Simulation(cls(config, 0), ALGORITHMS["fedavg"](cls(config, 0), client_lr=0.03), federation, 0,
                              eval_every=10**6)
-            for name, cls in (("hand", HandWritten), ("default", problem_class), ("vmap_grad", VmapGrad))}
+            for name, cls in (("hand", HandWritten), ("default", problem_class), ("summed_backward", Untraced))}
     seconds = median_round_seconds(sims, rounds=20, repeats=3 * args.repeats, device="cpu")  # noisier than a call
     print("FedAvg, S = 5, b = 10, E = 10, ms per round: " + "  ".join(
         f"{name} {value * 1e3:.2f} ({value / seconds['hand']:.1f}x)" for name, value in seconds.items()))

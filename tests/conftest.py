@@ -48,6 +48,16 @@ def _isolated_stores(tmp_path, monkeypatch):
     return cache
 
 
+@pytest.fixture
+def trace_at_once(monkeypatch):
+    """The default gradient traced at a layout's first call, not once its untraced calls have cost what tracing
+    costs (`fedbench.problems.traces`)."""
+    from fedbench.problems import traces
+
+    monkeypatch.setattr(traces, "IMPORT_SECONDS", 0.0)
+    monkeypatch.setattr(traces, "TRACE_SECONDS", 0.0)
+
+
 @pytest.fixture(scope="session")
 def _migrated_store(tmp_path_factory):
     from mlflow.tracking import MlflowClient

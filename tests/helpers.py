@@ -19,9 +19,11 @@ collected, not imported). `small_problems.py` (small instances of the shipped pr
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import io
 import math
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -322,3 +324,16 @@ def deviation_holds(key: str, measured: dict[str, float]) -> None:
                                 f"{declared.tolerance:g}" for name, value in moved.items())
                     + ". If the paper's claim now reproduces, remove the deviation from sweeps/deviations.py; if "
                     "the value only moved, update it there (the gallery page shows it).", pytrace=False)
+
+
+def how_to_problem(folder: Path, **config):
+    """The problem of docs/how-to/write-a-problem.md (least squares with client drift), from its `my_problem.py`
+    block as a reader writes it, with the page's defaults (20 clients of 50 samples, d = 10)."""
+    page = (Path(__file__).parents[1] / "docs" / "how-to" / "write-a-problem.md").read_text()
+    (folder / "my_problem.py").write_text(re.search(r'^```python title="my_problem.py"\n(.*?)^```', page,
+                                                    re.S | re.M).group(1))
+    spec = importlib.util.spec_from_file_location("my_problem", folder / "my_problem.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    defaults = {p.name: p.default for p in module.DriftingLeastSquares.params}
+    return module.DriftingLeastSquares({**defaults, "data_seed": 0, **config}, 0)

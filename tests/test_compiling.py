@@ -20,9 +20,10 @@ import fedbench
 from fedbench import compiling, schedules
 from fedbench.compiling import Measured
 from fedbench.planning import why_not_batchable
+from fedbench.problems.traces import SLOT
 from fedbench.runs import IterationProgram, programs
 from fedbench.simulate import Federation, Simulation, run_batch
-from helpers import invoke
+from helpers import how_to_problem, invoke
 from small_problems import small_lasso
 
 pytestmark = pytest.mark.heavy  # each case compiles (seconds of CPU)
@@ -84,6 +85,18 @@ def test_a_compiled_run_gives_the_eager_rows(case):
     compiled, eager = both(lambda mode: [Simulation(problem, fedbench.make_algorithm(name, problem, **hp), federation,
                                                     seed=3, eval_every=2, compile=mode)])
     assert_close(compiled[0], eager[0])
+
+
+def test_a_plugin_problems_default_gradient_compiles_as_eager(tmp_path, trace_at_once):
+    """The how-to's problem has the default gradient: replayed from its trace in the eager steps, its backward pass
+    itself in the compiled ones (`fedbench.problems.traces`); the rows agree to 1e-12."""
+    problem = how_to_problem(tmp_path)
+    compiled, eager = both(lambda mode: [Simulation(problem, fedbench.make_algorithm("fedavg", problem, client_lr=0.05),
+                                                    Federation(12, 4, 3, 5), seed=3, eval_every=2, compile=mode)])
+    assert any(vars(problem)[SLOT].graphs.values())  # the eager steps replayed a trace
+    assert len(compiled[0]) == len(eager[0])
+    for got, want in zip(compiled[0], eager[0]):
+        assert got == pytest.approx(want, rel=1e-12, abs=1e-12), (got["round"], got, want)
 
 
 def test_a_batch_of_runs_with_their_own_step_sizes_and_one_diverging_compiles_as_eager():

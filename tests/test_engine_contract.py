@@ -4,11 +4,12 @@ client gradients, minibatch declarations, the algorithm's own random stream, rou
 capability contract over every algorithm × problem pair."""
 from __future__ import annotations
 
-import importlib.util
+import copy
 import itertools
-import re
+import time
 from pathlib import Path
 
+import cloudpickle
 import numpy as np
 import pytest
 import torch
@@ -20,12 +21,13 @@ from fedbench.algorithms.fedavg import FedAvg
 from fedbench.contract import CAPABILITIES, IncompatibleError
 from fedbench.hparams import Param
 from fedbench.oracle import Minibatch
-from fedbench.problems import PROBLEMS
+from fedbench.problems import PROBLEMS, traces
 from fedbench.problems.base import Problem
+from fedbench.problems.traces import SLOT
 from fedbench.rng import generator
 from fedbench.runs import RunOracle
 from fedbench.simulate import Federation, Simulation, simulate
-from helpers import npz_problem, write_npz
+from helpers import how_to_problem, npz_problem, write_npz
 from small_problems import small_lasso, small_lowrank
 from sweeps.driving import build_simulation
 from sweeps.recipe import RecipeError, parse
@@ -80,19 +82,6 @@ def test_emnist_hand_written_grad_equals_the_default_with_padding(tmp_path):
     torch.testing.assert_close(problem.grad(w, batch), Problem.grad(problem, w, batch), rtol=1e-5, atol=1e-7)
 
 
-def how_to_problem(folder: Path, **config):
-    """The problem of docs/how-to/write-a-problem.md (least squares with client drift), from its `my_problem.py`
-    block as a reader writes it, with the page's defaults (20 clients of 50 samples, d = 10)."""
-    page = (Path(__file__).parents[1] / "docs" / "how-to" / "write-a-problem.md").read_text()
-    (folder / "my_problem.py").write_text(re.search(r'^```python title="my_problem.py"\n(.*?)^```', page,
-                                                    re.S | re.M).group(1))
-    spec = importlib.util.spec_from_file_location("my_problem", folder / "my_problem.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    defaults = {p.name: p.default for p in module.DriftingLeastSquares.params}
-    return module.DriftingLeastSquares({**defaults, "data_seed": 0, **config}, 0)
-
-
 def least_squares_gradients(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """(1/b) X_kᵀ(X_k w_k − y_k) for each client k, in NumPy."""
     x, y, w = x.numpy(), y.numpy(), w.numpy()
@@ -138,6 +127,177 @@ def test_the_default_gradient_and_hvp_go_through_a_batched_loss(tmp_path):
     torch.testing.assert_close(problem.grad(w, batch), least_squares_gradients(x, y, w), rtol=1e-12, atol=1e-12)
     hvp = torch.stack([x[k].T @ (x[k] @ v[k]) / 50 for k in range(5)])
     torch.testing.assert_close(problem.hvp(w, v, batch), hvp, rtol=1e-12, atol=1e-12)
+
+
+def ridge_problem(folder: Path):
+    """The how-to problem with a loss that reads two attributes, the tensor `scale` `[d]` and the float `ridge`:
+    f(w) = ½ mean (⟨x, scale ⊙ w⟩ − y)² + ridge ‖w‖². `Ridge.losses` counts the calls of its `minibatch_loss`."""
+    base = type(how_to_problem(folder))
+
+    class Ridge(base):
+        losses: list = []  # a class attribute: appending to it changes no attribute of the instance
+
+        def minibatch_loss(self, w, batch):
+            self.losses.append(1)
+            x, y = batch
+            return 0.5 * (x @ (self.scale * w) - y).square().mean() + self.ridge * w.square().sum()
+
+    problem = Ridge({p.name: p.default for p in base.params} | {"data_seed": 0}, 0)
+    problem.scale, problem.ridge = torch.ones(problem.dim, dtype=torch.float64), 0.1
+    return problem
+
+
+def ridge_gradients(problem, x, y, w):
+    """scale ⊙ (1/b) X_kᵀ(X_k (scale ⊙ w_k) − y_k) + 2 ridge w_k for each client k, in NumPy (X_k diag(scale) is the
+    least squares' features)."""
+    scale = problem.scale.double()
+    return least_squares_gradients(x.double() * scale, y.double(), w.double()) + 2 * problem.ridge * w.double()
+
+
+def test_the_default_gradient_replays_its_trace_exact_in_float64_and_float32(tmp_path, trace_at_once):
+    """Issue 59 item 11: the default gradient runs the loss through vmap and autograd once for a layout of its
+    inputs (make_fx's trace), then replays the trace's ATen operations without calling the loss, and gives the
+    analytic gradient: float64 to 1e-12, float32 to its rounding."""
+    problem = ridge_problem(tmp_path)
+    x, y = batch = problem.gather(torch.arange(1000).view(20, 50))
+    w = torch.randn(20, 10, dtype=torch.float64, generator=generator(6, "w"))
+    for point in (w, 2 * w, w.flip(0)):
+        torch.testing.assert_close(problem.grad(point, batch), ridge_gradients(problem, x, y, point), rtol=1e-12,
+                                   atol=1e-12)
+    assert len(problem.losses) == 1  # traced at the first call, replayed at every call
+    torch.testing.assert_close(problem.grad(w, batch), problem.autograd_grad(w, batch), rtol=0, atol=0)
+    problem.scale = problem.scale.float()
+    batch32 = (x.float(), y.float())
+    for point in (w.float(), 2 * w.float()):
+        got = problem.grad(point, batch32)
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got.double(), ridge_gradients(problem, x, y, point), rtol=1e-5, atol=1e-5)
+    assert len(problem.losses) == 2 + 1  # the untraced gradient's call above, and one trace
+    torch.testing.assert_close(problem.grad(w.float(), batch32), problem.autograd_grad(w.float(), batch32), rtol=0,
+                               atol=0)
+
+
+def test_a_traced_gradient_that_depends_on_shapes_alone_is_a_new_tensor_at_each_call(tmp_path, trace_at_once):
+    """The trace computes once what depends on shapes alone, but never the result it returns: a caller may change
+    that in place (`u -= lr * g`) without changing the next call's."""
+    base = type(how_to_problem(tmp_path))
+
+    class Linear(base):
+        def minibatch_loss(self, w, batch):  # ∇ = (2, ..., 2) whatever w
+            return (2.0 * w).sum()
+
+    problem = Linear({p.name: p.default for p in base.params} | {"data_seed": 0}, 0)
+    batch = problem.gather(torch.arange(250).view(5, 50))
+    w = torch.zeros(5, 10, dtype=torch.float64)
+    for _ in range(3):
+        gradient = problem.grad(w, batch)
+        torch.testing.assert_close(gradient, torch.full((5, 10), 2.0, dtype=torch.float64), rtol=0, atol=0)
+        gradient.mul_(7.0)
+    assert any(vars(problem)[SLOT].graphs.values())
+
+
+def test_a_layout_is_traced_once_its_untraced_calls_have_cost_a_trace(tmp_path, monkeypatch):
+    """So that a short run never pays for tracing; a reassigned attribute starts the count anew."""
+    monkeypatch.setattr(traces, "IMPORT_SECONDS", 0.0)
+    monkeypatch.setattr(traces, "TRACE_SECONDS", 0.02)
+    problem = ridge_problem(tmp_path)
+    x, y = batch = problem.gather(torch.arange(250).view(5, 50))
+    w = torch.randn(5, 10, dtype=torch.float64, generator=generator(11, "w"))
+    for _ in range(2):
+        start, calls = time.perf_counter(), 0
+        while calls == 0 or not vars(problem)[traces.SLOT].graphs:
+            torch.testing.assert_close(problem.grad(w, batch), ridge_gradients(problem, x, y, w), rtol=1e-12,
+                                       atol=1e-12)
+            calls += 1
+        assert time.perf_counter() - start >= 0.02 and len(problem.losses) == calls > 2  # untraced calls, a trace
+        problem.losses.clear()
+        problem.grad(w, batch)
+        assert problem.losses == []
+        problem.ridge = 0.2
+        problem.losses.clear()
+
+
+def test_the_traced_gradient_follows_reassigned_attributes_and_in_place_changes(tmp_path, trace_at_once):
+    """A float the loss reads is part of its trace, so reassigning it (or any attribute) traces anew; a tensor
+    attribute is held by the trace itself, so an in-place change of it is seen."""
+    problem = ridge_problem(tmp_path)
+    x, y = batch = problem.gather(torch.arange(250).view(5, 50))
+    w = torch.randn(5, 10, dtype=torch.float64, generator=generator(7, "w"))
+    problem.grad(w, batch)
+    problem.ridge = 0.3
+    torch.testing.assert_close(problem.grad(w, batch), ridge_gradients(problem, x, y, w), rtol=1e-12, atol=1e-12)
+    problem.scale = torch.linspace(0.5, 1.5, 10, dtype=torch.float64)
+    torch.testing.assert_close(problem.grad(w, batch), ridge_gradients(problem, x, y, w), rtol=1e-12, atol=1e-12)
+    traced = len(problem.losses)
+    problem.scale.mul_(2.0)
+    torch.testing.assert_close(problem.grad(w, batch), ridge_gradients(problem, x, y, w), rtol=1e-12, atol=1e-12)
+    assert len(problem.losses) == traced == 3  # the in-place change replayed, each reassignment traced
+
+
+def test_a_loss_that_draws_is_not_traced_and_draws_anew_at_each_call(tmp_path, trace_at_once):
+    """Dropout in a batched loss (vmap refuses draws in `minibatch_loss`): every call draws its own mask, and the
+    first call draws what the untraced gradient draws from the same state (tracing drew nothing)."""
+    base = type(how_to_problem(tmp_path))
+
+    class Dropout(base):
+        def loss(self, w, batch):
+            x, y = batch
+            return 0.5 * (torch.nn.functional.dropout(torch.einsum("sbd,sd->sb", x, w), 0.5) - y).square().mean(-1)
+
+    problem = Dropout({p.name: p.default for p in base.params} | {"data_seed": 0}, 0)
+    batch = problem.gather(torch.arange(250).view(5, 50))
+    w = torch.randn(5, 10, dtype=torch.float64, generator=generator(8, "w"))
+    torch.manual_seed(5)
+    first = problem.grad(w, batch)
+    torch.manual_seed(5)
+    torch.testing.assert_close(first, problem.autograd_grad(w, batch), rtol=0, atol=0)
+    assert not torch.equal(problem.grad(w, batch), problem.grad(w, batch))
+
+
+def test_a_loss_that_branches_on_a_value_or_changes_the_problem_runs_untraced(tmp_path, trace_at_once):
+    """A Python branch on a tensor's value would be frozen into a trace at the first call's branch (make_fx refuses
+    one on the inputs, not on a tensor attribute, which is a constant to it); a loss that changes an attribute of the
+    problem would change it once: both run as written at every call."""
+    base = type(how_to_problem(tmp_path))
+
+    class Branching(base):
+        def loss(self, w, batch):  # twice the least squares while `sign` is positive
+            x, y = batch
+            factor = 2.0 if float(self.sign) > 0 else 1.0
+            return factor * 0.5 * (torch.einsum("sbd,sd->sb", x, w) - y).square().mean(-1)
+
+    class Counting(base):
+        def minibatch_loss(self, w, batch):
+            self.calls = getattr(self, "calls", 0) + 1
+            return super().minibatch_loss(w, batch)
+
+    config = {p.name: p.default for p in base.params} | {"data_seed": 0}
+    branching, counting = Branching(config, 0), Counting(config, 0)
+    branching.sign = torch.tensor(1.0)
+    x, y = batch = branching.gather(torch.arange(250).view(5, 50))
+    w = torch.randn(5, 10, dtype=torch.float64, generator=generator(9, "w"))
+    for factor in (2.0, 1.0):
+        torch.testing.assert_close(branching.grad(w, batch), factor * least_squares_gradients(x, y, w), rtol=1e-12,
+                                   atol=1e-12)
+        branching.sign.neg_()
+    counting.grad(w, batch)
+    before = counting.calls
+    torch.testing.assert_close(counting.grad(w, batch), least_squares_gradients(x, y, w), rtol=1e-12, atol=1e-12)
+    assert counting.calls == before + 1
+
+
+def test_a_problem_pickles_and_copies_without_its_traces(tmp_path, trace_at_once):
+    """Ray pickles a problem for its workers (cloudpickle, the plugin's class by value): its traces stay behind,
+    and the copy traces its own."""
+    problem = ridge_problem(tmp_path)
+    batch = problem.gather(torch.arange(250).view(5, 50))
+    w = torch.randn(5, 10, dtype=torch.float64, generator=generator(10, "w"))
+    want = problem.grad(w, batch)
+    assert vars(problem)[SLOT].graphs
+    for copied in (cloudpickle.loads(cloudpickle.dumps(problem)), copy.deepcopy(problem)):
+        assert SLOT not in vars(copied)
+        torch.testing.assert_close(copied.grad(w, batch), want, rtol=0, atol=0)
+        assert vars(copied)[SLOT].graphs
 
 
 # -- full local data --------------------------------------------------------------------------------------------------

@@ -2,11 +2,11 @@
 
 A problem owns its federated data, the smooth loss f (one client's minibatch loss, `minibatch_loss`:
 torch.func's vmap lifts it to every client's loss at once, and the gradients and Hessian-vector products that
-oracles serve are backward passes through that batched loss; problems override `loss`/`grad`/`hvp` where a
-hand-written form is faster), the regularizer h, the
-initial point, its declared metrics and their evaluation, and the capabilities it provides beyond
-minibatch gradients (`fedbench.contract`). Parameters are flat vectors `[d]`; a batch of clients is
-`[S, d]`. The engine lifts the oracles over its runs, so that an algorithm's local step calls them at `[R, S, d]`
+oracles serve are backward passes through that batched loss, the gradient's replayed from a trace of it
+(`fedbench.problems.traces`); problems override `loss`/`grad`/`hvp` where a hand-written form is faster), the
+regularizer h, the initial point, its declared metrics and their evaluation, and the capabilities it provides beyond
+minibatch gradients (`fedbench.contract`). Parameters are flat vectors `[d]`; a batch of clients is `[S, d]`. The
+engine lifts the oracles over its runs, so that an algorithm's local step calls them at `[R, S, d]`
 (`fedbench.oracle`), and a problem sees clients alone unless it declares `oracles_take_runs`.
 """
 from __future__ import annotations
@@ -23,6 +23,7 @@ from fedbench.hparams import Param, ParamError, resolve
 from fedbench.metrics import Metric
 from fedbench.models import MLP
 from fedbench.oracle import Oracle, over_runs
+from fedbench.problems.traces import SLOT, replayed
 from fedbench.prox import Regularizer
 from fedbench.rng import largest_keys
 
@@ -142,6 +143,11 @@ class Problem:
         """The seed of the data: the config's `data_seed` where it sets one, else the trial seed."""
         self.device = torch.device(device)
         """The device its data and the runs' state live on."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Its attributes, for pickling (a Ray worker's copy, a deep copy), without the traces of its default gradient
+        (`grad`), which the copy makes anew."""
+        return {name: value for name, value in vars(self).items() if name != SLOT}
 
     @classmethod
     def resolve_config(cls, given: dict[str, Any]) -> dict[str, Any]:
@@ -604,12 +610,15 @@ class Problem:
 
     def grad(self, w: Tensor, batch: Any) -> Tensor:
         """The minibatch gradient of the smooth loss of every client at its point: `w` `[S, d]` -> `[S, d]`.
-        Default: one backward pass over the sum of the clients' losses (`loss`: client k's loss depends on row k of
-        w alone, so row k of the sum's gradient is its gradient). On the least squares of the how-to "Write a
-        problem" at S = 20, b = 50, d = 10 (`bench/plugin_grad.py`, one CPU thread) it took 5.5-6.5x the time of
-        the hand-written einsum below, against 7.3-9.0x for torch.func's `vmap(grad(minibatch_loss))` (the
-        default before, the same values to rounding), and 1.3-1.7x at d = 200: a problem overrides it where a
-        batched form is faster (or overrides `loss` with one, which this backward pass then goes through).
+        Default: `autograd_grad` (one backward pass over the sum of the clients' losses), replayed from its trace
+        (`fedbench.problems.traces`: the ATen operations it runs, recorded by make_fx for each layout of `w` and the
+        batch once its untraced calls have cost as much, traced anew once any attribute of the problem is reassigned,
+        the same values bit for bit; untraced where the loss draws random numbers, reads a tensor's value into
+        Python or does not trace). On the least squares of the how-to "Write a problem" at S = 20, b = 50, d = 10
+        (`bench/plugin_grad.py`, one thread of a loaded 2-core CPU, median of ten runs) it takes 1.2x the time of
+        the hand-written einsum below, against 6.8x untraced and 9.6x for torch.func's `vmap(grad(minibatch_loss))`.
+        A problem overrides it where its loss reads state that changes inside an attribute (a list's element), or
+        to be fast from the first call (or overrides `loss` with a batched form, which the default goes through).
 
         Example:
             A hand-written least-squares gradient, (1/b) Xᵀ(Xw − y) per client:
@@ -619,6 +628,19 @@ class Problem:
                 x, y = batch                                             # [S, b, d], [S, b]
                 residual = torch.einsum("sbd,sd->sb", x, w) - y
                 return torch.einsum("sbd,sb->sd", x, residual) / x.shape[-2]
+            ```
+        """
+        return replayed(self, self.autograd_grad, w, batch)
+
+    def autograd_grad(self, w: Tensor, batch: Any) -> Tensor:
+        """The minibatch gradient of every client by one backward pass over the sum of their losses (`loss`: client
+        k's loss depends on row k of w alone, so row k of the sum's gradient is its gradient), as `grad` computes it
+        without its trace; faster than torch.func's `vmap(grad(minibatch_loss))`, which gives the same values
+        (`bench/plugin_grad.py`).
+
+        Example:
+            ```python
+            torch.testing.assert_close(problem.grad(w, batch), problem.autograd_grad(w, batch))
             ```
         """
         point = w.detach().requires_grad_(True)
