@@ -377,7 +377,9 @@ def test_fedbench_run_logs_epsilon_to_mlflow(recipe, tmp_path, tracking_uri):
 
 def test_fedbench_list_says_how_to_account_the_noise():
     listing = invoke("list", "privacy")
-    assert listing.exit_code == 0 and "privacy: {delta: δ} at a recipe's top level" in listing.output
+    text = " ".join(listing.output.split())  # wrapped at the terminal's width
+    assert listing.exit_code == 0 and "privacy: {delta: δ, accountant: pld | rdp} at a recipe's top level" in text
+    assert "PLD accountant on the dominating pair (tight; the default)" in text
 
 
 # -- the noise on the mean, where the server uses each client's upload ------------------------------------------------
