@@ -38,7 +38,7 @@ from fedbench.problems import PROBLEMS, Problem
 
 GROUPS = {"algorithm": "fedbench.algorithms", "problem": "fedbench.problems"}
 """The entry-point groups an installed package declares its components in, by kind, each entry point named as the
-component it loads: `[project.entry-points."fedbench.algorithms"]` `fedadam = "fedbench_fedopt.fedadam:FedAdam"`."""
+component it loads: `[project.entry-points."fedbench.problems"]` `quadratic = "fedbench_fedopt.quadratic:Quadratic"`."""
 ENTRY_POINT = "entry point "  # how an entry point's `Source.spec` starts
 REQUIRED = {"algorithm": ("client_step", "server_update"),
             "problem": ("init_params", "gather", "minibatch_loss", "metrics", "evaluate_global")}
@@ -323,7 +323,7 @@ def discover() -> None:
     Example:
         ```python
         plugins.discover()
-        plugins.origin("algorithm", "fedadam")   # 'entry point fedbench.algorithms:fedadam (fedbench-fedopt)'
+        plugins.origin("problem", "quadratic")   # 'entry point fedbench.problems:quadratic (fedbench-fedopt)'
         ```
     """
     global _discovered

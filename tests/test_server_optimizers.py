@@ -276,3 +276,23 @@ def test_validate_and_a_grid_over_the_optimizer(tmp_path):
     assert texts == ["sgd(lr=1.0)", "adam(lr=0.01, beta1=0.9, beta2=0.99, tau=0.001, form=paper)",
                      "adam(lr=0.1, beta1=0.9, beta2=0.99, tau=0.001, form=paper)"]
     assert ServerOptimizer.given({"name": "adam", "lr": 0.01}).values()["tau"] == 1e-3
+
+
+def test_the_tutorials_fedavgm_is_fedavg_with_the_momentum_rule(tmp_path):
+    """The tutorial "Compare your own method" writes FedAvgM (v ← β v + Δ; w ← w + η v) as its own algorithm; FedAvg
+    (server step 1) with `{name: momentum, lr: η, beta1: β}` is the same method, on the same draws."""
+    import re
+    from pathlib import Path
+
+    from fedbench import plugins
+
+    tutorial = (Path(__file__).resolve().parents[1] / "docs/tutorials/compare-your-own-method.md").read_text()
+    [code] = re.findall(r'```python title="my_method.py"\n(.*?)```', tutorial, re.S)
+    (tmp_path / "my_method.py").write_text(code)
+    plugins.load(str(tmp_path / "my_method.py"))
+    problem = small_lasso()
+    federation = Federation(ROUNDS, 3, 3, 5)
+    mine = engine_run(problem, "my_method", federation, {"client_lr": 0.05, "server_lr": 0.7, "beta": 0.8})
+    momentum = engine_run(problem, "fedavg", Federation(ROUNDS, 3, 3, 5, server_optimizer={
+        "name": "momentum", "lr": 0.7, "beta1": 0.8}), {"client_lr": 0.05})
+    np.testing.assert_allclose(momentum[-1], mine[-1], rtol=1e-12, atol=1e-13)
