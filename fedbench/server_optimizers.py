@@ -1,6 +1,6 @@
-"""The server optimizer (`federation.server_optimizer`): the server's step on the round's mean update of the model, for
-any algorithm, as Reddi, Charles, Zaheer, Garrett, Rush, Konečný, Kumar, McMahan, "Adaptive Federated Optimization"
-(ICLR 2021), Algorithm 2, turn FedAvg into FedAdagrad, FedAdam and FedYogi.
+"""The server optimizer of a federation, its server's step on the round's mean update of the model
+(`federation.server_optimizer`), for any algorithm, as Reddi, Charles, Zaheer, Garrett, Rush, Konečný, Kumar,
+McMahan, "Adaptive Federated Optimization" (ICLR 2021), Algorithm 2, turn FedAvg into FedAdagrad, FedAdam and FedYogi.
 
 Where it acts. An algorithm declares which of its uploads is an update of its model `w`: a new value of it
 (`Upload("w", relative_to="w")`, FedAvg's, FedProx's, FedMiD's default) or a difference already
