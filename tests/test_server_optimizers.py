@@ -296,3 +296,20 @@ def test_the_tutorials_fedavgm_is_fedavg_with_the_momentum_rule(tmp_path):
     momentum = engine_run(problem, "fedavg", Federation(ROUNDS, 3, 3, 5, server_optimizer={
         "name": "momentum", "lr": 0.7, "beta1": 0.8}), {"client_lr": 0.05})
     np.testing.assert_allclose(momentum[-1], mine[-1], rtol=1e-12, atol=1e-13)
+
+
+def test_tune_searches_a_field_the_rule_reads(tmp_path):
+    from sweeps.recipe import assigned, load
+
+    path = tmp_path / "tuned.yaml"
+    path.write_text(RECIPE.replace("SPEC", "{name: yogi, lr: 0.01}").replace("ALGORITHM", "fedavg") +
+                    "tune: {space: {federation.server_optimizer.lr: {log_uniform: [1.0e-3, 1.0e-1]}}, "
+                    "metric: objective, mode: min, trials: 3}\n")
+    recipe = load(path)
+    assert [d.path("fedavg") for d in recipe.dimensions] == ["federation.server_optimizer.lr"]
+    federation = assigned(recipe, {"federation.server_optimizer.lr": 0.02}).single_trial("fedavg", 0).federation
+    assert federation.server_optimizer == ServerOptimizer("yogi", lr=0.02)
+    refused(invoke("validate", path, "--set", "tune.space={federation.server_optimizer.beta2: {uniform: [0.9, "
+                   "0.999]}}", "--set", "federation.server_optimizer={name: momentum}"),
+            f"{path}: tune.space.federation.server_optimizer.beta2: found federation.server_optimizer reading lr, "
+            "beta1, expected one that reads beta2")
