@@ -5,15 +5,18 @@ to each run alone; a program resumed from a checkpoint equal to one never stoppe
 `fedbench validate`)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 import fedbench
+from fedbench.algorithms.base import CLIENT_LR, Algorithm, aggregate, coin_flips_to_success, per_client_copies
 from fedbench.federation import RoundSampler
-from fedbench.hparams import ParamError
+from fedbench.hparams import Param, ParamError
 from fedbench.planning import why_not_batchable
 from fedbench.rng import generator
-from fedbench.runs import programs
+from fedbench.runs import IterationProgram, programs
 from fedbench.server_optimizers import ServerOptimizer
 from fedbench.simulate import Federation, Simulation, run_batch
 from helpers import SEEDS, build, interrupted, invoke, np_local, pauc, pfl, refused, rows_of
@@ -313,3 +316,52 @@ def test_tune_searches_a_field_the_rule_reads(tmp_path):
                    "0.999]}}", "--set", "federation.server_optimizer={name: momentum}"),
             f"{path}: tune.space.federation.server_optimizer.beta2: found federation.server_optimizer reading lr, "
             "beta1, expected one that reads beta2")
+
+
+class CoinFedAvg(Algorithm):
+    """A plugin's method whose rounds end when a p-coin says communicate, every client every round: its runs share an
+    iteration-wise program (`fedbench.runs.IterationProgram`), which applies the server optimizer at each run's own
+    round ends."""
+
+    name = "coin_fedavg"
+    participation = "all"
+    personalized = True  # the pFL problems evaluate per-client models: here every client's is the global one
+    hparams = (CLIENT_LR, Param("p", "float", 0.4, "probability of communicating after a step", low=0, high=1,
+                                low_open=True))
+
+    def round_length(self, local_steps, gen):
+        return coin_flips_to_success(self.hp.p, gen)
+
+    def client_step(self, local, batches, rnd, hp):
+        u = local["w"]
+        return {"w": u - hp.client_lr * batches.D.grad(u)}
+
+    def server_update(self, server, message, weights, rnd, hp):
+        return {"w": aggregate(message["w"], weights)}
+
+    def personal_params(self, server, clients):
+        return per_client_copies(server["w"], self.problem.num_clients)
+
+
+@pytest.mark.heavy  # ~5 s: the pFL problem's certified optimum (the reference of its metrics), solved once
+def test_runs_of_an_iteration_wise_program_step_as_alone():
+    problem = pfl()
+    federation = Federation(8, 0, 1, 5, server_optimizer={"name": "yogi", "lr": 0.05})
+    specs = [{"name": "yogi", "lr": 0.05}, {"name": "yogi", "lr": 0.02, "tau": 1e-2}]
+
+    def sims():
+        return [Simulation(problem, CoinFedAvg(problem, client_lr=0.1), replace(federation, server_optimizer=spec),
+                           seed, 2, compile="off") for spec, seed in zip(specs, (0, 1))]
+
+    batch = sims()
+    [(_, program)] = programs(batch)
+    assert isinstance(program, IterationProgram)
+    rows = rows_of(program)
+    for i, sim in enumerate(sims()):
+        alone = list(sim)
+        assert len(alone) == len(rows[i]) == 5 and alone[-1]["iterations"] > 8  # rounds of drawn lengths
+        for mine, theirs in zip(rows[i], alone):
+            assert mine == pytest.approx(theirs, rel=1e-12, abs=1e-14)
+    plain = Simulation(problem, CoinFedAvg(problem, client_lr=0.1), replace(federation, server_optimizer=None), 0, 2,
+                       compile="off")
+    assert list(plain)[-1]["objective"] != pytest.approx(rows[0][-1]["objective"], rel=1e-6)
