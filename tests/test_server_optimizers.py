@@ -14,7 +14,7 @@ import fedbench
 from fedbench.algorithms.base import CLIENT_LR, Algorithm, aggregate, coin_flips_to_success, per_client_copies
 from fedbench.federation import RoundSampler
 from fedbench.hparams import Param, ParamError
-from fedbench.planning import why_not_batchable
+from fedbench.planning import program_key, why_not_batchable
 from fedbench.rng import generator
 from fedbench.runs import IterationProgram, programs
 from fedbench.server_optimizers import ServerOptimizer
@@ -170,6 +170,9 @@ def test_sgd_at_lr_1_is_the_algorithms_own_server_step():
     plain = engine_run(problem, "fedavg", Federation(ROUNDS, 3, 3, 5), hp)
     sgd = engine_run(problem, "fedavg", Federation(ROUNDS, 3, 3, 5, server_optimizer={"name": "sgd"}), hp)
     np.testing.assert_allclose(sgd[-1], plain[-1], rtol=1e-12, atol=1e-14)
+    adam = fedbench.run("fedavg", problem, ROUNDS, 3, 3, 5, seed=SEED, server_optimizer={"name": "adam"}, **hp)
+    engine = engine_run(problem, "fedavg", Federation(ROUNDS, 3, 3, 5, server_optimizer={"name": "adam"}), hp)
+    np.testing.assert_array_equal(adam.params.numpy(), engine[-1])  # fedbench.run takes it as a recipe writes it
 
 
 def test_a_grid_over_its_floats_is_one_program_equal_to_each_run_alone():
@@ -275,7 +278,10 @@ def test_validate_and_a_grid_over_the_optimizer(tmp_path):
                       .replace("ALGORITHM", "scaffold"))
     result = invoke("validate", recipe)
     assert result.exit_code == 0 and "3 configurations" in result.output, result.output
-    texts = [trial.params()["federation.server_optimizer"] for trial in load(str(recipe)).trials()]
+    trials = load(str(recipe)).trials()
+    texts = [trial.params()["federation.server_optimizer"] for trial in trials]
+    keys = [program_key(trial) for trial in trials]
+    assert keys[1] == keys[2] != keys[0]  # adam's lrs share a program, sgd is another
     assert texts == ["sgd(lr=1.0)", "adam(lr=0.01, beta1=0.9, beta2=0.99, tau=0.001, form=paper)",
                      "adam(lr=0.1, beta1=0.9, beta2=0.99, tau=0.001, form=paper)"]
     assert ServerOptimizer.given({"name": "adam", "lr": 0.01}).values()["tau"] == 1e-3
