@@ -31,7 +31,8 @@ The rules (squares, roots and divisions per coordinate; m_{-1}, v_{-1} as below,
                negative (optax starts its first moment of the gradient −Δ there)
 
 Defaults: lr 1 for sgd and momentum, 1e-2 for the adaptive rules; β1 0.9, β2 0.99, τ 1e-3 (Reddi et al.'s; they
-tune η and τ per task).
+tune η and τ per task). The lr may follow a schedule (`fedbench.schedules`, `lr: {schedule: cosine, init: 0.03,
+final: 0.001}`): η_t is its value at the run's round t, as an algorithm's scheduled float.
 
 Which algorithms take it: those with exactly one upload that is an update of `w` (above), not all-reduced, whose
 server takes it in only through a mean (`Algorithm.uploads_averaged`); the others are refused at
@@ -39,10 +40,11 @@ server takes it in only through a mean (`Algorithm.uploads_averaged`); the other
 methods all-reduce theirs). Personalized methods with such an upload take it on their global model (FedProx, Ditto,
 pFedMe, Per-FedAvg).
 
-Batched over runs: the state m, v `[R, 1, ...]` (as `w`) and t `[R]` is the program's, its floats (lr, β1, β2, τ,
-the initial accumulator) per run, so that a grid over them runs as one program; runs of another rule or form are
-another program (`fedbench.planning`). A round without participants (`fedbench.participation`) leaves a run's state
-as it was. The state is written at the round's end with the links' (`commit`), and is in the program's checkpoint.
+Batched over runs: the state m, v `[R, 1, ...]` (as `w`) and t `[R]` is the program's, its floats (lr or its
+schedule, β1, β2, τ, the initial accumulator) per run, so that a grid over them runs as one program; runs of
+another rule or form are another program (`fedbench.planning`). A round without participants
+(`fedbench.participation`) leaves a run's state as it was. The state is written at the round's end with the links'
+(`commit`), and is in the program's checkpoint.
 """
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ import torch
 from torch import Tensor
 
 from fedbench.algorithms.base import Algorithm, Upload, aggregate
-from fedbench.hparams import Param, ParamError
+from fedbench.hparams import Param, ParamError, PerRound
 from fedbench.participation import _check_params, _given, _text
 
 if TYPE_CHECKING:
@@ -74,7 +76,7 @@ class ServerOptimizer:
     does not read is refused, one not given takes its default (`values`)."""
 
     name: str = "sgd"
-    lr: float | None = None
+    lr: float | PerRound | None = None
     beta1: float | None = None
     beta2: float | None = None
     tau: float | None = None
@@ -85,7 +87,8 @@ class ServerOptimizer:
         Param("name", "choice", "sgd", "the server's step on the mean update Δ_t: sgd, momentum (heavy ball), "
               "adagrad, adam, yogi (Reddi et al. 2021, Algorithm 2)", choices=RULES),
         Param("lr", "float", None, "server learning rate η (default 1 for sgd and momentum, 0.01 for the adaptive "
-              "rules); it multiplies the algorithm's own server_lr", low=0, low_open=True, nullable=True),
+              "rules), or its schedule; it multiplies the algorithm's own server_lr", low=0, low_open=True,
+              nullable=True),
         Param("beta1", "float", None, "first-moment decay β1 (momentum: the heavy-ball coefficient); default 0.9",
               low=0, high=1, high_open=True, nullable=True),
         Param("beta2", "float", None, "adam, yogi: second-moment decay β2; default 0.99", low=0, high=1,
@@ -135,6 +138,10 @@ class ServerOptimizer:
         """Refuse (ParamError at `server_optimizer.NAME`) a value out of its range and a field the rule does not read;
         with τ = 0, an adaptive rule whose v may be 0 (a division by zero where Δ_t is)."""
         _check_params(self, "server_optimizer")
+        for param in self.params[2:]:
+            if isinstance(getattr(self, param.name), PerRound):
+                raise ParamError(f"server_optimizer.{param.name}", f"found the schedule {getattr(self, param.name)}, "
+                                 "expected a float: only the lr follows a schedule")
         reads = self.reads()
         for param in self.params[1:]:
             if param.name not in reads and getattr(self, param.name) is not None:
@@ -192,8 +199,11 @@ class ServerSteps:
         w = server["w"]
         self.dtype, self.device = w.dtype, w.device
         values = [sim.federation.server_optimizer.values() for sim in sims]  # type: ignore[union-attr]  # as above
-        self.hp = {name: torch.tensor([v[name] for v in values], dtype=w.dtype, device=w.device).view(-1, 1, 1)
-                   for name in values[0] if name in FLOATS}
+        self.sims, self.rounds = sims, sims[0].federation.rounds
+        self.lrs = [v["lr"] for v in values]  # each run's: a float, or a schedule
+        self.scheduled = any(isinstance(lr, PerRound) for lr in self.lrs)
+        self.hp = {name: self._per_run([v[name] for v in values]) for name in values[0]
+                   if name in FLOATS and not (name == "lr" and self.scheduled)}
         flat = w.flatten(2)  # [R, 1, D]: per-run values [R, 1, 1] broadcast against it whatever w's shape
         self.state: dict[str, Tensor] = {"t": torch.zeros(len(sims), dtype=w.dtype, device=w.device)}
         if self.rule != "sgd" and not (self.rule == "adagrad" and self.optax):
@@ -218,6 +228,9 @@ class ServerSteps:
         update = sent if self.upload.update_of else sent - w
         delta = aggregate(update, weights).flatten(2)  # Δ_t [R, 1, D]
         hp = {k: v.index_select(0, self.index) if v.shape[0] > 1 else v for k, v in self.hp.items()}
+        if self.scheduled:  # each run's lr at its round, on the host as a scheduled hyperparameter's
+            hp["lr"] = self._per_run([lr.value(self.sims[i].rounds_done, self.rounds) if isinstance(lr, PerRound)
+                                      else lr for i, lr in ((i, self.lrs[i]) for i in ids)])
         state = {k: v.index_select(0, self.index) for k, v in self.state.items()}
         new, step = self._rule(delta, state, hp)
         if present is not None:  # a run without participants: its state as it was, no step
@@ -227,6 +240,10 @@ class ServerSteps:
         self.pending = new
         step = step.view(w.shape)
         return {**message, name: (step if self.upload.update_of else w + step).expand_as(sent)}
+
+    def _per_run(self, values: list) -> Tensor:
+        """Per-run values as a `[R, 1, 1]` tensor (broadcasting against the state `[R, 1, D]`)."""
+        return torch.tensor(values, dtype=self.dtype, device=self.device).view(-1, 1, 1)
 
     def _rule(self, delta: Tensor, state: dict[str, Tensor], hp: dict[str, Tensor]) -> tuple[dict[str, Tensor],
                                                                                            Tensor]:

@@ -13,10 +13,11 @@ import pytest
 import fedbench
 from fedbench.algorithms.base import CLIENT_LR, Algorithm, aggregate, coin_flips_to_success, per_client_copies
 from fedbench.federation import RoundSampler
-from fedbench.hparams import Param, ParamError
+from fedbench.hparams import Param, ParamError, PerRound
 from fedbench.planning import program_key, why_not_batchable
 from fedbench.rng import generator
 from fedbench.runs import IterationProgram, programs
+from fedbench.schedules import Cosine
 from fedbench.server_optimizers import ServerOptimizer
 from fedbench.simulate import Federation, Simulation, run_batch
 from helpers import SEEDS, build, interrupted, invoke, np_local, pauc, pfl, refused, rows_of
@@ -97,9 +98,12 @@ def numpy_run(problem, name, federation, hp, seed=SEED):
     w = problem.init_params(generator(seed, "init")).numpy()
     n, d = problem.num_clients, problem.dim
     rule = np_rule(federation.server_optimizer, d)
+    schedule = federation.server_optimizer.lr if isinstance(federation.server_optimizer.lr, PerRound) else None
     c, c_i = np.zeros(d), np.zeros((n, d))
     states = []
-    for _ in range(federation.rounds):
+    for r in range(federation.rounds):
+        if schedule is not None:
+            rule.lr = schedule.value(r, federation.rounds)
         clients, rows = sampler.draw(federation.local_steps)
         updates, dc = [], np.zeros(d)
         for k, client in enumerate(clients.tolist()):
@@ -162,6 +166,26 @@ def test_scaffold_and_fedprox_with_adam_equal_numpy_loops(name, hp):
     expected = numpy_run(problem, name, federation, hp)
     for t, (mine, want) in enumerate(zip(engine_run(problem, name, federation, hp), expected)):
         np.testing.assert_allclose(mine, want, rtol=1e-12, atol=1e-13, err_msg=f"round {t}")
+
+
+def test_a_scheduled_lr_takes_its_value_at_each_round():
+    """FedAdam with a cosine lr against NumPy, and alone as in a program beside a run of a float lr."""
+    problem = small_lasso(lam=0.0)
+    hp = {"client_lr": 0.05, "subgradient": False}
+    scheduled = Federation(ROUNDS, 3, 3, 5, server_optimizer={"name": "adam", "lr": Cosine(init=0.1, final=0.01)})
+    expected = numpy_run(problem, "fedavg", scheduled, hp)
+    got = engine_run(problem, "fedavg", scheduled, hp)
+    for t, (mine, want) in enumerate(zip(got, expected)):
+        np.testing.assert_allclose(mine, want, rtol=1e-12, atol=1e-13, err_msg=f"round {t}")
+    fixed = Federation(ROUNDS, 3, 3, 5, server_optimizer={"name": "adam", "lr": 0.1})
+    assert np.abs(engine_run(problem, "fedavg", fixed, hp)[-1] - got[-1]).max() > 1e-3
+    sims = [Simulation(problem, fedbench.make_algorithm("fedavg", problem, **hp), federation, SEED)
+            for federation in (scheduled, fixed)]
+    [(_, program)] = programs(sims)
+    rows = rows_of(program)
+    assert rows[0][-1] == pytest.approx(list(Simulation(problem, fedbench.make_algorithm("fedavg", problem, **hp),
+                                                        scheduled, SEED))[-1], rel=1e-12, abs=1e-14)
+    assert program.sims[0].server["w"].numpy() == pytest.approx(got[-1], rel=1e-12, abs=1e-13)
 
 
 def test_sgd_at_lr_1_is_the_algorithms_own_server_step():
@@ -261,6 +285,8 @@ algorithms: {ALGORITHM: {}}
     ("fedavg", "{name: adam, tau: 0}", "federation.server_optimizer.tau", "found 0 with adam form paper"),
     ("fedavg", "{name: yogi, beta1: 1.0}", "federation.server_optimizer.beta1", "[0, 1)"),
     ("fedavg", "adam", "federation.server_optimizer", "expected a mapping, e.g. {name: adam, lr: 0.01}"),
+    ("fedavg", "{name: adam, beta1: {schedule: cosine, init: 0.9, final: 0.5}}", "federation.server_optimizer.beta1",
+     "found the schedule cosine(init=0.9, final=0.5), expected a float: only the lr follows a schedule"),
 ])
 def test_validate_refuses_in_one_line_at_the_field(tmp_path, algorithm, spec, path, phrase):
     recipe = tmp_path / "r.yaml"
@@ -274,16 +300,18 @@ def test_validate_and_a_grid_over_the_optimizer(tmp_path):
     from sweeps.recipe import load
 
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(RECIPE.replace("SPEC", "[{name: sgd}, {name: adam, lr: [0.01, 0.1]}]")
+    recipe.write_text(RECIPE.replace("SPEC", "[{name: sgd}, {name: adam, lr: [0.01, 0.1]}, {name: adam, lr: "
+                                             "{schedule: cosine, init: 0.1, final: 0.01}}]")
                       .replace("ALGORITHM", "scaffold"))
     result = invoke("validate", recipe)
-    assert result.exit_code == 0 and "3 configurations" in result.output, result.output
+    assert result.exit_code == 0 and "4 configurations" in result.output, result.output
     trials = load(str(recipe)).trials()
     texts = [trial.params()["federation.server_optimizer"] for trial in trials]
     keys = [program_key(trial) for trial in trials]
-    assert keys[1] == keys[2] != keys[0]  # adam's lrs share a program, sgd is another
+    assert keys[1] == keys[2] == keys[3] != keys[0]  # adam's lrs (and schedule) share a program, sgd is another
     assert texts == ["sgd(lr=1.0)", "adam(lr=0.01, beta1=0.9, beta2=0.99, tau=0.001, form=paper)",
-                     "adam(lr=0.1, beta1=0.9, beta2=0.99, tau=0.001, form=paper)"]
+                     "adam(lr=0.1, beta1=0.9, beta2=0.99, tau=0.001, form=paper)",
+                     "adam(lr=cosine(init=0.1, final=0.01), beta1=0.9, beta2=0.99, tau=0.001, form=paper)"]
     assert ServerOptimizer.given({"name": "adam", "lr": 0.01}).values()["tau"] == 1e-3
 
 

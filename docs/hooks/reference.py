@@ -349,8 +349,9 @@ def server_optimizer_section() -> list[str]:
             "`fedbench.server_optimizers.ServerOptimizer`), only those its `name` reads, each a grid axis where it is "
             "a list, e.g. `server_optimizer: {name: adam, lr: [0.01, 0.1]}` or "
             "`--set federation.server_optimizer.lr=[0.01,0.1]`; a list of such mappings is a grid axis over rules "
-            "(`[{name: sgd}, {name: yogi}]`: `sgd` at lr 1 is the algorithm's own server step); `tune.space` searches "
-            "a field the rule reads, `federation.server_optimizer.lr: {log_uniform: [1.0e-3, 1.0e-1]}`.", "",
+            "(`[{name: sgd}, {name: yogi}]`: `sgd` at lr 1 is the algorithm's own server step); the lr may be a "
+            "schedule (`lr: {schedule: cosine, init: 0.03, final: 1.0e-3}`, see schedules below); `tune.space` "
+            "searches a field the rule reads, `federation.server_optimizer.lr: {log_uniform: [1.0e-3, 1.0e-1]}`.", "",
             *param_table(ServerOptimizer.params), "", module_doc(ServerOptimizer), ""]
 
 

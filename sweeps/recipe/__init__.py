@@ -93,7 +93,7 @@ def _check_values(source: str, path: str, param: Param, value: Any, per_round: b
             continue
         if isinstance(v, dict):
             raise RecipeError(source, where, f"found a mapping, expected {param.kind} in {param.describe_range()}: "
-                              "only an algorithm's hyperparameters follow schedules")
+                              "only an algorithm's hyperparameters (and the server optimizer's lr) follow schedules")
         try:
             checked.append(param.check(v))
         except ValueError as err:  # the engine's message holds the value whole: shown cut, as the recipe's checks do
@@ -185,7 +185,7 @@ def _check_mapping(source: str, path: str, name: str, spec: Any) -> list[Any]:
             continue
         if not isinstance(item, dict):
             raise RecipeError(source, where, f"found {in_words(item)}, expected a mapping, e.g. {example}")
-        grid = _check_params(source, where, cls.params, item)
+        grid = _check_params(source, where, cls.params, item, per_round=name == "server_optimizer")  # its lr
         for field in participation.FILES:  # a file of per-client values, as a plugin's, by the recipe's folder
             if field in grid:
                 grid[field] = [value if value is None else str(Path(source).parent / Path(value).expanduser())
