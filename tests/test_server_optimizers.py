@@ -27,19 +27,13 @@ ROUNDS, SEED = 6, 5
 
 
 class PaperRule:
-    """Reddi et al. 2021, Algorithm 2, written out: m_{-1} = 0, v_{-1} = τ², no bias correction; heavy-ball momentum
-    and plain SGD beside them."""
+    """Reddi et al. 2021, Algorithm 2, written out: m_{-1} = 0, v_{-1} = τ², no bias correction."""
 
     def __init__(self, name, d, lr, beta1=0.9, beta2=0.99, tau=1e-3):
         self.name, self.lr, self.b1, self.b2, self.tau = name, lr, beta1, beta2, tau
         self.m, self.v = np.zeros(d), np.full(d, tau**2)
 
     def step(self, delta):
-        if self.name == "sgd":
-            return self.lr * delta
-        if self.name == "momentum":
-            self.m = self.b1 * self.m + delta
-            return self.lr * self.m
         self.m = self.b1 * self.m + (1 - self.b1) * delta
         if self.name == "adagrad":
             self.v = self.v + delta**2
@@ -51,20 +45,25 @@ class PaperRule:
 
 
 class OptaxRule:
-    """optax's `adagrad` (scale_by_rss), `adam` (scale_by_adam) and `yogi` (scale_by_yogi), eps_root = 0, each then
-    scaled by −lr, fed the pseudo-gradient g = −Δ (optax minimizes: its update is added to the parameters)."""
+    """optax's `sgd` (with `momentum`: trace), `adagrad` (scale_by_rss), `adam` (scale_by_adam) and `yogi`
+    (scale_by_yogi), eps_root = 0, each then scaled by −lr, fed the pseudo-gradient g = −Δ (optax minimizes: its update
+    is added to the parameters)."""
 
     def __init__(self, name, d, lr, beta1=0.9, beta2=0.99, tau=1e-3, initial_accumulator=None):
         self.name, self.lr, self.b1, self.b2, self.eps = name, lr, beta1, beta2, tau
-        start = {"adagrad": 0.1, "adam": 0.0, "yogi": 1e-6}[name] if initial_accumulator is None \
-            else initial_accumulator
-        self.mu = np.zeros(d) if name == "adam" else np.full(d, start)
+        start = {"adagrad": 0.1, "yogi": 1e-6}.get(name, 0.0) if initial_accumulator is None else initial_accumulator
+        self.mu = np.zeros(d) if name != "yogi" else np.full(d, start)
         self.nu = np.full(d, start)
         self.count = 0
 
     def step(self, delta):
         g = -delta
-        if self.name == "adagrad":
+        if self.name == "sgd":
+            updates = g
+        elif self.name == "momentum":  # optax.trace(decay=β1): trace ← g + β1 trace
+            self.mu = g + self.b1 * self.mu
+            updates = self.mu
+        elif self.name == "adagrad":
             self.nu = self.nu + g**2
             updates = np.where(self.nu > 0, g / np.sqrt(self.nu + self.eps), 0.0)
         else:
@@ -81,8 +80,10 @@ class OptaxRule:
 
 
 def np_rule(spec, d):
+    """The rule's transcription: Reddi et al.'s for the paper's form, optax's for its form and for sgd and momentum
+    (optax.sgd, with momentum)."""
     values = spec.values()
-    form = values.pop("form", "paper")
+    form = values.pop("form", "optax")
     return OptaxRule(spec.name, d, **values) if form == "optax" else PaperRule(spec.name, d, **values)
 
 
