@@ -200,6 +200,20 @@ def test_sgd_at_lr_1_is_the_algorithms_own_server_step():
     np.testing.assert_array_equal(adam.params.numpy(), engine[-1])  # fedbench.run takes it as a recipe writes it
 
 
+@pytest.mark.parametrize("links", [{"aggregation": "median"}, {"downlink": [{"top_k": 0.3}]},
+                                   {"uplink": [{"top_k": 0.3}, {"error_feedback": "ef21"}]}],
+                         ids=["median", "compressed downlink", "ef21 uplink"])
+def test_it_acts_on_the_update_as_the_server_receives_it(links):
+    """After a robust rule (its aggregate stands for the mean), a compressed downlink (the update from the clients'
+    copy ŵ, added to the server's own w: EF21-P) and an uplink chain: `sgd` at lr η with the algorithm's server step 1
+    is the algorithm's server step η."""
+    problem = small_lasso()
+    optimized = engine_run(problem, "fedavg", Federation(ROUNDS, 5, 3, 5, server_optimizer={"name": "sgd", "lr": 0.4},
+                                                         **links), {"client_lr": 0.05})
+    own = engine_run(problem, "fedavg", Federation(ROUNDS, 5, 3, 5, **links), {"client_lr": 0.05, "server_lr": 0.4})
+    np.testing.assert_allclose(optimized[-1], own[-1], rtol=1e-12, atol=1e-13)
+
+
 def test_a_grid_over_its_floats_is_one_program_equal_to_each_run_alone():
     problem = small_lasso(lam=0.0)
     specs = [{"name": "yogi", "lr": 0.05}, {"name": "yogi", "lr": 0.02, "beta1": 0.5, "beta2": 0.9, "tau": 1e-2},
