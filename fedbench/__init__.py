@@ -21,6 +21,7 @@ from fedbench.algorithms import ALGORITHMS, Algorithm
 from fedbench.participation import LocalSteps, Participation
 from fedbench.problems import PROBLEMS, Problem, make_problem
 from fedbench.saved import load_model, problem_of
+from fedbench.server_optimizers import ServerOptimizer
 from fedbench.simulate import Federation, Result, Simulation, run_batch, run_seeds, simulate
 
 
@@ -40,11 +41,13 @@ def make_algorithm(name: str, problem: Problem, **hyperparameters: Any) -> Algor
 def run(algorithm: str, problem: Problem, rounds: int = 100, clients_per_round: int = 10,
         local_steps: int | Mapping[str, Any] = 10, batch_size: int = 10, aggregation: str = "uniform",
         seed: int | None = None, eval_every: int = 10, uplink: Sequence = (), downlink: Sequence = (),
-        participation: Mapping[str, Any] | None = None, compile: str = "auto", **hyperparameters: Any) -> Result:
+        participation: Mapping[str, Any] | None = None, server_optimizer: Mapping[str, Any] | None = None,
+        compile: str = "auto", **hyperparameters: Any) -> Result:
     """One run of the registered algorithm `algorithm` on `problem`, in this process: `Federation(rounds,
-    clients_per_round, local_steps, batch_size, aggregation, uplink, downlink, participation=participation)` (the
-    chains of transforms, the participation model and uneven local steps as a recipe writes them,
-    `fedbench.transforms`, `fedbench.participation`), the run's random streams from `seed` (default: the problem's),
+    clients_per_round, local_steps, batch_size, aggregation, uplink, downlink, participation=participation,
+    server_optimizer=server_optimizer)` (the chains of transforms, the participation model, uneven local steps and the
+    server optimizer as a recipe writes them, `fedbench.transforms`, `fedbench.participation`,
+    `fedbench.server_optimizers`), the run's random streams from `seed` (default: the problem's),
     a metrics row every `eval_every` rounds, its local steps compiled or not (`compile`: auto, on or off,
     `fedbench.compiling`), and the algorithm's `hyperparameters` (by name; the others at their defaults).
 
@@ -59,11 +62,13 @@ def run(algorithm: str, problem: Problem, rounds: int = 100, clients_per_round: 
         fedbench.run("fedmid", problem, rounds=2000, uplink=[{"top_k": 0.05}, {"error_feedback": "ef21"}])
         fedbench.run("fedavg", problem, participation={"model": "cyclic", "groups": 4},
                      local_steps={"distribution": "uniform", "low": 1, "high": 10})
+        fedbench.run("scaffold", problem, server_optimizer={"name": "adam", "lr": 0.03})   # SCAFFOLD with FedAdam
         ```
     """
     steps = local_steps if isinstance(local_steps, int) else LocalSteps.given(local_steps)
+    optimizer = None if server_optimizer is None else ServerOptimizer.given(server_optimizer)
     federation = Federation(rounds, clients_per_round, steps, batch_size, aggregation, tuple(uplink), tuple(downlink),
-                            participation=Participation.given(participation or {}))
+                            participation=Participation.given(participation or {}), server_optimizer=optimizer)
     seed = problem.seed if seed is None else seed
     return simulate(problem, make_algorithm(algorithm, problem, **hyperparameters), federation, seed, eval_every,
                     compile=compile)

@@ -17,6 +17,7 @@ from fedbench.participation import LocalSteps, Participants, Participation, Step
 from fedbench.problems.base import Layout, Problem
 from fedbench.rng import generator
 from fedbench.robust import KRUMS, RULES, Adversaries
+from fedbench.server_optimizers import ServerOptimizer
 from fedbench.transforms import LINKS, Gaussian, Step, chain, chain_text, check_chain
 
 DIVERGENCE_FACTOR = 1e4
@@ -30,7 +31,9 @@ class Federation:
     `fedbench.robust`, with its `trim` β or `byzantine` f), the transforms of what crosses the network, `uplink` and
     `downlink` (`fedbench.transforms`, given as a recipe writes them and held as steps), the `adversaries`
     (`fedbench.robust.Adversaries`, or None) and the `participation` model (`fedbench.participation.Participation`,
-    given as a recipe writes it), as a recipe's `federation:` block sets them (the scalar ones declared in `params`).
+    given as a recipe writes it) and the `server_optimizer` (`fedbench.server_optimizers.ServerOptimizer`, given as a
+    recipe writes it, or None: the algorithm's own server step alone), as a recipe's `federation:` block sets them (the
+    scalar ones declared in `params`).
 
     Example:
         ```python
@@ -38,6 +41,7 @@ class Federation:
         Federation(rounds=2000, uplink=[{"top_k": 0.05}, {"error_feedback": "ef21"}], downlink=[{"qsgd": 8}])
         Federation(rounds=2000, participation={"model": "markov", "p_on": 0.2, "p_off": 0.1},
                    local_steps={"distribution": "uniform", "low": 1, "high": 10})
+        Federation(rounds=2000, server_optimizer={"name": "adam", "lr": 0.01})     # FedAdam, of any algorithm
         ```
     """
 
@@ -58,6 +62,9 @@ class Federation:
     # who may take part in each round (`fedbench.participation`); given as a recipe writes it (`{"model": "cyclic",
     # "groups": 4}`) or as one
     participation: Participation = Participation()
+    # the server's step on the round's mean update of w (`fedbench.server_optimizers`); given as a recipe writes it
+    # (`{"name": "adam", "lr": 0.01}`) or as one
+    server_optimizer: ServerOptimizer | None = None
 
     params = (
         Param("rounds", "int", 100, "communication rounds R", low=0),
@@ -81,6 +88,8 @@ class Federation:
             if self.adversaries is not None:
                 object.__setattr__(self, "adversaries", Adversaries.given(self.adversaries))
             object.__setattr__(self, "participation", Participation.given(self.participation))
+            if self.server_optimizer is not None:
+                object.__setattr__(self, "server_optimizer", ServerOptimizer.given(self.server_optimizer))
             if not isinstance(self.local_steps, int):
                 object.__setattr__(self, "local_steps", LocalSteps.given(self.local_steps))
         except ParamError as err:
@@ -102,9 +111,10 @@ class Federation:
         scale=10.0)`), none left out; `trim` and `byzantine` with the rule that reads them, else only where they
         are not at their default (two federations that differ are never recorded alike); the participation model as
         its text (`markov(p_on=0.2, p_off=0.1)`), uniform left out; uneven local steps as their text
-        (`uniform(low=1, high=10)`)."""
+        (`uniform(low=1, high=10)`); the server optimizer as its text (`adam(lr=0.01, beta1=0.9, beta2=0.99, tau=0.001,
+        form=paper)`), none left out."""
         config = {f.name: getattr(self, f.name) for f in fields(self)
-                  if f.name not in (*LINKS, *self.READ_BY, "adversaries", "participation")}
+                  if f.name not in (*LINKS, *self.READ_BY, "adversaries", "participation", "server_optimizer")}
         defaults = {p.name: p.default for p in self.params}
         config.update({name: getattr(self, name) for name, rules in self.READ_BY.items()
                        if self.aggregation in rules or getattr(self, name) != defaults[name]})
@@ -115,6 +125,8 @@ class Federation:
             config["participation"] = str(self.participation)
         if self.uneven:
             config["local_steps"] = str(self.local_steps)
+        if self.server_optimizer is not None:
+            config["server_optimizer"] = str(self.server_optimizer)
         return config
 
     def check(self, layout: Layout, batch_sizes: Mapping[str, int] | None = None) -> None:
@@ -123,10 +135,12 @@ class Federation:
         alone): the rule of the engine on a built problem and of a recipe's validator on a problem's declared layout
         (where a part unknown is not checked). Its chains are checked by `fedbench.transforms.check_chain`, its
         adversaries by `fedbench.robust.Adversaries.check`, its participation model and uneven local steps by their
-        own `check`; a varying number of participants (`Participation.varying`) is refused with a robust rule, and any
-        model but uniform with DP-FedAvg's noise (its privacy is accounted for S of N clients drawn uniformly); what
-        depends on the algorithm too (its uploads, how many clients a round it takes, what its maths reads) by
-        `fedbench.links.check_uploads` and `fedbench.participation.check_algorithm`."""
+        own `check`, its server optimizer by `ServerOptimizer.check`; a varying number of participants
+        (`Participation.varying`) is refused with a robust rule, and any model but uniform with DP-FedAvg's noise (its
+        privacy is accounted for S of N clients drawn uniformly); what depends on the algorithm too (its uploads, how
+        many clients a round it takes, what its maths reads) by
+        `fedbench.links.check_uploads`, `fedbench.participation.check_algorithm` and
+        `fedbench.server_optimizers.check_algorithm`."""
         for param in self.params:
             if param.name == "local_steps" and self.uneven:
                 continue  # checked as LocalSteps below
@@ -142,6 +156,8 @@ class Federation:
             self.participation.check(layout.clients, self.clients_per_round)
             if isinstance(self.local_steps, LocalSteps):
                 self.local_steps.check(layout.clients)
+            if self.server_optimizer is not None:
+                self.server_optimizer.check()
         except ParamError as err:
             raise ParamError(err.name, err.message, "federation") from None
         model = self.participation.model

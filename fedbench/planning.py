@@ -10,7 +10,8 @@ and one after:
   further so that there are at least as many programs as slots to run them in where the runs allow; a program that
   saved a checkpoint is planned again as it was, so that it resumes from it.
 * After building (`groups`), from the simulations: what the engine can batch (`why_not_batchable`: one problem
-  instance, one algorithm, static hyperparameters and schedule alike; rounds of random length only where every
+  instance, one algorithm, static hyperparameters and schedule alike, one federation but for the server optimizer's
+  floats; rounds of random length only where every
   client takes part, `not_iteration_wise`) and what gains from it (`one_program`: on the CPU a run whose local step
   gathers more than `MEMORY_BOUND_RUN_BYTES` is memory-bound and runs alone). Runs refused here run alone, one
   after another.
@@ -30,8 +31,10 @@ from torch import Tensor
 from fedbench.algorithms.base import Algorithm
 from fedbench.hparams import PerRound
 from fedbench.problems import PROBLEMS
+from fedbench.server_optimizers import shared
 
 if TYPE_CHECKING:
+    from fedbench.federation import Federation
     from fedbench.simulate import Simulation
 
 # Bytes of minibatch rows a run gathers per local step beyond which its runs go one after another on the CPU
@@ -60,6 +63,9 @@ class RunSpec(Protocol):
     def seed(self) -> int: ...
 
     @property
+    def federation(self) -> Federation: ...
+
+    @property
     def config_hash(self) -> str: ...
 
     def config(self) -> dict[str, Any]: ...  # everything that determines the run but its seed and device
@@ -85,10 +91,11 @@ def shares_problem(run: RunSpec) -> bool:
 def program_key(run: RunSpec) -> str:
     """The configurations whose seeds may share one program: the same but for the algorithm's float hyperparameters
     and schedules (per-run values, `fedbench.runs.batch_hparams`; a schedule is a mapping in a run's configuration,
-    `PerRound.as_config`)."""
+    `PerRound.as_config`) and the server optimizer's floats (`fedbench.server_optimizers.shared`)."""
     config = run.config()
     config["algorithm"] = {k: "schedule" if isinstance(v, dict) else v for k, v in config["algorithm"].items()
                            if not isinstance(v, float)}
+    config["federation"] = shared(run.federation).config()
     return json.dumps(config, sort_keys=True, default=str)
 
 
@@ -157,10 +164,11 @@ def why_not_batchable(sims: list[Simulation]) -> str | None:
         if derived:
             return (f"the runs' derived values {', '.join(derived)} differ in more than floats (per-run values): "
                     "a program holds one value of anything else")
-        if (sim.federation, sim.eval_every, sim.sampler.sizes, sim.divergence_factor, sim.compile) != (
-                first.federation, first.eval_every, first.sampler.sizes, first.divergence_factor, first.compile):
-            return ("the runs must share the federation, batch sizes, evaluation schedule, divergence rule and compile "
-                    "mode")
+        if (shared(sim.federation), sim.eval_every, sim.sampler.sizes, sim.divergence_factor, sim.compile) != (
+                shared(first.federation), first.eval_every, first.sampler.sizes, first.divergence_factor,
+                first.compile):
+            return ("the runs must share the federation (but for the server optimizer's floats), batch sizes, "
+                    "evaluation schedule, divergence rule and compile mode")
     if len(sims) > 1 and first.federation.uneven and first.problem.noisy_minibatches:
         # a run's round is as long as its longest count: in a batch, the steps beyond it would draw its noise
         return f"uneven local work, and {first.problem.name}'s minibatches carry noise"

@@ -40,7 +40,7 @@ from fedbench.sources import (
 
 GROUPS = {"algorithm": "fedbench.algorithms", "problem": "fedbench.problems"}
 """The entry-point groups an installed package declares its components in, by kind, each entry point named as the
-component it loads: `[project.entry-points."fedbench.algorithms"]` `fedadam = "fedbench_fedopt.fedadam:FedAdam"`."""
+component it loads: `[project.entry-points."fedbench.problems"]` `quadratic = "fedbench_fedopt.quadratic:Quadratic"`."""
 REQUIRED = {"algorithm": ("client_step", "server_update"),
             "problem": ("init_params", "gather", "minibatch_loss", "metrics", "evaluate_global")}
 """What a component must define itself, by kind (the base classes' versions raise NotImplementedError); besides,
@@ -173,7 +173,7 @@ def discover() -> None:
     Example:
         ```python
         plugins.discover()
-        plugins.origin("algorithm", "fedadam")   # 'entry point fedbench.algorithms:fedadam (fedbench-fedopt)'
+        plugins.origin("problem", "quadratic")   # 'entry point fedbench.problems:quadratic (fedbench-fedopt)'
         ```
     """
     global _discovered

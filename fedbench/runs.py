@@ -29,6 +29,9 @@ advance as one program; a run alone is R = 1 through the same code:
 * Links. The federation's uplink and downlink transforms act between the algorithm's steps, on what crosses the
   network (`fedbench.links`: receive before client_init, send between client_final and server_update, commit
   after the round is written); without chains they hand everything through.
+* Server optimizer (`fedbench.server_optimizers`). Between the links' `send` and the algorithm's `server_update`, the
+  federation's server optimizer replaces every client's update of `w` by its step on their mean; its state is
+  written with the links' at the round's end.
 * Participation and uneven local work (`fedbench.participation`). Where the number of a round's participants varies,
   its clients keep S slots and a mask `[R, S]` of those that take part: the engine makes an absent slot count for
   nothing (zero weight, a zero upload, its per-client and link state kept, a run without participants keeping its
@@ -58,6 +61,7 @@ from fedbench.federation import Draw, aggregation_weights, step_oracles
 from fedbench.links import Links
 from fedbench.oracle import Batches
 from fedbench.planning import groups, not_iteration_wise, random_rounds, step_bytes, why_not_batchable
+from fedbench.server_optimizers import ServerSteps
 
 if TYPE_CHECKING:  # a program's runs; `fedbench.simulate` drives them through programs, so it imports this module
     from fedbench.simulate import Simulation
@@ -333,6 +337,7 @@ class RoundProgram:
         self.local_step = compiled(self._local_step) if self.compiled else self._local_step
         self.resume_from_runs()
         self.links = Links(sims, self.server)
+        self.server_steps = ServerSteps(sims, self.server) if self.federation.server_optimizer else None
         self.live = list(range(len(sims)))
         self.train_seconds = 0.0  # the whole batch's
         self.share = 0.0  # Σ over steps of the step's seconds / live runs: each live run's share of the time
@@ -516,10 +521,13 @@ class RoundProgram:
         message, updated = algorithm.client_final(local, rnd, hp)
         self._uploaded = self._uploaded_by(message)
         message = self.links.send(message, server, received, clients, present)
+        weights = self._weights(clients, present)
+        if self.server_steps:
+            message = self.server_steps.step(message, server, weights, ids, present)
         if present is None:
-            server = algorithm.server_update(server, message, self._weights(clients), rnd, hp)
+            server = algorithm.server_update(server, message, weights, rnd, hp)
         else:
-            server = self._update_present(server, message, rnd, hp, draws)
+            server = self._update_present(server, message, weights, rnd, hp, draws)
             updated = {k: torch.where(_along(present, v), v, gathered[k]) for k, v in updated.items()}
         # The scatter comes last, after everything that may raise: a replayed chunk finds its rows as they were.
         for key, value in updated.items():
@@ -532,17 +540,24 @@ class RoundProgram:
         else:
             self.server = {k: _rows_replaced(self.server[k], live, v) for k, v in server.items()}
             self.clients = {k: _rows_replaced(self.clients[k], live, v) for k, v in state.items()}
-        self.links.commit()
+        self._commit()
 
-    def _update_present(self, server: dict[str, Tensor], message: dict[str, Tensor], rnd: Round, hp: HParams,
-                        draws: RoundDraws) -> dict[str, Tensor]:
+    def _commit(self) -> None:
+        """The round of the runs in progress has succeeded: the links' and the server optimizer's new state written."""
+        self.links.commit()
+        if self.server_steps:
+            self.server_steps.commit()
+
+    def _update_present(self, server: dict[str, Tensor], message: dict[str, Tensor], weights: Tensor, rnd: Round,
+                        hp: HParams, draws: RoundDraws) -> dict[str, Tensor]:
         """The server's update from the participants of the slots `draws.present` alone: the other slots' uploads are
-        zeros and their weights zero (`aggregation_weights`), and a run without participants keeps its state."""
+        zeros and their weights zero (`weights`, `aggregation_weights`), and a run without participants keeps its
+        state."""
         present = draws.present
         assert present is not None  # a round of a varying number of participants
         message = {k: torch.where(_along(present, v), v, 0.0) if _client_rows(v, present) else v
                    for k, v in message.items()}
-        updated = self.algorithm.server_update(server, message, self._weights(rnd.clients, present), rnd, hp)
+        updated = self.algorithm.server_update(server, message, weights, rnd, hp)
         if min(draws.participants) > 0:
             return updated
         anyone = present.any(-1).view(-1, 1)  # [R, 1]
@@ -555,7 +570,8 @@ class RoundProgram:
         state). Tensors are the program's own; `torch.save` copies them."""
         return {"server": self.server, "clients": self.clients, "live": list(self.live),
                 "rounds_done": self.rounds_done, "train_seconds": self.train_seconds, "uploaded": self._uploaded,
-                "runs": [sim.state_dict() for sim in self.sims], **self.links.state_dict()}
+                "runs": [sim.state_dict() for sim in self.sims], **self.links.state_dict(),
+                **(self.server_steps.state_dict() if self.server_steps else {})}
 
     def rounds_progress(self) -> int:
         """Rounds the program's runs have gone through (of an iteration-wise program, on average)."""
@@ -569,6 +585,8 @@ class RoundProgram:
         self.rounds_done, self.train_seconds, self._uploaded = (state["rounds_done"], state["train_seconds"],
                                                                 state["uploaded"])
         self.links.load_state_dict(state)
+        if self.server_steps:
+            self.server_steps.load_state_dict(state)
         self.resumed = True
 
     # -- evaluation and the loop --------------------------------------------------------------------------
@@ -766,10 +784,13 @@ class IterationProgram(RoundProgram):
         message, updated = self.algorithm.client_final(local, rnd, hp)
         up = _times(self._uploaded_by(message), len(self.clients_all))
         message = self.links.send(message, server, self.links.received(server, group), rnd.clients)
-        server = self.algorithm.server_update(server, message, self._weights(rnd.clients), rnd, hp)
+        weights = self._weights(rnd.clients)
+        if self.server_steps:
+            message = self.server_steps.step(message, server, weights, group)
+        server = self.algorithm.server_update(server, message, weights, rnd, hp)
         _write_rows(self.server, server, group, runs)
         _write_rows(self.clients, updated, group, runs)
-        self.links.commit()
+        self._commit()
         down, messages = self._downloaded()
         down_bits = self.links.catch_up(group, self.clients_all.expand(len(group), -1), None,
                                         [len(self.clients_all)] * len(group), messages)

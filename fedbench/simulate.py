@@ -35,6 +35,7 @@ from fedbench.problems.base import Problem
 from fedbench.rng import generator
 from fedbench.robust import adversarial_clients
 from fedbench.runs import RoundProgram, evaluate_rows, programs
+from fedbench.server_optimizers import check_algorithm as check_server_optimizer
 from fedbench.transforms import LINKS, draws
 
 
@@ -65,6 +66,7 @@ class Simulation:
         federation.check(problem.layout(), fields)
         check_uploads(federation, algorithm, problem.num_clients)
         check_algorithm(federation, type(algorithm), algorithm.declared)
+        check_server_optimizer(federation, algorithm)
         self.problem, self.algorithm, self.federation = problem, algorithm, federation
         self.seed = seed
         """The run's seed: its sampling, minibatches, initial point and other draws."""

@@ -1,12 +1,12 @@
 """The plugin package examples/fedbench-fedopt (the tutorial "Compare your own method" runs as shown in
 tests/test_docs_tutorials.py).
 
-- FedAdam and FedYogi (Reddi et al. 2021, Algorithm 2) through the engine against a NumPy transcription of the
-  algorithm on the same data (full participation, full batches: no draw matters), to 1e-12 in float64, alone
-  and as two runs of one batch; their reduction to FedAvg; where Adam's and Yogi's second moments agree.
+- FedAvg with the server optimizer (`federation.server_optimizer`: FedAdam, FedYogi; Reddi et al. 2021, Algorithm 2)
+  on the package's problem against a NumPy transcription of the algorithm on the same data (full participation, full
+  batches: no draw matters), to 1e-12 in float64, alone and as two runs of one batch; its reduction to FedAvg.
 - The package's problem: its closed-form optimum has zero gradient, and its gap is exact.
-- The package installed (`pip install --target`): `list` shows its components as entry points of
-  fedbench-fedopt, `sweep` runs them with their code's sha256; without it, a recipe naming fedadam is refused.
+- The package installed (`pip install --target`): `list` shows its problem as an entry point of fedbench-fedopt,
+  `sweep` runs its recipes' algorithms on it with its code's sha256; without it, a recipe naming quadratic is refused.
 """
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -28,6 +27,7 @@ from typer.testing import CliRunner
 
 from cli import app
 from fedbench.algorithms import ALGORITHMS
+from fedbench.problems import PROBLEMS
 from fedbench.simulate import Federation, Simulation, run_batch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,17 +36,16 @@ PACKAGE = EXAMPLE / "fedbench_fedopt"
 
 
 @pytest.fixture(scope="module")
-def fedopt():
-    """The package's modules, imported from the source tree (not registered: the classes are used directly)."""
+def quadratic():
+    """The package's problem module, imported from the source tree (not registered: the class is used directly)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.syspath_prepend(str(EXAMPLE))
-        yield {name: importlib.import_module(f"fedbench_fedopt.{name}") for name in
-               ("fedopt", "fedadam", "fedyogi", "quadratic")}
+        yield importlib.import_module("fedbench_fedopt.quadratic")
 
 
 @pytest.fixture(scope="module")
-def problem(fedopt):
-    cls = fedopt["quadratic"].Quadratic
+def problem(quadratic):
+    cls = quadratic.Quadratic
     return cls(cls.resolve_config({"clients": 6, "samples_per_client": 12, "dim": 8}), seed=3)
 
 
@@ -54,7 +53,8 @@ def problem(fedopt):
 
 def numpy_fedopt(problem, rule, rounds, local_steps, client_lr, server_lr, beta1, beta2, tau):
     """Reddi et al. 2021, Algorithm 2, written out: every client takes local_steps full-batch gradient steps from
-    x_t; Δ_t the clients' mean change; m, v and x as the paper's lines. The state (x, m, v) after each round."""
+    x_t; Δ_t the clients' mean change; m, v and x as the paper's lines (m_{-1} = 0, v_{-1} = τ²). x after each
+    round."""
     n_clients, n, d = problem.num_clients, int(problem.client_sizes[0]), problem.dim
     a = problem.features.numpy().reshape(n_clients, n, d)
     b = problem.labels.numpy().reshape(n_clients, n)
@@ -74,7 +74,7 @@ def numpy_fedopt(problem, rule, rounds, local_steps, client_lr, server_lr, beta1
         else:
             v = v - (1 - beta2) * delta**2 * np.sign(v - delta**2)
         x = x + server_lr * m / (np.sqrt(v) + tau)
-        states.append((x, m, v))
+        states.append(x)
     return states
 
 
@@ -82,74 +82,55 @@ HP = {"client_lr": 0.05, "server_lr": 0.1, "beta1": 0.9, "beta2": 0.99, "tau": 1
 LOCAL_STEPS, ROUNDS = 4, 3
 
 
-def full(problem, rounds=ROUNDS):
-    """Every client, every round, on its whole data."""
-    return Federation(rounds, clients_per_round=0, local_steps=LOCAL_STEPS,
-                      batch_size=int(problem.client_sizes[0]))
-
-
-def server_state(sim):
-    return tuple(sim.server[key].reshape(-1).numpy() for key in ("w", "m", "v"))
-
-
-def worst(engine, expected):
-    return max(float(np.abs(got - want).max()) for got, want in zip(engine, expected))
+def fedopt(problem, rule, hp, rounds=ROUNDS, seed=0, eval_every=10):
+    """FedAvg (server step 1) with the server optimizer `rule` at `hp`: every client, every round, on its whole
+    data."""
+    optimizer = {"name": rule, "lr": hp["server_lr"], **{k: hp[k] for k in ("beta1", "beta2", "tau")}}
+    federation = Federation(rounds, clients_per_round=0, local_steps=LOCAL_STEPS,
+                            batch_size=int(problem.client_sizes[0]), server_optimizer=optimizer)
+    algorithm = ALGORITHMS["fedavg"](problem, client_lr=hp["client_lr"], subgradient=False)
+    return Simulation(problem, algorithm, federation, seed, eval_every)
 
 
 @pytest.mark.parametrize("rule", ["adam", "yogi"])
-def test_server_updates_match_a_numpy_transcription_of_algorithm_2(fedopt, problem, rule):
-    cls = fedopt["fedadam"].FedAdam if rule == "adam" else fedopt["fedyogi"].FedYogi
-    sim = Simulation(problem, cls(problem, **HP), full(problem), seed=0)
+def test_fedadam_and_fedyogi_match_a_numpy_transcription_of_algorithm_2(problem, rule):
+    sim = fedopt(problem, rule, HP)
     expected = numpy_fedopt(problem, rule, ROUNDS, LOCAL_STEPS, **HP)
-    moved = 0.0
     for t in range(ROUNDS):
         sim.run_round()
-        state = server_state(sim)
-        assert worst(state, expected[t]) < 1e-12, (rule, t, worst(state, expected[t]))
-        moved = max(moved, float(np.abs(state[0]).max()))
-    assert moved > 0.1  # the check compares real steps, not zeros
+        x = sim.server["w"].numpy()
+        assert np.abs(x - expected[t]).max() < 1e-12, (rule, t)
+    assert np.abs(x).max() > 0.1  # the check compares real steps, not zeros
 
 
-def test_runs_of_one_batch_keep_their_own_hyperparameters(fedopt, problem):
-    """Two FedYogi runs with different β1, β2, τ, η as one program ([R, 1, 1] hyperparameters): each as NumPy."""
+def test_runs_of_one_batch_keep_their_own_optimizer_floats(problem):
+    """Two FedYogi runs with different β1, β2, τ, η as one program ([R, 1, 1] per-run values): each as NumPy."""
     other = {**HP, "beta1": 0.5, "beta2": 0.9, "tau": 1e-2, "server_lr": 0.03}
-    cls = fedopt["fedyogi"].FedYogi
-    sims = [Simulation(problem, cls(problem, **hp), full(problem), seed=0, eval_every=1) for hp in (HP, other)]
+    sims = [fedopt(problem, "yogi", hp, eval_every=1) for hp in (HP, other)]
     assert len(list(run_batch(sims))) == 2 * (ROUNDS + 1)
     for sim, hp in zip(sims, (HP, other)):
         expected = numpy_fedopt(problem, "yogi", ROUNDS, LOCAL_STEPS, **hp)[-1]
-        assert worst(server_state(sim), expected) < 1e-12
+        assert np.abs(sim.server["w"].numpy() - expected).max() < 1e-12
 
 
-def test_with_beta1_0_and_beta2_1_both_are_fedavg(fedopt, problem):
+def test_with_beta1_0_and_beta2_1_both_are_fedavg(problem):
     """β2 = 1 keeps v = τ², β1 = 0 makes m = Δ: x + η Δ / (2τ), FedAvg's server step 1 for η = 2τ; on sampled
-    clients and minibatches (the same draws for every algorithm of a seed)."""
-    federation = Federation(8, clients_per_round=3, local_steps=3, batch_size=4)
+    clients and minibatches (the same draws for every server optimizer of a seed)."""
     tau = 1e-3
     finals = {}
-    for name, cls in (("fedadam", fedopt["fedadam"].FedAdam), ("fedyogi", fedopt["fedyogi"].FedYogi)):
-        algorithm = cls(problem, client_lr=0.05, server_lr=2 * tau, beta1=0.0, beta2=1.0, tau=tau)
-        sim = Simulation(problem, algorithm, federation, seed=1)
+    for rule in ("adam", "yogi"):
+        optimizer = {"name": rule, "lr": 2 * tau, "beta1": 0.0, "beta2": 1.0, "tau": tau}
+        sim = Simulation(problem, ALGORITHMS["fedavg"](problem, client_lr=0.05),
+                         Federation(8, clients_per_round=3, local_steps=3, batch_size=4, server_optimizer=optimizer), 1)
         list(sim)
-        finals[name] = sim.server["w"].reshape(-1)
-    sim = Simulation(problem, ALGORITHMS["fedavg"](problem, client_lr=0.05, server_lr=1.0), federation, seed=1)
+        finals[rule] = sim.server["w"].reshape(-1)
+    sim = Simulation(problem, ALGORITHMS["fedavg"](problem, client_lr=0.05, server_lr=1.0),
+                     Federation(8, clients_per_round=3, local_steps=3, batch_size=4), seed=1)
     list(sim)
     fedavg = sim.server["w"].reshape(-1)
     assert float(fedavg.abs().max()) > 0.1
-    for name, w in finals.items():
-        assert float((w - fedavg).abs().max()) < 1e-12, name
-
-
-def test_adam_and_yogi_second_moments_agree_only_where_they_must(fedopt, problem):
-    """Toward Δ², Yogi moves v by (1 − β2) Δ², Adam by (1 − β2) |v − Δ²|: equal at v = 2Δ²; below Δ² Yogi grows
-    more; between Δ² and 2Δ² Yogi shrinks more; above 2Δ² Yogi shrinks less (a large v stays large)."""
-    adam = fedopt["fedadam"].FedAdam(problem)
-    yogi = fedopt["fedyogi"].FedYogi(problem)
-    hp = SimpleNamespace(beta2=torch.tensor(0.75, dtype=torch.float64))
-    delta_sq = torch.ones(4, dtype=torch.float64)
-    v = torch.tensor([2.0, 0.5, 1.5, 5.0], dtype=torch.float64)
-    assert adam.second_moment(v, delta_sq, hp).tolist() == [1.75, 0.625, 1.375, 4.0]
-    assert yogi.second_moment(v, delta_sq, hp).tolist() == [1.75, 0.75, 1.25, 4.75]
+    for rule, w in finals.items():
+        assert float((w - fedavg).abs().max()) < 1e-12, rule
 
 
 # -- the package's problem ---------------------------------------------------------------------------------------
@@ -175,10 +156,10 @@ def test_the_closed_form_optimum_is_a_zero_of_the_gradient_and_the_gap_is_exact(
         assert row["objective"] == pytest.approx(objective(w), rel=1e-12)
 
 
-def test_a_config_without_a_unique_optimum_is_refused(fedopt):
+def test_a_config_without_a_unique_optimum_is_refused(quadratic):
     from fedbench.hparams import ParamError
 
-    cls = fedopt["quadratic"].Quadratic
+    cls = quadratic.Quadratic
     with pytest.raises(ParamError, match="samples_per_client"):
         cls.check(cls.resolve_config({"clients": 2, "samples_per_client": 3, "dim": 10}))
 
@@ -188,11 +169,15 @@ def test_a_config_without_a_unique_optimum_is_refused(fedopt):
 TINY = """\
 name: fedopt-tiny
 problem: {name: quadratic, clients: 8, samples_per_client: 16, dim: 10}
-federation: {rounds: 10, clients_per_round: 4, local_steps: 3, batch_size: 4}
+federation:
+  rounds: 10
+  clients_per_round: 4
+  local_steps: 3
+  batch_size: 4
+  server_optimizer: [{name: sgd}, {name: adam, lr: 0.03}]
 algorithms:
   fedavg: {client_lr: 0.03, subgradient: false}
-  fedadam: {client_lr: 0.03, server_lr: 0.03}
-  fedyogi: {client_lr: 0.03, server_lr: 0.03}
+  scaffold: {client_lr: 0.03, subgradient: false}
 seeds: 2
 eval_every: 5
 """
@@ -231,9 +216,7 @@ def test_the_installed_package_is_listed_and_its_sweep_records_its_codes_sha256(
     listed = cli("list", "algorithms", "problems", cwd=tmp_path, pythonpath=path)
     assert listed.returncode == 0, listed.stdout + listed.stderr
     shown = " ".join(listed.stdout.split())
-    for kind, group, name in (("algorithm", "algorithms", "fedadam"), ("algorithm", "algorithms", "fedyogi"),
-                              ("problem", "problems", "quadratic")):
-        assert f"{kind} {name} (plugin: entry point fedbench.{group}:{name} (fedbench-fedopt))" in shown, shown
+    assert "problem quadratic (plugin: entry point fedbench.problems:quadratic (fedbench-fedopt))" in shown, shown
 
     for recipe in ("compare.yaml", "compare_lasso.yaml"):  # the shipped recipes are valid
         checked = cli("validate", EXAMPLE / "recipes" / recipe, cwd=tmp_path, pythonpath=path)
@@ -246,27 +229,26 @@ def test_the_installed_package_is_listed_and_its_sweep_records_its_codes_sha256(
     experiment = client.get_experiment_by_name("fedopt-tiny")
     runs = [run for run in client.search_runs([experiment.experiment_id], max_results=100)
             if run.data.tags.get("role") == "trial"]
-    assert sorted((run.data.tags["algorithm"], run.data.tags["seed"]) for run in runs) == [
-        (name, seed) for name in ("fedadam", "fedavg", "fedyogi") for seed in ("0", "1")]
-    package = package_sha256(PACKAGE)  # the problem's and the algorithms' package: fedopt.py's edits count too
+    assert sorted((run.data.tags["algorithm"], run.data.params["federation.server_optimizer"], run.data.tags["seed"])
+                  for run in runs) == [(name, rule, seed) for name in ("fedavg", "scaffold")
+                                       for rule in ("adam(lr=0.03, beta1=0.9, beta2=0.99, tau=0.001, form=paper)",
+                                                    "sgd(lr=1.0)") for seed in ("0", "1")]
+    package = package_sha256(PACKAGE)  # the problem's package: every file's edits count
     for run in runs:
-        algorithm = run.data.tags["algorithm"]
         assert run.data.tags["status"] == "finished", run.data.tags
         assert run.data.metrics["objective_gap"] >= 0
-        assert set(run.data.tags["plugin_sha256"].split()) == {package}, (algorithm, run.data.tags)
-        if algorithm == "fedadam":  # the class's code as it ran, beside the run
-            stored = client.download_artifacts(run.info.run_id, "plugins/fedadam.py", str(tmp_path / "dl"))
-            assert sha256(Path(stored)) == sha256(PACKAGE / "fedadam.py")
+        assert set(run.data.tags["plugin_sha256"].split()) == {package}, run.data.tags
+        stored = client.download_artifacts(run.info.run_id, "plugins/quadratic.py", str(tmp_path / run.info.run_id))
+        assert sha256(Path(stored)) == sha256(PACKAGE / "quadratic.py")  # the problem's code as it ran
 
 
-def test_without_the_package_a_recipe_naming_fedadam_is_refused(tmp_path):
-    if any(point.name == "fedadam" for point in importlib.metadata.entry_points(group="fedbench.algorithms")):
+def test_without_the_package_a_recipe_naming_quadratic_is_refused(tmp_path):
+    if any(point.name == "quadratic" for point in importlib.metadata.entry_points(group="fedbench.problems")):
         pytest.skip("fedbench-fedopt is installed in this environment")
-    assert "fedadam" not in ALGORITHMS
+    assert "quadratic" not in PROBLEMS
     recipe = tmp_path / "r.yaml"
-    recipe.write_text("problem: {name: lasso, clients: 4, samples_per_client: 10, dim: 8, support: 4}\n"
-                      "algorithms: {fedavg: {}, fedadam: {server_lr: 0.1}}\n")
+    recipe.write_text("problem: {name: quadratic, clients: 4}\nalgorithms: {fedavg: {}}\n")
     result = CliRunner().invoke(app, ["validate", str(recipe)], env={"FEDBENCH_VERBOSE": None})
     assert result.exit_code == 2, result.output
     assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output, result.output
-    assert f"{recipe}: algorithms.fedadam: unknown algorithm" in result.output, result.output
+    assert f"{recipe}: problem.name: found 'quadratic', expected a problem" in result.output, result.output

@@ -13,8 +13,9 @@ What is read, and from where:
 - the recipe: the pydantic models of `SECTIONS` (each field's type, default and constraints; the rule a field
   validator enforces, read from the message it gives a value it refuses; the comment beside the field in the
   source), `FEDERATION_PARAMS`, the adversaries and robust rules of `fedbench.robust`, the participation models and
-  uneven local steps of `fedbench.participation` and the transforms of `fedbench.transforms` (parameters, help, the
-  module's docstring), the tune space's distributions and samplers;
+  uneven local steps of `fedbench.participation`, the server optimizer of `fedbench.server_optimizers` and the
+  transforms of `fedbench.transforms` (parameters, help, the module's docstring), the tune space's distributions and
+  samplers;
 - the shipped networks (`fedbench.networks.NETWORKS`): each one's parameter count, input, classes and source;
 - the CLI: the Typer app as Click sees it (every command, argument and option with its help and default);
 - the gallery's tables of shipped recipes: a page's `<!-- shipped-recipes: PREFIX -->` becomes the table of the
@@ -295,7 +296,7 @@ def recipe_page() -> str:
                       "hold its own `problem:` and `federation:` overrides.", ""]
     lines += ["## `federation:`", "", "How rounds run; a list is a grid axis (generated from `FEDERATION_PARAMS`).",
               "", *param_table(FEDERATION_PARAMS), "", *robust_section(), *participation_section(),
-              *transforms_section(),
+              *server_optimizer_section(), *transforms_section(),
               "## `tune.space` distributions", "",
               "Each entry of `tune.space` maps a parameter (bare name, `problem.X`, `federation.X` or "
               "`algorithms.ALGO.X`; or a field of the schedule a hyperparameter follows, `X.FIELD` or "
@@ -337,6 +338,22 @@ def participation_section() -> list[str]:
             "`local_steps: [10, {distribution: uniform, low: 1, high: 10}]` one of E beside uneven work, and "
             "`tune.space` searches `federation.local_steps.low` or `.high` of a drawn count.",
             "", *param_table(LocalSteps.params), "", module_doc(Participation), ""]
+
+
+def server_optimizer_section() -> list[str]:
+    """`federation.server_optimizer`: its fields, then the module's docstring (each rule's formulas, its two forms,
+    where the engine applies it, which algorithms take it)."""
+    from fedbench.server_optimizers import ServerOptimizer
+
+    return ["## `federation.server_optimizer`", "",
+            "`server_optimizer` is a mapping of the fields below (generated from "
+            "`fedbench.server_optimizers.ServerOptimizer`), only those its `name` reads, each a grid axis where it is "
+            "a list, e.g. `server_optimizer: {name: adam, lr: [0.01, 0.1]}` or "
+            "`--set federation.server_optimizer.lr=[0.01,0.1]`; a list of such mappings is a grid axis over rules "
+            "(`[{name: sgd}, {name: yogi}]`: `sgd` at lr 1 is the algorithm's own server step); the lr may be a "
+            "schedule (`lr: {schedule: cosine, init: 0.03, final: 1.0e-3}`, see schedules below); `tune.space` "
+            "searches a field the rule reads, `federation.server_optimizer.lr: {log_uniform: [1.0e-3, 1.0e-1]}`.", "",
+            *param_table(ServerOptimizer.params), "", module_doc(ServerOptimizer), ""]
 
 
 def transforms_section() -> list[str]:
@@ -510,6 +527,13 @@ API_PAGES = {
         "fedbench.participation",
         {"fedbench.participation.Participation": ("varying", "check"), "fedbench.participation.LocalSteps": ("check",),
          "fedbench.participation.check_algorithm": (), "fedbench.participation.sample_clients": ()}),
+    "server_optimizers": ApiPage(
+        "Server optimizer", "the server's step on the round's mean update of `w`, for any algorithm that uploads one "
+        "(`ServerOptimizer`: sgd, momentum, adagrad, adam, yogi, Reddi et al.'s form or optax's), how the engine "
+        "applies it, and the rule of which algorithms take it", "fedbench.server_optimizers",
+        {"fedbench.server_optimizers.ServerOptimizer": ("values", "check"),
+         "fedbench.server_optimizers.check_algorithm": (), "fedbench.server_optimizers.updates_of_w": (),
+         "fedbench.server_optimizers.ServerSteps": ("step", "commit")}),
     "transforms": ApiPage(
         "Round transforms", "the uplink and downlink chains: `Transform` (parameters, `apply`, `bits`), the "
         "registry, a chain's steps, how one is read and checked, the bits of a message", "fedbench.transforms",

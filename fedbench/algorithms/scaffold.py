@@ -32,7 +32,7 @@ class SCAFFOLD(Algorithm):
         Param("subgradient", "bool", True, "add a subgradient of h to each local step"),
     )
     downloads = ("w", "c")
-    uploads = (Upload("dy"), Upload("dc"))  # Δy_i and Δc_i (Alg. 1 line 13): updates already
+    uploads = (Upload("dy", update_of="w"), Upload("dc"))  # Δy_i and Δc_i (Alg. 1 line 13): updates already
     keeps = ("c",)
 
     @classmethod

@@ -93,7 +93,7 @@ def _check_values(source: str, path: str, param: Param, value: Any, per_round: b
             continue
         if isinstance(v, dict):
             raise RecipeError(source, where, f"found a mapping, expected {param.kind} in {param.describe_range()}: "
-                              "only an algorithm's hyperparameters follow schedules")
+                              "only an algorithm's hyperparameters (and the server optimizer's lr) follow schedules")
         try:
             checked.append(param.check(v))
         except ValueError as err:  # the engine's message holds the value whole: shown cut, as the recipe's checks do
@@ -185,7 +185,7 @@ def _check_mapping(source: str, path: str, name: str, spec: Any) -> list[Any]:
             continue
         if not isinstance(item, dict):
             raise RecipeError(source, where, f"found {in_words(item)}, expected a mapping, e.g. {example}")
-        grid = _check_params(source, where, cls.params, item)
+        grid = _check_params(source, where, cls.params, item, per_round=name == "server_optimizer")  # its lr
         for field in participation.FILES:  # a file of per-client values, as a plugin's, by the recipe's folder
             if field in grid:
                 grid[field] = [value if value is None else str(Path(source).parent / Path(value).expanduser())
@@ -268,7 +268,7 @@ def nested_fields(raw: dict[str, Any]) -> dict[str, list[str]]:
     problem, algorithms = raw.get("problem"), raw.get("algorithms")
     if isinstance(problem, dict) and isinstance(problem.get("name"), str) and problem["name"] in PROBLEMS:
         add("problem", [p.name for p in PROBLEMS[problem["name"]].params])
-    add("federation", [p.name for p in FEDERATION_PARAMS] + list(LINKS) + ["adversaries", "participation"])
+    add("federation", [p.name for p in FEDERATION_PARAMS] + list(LINKS) + [*FEDERATION_MAPPINGS])
     for algorithm in algorithms if isinstance(algorithms, dict) else ():
         if isinstance(algorithm, str) and algorithm in ALGORITHMS:
             add(f"algorithms.{algorithm}", [p.name for p in ALGORITHMS[algorithm].hparams])

@@ -19,6 +19,7 @@ from fedbench.links import check_uploads
 from fedbench.metrics import Metric
 from fedbench.participation import LocalSteps, check_algorithm
 from fedbench.problems import PROBLEMS
+from fedbench.server_optimizers import check_algorithm as check_server_optimizer
 from fedbench.simulate import Simulation
 from fedbench.transforms import LINKS, chain_text
 from .loading import RecipeError, closest, in_bytes
@@ -189,6 +190,7 @@ class Recipe:
         try:
             check_uploads(trial.federation, algorithm, layout.clients)
             check_algorithm(trial.federation, algorithm, hp)
+            check_server_optimizer(trial.federation, algorithm)
         except ParamError as err:
             raise RecipeError(self.source, self.field(trial.algorithm, "federation", err.name), err.message) from None
         _, batch_sizes = minibatch_sizes(algorithm.minibatches(hp), hp, trial.federation.batch_size)

@@ -3,8 +3,8 @@ federation and the recipe's algorithms declare, and resolved into a `Dimension` 
 its distribution and range). A float hyperparameter is searched as itself, or, where the recipe gives it a schedule,
 by a field of that schedule (`client_lr.init`). Inside the federation, the space takes the paths a grid takes
 (`--set federation.uplink.0.top_k=[...]`): the parameter of a chain's step (`federation.uplink.0.top_k`), the
-adversaries' (`federation.adversaries.fraction`), the participation model's (`federation.participation.p`) and uneven
-local work's (`federation.local_steps.high`).
+adversaries' (`federation.adversaries.fraction`), the participation model's (`federation.participation.p`), uneven
+local work's (`federation.local_steps.high`) and the server optimizer's (`federation.server_optimizer.lr`).
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from fedbench.participation import READS, LocalSteps, Participation
 from fedbench.problems import PROBLEMS
 from fedbench.robust import Adversaries
 from fedbench.schedules import FIELDS, Schedule
+from fedbench.server_optimizers import FORMS, RULES, ServerOptimizer
 from fedbench.transforms import LINKS, TRANSFORMS
 from .loading import RecipeError, closest, unknown
 from .schema import DISTRIBUTIONS
@@ -49,8 +50,9 @@ def check_space(recipe: Recipe) -> tuple[Dimension, ...]:
     `problem.X`, `federation.X`, `algorithms.A.X`, or a bare `X` for every algorithm declaring X; `X.FIELD` (bare
     or of `algorithms.A`) a field of the schedule that the recipe gives X; `federation.LINK.I.T` the parameter of
     the step T at index I of every algorithm's chain LINK (`federation.uplink.0.top_k`); `federation.adversaries.X`
-    a parameter of the adversaries; `federation.participation.X` and `federation.local_steps.X` a parameter that
-    every algorithm's participation model, or uneven local work, reads (`mapping_param`)."""
+    a parameter of the adversaries; `federation.participation.X`, `federation.local_steps.X` and
+    `federation.server_optimizer.X` a parameter that every algorithm's participation model, uneven local work or
+    server optimizer reads (`mapping_param`)."""
     source, problem, algorithms = recipe.source, recipe.problem, recipe.algorithms
     assert recipe.tune is not None  # called for a recipe with a tune block
     dimensions = []
@@ -66,7 +68,7 @@ def check_space(recipe: Recipe) -> tuple[Dimension, ...]:
             owners: dict[str | None, dict[str, Param]] = {None: {p.name: p for p in declared}}
         elif section == "federation.adversaries":
             owners = {None: {p.name: p for p in Adversaries.params}}
-        elif section in ("federation.participation", "federation.local_steps"):
+        elif section in ("federation.participation", "federation.local_steps", "federation.server_optimizer"):
             owners = {None: mapping_param(recipe, where, section.removeprefix("federation."), name)}
         elif section.split(".")[:2] in [["federation", link] for link in LINKS] and section.count(".") == 2:
             owners = {None: {name: step_param(recipe, where, section.removeprefix("federation."), name)}}
@@ -81,7 +83,8 @@ def check_space(recipe: Recipe) -> tuple[Dimension, ...]:
         else:
             raise RecipeError(source, where, "expected problem.NAME, federation.NAME, federation.uplink.I.TRANSFORM, "
                               "federation.downlink.I.TRANSFORM, federation.adversaries.NAME, "
-                              "federation.participation.NAME, federation.local_steps.NAME, algorithms.ALGO.NAME or "
+                              "federation.participation.NAME, federation.local_steps.NAME, "
+                              "federation.server_optimizer.NAME, algorithms.ALGO.NAME or "
                               "a hyperparameter name")
         params = [by_name[name] for by_name in owners.values() if name in by_name]
         if not params:
@@ -131,12 +134,12 @@ def check_space(recipe: Recipe) -> tuple[Dimension, ...]:
 
 
 def mapping_param(recipe: Recipe, where: str, field: str, name: str) -> dict[str, Param]:
-    """The parameter `name` of the federation's `participation` or uneven `local_steps` (`field`), by its name, where
-    every algorithm's federation gives that field as one mapping whose model (or whose distribution of the counts)
-    reads it: a search sets the field in that mapping, which must then make a run. All of them where there is no such
-    parameter (refused as unknown, with the closest); refused at `where` where a federation's mapping does not read
-    it."""
-    made = Participation if field == "participation" else LocalSteps
+    """The parameter `name` of the federation's `participation`, uneven `local_steps` or `server_optimizer` (`field`),
+    by its name, where every algorithm's federation gives that field as one mapping whose model (whose distribution
+    of the counts, whose rule) reads it: a search sets the field in that mapping, which must then make a run. All of
+    them where there is no such parameter (refused as unknown, with the closest); refused at `where` where a
+    federation's mapping does not read it."""
+    made: Any = {"participation": Participation, "local_steps": LocalSteps, "server_optimizer": ServerOptimizer}[field]
     params = {p.name: p for p in made.params}
     if name not in params:
         return params
@@ -150,6 +153,9 @@ def mapping_param(recipe: Recipe, where: str, field: str, name: str) -> dict[str
         if field == "participation":
             model = spec.get("model", "uniform")
             reads = READS.get(model, ()) if isinstance(model, str) else ()  # a grid over models reads no one field
+        elif field == "server_optimizer":
+            rule, form = spec.get("name", "sgd"), spec.get("form")
+            reads = ServerOptimizer(rule, form=form).reads() if rule in RULES and form in (None, *FORMS) else ()
         else:
             reads = ("low", "high") if spec.get("distribution") is not None else ()
         if name not in reads:

@@ -18,6 +18,7 @@ from fedbench.plugins import Source
 from fedbench.privacy import ACCOUNTANTS, epsilon_metric
 from fedbench.problems import PROBLEMS
 from fedbench.robust import Adversaries
+from fedbench.server_optimizers import EXAMPLE, ServerOptimizer
 from fedbench.transforms import LINKS
 
 
@@ -115,5 +116,6 @@ FEDERATION_PARAMS = (*Federation.params, Param("iterations", "int", None, "inste
 # `local_steps` is one where it gives uneven local work instead of E.
 FEDERATION_MAPPINGS: dict[str, tuple[Any, str]] = {"adversaries": (Adversaries, "{fraction: 0.2, attack: sign_flip}"),
                        "participation": (Participation, "{model: bernoulli, p: 0.3}"),
-                       "local_steps": (LocalSteps, "{distribution: uniform, low: 1, high: 10}")}
+                       "local_steps": (LocalSteps, "{distribution: uniform, low: 1, high: 10}"),
+                       "server_optimizer": (ServerOptimizer, EXAMPLE)}
 FEDERATION_NAMES = {p.name for p in FEDERATION_PARAMS} | {*LINKS, *FEDERATION_MAPPINGS}  # and the chains, mappings
