@@ -244,6 +244,20 @@ class Problem:
         """
         return Layout(cls.declared_clients(config))
 
+    def choices(self) -> dict[str, str]:
+        """What this instance chose for itself among equivalent ways to run (the same numbers to rounding), by
+        name: a run prints them when it starts and records them as tags. Default: none.
+
+        Example:
+            A deep network's layout over the clients (`fedbench/problems/vision.py`):
+
+            ```python
+            def choices(self):
+                return {"layout": self.layout_name}
+            ```
+        """
+        return {}
+
     def layout(self) -> Layout:
         """The clients of this instance: their number and, unless the problem `caps_batches`, the smallest one's
         samples.

@@ -1,0 +1,317 @@
+"""Federated image classification with a deep network: any torch `nn.Module` (`fedbench.module_model`) on
+Fashion-MNIST, CIFAR-10 or FEMNIST, the clients still one batch of the engine.
+
+Data (from the data root, `FEDBENCH_DATA`, or `path`): Fashion-MNIST's IDX files (`fashion-mnist/`, 60,000
+training and 10,000 test images, 1×28×28), CIFAR-10's batches (`cifar10/`, every training batch present and the
+test batch, 3×32×32), or FEMNIST's writers (the shipped npz `femnist/femnist_sample10.npz`, 62 classes, 1×28×28,
+ink = 1). Pixels are kept as stored (uint8) and standardised per gathered batch, by channel, with the training
+pool's mean and standard deviation (computed once). `train_size` / `test_size` keep a random subset of the pools
+(drawn by the data seed; for short runs and tests), after which Fashion-MNIST and CIFAR-10 are split over `clients`
+by `partition`: `iid`, the pool in random order cut into `clients` parts of ⌊n/N⌋ or ⌈n/N⌉ images. FEMNIST's clients
+are its writers, each with its own training images (`clients`: the first that many writers; null: all), with
+`partition: writers`. The test metrics pool the test set (FEMNIST: every kept writer's test images).
+
+Model: `model` names a built-in network (`cnn`: two 5×5 convolutions of 16 and 32 channels, each with ReLU and 2×2
+max pooling, then a linear layer to the classes; with `dropout` > 0 a dropout layer before it) or a researcher's
+class, `module.path:Class` or `file.py:Class` (relative to the working directory), built without arguments and
+given the data's shape by its own code. Loss: the mean softmax cross-entropy of a client's minibatch; h = 0; π_k ∝
+n_k. Initial point: the module's own initialisation, drawn with the run's "init" stream.
+
+Layout (`fedbench.module_model`): `vmap` or `loop`, the same numbers to float32 rounding; `auto` picks by the
+table `bench/deep_layouts.py` measured for the model (or one of about its size) on the device type. The chosen
+layout is printed when a run starts and tagged on it (`choices`).
+
+Metrics of the global model: `test_loss` and `test_accuracy` over the pooled test set, evaluated in eval mode
+(dropout off) in chunks of EVAL_CHUNK images; with `train_metrics`, `train_loss` and `train_accuracy` over every
+client's training images too (one forward pass over the whole pool: the longest part of an evaluation).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fedbench.data import cifar10, femnist, idx
+from fedbench.hparams import Param, ParamError
+from fedbench.metrics import Metric
+from fedbench.module_model import LAYOUTS, ModuleModel, choose_layout
+from fedbench.oracle import Oracle
+from fedbench.problems.base import Layout, Problem
+from fedbench.prox import NoRegularizer
+from fedbench.rng import generator
+
+EVAL_CHUNK = 2048  # images per evaluation forward pass
+DATASETS = ("fashion_mnist", "cifar10", "femnist")
+SHAPES = {"fashion_mnist": (1, 28, 28), "cifar10": cifar10.SHAPE, "femnist": (1, 28, 28)}
+CLASSES = {"fashion_mnist": 10, "cifar10": cifar10.CLASSES, "femnist": femnist.LABELS}
+DEFAULT_FOLDERS = {"fashion_mnist": "fashion-mnist", "cifar10": cifar10.DEFAULT_FOLDER}
+
+
+class SmallCNN(nn.Module):
+    """Two 5×5 convolutions (16 and 32 channels, padding 2), each followed by ReLU and 2×2 max pooling, then a linear
+    layer to the classes (with `dropout` > 0, a dropout layer before it)."""
+
+    def __init__(self, shape: tuple[int, int, int] = (1, 28, 28), classes: int = 10, dropout: float = 0.0):
+        super().__init__()
+        channels, height, width = shape
+        self.conv1 = nn.Conv2d(channels, 16, 5, padding=2)
+        self.conv2 = nn.Conv2d(16, 32, 5, padding=2)
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.fc = nn.Linear(32 * (height // 4) * (width // 4), classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc(self.dropout(x.flatten(-3)))
+
+
+BUILT_IN_MODELS: dict[str, Callable[..., nn.Module]] = {"cnn": SmallCNN}
+"""The built-in networks by name, each built as `factory(shape, classes, dropout)`."""
+
+
+def model_factory(spec: str, shape: tuple[int, int, int], classes: int, dropout: float) -> Callable[[], nn.Module]:
+    """The factory of the network `spec` names (module docstring); ParamError (field `model`) where it names none."""
+    if spec in BUILT_IN_MODELS:
+        return functools.partial(BUILT_IN_MODELS[spec], shape, classes, dropout)
+    location, _, attribute = spec.rpartition(":")
+    if not location or not attribute:
+        raise ParamError("model", f"found {spec!r}, expected one of {' | '.join(BUILT_IN_MODELS)}, "
+                         "file.py:Class or module:Class", "vision")
+    try:
+        module = _file_module(Path(location)) if location.endswith(".py") else importlib.import_module(location)
+    except Exception as err:  # the import's own error, in one line
+        raise ParamError("model", f"{spec}: does not import: {type(err).__name__}: {err}".splitlines()[0],
+                         "vision") from None
+    cls = getattr(module, attribute, None)
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise ParamError("model", f"{spec}: {attribute} is not an nn.Module class in {location}", "vision")
+    return cls
+
+
+def model_source_sha256(spec: str) -> str | None:
+    """The sha256 of the file a `file.py:Class` model spec names (None for other specs): what a run that uses it
+    records, so that an edit of the network is seen."""
+    location = spec.rpartition(":")[0]
+    return hashlib.sha256(Path(location).read_bytes()).hexdigest() if location.endswith(".py") else None
+
+
+def _file_module(path: Path) -> ModuleType:
+    """A network file imported once per content, as a module named by its hash (pickling finds it there)."""
+    text = path.read_text()
+    name = f"fedbench_network_{path.stem}_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    if name not in sys.modules:
+        module = ModuleType(name)
+        module.__file__ = str(path.resolve())
+        sys.modules[name] = module
+        try:
+            exec(compile(text, str(path), "exec"), module.__dict__)
+        except Exception:
+            del sys.modules[name]
+            raise
+    return sys.modules[name]
+
+
+def channel_statistics(pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel mean and (population) standard deviation of the intensities pixels/255 `[n, channels, h·w]`, by
+    float64 sums over chunks of images (no float copy of the whole pool)."""
+    sums, squares = np.zeros(pixels.shape[1]), np.zeros(pixels.shape[1])
+    for start in range(0, len(pixels), EVAL_CHUNK):
+        chunk = pixels[start: start + EVAL_CHUNK].astype(np.float64) / 255
+        sums += chunk.sum((0, 2))
+        squares += (chunk * chunk).sum((0, 2))
+    count = len(pixels) * pixels.shape[2]
+    mean = sums / count
+    return mean, np.sqrt(np.maximum(squares / count - mean * mean, 0.0))
+
+
+class Vision(Problem):
+    name = "vision"
+    provides = frozenset({"hvp", "full_data"})
+    size_params = ("clients",)
+    params = (
+        Param("data", "choice", "fashion_mnist", "data set: Fashion-MNIST, CIFAR-10 or FEMNIST's writers",
+              choices=DATASETS),
+        Param("path", "str", None, "folder (Fashion-MNIST, CIFAR-10) or npz file (FEMNIST) of the data, relative ones "
+              "under the data root (None: fashion-mnist/, cifar10/, femnist/femnist_sample10.npz)", nullable=True),
+        Param("model", "str", "cnn", "the network: cnn (built in), file.py:Class or module:Class (an nn.Module built "
+              "without arguments)"),
+        Param("dropout", "float", 0.0, "dropout rate before the built-in cnn's last layer", low=0, high=1,
+              high_open=True),
+        Param("clients", "int", 10, "number of clients N (FEMNIST: the first N writers; null: all)", low=1,
+              nullable=True),
+        Param("partition", "choice", "iid", "how the pool is split: iid (FEMNIST: writers, each its own)",
+              choices=("iid", "writers")),
+        Param("train_size", "int", None, "keep a random subset of this many training images (null: all)", low=1,
+              nullable=True),
+        Param("test_size", "int", None, "keep a random subset of this many test images (null: all)", low=1,
+              nullable=True),
+        Param("layout", "choice", "auto", "how the clients' forward passes run: vmap, a loop inside the program, "
+              "or auto (the measured table)", choices=("auto", *LAYOUTS)),
+        Param("train_metrics", "bool", False, "also evaluate the training loss and accuracy (a pass over the pool)"),
+        Param("data_seed", "int", None, "seed of the subsets and the split (None: the trial's seed)", low=0,
+              nullable=True),
+    )
+
+    @classmethod
+    def check(cls, config: dict[str, Any]) -> None:
+        femnist_data = config["data"] == "femnist"
+        if femnist_data != (config["partition"] == "writers"):
+            raise ParamError("partition", f"found {config['partition']} with data {config['data']}, expected "
+                             f"{'writers' if femnist_data else 'iid'}", cls.name)
+        if not femnist_data and config["clients"] is None:
+            raise ParamError("clients", f"found null with data {config['data']}, expected a number of clients",
+                             cls.name)
+
+    @classmethod
+    def metrics(cls, config: dict[str, Any]) -> tuple[Metric, ...]:
+        test = (Metric("test_loss", "test cross-entropy", "min"),
+                Metric("test_accuracy", "test accuracy (fraction correct)", "max"))
+        if not config["train_metrics"]:
+            return test
+        return (Metric("train_loss", "training cross-entropy", "min"),
+                Metric("train_accuracy", "training accuracy (fraction correct)", "max"), *test)
+
+    @classmethod
+    def declared_layout(cls, config: dict[str, Any], read_data: bool = False) -> Layout:
+        if config["data"] != "femnist":
+            size = config["train_size"]
+            return Layout(config["clients"], None if size is None else size // config["clients"], "train_size")
+        if not read_data:
+            return Layout(config["clients"])
+        index = cls.read_index(config, femnist.load_index, "sample10", config["path"])
+        writers = len(femnist.select_clients(index, femnist.LABELS, 1, 0).writer_ids)
+        return Layout(writers if config["clients"] is None else min(writers, config["clients"]))
+
+    def __init__(self, config: dict[str, Any], seed: int, device="cpu"):
+        super().__init__(config, seed, device)
+        data = config["data"]
+        self.shape, self.classes = SHAPES[data], CLASSES[data]
+        x_train, y_train, sizes, x_test, y_test = self._read(config)
+        mean, std = channel_statistics(x_train.reshape(len(x_train), self.shape[0], -1))
+        self.pixel_mean, self.pixel_std = (torch.tensor(v, dtype=torch.float32, device=self.device).view(-1, 1, 1)
+                                           for v in (mean, std))
+        self.x_train = torch.from_numpy(x_train).view(-1, *self.shape).to(self.device)
+        self.x_test = torch.from_numpy(x_test).view(-1, *self.shape).to(self.device)
+        self.y_train, self.y_test = (torch.from_numpy(y).to(self.device) for y in (y_train, y_test))
+        self._set_clients(torch.from_numpy(sizes))
+        self.client_weights = self.client_sizes / self.client_sizes.sum().double()
+        self.regularizer = NoRegularizer()
+        factory = model_factory(config["model"], self.shape, self.classes, config["dropout"])
+        try:
+            self.model = ModuleModel(factory).to(self.device)
+        except ValueError as err:  # a module the clients cannot share (check_module)
+            raise ParamError("model", str(err), self.name) from None
+        self.dim = self.model.dim
+        # each client's dropout seed per step (minibatch_noise), where the configured network has dropout
+        self.noisy_minibatches = self.model.has_dropout  # type: ignore[misc]  # a ClassVar elsewhere
+        self.layout_name = (choose_layout(config["model"], self.dim, self.device.type) if config["layout"] == "auto"
+                            else config["layout"])
+
+    def _read(self, config: dict[str, Any]) -> tuple[np.ndarray, ...]:
+        """(training pixels [n, ...] uint8 in client order, labels, each client's size [N], test pixels, labels)."""
+        rng = np.random.default_rng(int(torch.randint(2**62, (1,), generator=generator(self.data_seed, "data"))))
+        if config["data"] == "femnist":
+            clients = femnist.select_clients(femnist.load("sample10", config["path"]), femnist.LABELS, 1, 0)
+            assert clients.x_train is not None and clients.x_test is not None  # read with its pixels
+            kept = len(clients.writer_ids) if config["clients"] is None else min(config["clients"],
+                                                                                  len(clients.writer_ids))
+            train_end, test_end = int(clients.train_sizes[:kept].sum()), int(clients.test_sizes[:kept].sum())
+            ink = lambda x: (np.uint8(255) - x) if x.dtype == np.uint8 else (255 * (1 - x)).round().astype(np.uint8)  # noqa: E731
+            return (ink(clients.x_train[:train_end]), clients.y_train[:train_end], clients.train_sizes[:kept],
+                    ink(clients.x_test[:test_end]), clients.y_test[:test_end])
+        folder = femnist.data_root(None, DEFAULT_FOLDERS[config["data"]]) / (config["path"] or
+                                                                            DEFAULT_FOLDERS[config["data"]])
+        try:
+            splits = idx.load_folder(folder) if config["data"] == "fashion_mnist" else cifar10.load(folder)
+        except ValueError as err:
+            raise ParamError("path", str(err), self.name) from None
+        x_train, y_train, x_test, y_test = splits.x_train, splits.y_train, splits.x_test, splits.y_test
+        if config["test_size"] is not None:
+            keep = rng.permutation(len(y_test))[: config["test_size"]]
+            x_test, y_test = x_test[keep], y_test[keep]
+        order = rng.permutation(len(y_train))[: config["train_size"]]  # the iid split: the pool in random order
+        if len(order) < config["clients"]:
+            raise ParamError("clients", f"found {config['clients']}, more than the {len(order)} training images",
+                             self.name)
+        sizes = np.array([len(part) for part in np.array_split(order, config["clients"])], dtype=np.int64)
+        return x_train[order], y_train[order], sizes, x_test, y_test
+
+    # -- what a run records --------------------------------------------------------------------
+    def choices(self) -> dict[str, str]:
+        """The layout this instance runs its clients in (module docstring), `auto`'s choice marked so."""
+        return {"layout": self.layout_name + (" (auto)" if self.config["layout"] == "auto" else "")}
+
+    # -- engine interface ----------------------------------------------------------------------
+    def init_params(self, gen: torch.Generator) -> Tensor:
+        return self.model.init(gen).to(self.device)
+
+    def _features(self, pixels: Tensor) -> Tensor:
+        return (pixels.to(torch.float32) / 255 - self.pixel_mean) / self.pixel_std
+
+    def gather(self, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(images [S, b, c, h, w], labels [S, b], row weights [S, b]: 1/b_valid, 0 for padding rows −1)."""
+        valid = rows >= 0
+        flat = rows.clamp_min(0).reshape(-1)
+        x = self._features(self.x_train.index_select(0, flat)).view(*rows.shape, *self.shape)
+        weight = valid / valid.sum(-1, keepdim=True)
+        return x, self.y_train[flat].view(rows.shape), weight
+
+    def minibatch_noise(self, rows: Tensor, gen: torch.Generator) -> Tensor | None:
+        """One dropout seed per row (a client's masks in a step follow its first row's seed), where the network has
+        dropout."""
+        if not self.model.has_dropout:
+            return None
+        return torch.randint(2**62, (rows.numel(),), generator=gen)
+
+    def step_oracle(self, rows: Tensor, noise: Tensor | None = None) -> Oracle:
+        """An oracle on the gathered rows, with each client's dropout seed of the step (its first row's noise) as the
+        batch's fourth part where the network has dropout: every call on the batch (a gradient, a Hessian-vector
+        product) runs the same masks."""
+        batch = self.gather(rows)
+        return Oracle(self, batch if noise is None else (*batch, noise.view(-1, rows.shape[-1])[:, 0]))
+
+    def minibatch_loss(self, w: Tensor, batch: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+        """Weighted mean cross-entropy of one client's batch (dropout off)."""
+        return self.loss(w.unsqueeze(0), tuple(part.unsqueeze(0) for part in batch))[0]
+
+    def loss(self, w: Tensor, batch: tuple[Tensor, ...]) -> Tensor:
+        """Each client's weighted mean cross-entropy `[S]` at its point `w` `[S, d]`, in the chosen layout (with
+        dropout where the batch carries the clients' seeds, `step_oracle`)."""
+        x, y, weight = batch[:3]
+        logits = self.model.forward(w, x, self.layout_name, batch[3] if len(batch) > 3 else None)
+        losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view_as(weight)
+        return (weight * losses).sum(-1)
+
+    # -- metrics -------------------------------------------------------------------------------
+    def evaluate_global(self, w: Tensor) -> dict[str, float]:
+        metrics = {}
+        if self.config["train_metrics"]:
+            metrics["train_loss"], metrics["train_accuracy"] = self._scores(w, self.x_train, self.y_train)
+        metrics["test_loss"], metrics["test_accuracy"] = self._scores(w, self.x_test, self.y_test)
+        return metrics
+
+    def _scores(self, w: Tensor, pixels: Tensor, labels: Tensor) -> tuple[float, float]:
+        """(mean cross-entropy, accuracy) of the model `w` `[d]` over the images, in chunks, in eval mode."""
+        loss = torch.zeros((), dtype=torch.float64, device=self.device)
+        correct = torch.zeros((), dtype=torch.long, device=self.device)
+        for start in range(0, len(labels), EVAL_CHUNK):
+            y = labels[start: start + EVAL_CHUNK]
+            logits = self.model.evaluate(w, self._features(pixels[start: start + EVAL_CHUNK]))
+            loss += F.cross_entropy(logits, y, reduction="sum").double()
+            correct += (logits.argmax(-1) == y).sum()
+        return float(loss) / len(labels), int(correct) / len(labels)
+
+    def parameters(self, w: Tensor) -> dict[str, Tensor]:
+        """The model `[d]` by the module's parameter names and shapes (views of `w`), as its `state_dict` names
+        them."""
+        return self.model.unflatten(w)
+

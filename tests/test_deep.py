@@ -1,0 +1,245 @@
+"""Deep networks as federated models (`fedbench.module_model`, the `vision` problem): every layout equals an
+independent loop written with `torch.nn` and `torch.optim.SGD` on the same draws, batched seeds equal each seed
+alone, dropout follows each client's seed, and the layout is chosen, recorded and printed."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+import fedbench
+from fedbench.algorithms import ALGORITHMS
+from fedbench.federation import Federation
+from fedbench.hparams import ParamError
+from fedbench.module_model import ModuleModel, check_module, choose_layout
+from fedbench.problems.vision import SmallCNN
+from fedbench.rng import generator
+from fedbench.simulate import Simulation, simulate
+
+SMALL = {"clients": 6, "train_size": 240, "test_size": 60}  # 40 images a client
+
+
+@pytest.fixture(scope="module")
+def problems():
+    """A small Fashion-MNIST problem in each layout (one read of the files each)."""
+    return {layout: fedbench.make_problem("vision", seed=3, layout=layout, **SMALL) for layout in ("loop", "vmap")}
+
+
+def reference_net(problem, w):
+    """The problem's network as a plain `nn.Module` holding the flat point `w`."""
+    net = SmallCNN(problem.shape, problem.classes)
+    vector_to_parameters(w.clone(), net.parameters())
+    return net
+
+
+def batch_of(problem, rows):
+    return problem._features(problem.x_train[rows]), problem.y_train[rows]
+
+
+def draws(problem, algorithm, federation, seed):
+    """The clients and minibatch rows of every round, from a sampler seeded as the engine's."""
+    sampler = Simulation(problem, algorithm, federation, seed).sampler
+    return [sampler.draw_round(federation.local_steps) for _ in range(federation.rounds)]
+
+
+def federation(rounds=2, steps=3, batch=8):
+    return Federation(rounds=rounds, clients_per_round=3, local_steps=steps, batch_size=batch)
+
+
+@pytest.mark.parametrize("layout", ["loop", "vmap"])
+def test_fedavg_in_each_layout_equals_a_torch_nn_sgd_loop(problems, layout):
+    problem, fed, lr = problems[layout], federation(), 0.1
+    algorithm = ALGORITHMS["fedavg"](problem, client_lr=lr)
+    result = simulate(problem, algorithm, fed, seed=5, eval_every=fed.rounds)
+    w = problem.init_params(generator(5, "init"))
+    for draw in draws(problem, algorithm, fed, 5):
+        uploads = []
+        for k in range(len(draw.clients)):
+            net = reference_net(problem, w)
+            optimizer = torch.optim.SGD(net.parameters(), lr=lr)
+            for step_rows in draw.rows["D"][:, k]:
+                x, y = batch_of(problem, step_rows)
+                optimizer.zero_grad()
+                F.cross_entropy(net(x), y).backward()
+                optimizer.step()
+            uploads.append(parameters_to_vector(net.parameters()).detach())
+        w = torch.stack(uploads).mean(0)
+    torch.testing.assert_close(result.params, w, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(w, problem.init_params(generator(5, "init")))
+
+
+@pytest.mark.parametrize("layout", ["loop", "vmap"])
+def test_scaffold_in_each_layout_equals_a_torch_nn_sgd_loop(problems, layout):
+    """Option II (Karimireddy et al., ICML 2020, Algorithm 1 lines 10-17): each SGD step's gradient corrected by
+    c − c_i before `optimizer.step()`."""
+    problem, fed, lr = problems[layout], federation(rounds=3), 0.1
+    algorithm = ALGORITHMS["scaffold"](problem, client_lr=lr)
+    result = simulate(problem, algorithm, fed, seed=2, eval_every=fed.rounds)
+    x = problem.init_params(generator(2, "init"))
+    c, c_clients = torch.zeros_like(x), torch.zeros(problem.num_clients, x.numel())
+    for draw in draws(problem, algorithm, fed, 2):
+        dys, dcs = [], []
+        for k, client in enumerate(draw.clients.tolist()):
+            net = reference_net(problem, x)
+            optimizer = torch.optim.SGD(net.parameters(), lr=lr)
+            for step_rows in draw.rows["D"][:, k]:
+                inputs, y = batch_of(problem, step_rows)
+                optimizer.zero_grad()
+                F.cross_entropy(net(inputs), y).backward()
+                correction = c - c_clients[client]
+                for p, part in zip(net.parameters(), correction.split([p.numel() for p in net.parameters()])):
+                    p.grad += part.view_as(p)
+                optimizer.step()
+            y_k = parameters_to_vector(net.parameters()).detach()
+            c_new = c_clients[client] - c + (x - y_k) / (fed.local_steps * lr)
+            dys.append(y_k - x)
+            dcs.append(c_new - c_clients[client])
+            c_clients[client] = c_new
+        x = x + torch.stack(dys).mean(0)
+        c = c + torch.stack(dcs).sum(0) / problem.num_clients
+    torch.testing.assert_close(result.params, x, rtol=1e-5, atol=1e-6)
+
+
+def nn_gradient(net, x, y, create_graph=False):
+    return torch.autograd.grad(F.cross_entropy(net(x), y), list(net.parameters()), create_graph=create_graph)
+
+
+@pytest.mark.parametrize("layout", ["loop", "vmap"])
+def test_per_fedavg_exact_in_each_layout_equals_a_torch_nn_loop(problems, layout):
+    """Fallah et al. (NeurIPS 2020), eq. (8): w̃ = w − α∇f(w; D), v = ∇f(w̃; D′), w ← w − β(v − α∇²f(w; D″)v),
+    the Hessian-vector product by double backward through the nn.Module."""
+    problem, fed = problems[layout], federation(rounds=2, steps=2, batch=6)
+    hp = {"variant": "exact", "alpha": 0.05, "client_lr": 0.1, "inner_batch": 6, "outer_batch": 6,
+          "hessian_batch": 6}
+    algorithm = ALGORITHMS["per_fedavg"](problem, **hp)
+    result = simulate(problem, algorithm, fed, seed=1, eval_every=fed.rounds)
+    w = problem.init_params(generator(1, "init"))
+    for draw in draws(problem, algorithm, fed, 1):
+        uploads = []
+        for k in range(len(draw.clients)):
+            net = reference_net(problem, w)
+            optimizer = torch.optim.SGD(net.parameters(), lr=hp["client_lr"])
+            for step in range(fed.local_steps):
+                adapted = copy.deepcopy(net)
+                for p, g in zip(adapted.parameters(), nn_gradient(net, *batch_of(problem, draw.rows["D"][step, k]))):
+                    p.data -= hp["alpha"] * g
+                v = nn_gradient(adapted, *batch_of(problem, draw.rows["D1"][step, k]))
+                gradient = nn_gradient(net, *batch_of(problem, draw.rows["D2"][step, k]), create_graph=True)
+                hv = torch.autograd.grad(sum((g * v_i).sum() for g, v_i in zip(gradient, v)), list(net.parameters()))
+                for p, v_i, hv_i in zip(net.parameters(), v, hv):
+                    p.grad = v_i - hp["alpha"] * hv_i
+                optimizer.step()
+            uploads.append(parameters_to_vector(net.parameters()).detach())
+        w = torch.stack(uploads).mean(0)
+    torch.testing.assert_close(result.params, w, rtol=1e-5, atol=1e-6)
+
+
+def test_the_layouts_give_the_same_losses_gradients_and_hessian_vector_products(problems):
+    loop, vmap = problems["loop"], problems["vmap"]
+    rows = torch.arange(40).view(4, 10) * 3
+    w = torch.stack([loop.init_params(generator(seed, "init")) for seed in range(4)])
+    v = torch.randn(w.shape, generator=torch.Generator().manual_seed(0))
+    one, other = loop.step_oracle(rows), vmap.step_oracle(rows)
+    torch.testing.assert_close(one.loss(w), other.loss(w), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(one.grad(w), other.grad(w), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(one.hvp(w, v), other.hvp(w, v), rtol=1e-4, atol=1e-5)
+    # client k's gradient is its own network's, alone
+    net = reference_net(loop, w[2])
+    alone = parameters_to_vector(nn_gradient(net, *batch_of(loop, rows[2])))
+    torch.testing.assert_close(one.grad(w)[2], alone, rtol=1e-5, atol=1e-6)
+
+
+def test_batched_seeds_equal_each_seed_alone(problems):
+    problem = problems["loop"]
+    fed = federation(rounds=2)
+    batched = fedbench.run_seeds(problem, "fedavg", fed, [0, 1, 2], eval_every=1, client_lr=0.1)
+    for seed, rows in zip([0, 1, 2], batched):
+        alone = simulate(problem, ALGORITHMS["fedavg"](problem, client_lr=0.1), fed, seed=seed, eval_every=1).rows
+        assert rows == alone
+    assert batched[0] != batched[1]
+
+
+def test_dropout_masks_follow_each_clients_seed():
+    """With dropout, client k's loss in the loop layout depends on its own seed alone (not on the clients beside it);
+    the vmap layout draws every client's own masks too, reproducibly; evaluation runs without dropout."""
+    model = ModuleModel(lambda: SmallCNN((1, 28, 28), 10, dropout=0.5))
+    assert model.has_dropout
+    gen = torch.Generator().manual_seed(0)
+    w = model.init(gen).expand(3, -1)
+    x = torch.randn(3, 5, 1, 28, 28, generator=gen)
+    seeds = torch.tensor([11, 12, 13])
+    together = model.forward(w, x, "loop", seeds)
+    alone = model.forward(w[1:2], x[1:2], "loop", seeds[1:2])
+    assert torch.equal(together[1], alone[0])
+    assert not torch.equal(model.forward(w, x, "loop", seeds + 1), together)
+    same_input = x[:1].expand(3, -1, -1, -1, -1)
+    for layout in ("loop", "vmap"):
+        masked = model.forward(w, same_input, layout, seeds)
+        assert torch.equal(masked, model.forward(w, same_input, layout, seeds))  # reproducible
+        assert not torch.equal(masked[0], masked[1])  # every client its own masks
+    plain = model.forward(w, same_input, "loop")
+    assert torch.equal(plain[0], plain[1])
+    torch.testing.assert_close(model.evaluate(w[0], x[0]), model.forward(w[:1], x[:1], "loop")[0])
+
+
+def test_a_run_with_dropout_gives_the_same_rows_batched_as_alone():
+    problem = fedbench.make_problem("vision", seed=0, layout="loop", dropout=0.3, **SMALL)
+    assert problem.noisy_minibatches
+    fed = federation(rounds=2)
+    batched = fedbench.run_seeds(problem, "fedavg", fed, [0, 1], eval_every=1, client_lr=0.1)
+    alone = simulate(problem, ALGORITHMS["fedavg"](problem, client_lr=0.1), fed, seed=1, eval_every=1).rows
+    assert batched[1] == alone
+
+
+def test_init_is_the_modules_own_drawn_from_the_run_stream():
+    model = ModuleModel(lambda: SmallCNN((1, 28, 28), 10))
+    w = model.init(generator(4, "init"))
+    assert torch.equal(w, model.init(generator(4, "init")))
+    assert not torch.equal(w, model.init(generator(5, "init")))
+    seed = int(torch.randint(2**62, (1,), generator=generator(4, "init")))
+    torch.manual_seed(seed)
+    assert torch.equal(w, parameters_to_vector(SmallCNN((1, 28, 28), 10).parameters()))
+    assert torch.equal(model.flatten(model.unflatten(w)), w)
+
+
+def test_a_models_state_dict_loads_into_the_module_and_gives_its_outputs(problems):
+    problem = problems["loop"]
+    w = problem.init_params(generator(0, "init"))
+    net = SmallCNN(problem.shape, problem.classes)
+    net.load_state_dict(problem.model.state_dict(w))
+    x = problem._features(problem.x_test[:7])
+    torch.testing.assert_close(net.eval()(x), problem.model.evaluate(w, x))
+    assert set(problem.parameters(w)) == set(net.state_dict())
+
+
+def test_a_module_with_running_statistics_is_refused():
+    with pytest.raises(ValueError, match="BatchNorm2d.*GroupNorm"):
+        check_module(nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4)))
+    check_module(nn.Sequential(nn.Conv2d(1, 4, 3), nn.GroupNorm(2, 4)))
+
+
+def test_a_model_from_a_file(tmp_path, monkeypatch):
+    (tmp_path / "nets.py").write_text("import torch.nn as nn\n\nclass Tiny(nn.Module):\n"
+                                      "    def __init__(self):\n        super().__init__()\n"
+                                      "        self.fc = nn.Linear(784, 10)\n\n"
+                                      "    def forward(self, x):\n        return self.fc(x.flatten(-3))\n")
+    monkeypatch.chdir(tmp_path)
+    problem = fedbench.make_problem("vision", seed=0, model="nets.py:Tiny", **SMALL)
+    assert problem.dim == 7850 and list(problem.parameters(torch.zeros(7850))) == ["fc.weight", "fc.bias"]
+    with pytest.raises(ParamError, match="model: nets.py:Nope"):
+        fedbench.make_problem("vision", seed=0, model="nets.py:Nope", **SMALL)
+
+
+def test_auto_reads_the_measured_table(monkeypatch, tmp_path):
+    table = tmp_path / "deep_layouts.json"
+    table.write_text('{"rows": [{"model": "cnn", "dim": 30000, "device": "cpu", "batch_size": 20, '
+                     '"ratios": {"vmap": 1.2, "loop": 1.6}}]}')
+    monkeypatch.setattr("fedbench.module_model.TABLE", table)
+    assert choose_layout("cnn", 30000, "cpu") == "vmap"
+    assert choose_layout("other", 40000, "cpu") == "vmap"  # a model of about its size
+    assert choose_layout("other", 10**7, "cpu") == "loop"  # none near: the device's default
+    assert choose_layout("cnn", 30000, "cuda") == "vmap"
