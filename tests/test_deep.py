@@ -243,3 +243,21 @@ def test_auto_reads_the_measured_table(monkeypatch, tmp_path):
     assert choose_layout("other", 40000, "cpu") == "vmap"  # a model of about its size
     assert choose_layout("other", 10**7, "cpu") == "loop"  # none near: the device's default
     assert choose_layout("cnn", 30000, "cuda") == "vmap"
+
+
+def test_the_layout_is_printed_and_tagged_on_the_run(tmp_path, tracking_uri):
+    from mlflow.tracking import MlflowClient
+    from typer.testing import CliRunner
+
+    from sweeps.cli import app
+
+    path = tmp_path / "deep.yaml"
+    path.write_text("problem: {name: vision, clients: 4, train_size: 80, test_size: 20, layout: vmap}\n"
+                    "federation: {rounds: 1, clients_per_round: 2, local_steps: 1, batch_size: 5}\n"
+                    "algorithms: {fedavg: {client_lr: 0.1}}\n")
+    result = CliRunner().invoke(app, ["run", str(path), "--tracking-uri", tracking_uri], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "layout: vmap\n" in result.output
+    experiment = MlflowClient(tracking_uri).get_experiment_by_name("deep")
+    (run,) = MlflowClient(tracking_uri).search_runs([experiment.experiment_id])
+    assert run.data.tags["layout"] == "vmap"
