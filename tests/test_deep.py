@@ -261,3 +261,49 @@ def test_the_layout_is_printed_and_tagged_on_the_run(tmp_path, tracking_uri):
     experiment = MlflowClient(tracking_uri).get_experiment_by_name("deep")
     (run,) = MlflowClient(tracking_uri).search_runs([experiment.experiment_id])
     assert run.data.tags["layout"] == "vmap"
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_a_resumed_batch_gives_the_rows_of_one_never_stopped(dropout):
+    """A program of two seeds stopped after its second round and rebuilt from its checkpoint (the dropout seeds'
+    stream included) yields the rows of the program that never stopped, bit for bit."""
+    from helpers import build, interrupted, rows_of
+
+    problem = fedbench.make_problem("vision", seed=0, layout="loop", dropout=dropout, **SMALL)
+    fed, hp = federation(rounds=3, steps=2), {"client_lr": 0.1}
+    expected = rows_of(build(problem, "scaffold", fed, hp, [0, 1]))
+    resumed, _ = interrupted(lambda: build(problem, "scaffold", fed, hp, [0, 1]), 2)
+    assert resumed == expected
+
+
+@pytest.mark.parametrize("config, field", [({"clients": 300, "train_size": 200}, "clients"),
+                                           ({"clients": 70000}, "clients"),
+                                           ({"path": "nowhere"}, "path"),
+                                           ({"data": "femnist"}, "partition"),
+                                           ({"model": "resnet"}, "model")])
+def test_what_validation_refuses_building_refuses(config, field):
+    cls = fedbench.PROBLEMS["vision"]
+    resolved = cls.resolve_config(config)
+    with pytest.raises(ParamError) as refused:
+        cls.check(resolved)
+        cls.declared_layout(resolved, read_data=True)
+        fedbench.make_problem("vision", seed=0, **config)
+    assert refused.value.name == field
+    with pytest.raises(ParamError, match=f"vision.{field}"):
+        fedbench.make_problem("vision", seed=0, **config)
+
+
+def test_the_declared_layout_is_the_built_ones():
+    problem = fedbench.make_problem("vision", seed=0, clients=7, train_size=100, test_size=10)
+    declared = problem.declared_layout(problem.config, read_data=True)
+    assert (declared.clients, declared.smallest) == (7, int(problem.client_sizes.min())) == (7, 14)
+
+
+def test_a_network_with_running_statistics_is_refused_at_validate(tmp_path, monkeypatch):
+    (tmp_path / "bn.py").write_text("import torch.nn as nn\n\nclass Net(nn.Sequential):\n    def __init__(self):\n"
+                                    "        super().__init__(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), "
+                                    "nn.LazyLinear(10))\n")
+    monkeypatch.chdir(tmp_path)
+    cls = fedbench.PROBLEMS["vision"]
+    with pytest.raises(ParamError, match="vision.model: model layer 1 .BatchNorm2d.*GroupNorm"):
+        cls.check(cls.resolve_config({"model": "bn.py:Net"}))

@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
+import math
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -170,6 +171,16 @@ class Vision(Problem):
         if not femnist_data and config["clients"] is None:
             raise ParamError("clients", f"found null with data {config['data']}, expected a number of clients",
                              cls.name)
+        cls.network(config)  # a network that does not import, or that the clients cannot share, refused here
+
+    @classmethod
+    def network(cls, config: dict[str, Any]) -> ModuleModel:
+        """The config's network on flat vectors; ParamError (field `model`) where it cannot be built or shared."""
+        factory = model_factory(config["model"], SHAPES[config["data"]], CLASSES[config["data"]], config["dropout"])
+        try:
+            return ModuleModel(factory)
+        except ValueError as err:  # a module the clients cannot share (check_module)
+            raise ParamError("model", str(err), cls.name) from None
 
     @classmethod
     def metrics(cls, config: dict[str, Any]) -> tuple[Metric, ...]:
@@ -182,19 +193,32 @@ class Vision(Problem):
 
     @classmethod
     def declared_layout(cls, config: dict[str, Any], read_data: bool = False) -> Layout:
-        if config["data"] != "femnist":
-            size = config["train_size"]
-            return Layout(config["clients"], None if size is None else size // config["clients"], "train_size")
-        if not read_data:
-            return Layout(config["clients"])
-        index = cls.read_index(config, femnist.load_index, "sample10", config["path"])
-        writers = len(femnist.select_clients(index, femnist.LABELS, 1, 0).writer_ids)
-        return Layout(writers if config["clients"] is None else min(writers, config["clients"]))
+        if config["data"] == "femnist":
+            if not read_data:
+                return Layout(config["clients"])
+            index = cls.read_index(config, femnist.load_index, "sample10", config["path"])
+            writers = len(femnist.select_clients(index, femnist.LABELS, 1, 0).writer_ids)
+            return Layout(writers if config["clients"] is None else min(writers, config["clients"]))
+        pool = config["train_size"]
+        if read_data:
+            read = idx.train_labels if config["data"] == "fashion_mnist" else lambda f: cifar10.load_labels(f)[0]
+            pool = min(pool or math.inf, len(cls.read_index(config, lambda: read(cls.folder(config)))))
+        if pool is not None and pool < config["clients"]:
+            raise ParamError("clients", f"found {config['clients']}, more than the {pool} training images", cls.name)
+        return Layout(config["clients"], None if pool is None else int(pool) // config["clients"], "train_size")
+
+    @staticmethod
+    def folder(config: dict[str, Any]) -> Path:
+        """The folder of Fashion-MNIST's or CIFAR-10's files: `path`, relative ones under the data root."""
+        default = DEFAULT_FOLDERS[config["data"]]
+        chosen = Path(config["path"] or default).expanduser()
+        return chosen if chosen.is_absolute() else femnist.data_root(None, default) / chosen
 
     def __init__(self, config: dict[str, Any], seed: int, device="cpu"):
         super().__init__(config, seed, device)
         data = config["data"]
         self.shape, self.classes = SHAPES[data], CLASSES[data]
+        self.row_elements = math.prod(self.shape)  # type: ignore[misc]  # a ClassVar elsewhere: pixels of an image
         x_train, y_train, sizes, x_test, y_test = self._read(config)
         mean, std = channel_statistics(x_train.reshape(len(x_train), self.shape[0], -1))
         self.pixel_mean, self.pixel_std = (torch.tensor(v, dtype=torch.float32, device=self.device).view(-1, 1, 1)
@@ -205,11 +229,7 @@ class Vision(Problem):
         self._set_clients(torch.from_numpy(sizes))
         self.client_weights = self.client_sizes / self.client_sizes.sum().double()
         self.regularizer = NoRegularizer()
-        factory = model_factory(config["model"], self.shape, self.classes, config["dropout"])
-        try:
-            self.model = ModuleModel(factory).to(self.device)
-        except ValueError as err:  # a module the clients cannot share (check_module)
-            raise ParamError("model", str(err), self.name) from None
+        self.model = self.network(config).to(self.device)
         self.dim = self.model.dim
         # each client's dropout seed per step (minibatch_noise), where the configured network has dropout
         self.noisy_minibatches = self.model.has_dropout  # type: ignore[misc]  # a ClassVar elsewhere
@@ -228,12 +248,8 @@ class Vision(Problem):
             ink = lambda x: (np.uint8(255) - x) if x.dtype == np.uint8 else (255 * (1 - x)).round().astype(np.uint8)  # noqa: E731
             return (ink(clients.x_train[:train_end]), clients.y_train[:train_end], clients.train_sizes[:kept],
                     ink(clients.x_test[:test_end]), clients.y_test[:test_end])
-        folder = femnist.data_root(None, DEFAULT_FOLDERS[config["data"]]) / (config["path"] or
-                                                                            DEFAULT_FOLDERS[config["data"]])
-        try:
-            splits = idx.load_folder(folder) if config["data"] == "fashion_mnist" else cifar10.load(folder)
-        except ValueError as err:
-            raise ParamError("path", str(err), self.name) from None
+        read = idx.load_folder if config["data"] == "fashion_mnist" else cifar10.load
+        splits = self.read_index(config, lambda: read(self.folder(config)))
         x_train, y_train, x_test, y_test = splits.x_train, splits.y_train, splits.x_test, splits.y_test
         if config["test_size"] is not None:
             keep = rng.permutation(len(y_test))[: config["test_size"]]
@@ -243,7 +259,7 @@ class Vision(Problem):
             raise ParamError("clients", f"found {config['clients']}, more than the {len(order)} training images",
                              self.name)
         sizes = np.array([len(part) for part in np.array_split(order, config["clients"])], dtype=np.int64)
-        return x_train[order], y_train[order], sizes, x_test, y_test
+        return x_train[order], y_train[order], sizes, np.require(x_test, requirements="W"), y_test
 
     # -- what a run records --------------------------------------------------------------------
     def choices(self) -> dict[str, str]:
