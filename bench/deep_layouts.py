@@ -135,8 +135,9 @@ def main() -> None:
     parser.add_argument("--write", type=Path, help="write the table here (fedbench/deep_layouts.json)")
     args = parser.parse_args()
     keep_freed_memory()
-    print(f"FedAvg round, S = {args.clients}, {args.steps} local steps, device={args.device}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads; ms (median of {args.repeats}) and ratio to the plain torch.nn loop")
+    print(f"FedAvg round, S = {args.clients}, {args.steps} local steps, device={args.device}, "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads; ms (median of {args.repeats}) and ratio to "
+          "the plain torch.nn loop")
     print(f"{'model':8} {'data':14} {'dim':>8} {'b':>4} {'plain ms':>9} "
           + " ".join(f"{layout + ' ms':>9} {'ratio':>6}" for layout in LAYOUTS))
     rows = []
