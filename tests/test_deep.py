@@ -307,3 +307,17 @@ def test_a_network_with_running_statistics_is_refused_at_validate(tmp_path, monk
     cls = fedbench.PROBLEMS["vision"]
     with pytest.raises(ParamError, match="vision.model: model layer 1 .BatchNorm2d.*GroupNorm"):
         cls.check(cls.resolve_config({"model": "bn.py:Net"}))
+
+
+def test_the_exported_model_loads_into_the_module_and_gives_the_runs_last_test_accuracy(problems):
+    from fedbench.saved import load_model, model_bytes
+
+    problem = problems["loop"]
+    sim = Simulation(problem, ALGORITHMS["fedavg"](problem, client_lr=0.1), federation(rounds=2), seed=0,
+                     eval_every=2)
+    last = list(sim)[-1]
+    net = SmallCNN(problem.shape, problem.classes)
+    net.load_state_dict(load_model(model_bytes(sim))["parameters"])
+    with torch.no_grad():
+        predicted = net.eval()(problem._features(problem.x_test)).argmax(-1)
+    assert (predicted == problem.y_test).double().mean().item() == last["test_accuracy"]
