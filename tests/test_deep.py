@@ -280,6 +280,7 @@ def test_a_resumed_batch_gives_the_rows_of_one_never_stopped(dropout):
                                            ({"clients": 70000}, "clients"),
                                            ({"path": "nowhere"}, "path"),
                                            ({"data": "femnist"}, "partition"),
+                                           ({"data": "femnist", "partition": "writers", "test_size": 5}, "test_size"),
                                            ({"model": "resnet"}, "model")])
 def test_what_validation_refuses_building_refuses(config, field):
     cls = fedbench.PROBLEMS["vision"]
@@ -321,3 +322,18 @@ def test_the_exported_model_loads_into_the_module_and_gives_the_runs_last_test_a
     with torch.no_grad():
         predicted = net.eval()(problem._features(problem.x_test)).argmax(-1)
     assert (predicted == problem.y_test).double().mean().item() == last["test_accuracy"]
+
+
+@pytest.mark.parametrize("config, shape, classes", [
+    pytest.param({"data": "cifar10", "clients": 4, "train_size": 80, "test_size": 20}, (3, 32, 32), 10,
+                 marks=pytest.mark.heavy),  # reading CIFAR-10's batches: 3-7 s
+    ({"data": "femnist", "partition": "writers", "clients": 4}, (1, 28, 28), 62)])
+def test_cifar10_and_femnist_writers_train(config, shape, classes):
+    problem = fedbench.make_problem("vision", seed=0, **config)
+    assert (problem.shape, problem.classes, problem.num_clients) == (shape, classes, 4)
+    assert problem.declared_layout(problem.config, read_data=True).clients == 4
+    mean = problem._features(problem.x_train).mean((0, 2, 3))
+    torch.testing.assert_close(mean, torch.zeros(shape[0]), atol=1e-4, rtol=0)  # standardised by channel
+    result = fedbench.run("fedavg", problem, rounds=1, clients_per_round=2, local_steps=1, batch_size=5, eval_every=1,
+                          client_lr=0.1)
+    assert 0 <= result.final["test_accuracy"] <= 1 and result.status == "finished"

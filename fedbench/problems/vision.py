@@ -151,9 +151,11 @@ class Vision(Problem):
               nullable=True),
         Param("partition", "choice", "iid", "how the pool is split: iid (FEMNIST: writers, each its own)",
               choices=("iid", "writers")),
-        Param("train_size", "int", None, "keep a random subset of this many training images (null: all)", low=1,
+        Param("train_size", "int", None, "Fashion-MNIST, CIFAR-10: keep a random subset of this many training "
+              "images (null: all)", low=1,
               nullable=True),
-        Param("test_size", "int", None, "keep a random subset of this many test images (null: all)", low=1,
+        Param("test_size", "int", None, "Fashion-MNIST, CIFAR-10: keep a random subset of this many test images "
+              "(null: all)", low=1,
               nullable=True),
         Param("layout", "choice", "auto", "how the clients' forward passes run: vmap, a loop inside the program, "
               "or auto (the measured table)", choices=("auto", *LAYOUTS)),
@@ -168,6 +170,10 @@ class Vision(Problem):
         if femnist_data != (config["partition"] == "writers"):
             raise ParamError("partition", f"found {config['partition']} with data {config['data']}, expected "
                              f"{'writers' if femnist_data else 'iid'}", cls.name)
+        for size in ("train_size", "test_size"):
+            if femnist_data and config[size] is not None:
+                raise ParamError(size, f"found {config[size]} with data femnist, expected null (each writer keeps "
+                                 "its own images)", cls.name)
         if not femnist_data and config["clients"] is None:
             raise ParamError("clients", f"found null with data {config['data']}, expected a number of clients",
                              cls.name)
