@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from fedbench.algorithms import ALGORITHMS
@@ -39,8 +40,24 @@ from fedbench.module_model import LAYOUTS
 from fedbench.problems import make_problem
 from fedbench.simulate import Federation, Simulation
 
-CASES = (("cnn", "fashion_mnist"), ("cnn", "cifar10"))  # (model, data)
+CASES = {"cnn-fashion_mnist": ("cnn", "fashion_mnist"), "cnn-cifar10": ("cnn", "cifar10"),
+         "reddi-femnist": ("deep_layouts:ReddiCNN", "femnist")}  # (model, data) by case name
 LR = 0.05
+
+
+class ReddiCNN(nn.Module):
+    """Reddi et al.'s EMNIST CNN (ICLR 2021, Table 4 of their appendix: two 3×3 convolutions of 32 and 64 channels,
+    2×2 max pooling, a dense layer of 128, 62 classes; 1,206,590 parameters), without its dropout layers (the
+    layouts are timed on the deterministic network)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(1, 32, 3), nn.Conv2d(32, 64, 3)
+        self.fc1, self.fc2 = nn.Linear(9216, 128), nn.Linear(128, 62)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2)
+        return self.fc2(F.relu(self.fc1(x.flatten(-3))))
 
 
 class PlainLoop:
@@ -94,8 +111,10 @@ def measure(model: str, data: str, batch: int, args) -> dict:
     ways: dict = {}
     problem = None
     for layout in LAYOUTS:
+        sizes = ({"partition": "writers"} if data == "femnist" else
+                 {"partition": "iid", "train_size": args.train_size, "test_size": 100})
         problem = make_problem("vision", seed=0, device=args.device, data=data, model=model, clients=100,
-                               train_size=args.train_size, test_size=100, layout=layout)
+                               layout=layout, **sizes)
         ways[layout] = Simulation(problem, ALGORITHMS["fedavg"](problem, client_lr=LR), federation, seed=0,
                                   compile="off")
     assert problem is not None
@@ -108,17 +127,18 @@ def measure(model: str, data: str, batch: int, args) -> dict:
 
 
 def table_text(path: Path, device: str, command: str, rows: list[dict]) -> str:
-    """The table's file (JSON, one row a line) with these rows of the `device` type, the command that measured them,
-    and the rows and commands of other device types that the file at `path` holds."""
-    measured = {device: {"command": command, "torch": torch.__version__, "machine": (
+    """The table's file (JSON, one row a line) with these rows of the `device` type and the command that measured them,
+    and the rows the file at `path` holds of other cases (model, data, device type, batch size) and their commands."""
+    measured = {device: [{"command": command, "torch": torch.__version__, "machine": (
         f"{platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads" if device == "cpu"
-        else torch.cuda.get_device_name())}}
+        else torch.cuda.get_device_name())}]}
     if path.is_file():
         old = json.loads(path.read_text())
-        measured = {**{k: v for k, v in old["measured"].items() if k != device}, **measured}
-        rows = [row for row in old["rows"] if row["device"] != device] + rows
-    if "cuda" not in measured:
-        measured["cuda"] = {"note": "no GPU was lent where this table was measured: no cuda rows (auto picks vmap)"}
+        measured = {**old["measured"], device: old["measured"].get(device, []) + measured[device]}
+        case = lambda row: (row["model"], row["data"], row["device"], row["batch_size"])  # noqa: E731
+        rows = [row for row in old["rows"] if case(row) not in set(map(case, rows))] + rows
+    if not any(row["device"] == "cuda" for row in rows):
+        measured["cuda"] = [{"note": "no GPU was lent where this table was measured: no cuda rows (auto picks vmap)"}]
     lines = ",\n".join(json.dumps(row) for row in rows)
     return json.dumps({"measured": measured})[:-1] + f', "rows": [\n{lines}\n]}}\n'
 
@@ -126,6 +146,7 @@ def table_text(path: Path, device: str, command: str, rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES)[:2])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[20, 50])
     parser.add_argument("--clients", type=int, default=10, help="S, clients a round")
     parser.add_argument("--steps", type=int, default=5, help="local steps a round")
@@ -141,7 +162,7 @@ def main() -> None:
     print(f"{'model':8} {'data':14} {'dim':>8} {'b':>4} {'plain ms':>9} "
           + " ".join(f"{layout + ' ms':>9} {'ratio':>6}" for layout in LAYOUTS))
     rows = []
-    for model, data in CASES:
+    for model, data in map(CASES.__getitem__, args.cases):
         for batch in args.batch_sizes:
             row = measure(model, data, batch, args)
             rows.append(row)
