@@ -137,15 +137,17 @@ def table() -> list[dict]:
 
 
 def choose_layout(model: str, dim: int, device: str) -> str:
-    """The layout `auto` runs: among the table's rows of this device type, those of the model by name, else of
-    models within SIZE_REACH of its `dim` parameters, the layout with the smallest median time relative to the plain
-    `torch.nn` loop; DEFAULT_LAYOUT where no row speaks for it."""
+    """The layout `auto` runs: among the table's rows of this device type (those of the model by name where it has
+    any), the rows nearest its `dim` parameters within SIZE_REACH (the same model on other data has other sizes),
+    the layout with the smallest median time relative to the plain `torch.nn` loop; DEFAULT_LAYOUT where no row
+    speaks for it."""
     rows = [row for row in table() if row["device"] == device]
-    mine = [row for row in rows if row["model"] == model]
-    if not mine:
-        mine = [row for row in rows if abs(math.log(row["dim"] / dim)) <= math.log(SIZE_REACH)]
-    ratios = {layout: [row["ratios"][layout] for row in mine if layout in row["ratios"]] for layout in LAYOUTS}
-    measured = {layout: statistics.median(values) for layout, values in ratios.items() if values}
-    if not measured:
+    rows = [row for row in rows if row["model"] == model] or rows
+    distance = lambda row: abs(math.log(row["dim"] / dim))  # noqa: E731
+    nearest = min(map(distance, rows), default=math.inf)
+    if nearest > math.log(SIZE_REACH):
         return DEFAULT_LAYOUT.get(device, "vmap")
-    return min(measured, key=measured.__getitem__)
+    near = [row for row in rows if distance(row) <= nearest + 1e-9]
+    medians = {layout: statistics.median(row["ratios"][layout] for row in near) for layout in LAYOUTS
+               if all(layout in row["ratios"] for row in near)}
+    return min(medians, key=medians.__getitem__) if medians else DEFAULT_LAYOUT.get(device, "vmap")

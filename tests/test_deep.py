@@ -4,6 +4,7 @@ alone, dropout follows each client's seed, and the layout is chosen, recorded an
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -236,11 +237,14 @@ def test_a_model_from_a_file(tmp_path, monkeypatch):
 
 def test_auto_reads_the_measured_table(monkeypatch, tmp_path):
     table = tmp_path / "deep_layouts.json"
-    table.write_text('{"rows": [{"model": "cnn", "dim": 30000, "device": "cpu", "batch_size": 20, '
-                     '"ratios": {"vmap": 1.2, "loop": 1.6}}]}')
+    rows = [{"model": "cnn", "dim": 30000, "device": "cpu", "batch_size": 20, "ratios": {"vmap": 0.9, "loop": 1.1}},
+            {"model": "cnn", "dim": 30000, "device": "cpu", "batch_size": 50, "ratios": {"vmap": 1.2, "loop": 1.6}},
+            {"model": "cnn", "dim": 35000, "device": "cpu", "batch_size": 20, "ratios": {"vmap": 1.3, "loop": 1.0}}]
+    table.write_text(json.dumps({"measured": {}, "rows": rows}))
     monkeypatch.setattr("fedbench.module_model.TABLE", table)
-    assert choose_layout("cnn", 30000, "cpu") == "vmap"
-    assert choose_layout("other", 40000, "cpu") == "vmap"  # a model of about its size
+    assert choose_layout("cnn", 30000, "cpu") == "vmap"  # the rows of its size: medians 1.05 and 1.35
+    assert choose_layout("cnn", 36000, "cpu") == "loop"  # the same model on other data: another size
+    assert choose_layout("other", 31000, "cpu") == "vmap"  # another model of about its size
     assert choose_layout("other", 10**7, "cpu") == "loop"  # none near: the device's default
     assert choose_layout("cnn", 30000, "cuda") == "vmap"
 
