@@ -233,6 +233,18 @@ def test_a_model_from_a_file(tmp_path, monkeypatch):
     assert problem.dim == 7850 and list(problem.parameters(torch.zeros(7850))) == ["fc.weight", "fc.bias"]
     with pytest.raises(ParamError, match="model: nets.py:Nope"):
         fedbench.make_problem("vision", seed=0, model="nets.py:Nope", **SMALL)
+    # its source is part of a run's configuration: an edit of the file runs its runs again
+    from sweeps.recipe import parse
+
+    def config_hash():
+        recipe = parse({"problem": {"name": "vision", "model": "nets.py:Tiny", **SMALL},
+                        "federation": {"clients_per_round": 2, "batch_size": 5}, "algorithms": {"fedavg": {}}},
+                       "deep.yaml")
+        return recipe.trials()[0].config_hash
+
+    before = config_hash()
+    (tmp_path / "nets.py").write_text((tmp_path / "nets.py").read_text() + "# edited\n")
+    assert config_hash() != before
 
 
 def test_auto_reads_the_measured_table(monkeypatch, tmp_path):

@@ -244,6 +244,21 @@ class Problem:
         """
         return Layout(cls.declared_clients(config))
 
+    @classmethod
+    def code_hashes(cls, config: dict[str, Any]) -> dict[str, str]:
+        """The sha256 of code outside fedbench that a resolved config names (a network's file), by the field that
+        names it: a run's configuration holds them (`fedbench_sweeps`' trials), so that an edit of that code runs
+        its runs again. Default: none.
+
+        Example:
+            ```python
+            @classmethod
+            def code_hashes(cls, config):
+                return {"model": hashlib.sha256(Path(config["model_file"]).read_bytes()).hexdigest()}
+            ```
+        """
+        return {}
+
     def choices(self) -> dict[str, str]:
         """What this instance chose for itself among equivalent ways to run (the same numbers to rounding), by
         name: a run prints them when it starts and records them as tags. Default: none.

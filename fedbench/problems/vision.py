@@ -98,13 +98,6 @@ def model_factory(spec: str, shape: tuple[int, int, int], classes: int, dropout:
     return cls
 
 
-def model_source_sha256(spec: str) -> str | None:
-    """The sha256 of the file a `file.py:Class` model spec names (None for other specs): what a run that uses it
-    records, so that an edit of the network is seen."""
-    location = spec.rpartition(":")[0]
-    return hashlib.sha256(Path(location).read_bytes()).hexdigest() if location.endswith(".py") else None
-
-
 def _file_module(path: Path) -> ModuleType:
     """A network file imported once per content, as a module named by its hash (pickling finds it there)."""
     text = path.read_text()
@@ -178,6 +171,12 @@ class Vision(Problem):
             raise ParamError("clients", f"found null with data {config['data']}, expected a number of clients",
                              cls.name)
         cls.network(config)  # a network that does not import, or that the clients cannot share, refused here
+
+    @classmethod
+    def code_hashes(cls, config: dict[str, Any]) -> dict[str, str]:
+        """The sha256 of the network's file, for a `file.py:Class` model."""
+        location = config["model"].rpartition(":")[0]
+        return {"model": hashlib.sha256(Path(location).read_bytes()).hexdigest()} if location.endswith(".py") else {}
 
     @classmethod
     def network(cls, config: dict[str, Any]) -> ModuleModel:
