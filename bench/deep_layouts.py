@@ -128,14 +128,15 @@ def measure(model: str, data: str, batch: int, args) -> dict:
 
 def table_text(path: Path, device: str, command: str, rows: list[dict]) -> str:
     """The table's file (JSON, one row a line) with these rows of the `device` type and the command that measured them,
-    and the rows the file at `path` holds of other cases (model, data, device type, batch size) and their commands."""
+    and the rows the file at `path` holds of other cases (model, data, device type, batch size, clients) and their
+    commands."""
     measured = {device: [{"command": command, "torch": torch.__version__, "machine": (
         f"{platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads" if device == "cpu"
         else torch.cuda.get_device_name())}]}
     if path.is_file():
         old = json.loads(path.read_text())
         measured = {**old["measured"], device: old["measured"].get(device, []) + measured[device]}
-        case = lambda row: (row["model"], row["data"], row["device"], row["batch_size"])  # noqa: E731
+        case = lambda row: (row["model"], row["data"], row["device"], row["batch_size"], row["clients"])  # noqa: E731
         rows = [row for row in old["rows"] if case(row) not in set(map(case, rows))] + rows
     if not any(row["device"] == "cuda" for row in rows):
         measured["cuda"] = [{"note": "no GPU was lent where this table was measured: no cuda rows (auto picks vmap)"}]

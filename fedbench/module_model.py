@@ -90,7 +90,8 @@ class ModuleModel:
         self.module.train(seeds is not None)
         if seeds is None:
             return self._forward(w, x, layout, None)
-        with torch.random.fork_rng(devices=[]):  # the global generator serves the masks, and is restored
+        # the global generators (the CPU's and w's GPU's) serve the masks, and are restored
+        with torch.random.fork_rng(devices=[w.device] if w.device.type == "cuda" else []):
             return self._forward(w, x, layout, seeds.tolist())
 
     def _forward(self, w: Tensor, x: Tensor, layout: str, seeds: list[int] | None) -> Tensor:

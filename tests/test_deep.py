@@ -353,3 +353,15 @@ def test_cifar10_and_femnist_writers_train(config, shape, classes):
     result = fedbench.run("fedavg", problem, rounds=1, clients_per_round=2, local_steps=1, batch_size=5, eval_every=1,
                           client_lr=0.1)
     assert 0 <= result.final["test_accuracy"] <= 1 and result.status == "finished"
+
+
+def test_the_shipped_layout_table_is_measured_and_says_where_it_has_no_gpu_rows():
+    from fedbench.module_model import LAYOUTS, TABLE
+
+    table = json.loads(TABLE.read_text())
+    assert all(made["command"].startswith("python bench/deep_layouts.py") for made in table["measured"]["cpu"])
+    rows = table["rows"]
+    assert all(set(row["ratios"]) == set(LAYOUTS) and min(row["ms"].values()) > 0 for row in rows)
+    assert {"cnn"} <= {row["model"] for row in rows if row["device"] == "cpu"}
+    gpu_rows = any(row["device"] == "cuda" for row in rows)
+    assert gpu_rows != ("note" in table["measured"]["cuda"][0])
