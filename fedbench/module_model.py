@@ -113,6 +113,20 @@ class ModuleModel:
         with torch.no_grad():
             return functional_call(self.module, self.unflatten(w), (x,))
 
+    def activations(self, shape: tuple[int, ...]) -> int:
+        """The values the module's layers output for one input of `shape` (the leaf modules' outputs, summed): what
+        a sample's forward pass keeps for its backward pass."""
+        count = [0]
+        leaves = [m for m in self.module.modules() if not list(m.children())]
+        hooks = [m.register_forward_hook(lambda _, __, out: count.__setitem__(0, count[0] + out.numel()))
+                 for m in leaves]
+        try:
+            self.evaluate(torch.zeros(self.dim, dtype=self.dtype), torch.zeros(1, *shape, dtype=self.dtype))
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return count[0]
+
     def state_dict(self, w: Tensor) -> dict[str, Tensor]:
         """A model `[d]` as the module's `state_dict` (parameters as copies, buffers as the module holds them), which
         `module.load_state_dict` takes."""

@@ -365,3 +365,26 @@ def test_the_shipped_layout_table_is_measured_and_says_where_it_has_no_gpu_rows(
     assert {"cnn"} <= {row["model"] for row in rows if row["device"] == "cpu"}
     gpu_rows = any(row["device"] == "cuda" for row in rows)
     assert gpu_rows != ("note" in table["measured"]["cuda"][0])
+
+
+def test_validation_refuses_a_network_whose_per_client_state_no_machine_holds(tmp_path, monkeypatch):
+    """SCAFFOLD keeps a control variate of the network's size per client: 2,000 clients × 20 M float32 parameters
+    (160 GB) are refused at problem.clients; FedAvg, which keeps none, is not."""
+    from sweeps.recipe import parse
+    from sweeps.recipe.grid import machine_memory
+    from sweeps.recipe.loading import RecipeError
+
+    assert machine_memory() < 160e9
+    (tmp_path / "wide.py").write_text("import torch\nimport torch.nn as nn\n\nclass Wide(nn.Module):\n"
+                                      "    def __init__(self):\n        super().__init__()\n"
+                                      "        self.w = nn.Parameter(torch.zeros(20_000_000))\n\n"
+                                      "    def forward(self, x):\n        return x.flatten(-3)[..., :10] * self.w[:10]\n")
+    monkeypatch.chdir(tmp_path)
+
+    def recipe(algorithm):
+        return parse({"problem": {"name": "vision", "model": "wide.py:Wide", "clients": 2000, "train_size": 4000},
+                      "federation": {"batch_size": 2}, "algorithms": {algorithm: {}}}, "wide.yaml")
+
+    recipe("fedavg").check_builds()
+    with pytest.raises(RecipeError, match=r"problem.clients: found 2000: a run needs ~1\d\d GiB"):
+        recipe("scaffold").check_builds()

@@ -55,6 +55,11 @@ DATASETS = ("fashion_mnist", "cifar10", "femnist")
 SHAPES = {"fashion_mnist": (1, 28, 28), "cifar10": cifar10.SHAPE, "femnist": (1, 28, 28)}
 CLASSES = {"fashion_mnist": 10, "cifar10": cifar10.CLASSES, "femnist": femnist.LABELS}
 DEFAULT_FOLDERS = {"fashion_mnist": "fashion-mnist", "cifar10": cifar10.DEFAULT_FOLDER}
+POOLS = {"fashion_mnist": (60000, 10000), "cifar10": (50000, 10000)}  # training and test images (memory estimate)
+# Model-sized float32 vectors a run holds beside those its algorithm keeps per client (the memory estimate): per
+# sampled client, its point, gradient, upload and the algorithm's local state; for the server, its model, the mean
+# upload and the algorithm's server state. A step keeps each layer's output for its backward pass, and its gradient.
+LOCAL_COPIES, SERVER_COPIES, ACTIVATION_COPIES = 4, 4, 2
 
 
 class SmallCNN(nn.Module):
@@ -177,6 +182,25 @@ class Vision(Problem):
         """The sha256 of the network's file, for a `file.py:Class` model."""
         location = config["model"].rpartition(":")[0]
         return {"model": hashlib.sha256(Path(location).read_bytes()).hexdigest()} if location.endswith(".py") else {}
+
+    @classmethod
+    def run_bytes(cls, config: dict[str, Any]) -> int | None:
+        """The stored pixels (uint8) of Fashion-MNIST's and CIFAR-10's kept images (FEMNIST: not estimated)."""
+        if config["data"] not in POOLS:
+            return None
+        train, test = (pool if size is None else min(size, pool)
+                       for pool, size in zip(POOLS[config["data"]], (config["train_size"], config["test_size"])))
+        return (train + test) * math.prod(SHAPES[config["data"]])
+
+    @classmethod
+    def state_bytes(cls, config: dict[str, Any], kept: int, clients_per_round: int, batch_size: int) -> int | None:
+        """float32 values: the network's d parameters `kept` times per client, LOCAL_COPIES times per sampled client
+        and SERVER_COPIES times for the server, and ACTIVATION_COPIES times its activations for each sampled
+        client's batch."""
+        network = cls.network(config)
+        activations = network.activations(SHAPES[config["data"]])
+        vectors = kept * (cls.declared_clients(config) or 0) + LOCAL_COPIES * clients_per_round + SERVER_COPIES
+        return 4 * (network.dim * vectors + ACTIVATION_COPIES * clients_per_round * batch_size * activations)
 
     @classmethod
     def network(cls, config: dict[str, Any]) -> ModuleModel:
