@@ -21,6 +21,10 @@ Layout (`fedbench.module_model`): `vmap` or `loop`, the same numbers to float32 
 table `bench/deep_layouts.py` measured for the model (or one of about its size) on the device type. The chosen
 layout is printed when a run starts and tagged on it (`choices`).
 
+Memory, estimated at validation (`run_bytes`, `state_bytes`): the kept images' pixels, and float32 copies of the
+network's parameters (as many per client as the algorithm keeps vectors, a few per sampled client and for the
+server) and of its leaf layers' outputs for each sampled client's batch.
+
 Metrics of the global model: `test_loss` and `test_accuracy` over the pooled test set, evaluated in eval mode
 (dropout off) in chunks of EVAL_CHUNK images; with `train_metrics`, `train_loss` and `train_accuracy` over every
 client's training images too (one forward pass over the whole pool: the longest part of an evaluation).
@@ -132,6 +136,14 @@ def channel_statistics(pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mean, np.sqrt(np.maximum(squares / count - mean * mean, 0.0))
 
 
+@functools.lru_cache(maxsize=64)
+def network_sizes(model: str, data: str, dropout: float, source_sha256: str | None) -> tuple[int, int]:
+    """(parameters, leaf layers' output values for one image) of a network on a data set's images, once per network
+    (and file content: `source_sha256`) in a process: a recipe's trials share them."""
+    network = Vision.network({"model": model, "data": data, "dropout": dropout})
+    return network.dim, network.activations(SHAPES[data])
+
+
 class Vision(Problem):
     name = "vision"
     provides = frozenset({"hvp", "full_data"})
@@ -197,10 +209,10 @@ class Vision(Problem):
         """float32 values: the network's d parameters `kept` times per client, LOCAL_COPIES times per sampled client
         and SERVER_COPIES times for the server, and ACTIVATION_COPIES times its activations for each sampled
         client's batch."""
-        network = cls.network(config)
-        activations = network.activations(SHAPES[config["data"]])
+        dim, activations = network_sizes(config["model"], config["data"], config["dropout"],
+                                         cls.code_hashes(config).get("model"))
         vectors = kept * (cls.declared_clients(config) or 0) + LOCAL_COPIES * clients_per_round + SERVER_COPIES
-        return 4 * (network.dim * vectors + ACTIVATION_COPIES * clients_per_round * batch_size * activations)
+        return 4 * (dim * vectors + ACTIVATION_COPIES * clients_per_round * batch_size * activations)
 
     @classmethod
     def network(cls, config: dict[str, Any]) -> ModuleModel:
