@@ -1,7 +1,7 @@
-"""What `fedbench list` prints: the declarations of problems, algorithms, the federation's fields, the transforms of
-its links, privacy accounting, capabilities and schedules, as entries that a NAME selects, in plain text wrapped at
-word boundaries to the terminal's width (no table: its narrow columns split words, and no Rich markup: it ate every
-`[p_low, p_high]`)."""
+"""What `fedbench list` prints: the declarations of problems, algorithms, the shipped networks, the federation's
+fields, the transforms of its links, privacy accounting, capabilities and schedules, as entries that a NAME selects,
+in plain text wrapped at word boundaries to the terminal's width (no table: its narrow columns split words, and no
+Rich markup: it ate every `[p_low, p_high]`)."""
 from __future__ import annotations
 
 import difflib
@@ -17,7 +17,8 @@ from fedbench.hparams import Param, resolve
 
 TRANSFORM_VALUE = "value its first parameter, or {parameter: value}"  # how a chain's step is written
 UNEVEN = "federation.local_steps as a mapping"  # how a recipe gives each participant its own number of local steps
-SECTIONS = ("problems", "algorithms", "federation", "transforms", "privacy", "capabilities", "schedules")
+OWN_NETWORK = "path/to/file.py:ClassName or package.module:ClassName"  # how a recipe names a researcher's own network
+SECTIONS = ("problems", "algorithms", "networks", "federation", "transforms", "privacy", "capabilities", "schedules")
 # a summary's end: the first `.`, `:` or `;` before a space outside parentheses, but for an abbreviation's dot
 SENTENCE_END = re.compile(r"(?<!\bal)(?<!\bet)(?<!\be\.g)(?<!\bi\.e)(?<!\bcf)[.:;](?=\s|$)")
 
@@ -86,6 +87,7 @@ def entries() -> list[Entry]:
     """Everything `fedbench list` knows, in the order it prints it (plugins as registered now)."""
     from fedbench.algorithms import ALGORITHMS
     from fedbench.contract import CAPABILITIES
+    from fedbench.networks import NETWORKS
     from fedbench.problems import PROBLEMS
     from fedbench.schedules import KINDS
     from fedbench.transforms import TRANSFORMS
@@ -102,6 +104,11 @@ def entries() -> list[Entry]:
                 summary = f"* {summary}"
             found.append(Entry(f"{section}.{name}", f"{kind} {name}{origin}", summary + origin,
                                getattr(cls, attribute), contract_lines(kind, cls)))
+    for name, network in NETWORKS.items():
+        shape = "×".join(map(str, network.input_shape))
+        found.append(Entry(f"networks.{name}", f"network {name}: {network.parameters:,} parameters, input {shape}, "
+                           f"{network.classes} classes; {network.source}",
+                           f"{network.parameters:,} parameters, {shape} → {network.classes}: {network.source}"))
     found.append(Entry("federation", "federation: how rounds run (a list is a grid axis)",
                        "rounds, clients per round, local steps, batch size, aggregation", FEDERATION_PARAMS))
     for name, (made, example) in FEDERATION_MAPPINGS.items():
@@ -182,6 +189,8 @@ def overview_lines(known: list[Entry], width: int, program: str) -> list[str]:
         elif section == "transforms":
             lines += wrapped(f"{section} (federation.uplink and federation.downlink, lists of steps {{name: value}}, "
                              f"{TRANSFORM_VALUE})", width, 0, 2)
+        elif section == "networks":
+            lines += wrapped(f"{section} (a problem's model, torch modules; your own as {OWN_NETWORK})", width, 0, 2)
         elif section in ("problems", "federation"):
             lines.append(section)
         names = [e.path if section == "federation" else e.name for e in mine]

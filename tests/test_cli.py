@@ -465,7 +465,7 @@ def test_the_documented_whole_mapping_overrides_validate(page):
 
 # -- fedbench list and --help at 80 columns (issue 59 item 8) ---------------------------------------------------
 
-EVERY_SECTION = ("problems", "algorithms", "federation", "transforms", "privacy", "capabilities", "schedules")
+EVERY_SECTION = ("problems", "algorithms", "networks", "federation", "transforms", "privacy", "capabilities", "schedules")
 
 
 def at_80(*args):

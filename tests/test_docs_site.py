@@ -191,6 +191,7 @@ API_NAMES = {"algorithm": ["Algorithm.client_step", "Algorithm.client_final", "A
              "privacy": ["Accountant.epsilon", "Mechanism.of", "Mechanism.event"],
              "transforms": ["Transform.apply", "Transform.bits", "Compressor.compress", "chain"],
              "participation": ["Participation", "LocalSteps", "check_algorithm", "sample_clients"],
+             "networks": ["NETWORKS", "Shipped.build", "load_network", "check_module"],
              "plugins": ["load", "discover", "PluginError"]}
 
 
@@ -210,6 +211,16 @@ def test_the_api_has_a_page_per_topic_with_each_object_linked_from_the_index_and
                             ("how-to/write-a-problem", ("problem",))):
         text = page(site, tutorial)
         assert not [slug for slug in slugs if f"reference/api/{slug}/" not in text], tutorial
+
+
+def test_every_shipped_network_is_in_the_reference_index_with_its_count_input_and_source(site):
+    from fedbench.networks import NETWORKS
+
+    index = plain(page(site, "reference"))
+    for name, network in NETWORKS.items():
+        shape = "×".join(map(str, network.input_shape))
+        assert f"{name} {network.parameters:,} {shape} {network.classes} {network.source}" in index, name
+    assert 'href="../guide/networks/"' in page(site, "reference")
 
 
 def test_the_facts_of_the_plugin_interface_are_on_the_api_pages(site):

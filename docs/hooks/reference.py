@@ -15,6 +15,7 @@ What is read, and from where:
   source), `FEDERATION_PARAMS`, the adversaries and robust rules of `fedbench.robust`, the participation models and
   uneven local steps of `fedbench.participation` and the transforms of `fedbench.transforms` (parameters, help, the
   module's docstring), the tune space's distributions and samplers;
+- the shipped networks (`fedbench.networks.NETWORKS`): each one's parameter count, input, classes and source;
 - the CLI: the Typer app as Click sees it (every command, argument and option with its help and default);
 - the gallery's tables of shipped recipes: a page's `<!-- shipped-recipes: PREFIX -->` becomes the table of the
   recipes whose name starts with PREFIX, from their headers (`sweeps/shipped.py`, as `fedbench recipes`);
@@ -516,6 +517,12 @@ API_PAGES = {
          "fedbench.transforms.Step": (),
          "fedbench.transforms.TRANSFORMS": (), "fedbench.transforms.chain": (), "fedbench.transforms.check_chain": (),
          "fedbench.transforms.compiled": (), "fedbench.transforms.message_bits": ()}),
+    "networks": ApiPage(
+        "Networks", "torch modules as models: the shipped networks, loading your own from a file or a module, and the "
+        "check that refuses BatchNorm's running statistics", "fedbench.networks",
+        {"fedbench.networks.NETWORKS": (), "fedbench.networks.Shipped": ("build",),
+         "fedbench.networks.load_network": (), "fedbench.networks.network_class": (),
+         "fedbench.networks.check_module": (), "fedbench.networks.parameter_count": ()}),
     "plugins": ApiPage(
         "Plugin loader", "registering your own algorithms and problems from a file, a module or an installed "
         "package's entry points", "fedbench.plugins",
@@ -578,6 +585,7 @@ def first_line(cls) -> str:
 def index_page() -> str:
     from fedbench.algorithms import ALGORITHMS
     from fedbench.contract import CAPABILITIES
+    from fedbench.networks import NETWORKS
     from fedbench.problems import PROBLEMS
 
     lines = ["# Reference", "", "Generated from the code at build time: every page here follows the declarations "
@@ -587,6 +595,13 @@ def index_page() -> str:
     lines += [f"| [`{n}`](problems/{n}.md) | {cell(first_line(c))} |" for n, c in PROBLEMS.items()]
     lines += ["", "## Algorithms", "", "| algorithm | what it is |", "|---|---|"]
     lines += [f"| [`{n}`](algorithms/{n}.md) | {cell(first_line(c))} |" for n, c in ALGORITHMS.items()]
+    lines += ["", "## Networks", "", "The torch modules shipped as models (`fedbench.networks.NETWORKS`; "
+              "[the guide](../guide/networks.md) says how each was checked against its source and why a module with "
+              "BatchNorm is refused), each with the input and classes of the setting its source defines it for; "
+              "`fedbench list networks` prints the same.", "",
+              "| network | parameters | input | classes | source |", "|---|---|---|---|---|"]
+    lines += [f"| {code(n)} | {s.parameters:,} | {'×'.join(map(str, s.input_shape))} | {s.classes} | {cell(s.source)} |"
+              for n, s in NETWORKS.items()]
     lines += ["", "## Capabilities", "", "What an algorithm may require and a problem provide "
               "(`fedbench.contract.CAPABILITIES`); an impossible pairing is refused before anything runs.", "",
               "| capability | meaning |", "|---|---|"]
