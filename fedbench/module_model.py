@@ -23,8 +23,8 @@ a seed of its own (`seeds` `[C]`, which the problem draws on the run's "feature-
 step). In the `loop` layout client k's masks come from its seed alone, so they do not depend on the other clients in
 the program (nor on the runs batched with its run); in the `vmap` layout one draw (`randomness="different"`, seeded
 by the first client's seed) gives every client its own masks, not the loop's: the two layouts agree in distribution
-only. Evaluation runs the module in eval mode (no dropout). A module whose forward updates buffers (BatchNorm's
-running statistics) is refused (`check_module`): the clients would share and overwrite one set of statistics.
+only. Evaluation runs the module in eval mode (no dropout). The problem refuses a module whose forward pass updates
+buffers (BatchNorm's running statistics, `fedbench.networks.check_module`): the clients would share one set.
 """
 from __future__ import annotations
 
@@ -51,7 +51,6 @@ class ModuleModel:
         self.factory = factory
         self.dtype = dtype
         self.module = factory().to(dtype)
-        check_module(self.module)
         named = list(self.module.named_parameters())
         self.names = [name for name, _ in named]
         self.shapes = [tuple(p.shape) for _, p in named]
@@ -136,17 +135,6 @@ class ModuleModel:
         state = {name: value.detach().clone() for name, value in self.module.state_dict().items()}
         state.update({name: value.detach().clone() for name, value in self.unflatten(w).items()})
         return state
-
-
-def check_module(module: nn.Module) -> None:
-    """Refuse (ValueError) a module whose forward pass updates buffers, BatchNorm's running statistics: clients run
-    as one program would share and overwrite one set of them. GroupNorm (Hsieh et al., ICML 2020) normalises
-    without running statistics and serves instead."""
-    for name, sub in module.named_modules():
-        if isinstance(sub, nn.modules.batchnorm._NormBase) and sub.track_running_stats:
-            raise ValueError(f"model layer {name or type(module).__name__} ({type(sub).__name__}) updates running "
-                             "statistics in its forward pass, which clients batched in one program would share; "
-                             "use nn.GroupNorm (Hsieh et al., ICML 2020) or track_running_stats=False")
 
 
 def table() -> list[dict]:

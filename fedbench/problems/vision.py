@@ -32,12 +32,8 @@ client's training images too (one forward pass over the whole pool: the longest 
 from __future__ import annotations
 
 import functools
-import hashlib
-import importlib
 import math
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Callable
 
 import numpy as np
@@ -49,6 +45,7 @@ from fedbench.data import cifar10, femnist, idx
 from fedbench.hparams import Param, ParamError
 from fedbench.metrics import Metric
 from fedbench.module_model import LAYOUTS, ModuleModel, choose_layout
+from fedbench.networks import NETWORKS, check_module, load_network
 from fedbench.oracle import Oracle
 from fedbench.problems.base import Layout, Problem
 from fedbench.prox import NoRegularizer
@@ -89,38 +86,14 @@ BUILT_IN_MODELS: dict[str, Callable[..., nn.Module]] = {"cnn": SmallCNN}
 
 
 def model_factory(spec: str, shape: tuple[int, int, int], classes: int, dropout: float) -> Callable[[], nn.Module]:
-    """The factory of the network `spec` names (module docstring); ParamError (field `model`) where it names none."""
+    """The factory of the network `spec` names: the built-in `cnn` (with `dropout`), a shipped network of
+    `fedbench.networks` for the data's shape and classes, or a researcher's class (`load_network`), built without
+    arguments; ParamError (field `model`) where it names none."""
     if spec in BUILT_IN_MODELS:
         return functools.partial(BUILT_IN_MODELS[spec], shape, classes, dropout)
-    location, _, attribute = spec.rpartition(":")
-    if not location or not attribute:
-        raise ParamError("model", f"found {spec!r}, expected one of {' | '.join(BUILT_IN_MODELS)}, "
-                         "file.py:Class or module:Class", "vision")
-    try:
-        module = _file_module(Path(location)) if location.endswith(".py") else importlib.import_module(location)
-    except Exception as err:  # the import's own error, in one line
-        raise ParamError("model", f"{spec}: does not import: {type(err).__name__}: {err}".splitlines()[0],
-                         "vision") from None
-    cls = getattr(module, attribute, None)
-    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-        raise ParamError("model", f"{spec}: {attribute} is not an nn.Module class in {location}", "vision")
-    return cls
-
-
-def _file_module(path: Path) -> ModuleType:
-    """A network file imported once per content, as a module named by its hash (pickling finds it there)."""
-    text = path.read_text()
-    name = f"fedbench_network_{path.stem}_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
-    if name not in sys.modules:
-        module = ModuleType(name)
-        module.__file__ = str(path.resolve())
-        sys.modules[name] = module
-        try:
-            exec(compile(text, str(path), "exec"), module.__dict__)
-        except Exception:
-            del sys.modules[name]
-            raise
-    return sys.modules[name]
+    if spec in NETWORKS:
+        return functools.partial(NETWORKS[spec].build, shape, classes)
+    return load_network(spec)[0]
 
 
 def channel_statistics(pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -153,8 +126,8 @@ class Vision(Problem):
               choices=DATASETS),
         Param("path", "str", None, "folder (Fashion-MNIST, CIFAR-10) or npz file (FEMNIST) of the data, relative ones "
               "under the data root (None: fashion-mnist/, cifar10/, femnist/femnist_sample10.npz)", nullable=True),
-        Param("model", "str", "cnn", "the network: cnn (built in), file.py:Class or module:Class (an nn.Module built "
-              "without arguments)"),
+        Param("model", "str", "cnn", "the network: cnn (built in), a shipped network (fedbench list), "
+              "file.py:Class or module:Class (an nn.Module built without arguments)"),
         Param("dropout", "float", 0.0, "dropout rate before the built-in cnn's last layer", low=0, high=1,
               high_open=True),
         Param("clients", "int", 10, "number of clients N (FEMNIST: the first N writers; null: all)", low=1,
@@ -191,9 +164,11 @@ class Vision(Problem):
 
     @classmethod
     def code_hashes(cls, config: dict[str, Any]) -> dict[str, str]:
-        """The sha256 of the network's file, for a `file.py:Class` model."""
-        location = config["model"].rpartition(":")[0]
-        return {"model": hashlib.sha256(Path(location).read_bytes()).hexdigest()} if location.endswith(".py") else {}
+        """The sha256 of a researcher's network's code (`load_network`: a file with the modules it imports from its
+        folder, or a module's package)."""
+        if config["model"] in BUILT_IN_MODELS or config["model"] in NETWORKS:
+            return {}
+        return {"model": load_network(config["model"])[1].sha256}
 
     @classmethod
     def run_bytes(cls, config: dict[str, Any]) -> int | None:
@@ -216,12 +191,12 @@ class Vision(Problem):
 
     @classmethod
     def network(cls, config: dict[str, Any]) -> ModuleModel:
-        """The config's network on flat vectors; ParamError (field `model`) where it cannot be built or shared."""
-        factory = model_factory(config["model"], SHAPES[config["data"]], CLASSES[config["data"]], config["dropout"])
-        try:
-            return ModuleModel(factory)
-        except ValueError as err:  # a module the clients cannot share (check_module)
-            raise ParamError("model", str(err), cls.name) from None
+        """The config's network on flat vectors; ParamError (field `model`) where it cannot be built, does not run on
+        the data's images, or keeps buffers its forward pass updates (`fedbench.networks.check_module`)."""
+        shape = SHAPES[config["data"]]
+        network = ModuleModel(model_factory(config["model"], shape, CLASSES[config["data"]], config["dropout"]))
+        check_module(network.module, torch.zeros(2, *shape))  # BatchNorm refused, with the alternative
+        return network
 
     @classmethod
     def metrics(cls, config: dict[str, Any]) -> tuple[Metric, ...]:
