@@ -9,8 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
-from fedbench.data import cifar10
+from fedbench.data import cifar10, images
 
 SIZES = {"data_batch_1": 4, "data_batch_2": 3, "data_batch_10": 2, "test_batch": 5}  # 10 sorts after 2
 
@@ -65,6 +66,23 @@ def test_pixels_keep_the_plane_order(tmp_path):
     splits = cifar10.load(folder)
     np.testing.assert_array_equal(splits.x_train.reshape(-1, *cifar10.SHAPE)[0], image)
     assert splits.y_train.tolist() == [7] and splits.y_test.tolist() == [7]
+
+
+def test_nchw_tensors_of_every_batch_present(tmp_path):
+    """`images.load("cifar10")`: every training batch found, in the order of its number, as uint8 [n, 3, 32, 32]
+    whose [c, r, k] is the record's byte c·1024 + r·32 + k; the batches read named in `source`."""
+    batches = make_batches(2)
+    write_bin(tmp_path / "cifar-10-batches-bin", batches)
+    data = images.load("cifar10", tmp_path)
+    x_train, y_train, x_test, y_test = expected(batches)
+    assert data.x_train.shape == (9, 3, 32, 32) and data.x_test.shape == (5, 3, 32, 32)
+    assert data.x_train.dtype == torch.uint8 and data.y_train.dtype == torch.int64
+    for got, want in zip((data.x_train, data.y_train, data.x_test, data.y_test), (x_train, y_train, x_test, y_test)):
+        np.testing.assert_array_equal(got.reshape(len(want), -1).numpy().squeeze(), want)
+    c, r, k = 2, 17, 5
+    assert data.x_train[4, c, r, k] == x_train[4, c * 1024 + r * 32 + k]
+    assert data.source == ("cifar10: 3 of the 5 training batches (data_batch 1, 2, 10: 9 images) and the test batch "
+                           "(5)")
 
 
 def test_relative_folder_and_default_are_under_the_data_root(tmp_path, monkeypatch):
@@ -145,3 +163,20 @@ def test_the_shipped_binary_batches():
     direct = np.fromfile(root / "cifar-10-batches-bin" / "data_batch_1.bin", np.uint8, count=cifar10.RECORD)
     assert splits.y_train[0] == direct[0]
     np.testing.assert_array_equal(splits.x_train[0], direct[1:])
+
+
+def test_the_shipped_batches_as_tensors_and_the_normalisation_constants():
+    """The per-channel mean and std `images` normalises CIFAR-10 with are those of the full 50,000 training images:
+    with all five batches present they are checked to their 4 decimals; with fewer (2 in the shared folder), to
+    0.005, five times the spread of the present batches' own channel means (~1e-3)."""
+    root = Path(os.environ.get("FEDBENCH_DATA", "/nonexistent")) / "cifar10"
+    if not root.is_dir():
+        pytest.skip(f"needs $FEDBENCH_DATA/cifar10 ({root} is absent)")
+    data = images.load("cifar10")
+    batches = len(cifar10.batches(None)[1])
+    assert data.x_train.shape == (10_000 * batches, 3, 32, 32) and data.x_test.shape == (10_000, 3, 32, 32)
+    assert data.source.startswith(f"cifar10: {batches} of the 5 training batches")
+    pixels = data.x_train.to(torch.float64).div(255).transpose(0, 1).reshape(3, -1)
+    tolerance = 5e-5 if batches == 5 else 5e-3
+    np.testing.assert_allclose(pixels.mean(1).numpy(), data.mean, atol=tolerance)
+    np.testing.assert_allclose(pixels.std(1).numpy(), data.std, atol=tolerance)

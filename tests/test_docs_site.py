@@ -192,7 +192,9 @@ API_NAMES = {"algorithm": ["Algorithm.client_step", "Algorithm.client_final", "A
              "transforms": ["Transform.apply", "Transform.bits", "Compressor.compress", "chain"],
              "participation": ["Participation", "LocalSteps", "check_algorithm", "sample_clients"],
              "networks": ["NETWORKS", "Shipped.build", "load_network", "check_module"],
-             "plugins": ["load", "discover", "PluginError"]}
+             "plugins": ["load", "discover", "PluginError"],
+             "partitions": ["split", "Partition.describe", "fingerprint"],
+             "images": ["load", "normalize", "random_crop_flip"]}
 
 
 def test_the_api_has_a_page_per_topic_with_each_object_linked_from_the_index_and_the_tutorials(site, hook):

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
-from fedbench.data import idx
+from fedbench.data import idx, images
 from helpers import write_folder, write_idx
 
 
@@ -49,3 +50,22 @@ def test_the_shipped_fashion_mnist():
     assert splits.x_train.shape == (60000, 784) and splits.x_test.shape == (10000, 784)
     assert np.bincount(splits.y_train).tolist() == [6000] * 10 and np.bincount(splits.y_test).tolist() == [1000] * 10
     assert splits.x_train.mean() == pytest.approx(72.94, abs=0.01)  # SOURCE.md: 0.2860 × 255
+
+
+def test_fashion_mnist_as_nchw_tensors(tmp_path):
+    """`images.load("fashion_mnist", folder)`: the IDX images as uint8 [n, 1, 28, 28], labels int64; on the shipped
+    files, the normalisation constants are the training split's mean and std to their 4 decimals."""
+    write_folder(tmp_path, 5, 3)
+    splits = idx.load_folder(tmp_path)
+    data = images.load("fashion_mnist", tmp_path)
+    assert data.x_train.shape == (5, 1, 28, 28) and data.x_test.shape == (3, 1, 28, 28)
+    assert data.x_train.dtype == torch.uint8 and data.y_test.dtype == torch.int64
+    np.testing.assert_array_equal(data.x_train.numpy().reshape(5, 28, 28), splits.x_train.reshape(5, 28, 28))
+    np.testing.assert_array_equal(data.y_train.numpy(), splits.y_train)
+    root = Path(os.environ.get("FEDBENCH_DATA", "/nonexistent")) / "fashion-mnist"
+    if not root.is_dir():
+        pytest.skip("needs $FEDBENCH_DATA/fashion-mnist")
+    shipped = images.load("fashion_mnist")
+    assert shipped.source == "fashion_mnist: 60,000 training and 10,000 test images (fashion-mnist)"
+    pixels = shipped.x_train.to(torch.float64) / 255
+    assert abs(pixels.mean().item() - shipped.mean[0]) < 5e-5 and abs(pixels.std().item() - shipped.std[0]) < 5e-5

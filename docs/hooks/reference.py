@@ -523,6 +523,17 @@ API_PAGES = {
         {"fedbench.networks.NETWORKS": (), "fedbench.networks.Shipped": ("build",),
          "fedbench.networks.load_network": (), "fedbench.networks.network_class": (),
          "fedbench.networks.check_module": (), "fedbench.networks.parameter_count": ()}),
+    "partitions": ApiPage(
+        "Partitions", "splits of a pooled data set over clients: `split` (iid, Dirichlet label skew, label quantity "
+        "#C = k, shards), `Partition` with the string a run records, `fingerprint`", "fedbench.data.partitions",
+        {"fedbench.data.partitions.split": (), "fedbench.data.partitions.Partition": ("describe", "digest", "split"),
+         "fedbench.data.partitions.fingerprint": (), "fedbench.data.partitions.SCHEMES": ()}),
+    "images": ApiPage(
+        "Image data sets", "Fashion-MNIST and CIFAR-10 as NCHW tensors (`load`, `ImageTensors`, `normalize`) and "
+        "CIFAR's crop-and-flip batched over clients", "fedbench.data.images",
+        {"fedbench.data.images.load": (), "fedbench.data.images.ImageTensors": (), "fedbench.data.images.normalize": (),
+         "fedbench.data.images.random_crop_flip": (), "fedbench.data.images.crop_flip_draws": (),
+         "fedbench.data.images.crop_flip": ()}),
     "plugins": ApiPage(
         "Plugin loader", "registering your own algorithms and problems from a file, a module or an installed "
         "package's entry points", "fedbench.plugins",
