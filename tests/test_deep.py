@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -298,6 +299,8 @@ def test_a_resumed_batch_gives_the_rows_of_one_never_stopped(dropout):
 @pytest.mark.parametrize("config, field", [({"clients": 300, "train_size": 200}, "clients"),
                                            ({"clients": 70000}, "clients"),
                                            ({"path": "nowhere"}, "path"),
+                                           ({"partition": "dirichlet"}, "alpha"),
+                                           ({"partition": "iid", "alpha": 0.5}, "alpha"),
                                            ({"data": "femnist"}, "partition"),
                                            ({"data": "femnist", "partition": "writers", "test_size": 5}, "test_size"),
                                            ({"model": "resnet"}, "model")])
@@ -313,10 +316,26 @@ def test_what_validation_refuses_building_refuses(config, field):
         fedbench.make_problem("vision", seed=0, **config)
 
 
-def test_the_declared_layout_is_the_built_ones():
-    problem = fedbench.make_problem("vision", seed=0, clients=7, train_size=100, test_size=10)
-    declared = problem.declared_layout(problem.config, read_data=True)
-    assert (declared.clients, declared.smallest) == (7, int(problem.client_sizes.min())) == (7, 14)
+@pytest.mark.parametrize("partition", [{"partition": "iid"}, {"partition": "dirichlet", "alpha": 0.3},
+                                       {"partition": "label_quantity", "classes_per_client": 2, "clients": 10},
+                                       {"partition": "shards", "shards_per_client": 2}])
+def test_the_split_is_the_partitions_and_validation_draws_the_built_one(partition):
+    from fedbench.data import idx
+    from fedbench.data.partitions import split
+
+    config = {"clients": 7, "train_size": 300, "test_size": 10, "data_seed": 4, **partition}
+    problem = fedbench.make_problem("vision", seed=0, **config)
+    assert problem.declared_layout(problem.config, read_data=True).clients == problem.num_clients
+    labels = idx.train_labels(problem.folder(problem.config))
+    rows, sizes = problem.split(problem.config, labels, 4)
+    assert torch.equal(torch.from_numpy(sizes), problem.client_sizes_cpu)
+    assert torch.equal(torch.from_numpy(labels[rows]), problem.y_train)
+    kept = np.random.default_rng(int(torch.randint(2**62, (1,), generator=generator(4, "data")))).permutation(
+        len(labels))[:300]
+    scheme = {k: v for k, v in partition.items() if k not in ("partition", "clients")}
+    parts = split(torch.from_numpy(labels[kept]), problem.num_clients, partition["partition"],
+                  generator(4, "partition"), **scheme)
+    assert [len(part) for part in parts] == sizes.tolist()
 
 
 def test_a_network_with_running_statistics_is_refused_at_validate(tmp_path, monkeypatch):
@@ -391,3 +410,15 @@ def test_validation_refuses_a_network_whose_per_client_state_no_machine_holds(tm
     recipe("fedavg").check_builds()
     with pytest.raises(RecipeError, match=r"problem.clients: found 2000: a run needs ~1\d\d GiB"):
         recipe("scaffold").check_builds()
+
+
+def test_a_client_smaller_than_the_batch_takes_all_its_images():
+    problem = fedbench.make_problem("vision", seed=0, clients=6, train_size=120, test_size=10, partition="dirichlet",
+                                    alpha=0.05, data_seed=1)
+    smallest = int(problem.client_sizes.min())
+    assert smallest < 20 and problem.layout().smallest is None
+    rows = problem.draw_minibatches(torch.tensor([int(problem.client_sizes.argmin())]), 1, 20, generator(0, "b"))
+    assert int((rows >= 0).sum()) == smallest  # every image of it, the rest padding of weight 0
+    result = fedbench.run("fedavg", problem, rounds=2, clients_per_round=6, local_steps=2, batch_size=20,
+                          eval_every=2, client_lr=0.1)
+    assert result.status == "finished"

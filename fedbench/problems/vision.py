@@ -7,8 +7,12 @@ test batch, 3×32×32), or FEMNIST's writers (the shipped npz `femnist/femnist_s
 ink = 1). Pixels are kept as stored (uint8) and standardised per gathered batch, by channel, with the training
 pool's mean and standard deviation (computed once). `train_size` / `test_size` keep a random subset of the pools
 (drawn by the data seed; for short runs and tests), after which Fashion-MNIST and CIFAR-10 are split over `clients`
-by `partition`: `iid`, the pool in random order cut into `clients` parts of ⌊n/N⌋ or ⌈n/N⌉ images. FEMNIST's clients
-are its writers, each with its own training images (`clients`: the first that many writers; null: all), with
+by `partition` (`fedbench.data.partitions`, on the data seed's "partition" stream): `iid` (parts of ⌊n/N⌋ or ⌈n/N⌉
+images), `dirichlet` label skew Dir(`alpha`), `label_quantity` #C = `classes_per_client`, or McMahan et al.'s
+`shards` (`shards_per_client`), each client holding at least `min_size` images. Validation draws the same split on
+the labels alone (with the data seed, or seed 0 where the data follow the trial's seed) and refuses what it refuses.
+A client holding fewer than b images takes all of them in each step (`caps_batches`). FEMNIST's clients are its
+writers, each with its own training images (`clients`: the first that many writers; null: all), with
 `partition: writers`. The test metrics pool the test set (FEMNIST: every kept writer's test images).
 
 Model: `model` names a built-in network (`cnn`: two 5×5 convolutions of 16 and 32 channels, each with ReLU and 2×2
@@ -42,6 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedbench.data import cifar10, femnist, idx
+from fedbench.data.partitions import SCHEMES, Partition
 from fedbench.hparams import Param, ParamError
 from fedbench.metrics import Metric
 from fedbench.module_model import LAYOUTS, ModuleModel, choose_layout
@@ -120,6 +125,7 @@ def network_sizes(model: str, data: str, dropout: float, source_sha256: str | No
 class Vision(Problem):
     name = "vision"
     provides = frozenset({"hvp", "full_data"})
+    caps_batches = True  # a skewed split's small client takes all its images each step
     size_params = ("clients",)
     params = (
         Param("data", "choice", "fashion_mnist", "data set: Fashion-MNIST, CIFAR-10 or FEMNIST's writers",
@@ -132,8 +138,15 @@ class Vision(Problem):
               high_open=True),
         Param("clients", "int", 10, "number of clients N (FEMNIST: the first N writers; null: all)", low=1,
               nullable=True),
-        Param("partition", "choice", "iid", "how the pool is split: iid (FEMNIST: writers, each its own)",
-              choices=("iid", "writers")),
+        Param("partition", "choice", "iid", "how the pool is split (fedbench.data.partitions; FEMNIST: writers, "
+              "each its own)", choices=(*SCHEMES, "writers")),
+        Param("alpha", "float", None, "dirichlet: the concentration α of each class's Dir(α·1_N) over the clients",
+              low=0, low_open=True, nullable=True),
+        Param("classes_per_client", "int", None, "label_quantity: the labels #C = k each client holds", low=1,
+              nullable=True),
+        Param("shards_per_client", "int", None, "shards: the shards of label-sorted images each client gets", low=1,
+              nullable=True),
+        Param("min_size", "int", 1, "the images each client holds at least (dirichlet tops a draw up to it)", low=0),
         Param("train_size", "int", None, "Fashion-MNIST, CIFAR-10: keep a random subset of this many training "
               "images (null: all)", low=1,
               nullable=True),
@@ -152,7 +165,9 @@ class Vision(Problem):
         femnist_data = config["data"] == "femnist"
         if femnist_data != (config["partition"] == "writers"):
             raise ParamError("partition", f"found {config['partition']} with data {config['data']}, expected "
-                             f"{'writers' if femnist_data else 'iid'}", cls.name)
+                             f"{'writers' if femnist_data else ' | '.join(SCHEMES)}", cls.name)
+        if not femnist_data and config["clients"] is not None:
+            cls.partition(config)  # a scheme's missing or misplaced parameter refused here
         for size in ("train_size", "test_size"):
             if femnist_data and config[size] is not None:
                 raise ParamError(size, f"found {config[size]} with data femnist, expected null (each writer keeps "
@@ -215,13 +230,35 @@ class Vision(Problem):
             index = cls.read_index(config, femnist.load_index, "sample10", config["path"])
             writers = len(femnist.select_clients(index, femnist.LABELS, 1, 0).writer_ids)
             return Layout(writers if config["clients"] is None else min(writers, config["clients"]))
-        pool = config["train_size"]
-        if read_data:
+        if read_data:  # the split drawn on the labels alone, as building draws it: what it refuses, refused here
             read = idx.train_labels if config["data"] == "fashion_mnist" else lambda f: cifar10.load_labels(f)[0]
-            pool = min(pool or math.inf, len(cls.read_index(config, lambda: read(cls.folder(config)))))
-        if pool is not None and pool < config["clients"]:
-            raise ParamError("clients", f"found {config['clients']}, more than the {pool} training images", cls.name)
-        return Layout(config["clients"], None if pool is None else int(pool) // config["clients"], "train_size")
+            labels = cls.read_index(config, lambda: read(cls.folder(config)))
+            cls.split(config, labels, config["data_seed"] if config["data_seed"] is not None else 0)
+        elif config["train_size"] is not None and config["train_size"] < config["clients"]:
+            raise ParamError("clients", f"found {config['clients']}, more than the {config['train_size']} training "
+                             "images", cls.name)
+        return Layout(config["clients"])
+
+    @classmethod
+    def partition(cls, config: dict[str, Any]) -> Partition:
+        """The config's split of the pool (`fedbench.data.partitions`), its parameters checked."""
+        try:
+            return Partition(config["partition"], config["clients"], config["alpha"], config["classes_per_client"],
+                             config["shards_per_client"], config["min_size"])
+        except ParamError as err:  # a field of this problem's
+            raise ParamError(err.name if err.name in config else "partition", err.message, cls.name) from None
+
+    @classmethod
+    def split(cls, config: dict[str, Any], labels: np.ndarray, data_seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """(the kept training rows of the pool `labels` in client order, each client's size [N]): `train_size` rows
+        drawn by the data seed, split by the config's partition on its own stream."""
+        rng = np.random.default_rng(int(torch.randint(2**62, (1,), generator=generator(data_seed, "data"))))
+        kept = rng.permutation(len(labels))[: config["train_size"]]
+        try:
+            parts = cls.partition(config).split(torch.from_numpy(labels[kept]), generator(data_seed, "partition"))
+        except ParamError as err:
+            raise ParamError(err.name, err.message, cls.name) from None
+        return kept[torch.cat(parts).numpy()], np.array([len(part) for part in parts], dtype=np.int64)
 
     @staticmethod
     def folder(config: dict[str, Any]) -> Path:
@@ -254,7 +291,6 @@ class Vision(Problem):
 
     def _read(self, config: dict[str, Any]) -> tuple[np.ndarray, ...]:
         """(training pixels [n, ...] uint8 in client order, labels, each client's size [N], test pixels, labels)."""
-        rng = np.random.default_rng(int(torch.randint(2**62, (1,), generator=generator(self.data_seed, "data"))))
         if config["data"] == "femnist":
             clients = femnist.select_clients(femnist.load("sample10", config["path"]), femnist.LABELS, 1, 0)
             assert clients.x_train is not None and clients.x_test is not None  # read with its pixels
@@ -268,14 +304,11 @@ class Vision(Problem):
         splits = self.read_index(config, lambda: read(self.folder(config)))
         x_train, y_train, x_test, y_test = splits.x_train, splits.y_train, splits.x_test, splits.y_test
         if config["test_size"] is not None:
+            rng = np.random.default_rng(int(torch.randint(2**62, (1,), generator=generator(self.data_seed, "test"))))
             keep = rng.permutation(len(y_test))[: config["test_size"]]
             x_test, y_test = x_test[keep], y_test[keep]
-        order = rng.permutation(len(y_train))[: config["train_size"]]  # the iid split: the pool in random order
-        if len(order) < config["clients"]:
-            raise ParamError("clients", f"found {config['clients']}, more than the {len(order)} training images",
-                             self.name)
-        sizes = np.array([len(part) for part in np.array_split(order, config["clients"])], dtype=np.int64)
-        return x_train[order], y_train[order], sizes, np.require(x_test, requirements="W"), y_test
+        rows, sizes = self.split(config, y_train, self.data_seed)
+        return x_train[rows], y_train[rows], sizes, np.require(x_test, requirements="W"), y_test
 
     # -- what a run records --------------------------------------------------------------------
     def choices(self) -> dict[str, str]:
