@@ -31,7 +31,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from fedbench.algorithms import ALGORITHMS
@@ -41,23 +40,8 @@ from fedbench.problems import make_problem
 from fedbench.simulate import Federation, Simulation
 
 CASES = {"cnn-fashion_mnist": ("cnn", "fashion_mnist"), "cnn-cifar10": ("cnn", "cifar10"),
-         "reddi-femnist": ("deep_layouts:ReddiCNN", "femnist")}  # (model, data) by case name
+         "emnist_cnn-femnist": ("emnist_cnn", "femnist")}  # (model, data) by case name: Reddi et al.'s EMNIST CNN
 LR = 0.05
-
-
-class ReddiCNN(nn.Module):
-    """Reddi et al.'s EMNIST CNN (ICLR 2021, Table 4 of their appendix: two 3×3 convolutions of 32 and 64 channels,
-    2×2 max pooling, a dense layer of 128, 62 classes; 1,206,590 parameters), without its dropout layers (the
-    layouts are timed on the deterministic network)."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv1, self.conv2 = nn.Conv2d(1, 32, 3), nn.Conv2d(32, 64, 3)
-        self.fc1, self.fc2 = nn.Linear(9216, 128), nn.Linear(128, 62)
-
-    def forward(self, x):
-        x = F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2)
-        return self.fc2(F.relu(self.fc1(x.flatten(-3))))
 
 
 class PlainLoop:

@@ -205,7 +205,7 @@ session() {
   step runs_batched $((50 * scale)) "$python" bench/runs_batched.py "${device[@]}" "${cases[@]}"
   cp fedbench/deep_layouts.json "$out/deep_layouts.json"
   for clients in 10 50; do
-    step deep_layouts $((20 * scale)) "$python" bench/deep_layouts.py "${device[@]}" --cases reddi-femnist \
+    step deep_layouts $((20 * scale)) "$python" bench/deep_layouts.py "${device[@]}" --cases emnist_cnn-femnist \
       --batch-sizes 20 --clients "$clients" --repeats 3 --rounds 1 --write "$out/deep_layouts.json"
   done
 
