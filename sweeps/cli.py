@@ -252,6 +252,8 @@ def run(
     keep_freed_memory()
     together, sims = build_runs(recipe_path, trials, device)
     console.print(run_title(trials, together), highlight=False)
+    for name, value in sims[0].problem.choices().items():  # e.g. a deep network's layout over the clients
+        console.print(f"{name}: {value}", highlight=False)
     outcomes = drive_runs(recipe, trials, sims, tracking_uri, resume)
     console.print(final_table([t.seed for t in trials], outcomes))
     wall = sum(o.wall_seconds for o in outcomes)

@@ -70,6 +70,7 @@ class Outcome:
     end_time: float = field(default_factory=time.time)  # epoch seconds, where the run ran
     runs_in_batch: int = 1  # runs of the program it ran in (1: alone, or one after another)
     compiled: bool = False  # whether its program's local steps ran compiled (`fedbench.compiling`)
+    choices: dict[str, str] = field(default_factory=dict)  # what its problem chose to run it (`Problem.choices`)
     model: bytes | None = None  # its final model's file (`fedbench.saved`), stored as the artifact model/final.pt
     # its models by round (`tracking.models_every`) where its driver keeps them for the end (`fedbench run`; a Ray
     # trial sends each as it is made)
@@ -127,7 +128,8 @@ def drive_batch(sims: list[Simulation], on_row: OnRow | None = None, checkpoints
     together = {i: len(runs) for runs, _ in groups for i in runs}
     compiled = {i: program.compiled for runs, program in groups for i in runs}
     return [Outcome(rows[i], sim.status, str(sim.problem.device), seconds[i], sim.train_seconds, sim.eval_seconds,
-                    wall, runs_in_batch=together[i], compiled=compiled[i], model=model_bytes(sim))
+                    wall, runs_in_batch=together[i], compiled=compiled[i], choices=sim.problem.choices(),
+                    model=model_bytes(sim))
             for i, sim in enumerate(sims)]
 
 

@@ -834,7 +834,8 @@ def ended_run(run_id: str, outcome: dict[str, Any], after: int = -1) -> EndedRun
                 for key in SUMMARY_METRICS if not (key == "train_seconds" and has_history)]
     tags = {"status": outcome["status"], "device": outcome["device"],
             "runs_in_batch": str(outcome.get("runs_in_batch", 1)),  # as run: memory-bound ones alone
-            "compiled": str(outcome.get("compiled", False)).lower()}  # its local steps (recipe field compile)
+            "compiled": str(outcome.get("compiled", False)).lower(),  # its local steps (recipe field compile)
+            **(outcome.get("choices") or {})}  # what its problem chose to run it (a deep network's layout)
     if outcome.get("error"):
         tags["error"] = outcome["error"][-5000:]
     return EndedRun(run_id, metrics, tags, "FAILED" if outcome["status"] == "failed" else "FINISHED",

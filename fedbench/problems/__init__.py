@@ -13,9 +13,10 @@ from fedbench.problems.lasso import Lasso
 from fedbench.problems.lowrank import LowRank
 from fedbench.problems.pauc import PartialAUC
 from fedbench.problems.pfl import PFLImages, PFLSynthetic
+from fedbench.problems.vision import Vision
 
 PROBLEMS: dict[str, type[Problem]] = {cls.name: cls for cls in (Lasso, LowRank, EMNIST, PartialAUC, Digits,
-                                                                  PFLSynthetic, PFLImages, ABUsers)}
+                                                                  PFLSynthetic, PFLImages, ABUsers, Vision)}
 """Every registered problem class by name: the built-in ones, and the plugins registered in this process
 (`fedbench.plugins`)."""
 

@@ -212,6 +212,27 @@ class Problem:
         return None
 
     @classmethod
+    def state_bytes(cls, config: dict[str, Any], kept: int, clients_per_round: int, batch_size: int) -> int | None:
+        """About the bytes a run holds beyond `run_bytes` where they grow with its model rather than its data (a deep
+        network's): `kept` model-sized vectors per client (the algorithm's `keeps`: SCAFFOLD's c_i), the sampled
+        clients' local copies, and a local step's activations for `clients_per_round` × `batch_size` samples; what
+        validation adds to `run_bytes` before refusing a run no machine holds. None (the default): not estimated
+        apart from `run_bytes`.
+
+        Example:
+            A model of d float32 parameters whose activations are `width` values a sample:
+
+            ```python
+            @classmethod
+            def state_bytes(cls, config, kept, clients_per_round, batch_size):
+                d = config["dim"]
+                return 4 * (d * (kept * config["clients"] + 4 * clients_per_round)
+                            + 2 * clients_per_round * batch_size * config["width"])
+            ```
+        """
+        return None
+
+    @classmethod
     def check(cls, config: dict[str, Any]) -> None:
         """Refuse (ParamError) a resolved config that the problem cannot be built with, by rules that need the
         config alone; every instance is checked so, and a recipe's validator checks its configs so before anything
@@ -249,6 +270,35 @@ class Problem:
             ```
         """
         return Layout(cls.declared_clients(config))
+
+    @classmethod
+    def code_hashes(cls, config: dict[str, Any]) -> dict[str, str]:
+        """The sha256 of code outside fedbench that a resolved config names (a network's file), by the field that
+        names it: a run's configuration holds them (`fedbench_sweeps`' trials), so that an edit of that code runs
+        its runs again. Default: none.
+
+        Example:
+            ```python
+            @classmethod
+            def code_hashes(cls, config):
+                return {"model": hashlib.sha256(Path(config["model_file"]).read_bytes()).hexdigest()}
+            ```
+        """
+        return {}
+
+    def choices(self) -> dict[str, str]:
+        """What this instance chose for itself among equivalent ways to run (the same numbers to rounding), by
+        name: a run prints them when it starts and records them as tags. Default: none.
+
+        Example:
+            A deep network's layout over the clients (`fedbench/problems/vision.py`):
+
+            ```python
+            def choices(self):
+                return {"layout": self.layout_name}
+            ```
+        """
+        return {}
 
     def layout(self) -> Layout:
         """The clients of this instance: their number and, unless the problem `caps_batches`, the smallest one's

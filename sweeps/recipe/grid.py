@@ -261,12 +261,21 @@ class Recipe:
 
     def check_memory(self, trial: Trial) -> None:
         """Refuse a run whose estimate exceeds this machine's memory: building it, or keeping its curve, would die
-        allocating, at run time. The estimate is its data and state (`Problem.run_bytes`), refused at the size
-        parameter whose default would lower it most (the one to lower), and the curve it keeps whole
+        allocating, at run time. The estimate is its data and state (`Problem.run_bytes`, and `Problem.state_bytes`
+        where the problem estimates it: a deep network's parameters × the vectors the algorithm keeps per client,
+        its activations × the batch), refused at the size parameter whose default would lower it most (the one to
+        lower), and the curve it keeps whole
         (`CURVE_VALUE_BYTES` a value of each row it logs), refused at `federation.rounds` where the curve is the
         larger part (`federation.rounds: 1e12` passed)."""
         problem, config = PROBLEMS[trial.problem], trial.problem_config
-        data, available = problem.run_bytes(config), machine_memory()
+        federation, kept = trial.federation, len(ALGORITHMS[trial.algorithm].keeps)
+
+        def estimate(config: dict[str, Any]) -> int | None:  # the run's data and state, where the problem says
+            sampled = federation.clients_per_round or problem.declared_clients(config) or 0
+            parts = [problem.run_bytes(config), problem.state_bytes(config, kept, sampled, federation.batch_size)]
+            return None if parts == [None, None] else sum(part or 0 for part in parts)
+
+        data, available = estimate(config), machine_memory()
         curve = CURVE_VALUE_BYTES * (len(trial.metrics()) + 1) * trial.rows_logged()  # + 1: the row's round
         needed = (data or 0) + curve
         if available is None or needed <= available:
@@ -277,7 +286,7 @@ class Recipe:
                               f"{trial.rows_logged()} rows, one every {trial.eval_every} rounds), this machine has "
                               f"{in_bytes(available)}")
         defaults = {p.name: p.default for p in problem.params}
-        name = min(problem.size_params, key=lambda size: problem.run_bytes({**config, size: defaults[size]}) or 0)
+        name = min(problem.size_params, key=lambda size: estimate({**config, size: defaults[size]}) or 0)
         raise RecipeError(self.source, self.field(trial.algorithm, "problem", name), f"found {config[name]}: a run "
                           f"needs ~{in_bytes(needed)}, this machine has {in_bytes(available)}")
 

@@ -62,6 +62,9 @@ class Trial:
             config["privacy"] = {"delta": self.delta, "accountant": self.accountant}
         if self.plugins:
             config["plugins"] = sorted(source.sha256 for source in self.plugins)
+        code = PROBLEMS[self.problem].code_hashes(self.problem_config)  # a network's file, say
+        if code:
+            config["code"] = code
         return config
 
     @property

@@ -1,0 +1,382 @@
+"""Federated image classification with a deep network: any torch `nn.Module` (`fedbench.module_model`) on
+Fashion-MNIST, CIFAR-10 or FEMNIST, the clients still one batch of the engine.
+
+Data (from the data root, `FEDBENCH_DATA`, or `path`): Fashion-MNIST's IDX files (`fashion-mnist/`, 60,000
+training and 10,000 test images, 1×28×28), CIFAR-10's batches (`cifar10/`, every training batch present and the
+test batch, 3×32×32), or FEMNIST's writers (the shipped npz `femnist/femnist_sample10.npz`, 62 classes, 1×28×28,
+ink = 1). Pixels are kept as stored (uint8) and standardised per gathered batch, by channel, with the training
+pool's mean and standard deviation (computed once). `train_size` / `test_size` keep a random subset of the pools
+(drawn by the data seed; for short runs and tests), after which Fashion-MNIST and CIFAR-10 are split over `clients`
+by `partition` (`fedbench.data.partitions`, on the data seed's "partition" stream): `iid` (parts of ⌊n/N⌋ or ⌈n/N⌉
+images), `dirichlet` label skew Dir(`alpha`), `label_quantity` #C = `classes_per_client`, or McMahan et al.'s
+`shards` (`shards_per_client`), each client holding at least `min_size` images. Validation draws the same split on
+the labels alone (with the data seed, or seed 0 where the data follow the trial's seed) and refuses what it refuses.
+A client holding fewer than b images takes all of them in each step (`caps_batches`). FEMNIST's clients are its
+writers, each with its own training images (`clients`: the first that many writers; null: all), with
+`partition: writers`. The test metrics pool the test set (FEMNIST: every kept writer's test images).
+
+Model: `model` names a built-in network (`cnn`: two 5×5 convolutions of 16 and 32 channels, each with ReLU and 2×2
+max pooling, then a linear layer to the classes; with `dropout` > 0 a dropout layer before it) or a researcher's
+class, `module.path:Class` or `file.py:Class` (relative to the working directory), built without arguments and
+given the data's shape by its own code. Loss: the mean softmax cross-entropy of a client's minibatch; h = 0; π_k ∝
+n_k. Initial point: the module's own initialisation, drawn with the run's "init" stream.
+
+Layout (`fedbench.module_model`): `vmap` or `loop`, the same numbers to float32 rounding; `auto` picks by the
+table `bench/deep_layouts.py` measured for the model (or one of about its size) on the device type. The chosen
+layout is printed when a run starts and tagged on it (`choices`).
+
+Memory, estimated at validation (`run_bytes`, `state_bytes`): the kept images' pixels, and float32 copies of the
+network's parameters (as many per client as the algorithm keeps vectors, a few per sampled client and for the
+server) and of its leaf layers' outputs for each sampled client's batch.
+
+Metrics of the global model: `test_loss` and `test_accuracy` over the pooled test set, evaluated in eval mode
+(dropout off) in chunks of EVAL_CHUNK images; with `train_metrics`, `train_loss` and `train_accuracy` over every
+client's training images too (one forward pass over the whole pool: the longest part of an evaluation).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fedbench.data import cifar10, femnist, idx
+from fedbench.data.partitions import SCHEMES, Partition
+from fedbench.hparams import Param, ParamError
+from fedbench.metrics import Metric
+from fedbench.module_model import LAYOUTS, ModuleModel, choose_layout
+from fedbench.networks import NETWORKS, check_module, load_network
+from fedbench.oracle import Oracle
+from fedbench.problems.base import Layout, Problem
+from fedbench.prox import NoRegularizer
+from fedbench.rng import generator
+
+EVAL_CHUNK = 2048  # images per evaluation forward pass
+DATASETS = ("fashion_mnist", "cifar10", "femnist")
+SHAPES = {"fashion_mnist": (1, 28, 28), "cifar10": cifar10.SHAPE, "femnist": (1, 28, 28)}
+CLASSES = {"fashion_mnist": 10, "cifar10": cifar10.CLASSES, "femnist": femnist.LABELS}
+DEFAULT_FOLDERS = {"fashion_mnist": "fashion-mnist", "cifar10": cifar10.DEFAULT_FOLDER}
+POOLS = {"fashion_mnist": (60000, 10000), "cifar10": (50000, 10000)}  # training and test images (memory estimate)
+# Model-sized float32 vectors a run holds beside those its algorithm keeps per client (the memory estimate): per
+# sampled client, its point, gradient, upload and the algorithm's local state; for the server, its model, the mean
+# upload and the algorithm's server state. A step keeps each layer's output for its backward pass, and its gradient.
+LOCAL_COPIES, SERVER_COPIES, ACTIVATION_COPIES = 4, 4, 2
+
+
+class SmallCNN(nn.Module):
+    """Two 5×5 convolutions (16 and 32 channels, padding 2), each followed by ReLU and 2×2 max pooling, then a linear
+    layer to the classes (with `dropout` > 0, a dropout layer before it)."""
+
+    def __init__(self, shape: tuple[int, int, int] = (1, 28, 28), classes: int = 10, dropout: float = 0.0):
+        super().__init__()
+        channels, height, width = shape
+        self.conv1 = nn.Conv2d(channels, 16, 5, padding=2)
+        self.conv2 = nn.Conv2d(16, 32, 5, padding=2)
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.fc = nn.Linear(32 * (height // 4) * (width // 4), classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc(self.dropout(x.flatten(-3)))
+
+
+BUILT_IN_MODELS: dict[str, Callable[..., nn.Module]] = {"cnn": SmallCNN}
+"""The built-in networks by name, each built as `factory(shape, classes, dropout)`."""
+
+
+def model_factory(spec: str, shape: tuple[int, int, int], classes: int, dropout: float) -> Callable[[], nn.Module]:
+    """The factory of the network `spec` names: the built-in `cnn` (with `dropout`), a shipped network of
+    `fedbench.networks` for the data's shape and classes, or a researcher's class (`load_network`), built without
+    arguments; ParamError (field `model`) where it names none."""
+    if spec in BUILT_IN_MODELS:
+        return functools.partial(BUILT_IN_MODELS[spec], shape, classes, dropout)
+    if spec in NETWORKS:
+        return functools.partial(NETWORKS[spec].build, shape, classes)
+    return load_network(spec)[0]
+
+
+def channel_statistics(pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel mean and (population) standard deviation of the intensities pixels/255 `[n, channels, h·w]`, by
+    float64 sums over chunks of images (no float copy of the whole pool)."""
+    sums, squares = np.zeros(pixels.shape[1]), np.zeros(pixels.shape[1])
+    for start in range(0, len(pixels), EVAL_CHUNK):
+        chunk = pixels[start: start + EVAL_CHUNK].astype(np.float64) / 255
+        sums += chunk.sum((0, 2))
+        squares += (chunk * chunk).sum((0, 2))
+    count = len(pixels) * pixels.shape[2]
+    mean = sums / count
+    return mean, np.sqrt(np.maximum(squares / count - mean * mean, 0.0))
+
+
+@functools.lru_cache(maxsize=64)
+def network_sizes(model: str, data: str, dropout: float, source_sha256: str | None) -> tuple[int, int]:
+    """(parameters, leaf layers' output values for one image) of a network on a data set's images, once per network
+    (and file content: `source_sha256`) in a process: a recipe's trials share them."""
+    network = Vision.network({"model": model, "data": data, "dropout": dropout})
+    return network.dim, network.activations(SHAPES[data])
+
+
+class Vision(Problem):
+    name = "vision"
+    provides = frozenset({"hvp", "full_data"})
+    caps_batches = True  # a skewed split's small client takes all its images each step
+    size_params = ("clients",)
+    params = (
+        Param("data", "choice", "fashion_mnist", "data set: Fashion-MNIST, CIFAR-10 or FEMNIST's writers",
+              choices=DATASETS),
+        Param("path", "str", None, "folder (Fashion-MNIST, CIFAR-10) or npz file (FEMNIST) of the data, relative ones "
+              "under the data root (None: fashion-mnist/, cifar10/, femnist/femnist_sample10.npz)", nullable=True),
+        Param("model", "str", "cnn", "the network: cnn (built in), a shipped network (fedbench list), "
+              "file.py:Class or module:Class (an nn.Module built without arguments)"),
+        Param("dropout", "float", 0.0, "dropout rate before the built-in cnn's last layer", low=0, high=1,
+              high_open=True),
+        Param("clients", "int", 10, "number of clients N (FEMNIST: the first N writers; null: all)", low=1,
+              nullable=True),
+        Param("partition", "choice", "iid", "how the pool is split (fedbench.data.partitions; FEMNIST: writers, "
+              "each its own)", choices=(*SCHEMES, "writers")),
+        Param("alpha", "float", None, "dirichlet: the concentration α of each class's Dir(α·1_N) over the clients",
+              low=0, low_open=True, nullable=True),
+        Param("classes_per_client", "int", None, "label_quantity: the labels #C = k each client holds", low=1,
+              nullable=True),
+        Param("shards_per_client", "int", None, "shards: the shards of label-sorted images each client gets", low=1,
+              nullable=True),
+        Param("min_size", "int", 1, "the images each client holds at least (dirichlet tops a draw up to it)", low=0),
+        Param("train_size", "int", None, "Fashion-MNIST, CIFAR-10: keep a random subset of this many training "
+              "images (null: all)", low=1,
+              nullable=True),
+        Param("test_size", "int", None, "Fashion-MNIST, CIFAR-10: keep a random subset of this many test images "
+              "(null: all)", low=1,
+              nullable=True),
+        Param("layout", "choice", "auto", "how the clients' forward passes run: vmap, a loop inside the program, "
+              "or auto (the measured table)", choices=("auto", *LAYOUTS)),
+        Param("train_metrics", "bool", False, "also evaluate the training loss and accuracy (a pass over the pool)"),
+        Param("data_seed", "int", None, "seed of the subsets and the split (None: the trial's seed)", low=0,
+              nullable=True),
+    )
+
+    @classmethod
+    def check(cls, config: dict[str, Any]) -> None:
+        femnist_data = config["data"] == "femnist"
+        if femnist_data != (config["partition"] == "writers"):
+            raise ParamError("partition", f"found {config['partition']} with data {config['data']}, expected "
+                             f"{'writers' if femnist_data else ' | '.join(SCHEMES)}", cls.name)
+        if not femnist_data and config["clients"] is not None:
+            cls.partition(config)  # a scheme's missing or misplaced parameter refused here
+        for size in ("train_size", "test_size"):
+            if femnist_data and config[size] is not None:
+                raise ParamError(size, f"found {config[size]} with data femnist, expected null (each writer keeps "
+                                 "its own images)", cls.name)
+        if not femnist_data and config["clients"] is None:
+            raise ParamError("clients", f"found null with data {config['data']}, expected a number of clients",
+                             cls.name)
+        cls.network(config)  # a network that does not import, or that the clients cannot share, refused here
+
+    @classmethod
+    def code_hashes(cls, config: dict[str, Any]) -> dict[str, str]:
+        """The sha256 of a researcher's network's code (`load_network`: a file with the modules it imports from its
+        folder, or a module's package)."""
+        if config["model"] in BUILT_IN_MODELS or config["model"] in NETWORKS:
+            return {}
+        return {"model": load_network(config["model"])[1].sha256}
+
+    @classmethod
+    def run_bytes(cls, config: dict[str, Any]) -> int | None:
+        """The stored pixels (uint8) of Fashion-MNIST's and CIFAR-10's kept images (FEMNIST: not estimated)."""
+        if config["data"] not in POOLS:
+            return None
+        train, test = (pool if size is None else min(size, pool)
+                       for pool, size in zip(POOLS[config["data"]], (config["train_size"], config["test_size"])))
+        return (train + test) * math.prod(SHAPES[config["data"]])
+
+    @classmethod
+    def state_bytes(cls, config: dict[str, Any], kept: int, clients_per_round: int, batch_size: int) -> int | None:
+        """float32 values: the network's d parameters `kept` times per client, LOCAL_COPIES times per sampled client
+        and SERVER_COPIES times for the server, and ACTIVATION_COPIES times its activations for each sampled
+        client's batch."""
+        dim, activations = network_sizes(config["model"], config["data"], config["dropout"],
+                                         cls.code_hashes(config).get("model"))
+        vectors = kept * (cls.declared_clients(config) or 0) + LOCAL_COPIES * clients_per_round + SERVER_COPIES
+        return 4 * (dim * vectors + ACTIVATION_COPIES * clients_per_round * batch_size * activations)
+
+    @classmethod
+    def network(cls, config: dict[str, Any]) -> ModuleModel:
+        """The config's network on flat vectors; ParamError (field `model`) where it cannot be built, does not run on
+        the data's images, or keeps buffers its forward pass updates (`fedbench.networks.check_module`)."""
+        shape = SHAPES[config["data"]]
+        network = ModuleModel(model_factory(config["model"], shape, CLASSES[config["data"]], config["dropout"]))
+        check_module(network.module, torch.zeros(2, *shape))  # BatchNorm refused, with the alternative
+        return network
+
+    @classmethod
+    def metrics(cls, config: dict[str, Any]) -> tuple[Metric, ...]:
+        test = (Metric("test_loss", "test cross-entropy", "min"),
+                Metric("test_accuracy", "test accuracy (fraction correct)", "max"))
+        if not config["train_metrics"]:
+            return test
+        return (Metric("train_loss", "training cross-entropy", "min"),
+                Metric("train_accuracy", "training accuracy (fraction correct)", "max"), *test)
+
+    @classmethod
+    def declared_layout(cls, config: dict[str, Any], read_data: bool = False) -> Layout:
+        if config["data"] == "femnist":
+            if not read_data:
+                return Layout(config["clients"])
+            index = cls.read_index(config, femnist.load_index, "sample10", config["path"])
+            writers = len(femnist.select_clients(index, femnist.LABELS, 1, 0).writer_ids)
+            return Layout(writers if config["clients"] is None else min(writers, config["clients"]))
+        if read_data:  # the split drawn on the labels alone, as building draws it: what it refuses, refused here
+            read = idx.train_labels if config["data"] == "fashion_mnist" else lambda f: cifar10.load_labels(f)[0]
+            labels = cls.read_index(config, lambda: read(cls.folder(config)))
+            cls.split(config, labels, config["data_seed"] if config["data_seed"] is not None else 0)
+        elif config["train_size"] is not None and config["train_size"] < config["clients"]:
+            raise ParamError("clients", f"found {config['clients']}, more than the {config['train_size']} training "
+                             "images", cls.name)
+        return Layout(config["clients"])
+
+    @classmethod
+    def partition(cls, config: dict[str, Any]) -> Partition:
+        """The config's split of the pool (`fedbench.data.partitions`), its parameters checked."""
+        try:
+            return Partition(config["partition"], config["clients"], config["alpha"], config["classes_per_client"],
+                             config["shards_per_client"], config["min_size"])
+        except ParamError as err:  # a field of this problem's
+            raise ParamError(err.name if err.name in config else "partition", err.message, cls.name) from None
+
+    @classmethod
+    def split(cls, config: dict[str, Any], labels: np.ndarray, data_seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """(the kept training rows of the pool `labels` in client order, each client's size [N]): `train_size` rows
+        drawn by the data seed, split by the config's partition on its own stream."""
+        rng = np.random.default_rng(int(torch.randint(2**62, (1,), generator=generator(data_seed, "data"))))
+        kept = rng.permutation(len(labels))[: config["train_size"]]
+        try:
+            parts = cls.partition(config).split(torch.from_numpy(labels[kept]), generator(data_seed, "partition"))
+        except ParamError as err:
+            raise ParamError(err.name, err.message, cls.name) from None
+        return kept[torch.cat(parts).numpy()], np.array([len(part) for part in parts], dtype=np.int64)
+
+    @staticmethod
+    def folder(config: dict[str, Any]) -> Path:
+        """The folder of Fashion-MNIST's or CIFAR-10's files: `path`, relative ones under the data root."""
+        default = DEFAULT_FOLDERS[config["data"]]
+        chosen = Path(config["path"] or default).expanduser()
+        return chosen if chosen.is_absolute() else femnist.data_root(None, default) / chosen
+
+    def __init__(self, config: dict[str, Any], seed: int, device="cpu"):
+        super().__init__(config, seed, device)
+        data = config["data"]
+        self.shape, self.classes = SHAPES[data], CLASSES[data]
+        self.row_elements = math.prod(self.shape)  # type: ignore[misc]  # a ClassVar elsewhere: pixels of an image
+        x_train, y_train, sizes, x_test, y_test = self._read(config)
+        mean, std = channel_statistics(x_train.reshape(len(x_train), self.shape[0], -1))
+        self.pixel_mean, self.pixel_std = (torch.tensor(v, dtype=torch.float32, device=self.device).view(-1, 1, 1)
+                                           for v in (mean, std))
+        self.x_train = torch.from_numpy(x_train).view(-1, *self.shape).to(self.device)
+        self.x_test = torch.from_numpy(x_test).view(-1, *self.shape).to(self.device)
+        self.y_train, self.y_test = (torch.from_numpy(y).to(self.device) for y in (y_train, y_test))
+        self._set_clients(torch.from_numpy(sizes))
+        self.client_weights = self.client_sizes / self.client_sizes.sum().double()
+        self.regularizer = NoRegularizer()
+        self.model = self.network(config).to(self.device)
+        self.dim = self.model.dim
+        # each client's dropout seed per step (minibatch_noise), where the configured network has dropout
+        self.noisy_minibatches = self.model.has_dropout  # type: ignore[misc]  # a ClassVar elsewhere
+        self.layout_name = (choose_layout(config["model"], self.dim, self.device.type) if config["layout"] == "auto"
+                            else config["layout"])
+
+    def _read(self, config: dict[str, Any]) -> tuple[np.ndarray, ...]:
+        """(training pixels [n, ...] uint8 in client order, labels, each client's size [N], test pixels, labels)."""
+        if config["data"] == "femnist":
+            clients = femnist.select_clients(femnist.load("sample10", config["path"]), femnist.LABELS, 1, 0)
+            assert clients.x_train is not None and clients.x_test is not None  # read with its pixels
+            kept = len(clients.writer_ids) if config["clients"] is None else min(config["clients"],
+                                                                                  len(clients.writer_ids))
+            train_end, test_end = int(clients.train_sizes[:kept].sum()), int(clients.test_sizes[:kept].sum())
+            ink = lambda x: (np.uint8(255) - x) if x.dtype == np.uint8 else (255 * (1 - x)).round().astype(np.uint8)  # noqa: E731
+            return (ink(clients.x_train[:train_end]), clients.y_train[:train_end], clients.train_sizes[:kept],
+                    ink(clients.x_test[:test_end]), clients.y_test[:test_end])
+        read = idx.load_folder if config["data"] == "fashion_mnist" else cifar10.load
+        splits = self.read_index(config, lambda: read(self.folder(config)))
+        x_train, y_train, x_test, y_test = splits.x_train, splits.y_train, splits.x_test, splits.y_test
+        if config["test_size"] is not None:
+            rng = np.random.default_rng(int(torch.randint(2**62, (1,), generator=generator(self.data_seed, "test"))))
+            keep = rng.permutation(len(y_test))[: config["test_size"]]
+            x_test, y_test = x_test[keep], y_test[keep]
+        rows, sizes = self.split(config, y_train, self.data_seed)
+        return x_train[rows], y_train[rows], sizes, np.require(x_test, requirements="W"), y_test
+
+    # -- what a run records --------------------------------------------------------------------
+    def choices(self) -> dict[str, str]:
+        """The layout this instance runs its clients in (module docstring), `auto`'s choice marked so."""
+        return {"layout": self.layout_name + (" (auto)" if self.config["layout"] == "auto" else "")}
+
+    # -- engine interface ----------------------------------------------------------------------
+    def init_params(self, gen: torch.Generator) -> Tensor:
+        return self.model.init(gen).to(self.device)
+
+    def _features(self, pixels: Tensor) -> Tensor:
+        return (pixels.to(torch.float32) / 255 - self.pixel_mean) / self.pixel_std
+
+    def gather(self, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(images [S, b, c, h, w], labels [S, b], row weights [S, b]: 1/b_valid, 0 for padding rows −1)."""
+        valid = rows >= 0
+        flat = rows.clamp_min(0).reshape(-1)
+        x = self._features(self.x_train.index_select(0, flat)).view(*rows.shape, *self.shape)
+        weight = valid / valid.sum(-1, keepdim=True)
+        return x, self.y_train[flat].view(rows.shape), weight
+
+    def minibatch_noise(self, rows: Tensor, gen: torch.Generator) -> Tensor | None:
+        """One dropout seed per row (a client's masks in a step follow its first row's seed), where the network has
+        dropout."""
+        if not self.model.has_dropout:
+            return None
+        return torch.randint(2**62, (rows.numel(),), generator=gen)
+
+    def step_oracle(self, rows: Tensor, noise: Tensor | None = None) -> Oracle:
+        """An oracle on the gathered rows, with each client's dropout seed of the step (its first row's noise) as the
+        batch's fourth part where the network has dropout: every call on the batch (a gradient, a Hessian-vector
+        product) runs the same masks."""
+        batch = self.gather(rows)
+        return Oracle(self, batch if noise is None else (*batch, noise.view(-1, rows.shape[-1])[:, 0]))
+
+    def minibatch_loss(self, w: Tensor, batch: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+        """Weighted mean cross-entropy of one client's batch (dropout off)."""
+        return self.loss(w.unsqueeze(0), tuple(part.unsqueeze(0) for part in batch))[0]
+
+    def loss(self, w: Tensor, batch: tuple[Tensor, ...]) -> Tensor:
+        """Each client's weighted mean cross-entropy `[S]` at its point `w` `[S, d]`, in the chosen layout (with
+        dropout where the batch carries the clients' seeds, `step_oracle`)."""
+        x, y, weight = batch[:3]
+        logits = self.model.forward(w, x, self.layout_name, batch[3] if len(batch) > 3 else None)
+        losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view_as(weight)
+        return (weight * losses).sum(-1)
+
+    # -- metrics -------------------------------------------------------------------------------
+    def evaluate_global(self, w: Tensor) -> dict[str, float]:
+        metrics = {}
+        if self.config["train_metrics"]:
+            metrics["train_loss"], metrics["train_accuracy"] = self._scores(w, self.x_train, self.y_train)
+        metrics["test_loss"], metrics["test_accuracy"] = self._scores(w, self.x_test, self.y_test)
+        return metrics
+
+    def _scores(self, w: Tensor, pixels: Tensor, labels: Tensor) -> tuple[float, float]:
+        """(mean cross-entropy, accuracy) of the model `w` `[d]` over the images, in chunks, in eval mode."""
+        loss = torch.zeros((), dtype=torch.float64, device=self.device)
+        correct = torch.zeros((), dtype=torch.long, device=self.device)
+        for start in range(0, len(labels), EVAL_CHUNK):
+            y = labels[start: start + EVAL_CHUNK]
+            logits = self.model.evaluate(w, self._features(pixels[start: start + EVAL_CHUNK]))
+            loss += F.cross_entropy(logits, y, reduction="sum").double()
+            correct += (logits.argmax(-1) == y).sum()
+        return float(loss) / len(labels), int(correct) / len(labels)
+
+    def parameters(self, w: Tensor) -> dict[str, Tensor]:
+        """The model `[d]` by the module's parameter names and shapes (views of `w`), as its `state_dict` names
+        them."""
+        return self.model.unflatten(w)
+
