@@ -58,7 +58,8 @@ CPU_FIELD, GPU_FIELD = "time on 2 cores", "time on one GPU"
 # and the report included (a recipe not listed runs at full size). `--factor` overrides them.
 FACTORS = {
     "lasso": 1, "lowrank": 1, "compression": 4, "compression_emnist10": 5, "privacy": 1, "privacy_emnist10": 4,
-    "participation": 1, "server_optimizers": 2, "vision_fashion_mnist": 1, "papers/bao2022_lasso": 4, "papers/bao2022_lowrank": 6,
+    "participation": 1, "server_optimizers": 2, "vision_fashion_mnist": 1, "papers/bao2022_lasso": 4,
+    "papers/bao2022_lowrank": 6,
     "papers/bao2022_emnist10": 100, "papers/bao2022_emnist10_cpu": 20, "papers/bao2022_emnist62": 500,
     "papers/bao2022_emnist62_cpu": 50, "papers/fallah2020_c1": 50, "papers/fallah2020_c2": 25,
     "papers/fallah2020_c3": 25, "papers/fallah2020_c4": 25, "papers/fallah2020_m1": 50, "papers/fallah2020_m2": 25,
