@@ -1,5 +1,6 @@
 """Deep networks as federated models (`fedbench.module_model`, the `vision` problem): every layout equals an
-independent loop written with `torch.nn` and `torch.optim.SGD` on the same draws, batched seeds equal each seed
+independent loop written with `torch.nn` and `torch.optim.SGD` on the same draws (FedAvg, FedAdam, SCAFFOLD,
+Per-FedAvg; on the built-in `cnn` and on Reddi et al.'s EMNIST CNN with its dropout off), batched seeds equal each seed
 alone, dropout follows each client's seed, and the layout is chosen, recorded and printed."""
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from fedbench.algorithms import ALGORITHMS
 from fedbench.federation import Federation
 from fedbench.hparams import ParamError
 from fedbench.module_model import ModuleModel, choose_layout
+from fedbench.networks import NETWORKS
 from fedbench.problems.vision import SmallCNN
 from fedbench.rng import generator
 from fedbench.simulate import Simulation, simulate
@@ -24,15 +26,51 @@ from fedbench.simulate import Simulation, simulate
 SMALL = {"clients": 6, "train_size": 240, "test_size": 60}  # 40 images a client
 
 
+# Reddi et al.'s EMNIST CNN (`emnist_cnn`, 1,206,590 parameters on FEMNIST's 62 classes) with its dropout off, so
+# that a torch.nn loop can follow it draw for draw: its layers and initialisation as shipped, Identity for Dropout
+EMNIST_CNN_WITHOUT_DROPOUT = """import torch.nn as nn
+from fedbench.networks.convnets import ConvDropoutCNN
+
+class EmnistCNN(ConvDropoutCNN):
+    def __init__(self):
+        super().__init__((1, 28, 28), 62)
+        for i, layer in enumerate(self.layers):
+            if isinstance(layer, nn.Dropout):
+                self.layers[i] = nn.Identity()
+"""
+# the step size of the equality tests: at 0.1 the EMNIST CNN on FEMNIST's mostly blank images turns an ulp of
+# difference in a step (w − η g as the engine rounds it, torch.optim.SGD's add_ as it does) into 1e-3 in six steps
+# (a ReLU or a max-pool tie flips); at 0.03 both stay within float32 rounding of each other
+def lr_of(layout):
+    return 0.03 if layout.startswith("emnist_cnn") else 0.1
+
+
+LAYOUTS = ["loop", "vmap", pytest.param("emnist_cnn-loop", marks=pytest.mark.heavy),
+           pytest.param("emnist_cnn-vmap", marks=pytest.mark.heavy)]
+
+
 @pytest.fixture(scope="module")
-def problems():
-    """A small Fashion-MNIST problem in each layout (one read of the files each)."""
-    return {layout: fedbench.make_problem("vision", seed=3, layout=layout, **SMALL) for layout in ("loop", "vmap")}
+def problems(tmp_path_factory):
+    """A small Fashion-MNIST problem with the built-in `cnn` in each layout (one read of the files each), and
+    FEMNIST writers with the EMNIST CNN (dropout off) in each layout, built when a test asks for them."""
+    built = {layout: fedbench.make_problem("vision", seed=3, layout=layout, **SMALL) for layout in ("loop", "vmap")}
+    nets = tmp_path_factory.mktemp("nets") / "emnist_nets.py"
+    nets.write_text(EMNIST_CNN_WITHOUT_DROPOUT)
+
+    class Problems(dict):
+        def __missing__(self, key):
+            layout = key.removeprefix("emnist_cnn-")
+            self[key] = fedbench.make_problem("vision", seed=3, layout=layout, data="femnist", partition="writers",
+                                              clients=4, model=f"{nets}:EmnistCNN")
+            assert self[key].dim == NETWORKS["emnist_cnn"].parameters == 1_206_590
+            return self[key]
+
+    return Problems(built)
 
 
 def reference_net(problem, w):
     """The problem's network as a plain `nn.Module` holding the flat point `w`."""
-    net = SmallCNN(problem.shape, problem.classes)
+    net = problem.model.factory()
     vector_to_parameters(w.clone(), net.parameters())
     return net
 
@@ -51,33 +89,62 @@ def federation(rounds=2, steps=3, batch=8):
     return Federation(rounds=rounds, clients_per_round=3, local_steps=steps, batch_size=batch)
 
 
-@pytest.mark.parametrize("layout", ["loop", "vmap"])
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_fedavg_in_each_layout_equals_a_torch_nn_sgd_loop(problems, layout):
-    problem, fed, lr = problems[layout], federation(), 0.1
+    problem, fed, lr = problems[layout], federation(), lr_of(layout)
     algorithm = ALGORITHMS["fedavg"](problem, client_lr=lr)
     result = simulate(problem, algorithm, fed, seed=5, eval_every=fed.rounds)
     w = problem.init_params(generator(5, "init"))
     for draw in draws(problem, algorithm, fed, 5):
-        uploads = []
-        for k in range(len(draw.clients)):
-            net = reference_net(problem, w)
-            optimizer = torch.optim.SGD(net.parameters(), lr=lr)
-            for step_rows in draw.rows["D"][:, k]:
-                x, y = batch_of(problem, step_rows)
-                optimizer.zero_grad()
-                F.cross_entropy(net(x), y).backward()
-                optimizer.step()
-            uploads.append(parameters_to_vector(net.parameters()).detach())
-        w = torch.stack(uploads).mean(0)
+        w = sgd_clients(problem, w, draw, lr).mean(0)
     torch.testing.assert_close(result.params, w, rtol=1e-5, atol=1e-6)
     assert not torch.equal(w, problem.init_params(generator(5, "init")))
 
 
-@pytest.mark.parametrize("layout", ["loop", "vmap"])
+def sgd_clients(problem, w, draw, lr):
+    """Every client of the round `draw` from `w`: torch.optim.SGD on its minibatches, its last point."""
+    uploads = []
+    for k in range(len(draw.clients)):
+        net = reference_net(problem, w)
+        optimizer = torch.optim.SGD(net.parameters(), lr=lr)
+        for step_rows in draw.rows["D"][:, k]:
+            x, y = batch_of(problem, step_rows)
+            optimizer.zero_grad()
+            F.cross_entropy(net(x), y).backward()
+            optimizer.step()
+        uploads.append(parameters_to_vector(net.parameters()).detach())
+    return torch.stack(uploads)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_fedadam_in_each_layout_equals_a_torch_nn_loop(problems, layout):
+    """FedAdam (Reddi et al., ICLR 2021, Algorithm 2): FedAvg's clients, then the server's Adam on the mean update
+    Δ_t: m_t = β1 m_{t−1} + (1 − β1) Δ_t, v_t = β2 v_{t−1} + (1 − β2) Δ_t², x ← x + η m_t / (√v_t + τ), with
+    m_{−1} = 0, v_{−1} = τ² and no bias correction."""
+    problem, lr, eta, beta1, beta2, tau = problems[layout], lr_of(layout), 0.03, 0.9, 0.99, 1e-3
+    fed = Federation(rounds=3, clients_per_round=3, local_steps=2, batch_size=8,
+                     server_optimizer={"name": "adam", "lr": eta, "beta1": beta1, "beta2": beta2, "tau": tau})
+    algorithm = ALGORITHMS["fedavg"](problem, client_lr=lr)
+    result = simulate(problem, algorithm, fed, seed=4, eval_every=fed.rounds)
+    x = problem.init_params(generator(4, "init"))
+    m, v = torch.zeros_like(x), torch.full_like(x, tau**2)
+    for draw in draws(problem, algorithm, fed, 4):
+        delta = (sgd_clients(problem, x, draw, lr) - x).mean(0)
+        m = beta1 * m + (1 - beta1) * delta
+        v = beta2 * v + (1 - beta2) * delta**2
+        x = x + eta * m / (v.sqrt() + tau)
+    torch.testing.assert_close(result.params, x, rtol=1e-5, atol=1e-6)
+    fedavg = simulate(problem, algorithm, Federation(rounds=3, clients_per_round=3, local_steps=2, batch_size=8),
+                      seed=4, eval_every=3)
+    assert not torch.allclose(fedavg.params, x, rtol=1e-3, atol=1e-4)  # the server's Adam moved it elsewhere
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_scaffold_in_each_layout_equals_a_torch_nn_sgd_loop(problems, layout):
     """Option II (Karimireddy et al., ICML 2020, Algorithm 1 lines 10-17): each SGD step's gradient corrected by
     c − c_i before `optimizer.step()`."""
-    problem, fed, lr = problems[layout], federation(rounds=3), 0.1
+    # a third of the step: c_i = c_i − c + (x − y_i)/(Kη) divides the rounding of y_i by Kη
+    problem, fed, lr = problems[layout], federation(rounds=3), lr_of(layout) / 3
     algorithm = ALGORITHMS["scaffold"](problem, client_lr=lr)
     result = simulate(problem, algorithm, fed, seed=2, eval_every=fed.rounds)
     x = problem.init_params(generator(2, "init"))
@@ -109,12 +176,12 @@ def nn_gradient(net, x, y, create_graph=False):
     return torch.autograd.grad(F.cross_entropy(net(x), y), list(net.parameters()), create_graph=create_graph)
 
 
-@pytest.mark.parametrize("layout", ["loop", "vmap"])
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_per_fedavg_exact_in_each_layout_equals_a_torch_nn_loop(problems, layout):
     """Fallah et al. (NeurIPS 2020), eq. (8): w̃ = w − α∇f(w; D), v = ∇f(w̃; D′), w ← w − β(v − α∇²f(w; D″)v),
     the Hessian-vector product by double backward through the nn.Module."""
     problem, fed = problems[layout], federation(rounds=2, steps=2, batch=6)
-    hp = {"variant": "exact", "alpha": 0.05, "client_lr": 0.1, "inner_batch": 6, "outer_batch": 6,
+    hp = {"variant": "exact", "alpha": 0.05, "client_lr": lr_of(layout), "inner_batch": 6, "outer_batch": 6,
           "hessian_batch": 6}
     algorithm = ALGORITHMS["per_fedavg"](problem, **hp)
     result = simulate(problem, algorithm, fed, seed=1, eval_every=fed.rounds)
