@@ -15,6 +15,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 import fedbench
 from fedbench.algorithms import ALGORITHMS
+from fedbench.data import images
 from fedbench.federation import Federation
 from fedbench.hparams import ParamError
 from fedbench.module_model import ModuleModel, choose_layout
@@ -121,7 +122,8 @@ def test_fedadam_in_each_layout_equals_a_torch_nn_loop(problems, layout):
     """FedAdam (Reddi et al., ICLR 2021, Algorithm 2): FedAvg's clients, then the server's Adam on the mean update
     Δ_t: m_t = β1 m_{t−1} + (1 − β1) Δ_t, v_t = β2 v_{t−1} + (1 − β2) Δ_t², x ← x + η m_t / (√v_t + τ), with
     m_{−1} = 0, v_{−1} = τ² and no bias correction."""
-    problem, lr, eta, beta1, beta2, tau = problems[layout], lr_of(layout), 0.03, 0.9, 0.99, 1e-3
+    # client lr 0.03: at 0.1, m/(√v + τ) near Δ ≈ τ turns the rounding of the cnn's Δ into 4e-4 by round 3
+    problem, lr, eta, beta1, beta2, tau = problems[layout], 0.03, 0.03, 0.9, 0.99, 1e-3
     fed = Federation(rounds=3, clients_per_round=3, local_steps=2, batch_size=8,
                      server_optimizer={"name": "adam", "lr": eta, "beta1": beta1, "beta2": beta2, "tau": tau})
     algorithm = ALGORITHMS["fedavg"](problem, client_lr=lr)
@@ -370,7 +372,8 @@ def test_a_resumed_batch_gives_the_rows_of_one_never_stopped(dropout):
                                            ({"partition": "iid", "alpha": 0.5}, "alpha"),
                                            ({"data": "femnist"}, "partition"),
                                            ({"data": "femnist", "partition": "writers", "test_size": 5}, "test_size"),
-                                           ({"model": "resnet"}, "model")])
+                                           ({"model": "resnet"}, "model"),
+                                           ({"augment": "crop_flip"}, "augment")])
 def test_what_validation_refuses_building_refuses(config, field):
     cls = fedbench.PROBLEMS["vision"]
     resolved = cls.resolve_config(config)
@@ -437,8 +440,11 @@ def test_cifar10_and_femnist_writers_train(config, shape, classes):
     problem = fedbench.make_problem("vision", seed=0, **config)
     assert (problem.shape, problem.classes, problem.num_clients) == (shape, classes, 4)
     assert problem.declared_layout(problem.config, read_data=True).clients == 4
-    mean = problem._features(problem.x_train).mean((0, 2, 3))
-    torch.testing.assert_close(mean, torch.zeros(shape[0]), atol=1e-4, rtol=0)  # standardised by channel
+    if config["data"] == "femnist":  # standardised by its kept writers' own statistics
+        mean = problem._features(problem.x_train).mean((0, 2, 3))
+        torch.testing.assert_close(mean, torch.zeros(shape[0]), atol=1e-4, rtol=0)
+    else:  # by CIFAR-10's full training split's (fedbench.data.images)
+        assert (problem.pixel_mean, problem.pixel_std) == images.DATASETS["cifar10"][2:]
     result = fedbench.run("fedavg", problem, rounds=1, clients_per_round=2, local_steps=1, batch_size=5, eval_every=1,
                           client_lr=0.1)
     assert 0 <= result.final["test_accuracy"] <= 1 and result.status == "finished"
@@ -489,3 +495,69 @@ def test_a_client_smaller_than_the_batch_takes_all_its_images():
     result = fedbench.run("fedavg", problem, rounds=2, clients_per_round=6, local_steps=2, batch_size=20,
                           eval_every=2, client_lr=0.1)
     assert result.status == "finished"
+
+
+def test_fashion_mnist_is_read_by_data_images_and_standardised_by_its_full_training_split():
+    """The kept images are `fedbench.data.images.load`'s rows of the drawn split, and their features (x/255 − mean)/std
+    with Fashion-MNIST's full-split constants (0.2860, 0.3530), not the kept subset's statistics."""
+    problem = fedbench.make_problem("vision", seed=3, **SMALL)
+    data = images.load("fashion_mnist")
+    assert (problem.pixel_mean, problem.pixel_std) == ((0.2860,), (0.3530,)) == (data.mean, data.std)
+    rows, _ = problem.split(problem.config, data.y_train.numpy(), problem.data_seed)
+    assert torch.equal(problem.x_train, data.x_train[torch.from_numpy(rows)])
+    x = problem.x_train[:5]
+    torch.testing.assert_close(problem._features(x), (x.double() / 255 - 0.2860).float() / 0.3530)
+
+
+@pytest.fixture(scope="module")
+def small_cifar(tmp_path_factory):
+    """A CIFAR-10 folder of five small training batches and a test batch, of random pixels."""
+    from fedbench.data import cifar10
+
+    folder, rng = tmp_path_factory.mktemp("cifar"), np.random.default_rng(0)
+    for name, n in [*((f"data_batch_{i}", 12) for i in range(1, 6)), ("test_batch", 10)]:
+        pixels, labels = rng.integers(0, 256, (n, cifar10.PIXELS), dtype=np.uint8), rng.integers(0, 10, n)
+        np.column_stack([labels.astype(np.uint8), pixels]).tofile(folder / f"{name}.bin")
+    return {"data": "cifar10", "path": str(folder), "clients": 3}
+
+
+def crop_flip_numpy(image, dy, dx, flip, padding=4):
+    """He et al. (2016, §4.2): the image zero-padded by 4, its 32×32 window at (dy, dx), mirrored left-right."""
+    _, height, width = image.shape
+    window = np.pad(image, ((0, 0), (padding, padding), (padding, padding)))[:, dy: dy + height, dx: dx + width]
+    return window[:, :, ::-1] if flip else window
+
+
+def test_augmented_minibatches_are_crop_flip_of_the_stored_images_under_the_drawn_offsets(small_cifar):
+    plain = fedbench.make_problem("vision", seed=0, **small_cifar)
+    problem = fedbench.make_problem("vision", seed=0, augment="crop_flip", **small_cifar)
+    rows = torch.tensor([[0, 3, 5, 7, 1], [20, 21, 22, 23, 24], [40, 41, 42, 43, -1]])
+    assert not plain.noisy_minibatches and plain.minibatch_noise(rows, generator(7, "feature-noise")) is None
+    assert problem.noisy_minibatches
+    noise = problem.minibatch_noise(rows, generator(7, "feature-noise"))
+    # one (dy, dx, flip) per row on the run's stream, in the rows' order
+    assert torch.equal(noise, images.crop_flip_draws((rows.numel(),), generator(7, "feature-noise"), 4))
+    assert {int(v) for v in noise[:, 2]} == {0, 1} and int(noise[:, :2].max()) <= 8
+    x, y, weight = problem.gather(rows, noise.view(*rows.shape, 3))
+    stored = problem.x_train[rows.clamp_min(0)].numpy()
+    expected = np.stack([[crop_flip_numpy(image, *map(int, draw)) for image, draw in zip(client, draws)]
+                         for client, draws in zip(stored, noise.view(*rows.shape, 3))])
+    torch.testing.assert_close(x, problem._features(torch.from_numpy(expected)))
+    plain_batch = plain.gather(rows)
+    assert torch.equal(y, plain_batch[1]) and torch.equal(weight, plain_batch[2])
+    assert not torch.equal(x, plain_batch[0])
+    # the step's oracle trains on the augmented images; the full-data oracle and evaluation on the stored ones
+    w = problem.init_params(generator(0, "init")).expand(3, -1)
+    torch.testing.assert_close(problem.step_oracle(rows, noise).loss(w), problem.loss(w, (x, y, weight)))
+    torch.testing.assert_close(problem.step_oracle(rows).loss(w), plain.step_oracle(rows).loss(w))
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_an_augmented_run_gives_the_same_rows_batched_as_alone(small_cifar, dropout):
+    problem = fedbench.make_problem("vision", seed=0, augment="crop_flip", dropout=dropout, **small_cifar)
+    fed = Federation(rounds=2, clients_per_round=2, local_steps=2, batch_size=4)
+    batched = fedbench.run_seeds(problem, "fedavg", fed, [0, 1], eval_every=1, client_lr=0.1)
+    alone = simulate(problem, ALGORITHMS["fedavg"](problem, client_lr=0.1), fed, seed=1, eval_every=1).rows
+    assert batched[1] == alone and batched[0] != batched[1]
+    plain = fedbench.make_problem("vision", seed=0, dropout=dropout, **small_cifar)
+    assert simulate(plain, ALGORITHMS["fedavg"](plain, client_lr=0.1), fed, seed=1, eval_every=1).rows != alone
