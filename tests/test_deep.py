@@ -561,3 +561,25 @@ def test_an_augmented_run_gives_the_same_rows_batched_as_alone(small_cifar, drop
     assert batched[1] == alone and batched[0] != batched[1]
     plain = fedbench.make_problem("vision", seed=0, dropout=dropout, **small_cifar)
     assert simulate(plain, ALGORITHMS["fedavg"](plain, client_lr=0.1), fed, seed=1, eval_every=1).rows != alone
+
+
+@pytest.mark.parametrize("settings", [[], ["problem.partition=iid", "problem.alpha=null"],
+                                      ["problem.partition=label_quantity", "problem.alpha=null",
+                                       "problem.classes_per_client=2"]])
+def test_the_niid_bench_recipe_validates_in_each_of_its_label_skews(settings):
+    """recipes/papers/niid_bench_fmnist.yaml as shipped (Dirichlet β = 0.5) and with its header's --set lines for
+    IID and #C = 2 (Li et al., ICDE 2022, §V): NIID-Bench's CNN over 10 parties, all in every round."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from sweeps.cli import app
+    from sweeps.recipe import load
+
+    path = str(Path(__file__).resolve().parents[1] / "recipes/papers/niid_bench_fmnist.yaml")
+    assert all(f"--set {setting}" in Path(path).read_text() for setting in settings)  # as its header says
+    result = CliRunner().invoke(app, ["validate", path, *[arg for s in settings for arg in ("--set", s)]])
+    assert result.exit_code == 0 and ": ok — " in result.output, result.output
+    config = load(path, settings).trials()[0].problem_config
+    assert (config["model"], config["clients"]) == ("niid_cnn_mnist", 10)
+    assert config["partition"] == (settings[0].split("=")[1] if settings else "dirichlet")
