@@ -1,5 +1,6 @@
 """Deep networks as federated models (`fedbench.module_model`, the `vision` problem): every layout equals an
-independent loop written with `torch.nn` and `torch.optim.SGD` on the same draws, batched seeds equal each seed
+independent loop written with `torch.nn` and `torch.optim.SGD` on the same draws (FedAvg, FedAdam, SCAFFOLD,
+Per-FedAvg; on the built-in `cnn` and on Reddi et al.'s EMNIST CNN with its dropout off), batched seeds equal each seed
 alone, dropout follows each client's seed, and the layout is chosen, recorded and printed."""
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 import fedbench
 from fedbench.algorithms import ALGORITHMS
+from fedbench.data import images
 from fedbench.federation import Federation
 from fedbench.hparams import ParamError
 from fedbench.module_model import ModuleModel, choose_layout
+from fedbench.networks import NETWORKS
 from fedbench.problems.vision import SmallCNN
 from fedbench.rng import generator
 from fedbench.simulate import Simulation, simulate
@@ -24,15 +27,51 @@ from fedbench.simulate import Simulation, simulate
 SMALL = {"clients": 6, "train_size": 240, "test_size": 60}  # 40 images a client
 
 
+# Reddi et al.'s EMNIST CNN (`emnist_cnn`, 1,206,590 parameters on FEMNIST's 62 classes) with its dropout off, so
+# that a torch.nn loop can follow it draw for draw: its layers and initialisation as shipped, Identity for Dropout
+EMNIST_CNN_WITHOUT_DROPOUT = """import torch.nn as nn
+from fedbench.networks.convnets import ConvDropoutCNN
+
+class EmnistCNN(ConvDropoutCNN):
+    def __init__(self):
+        super().__init__((1, 28, 28), 62)
+        for i, layer in enumerate(self.layers):
+            if isinstance(layer, nn.Dropout):
+                self.layers[i] = nn.Identity()
+"""
+# the step size of the equality tests: at 0.1 the EMNIST CNN on FEMNIST's mostly blank images turns an ulp of
+# difference in a step (w − η g as the engine rounds it, torch.optim.SGD's add_ as it does) into 1e-3 in six steps
+# (a ReLU or a max-pool tie flips); at 0.03 both stay within float32 rounding of each other
+def lr_of(layout):
+    return 0.03 if layout.startswith("emnist_cnn") else 0.1
+
+
+LAYOUTS = ["loop", "vmap", pytest.param("emnist_cnn-loop", marks=pytest.mark.heavy),
+           pytest.param("emnist_cnn-vmap", marks=pytest.mark.heavy)]
+
+
 @pytest.fixture(scope="module")
-def problems():
-    """A small Fashion-MNIST problem in each layout (one read of the files each)."""
-    return {layout: fedbench.make_problem("vision", seed=3, layout=layout, **SMALL) for layout in ("loop", "vmap")}
+def problems(tmp_path_factory):
+    """A small Fashion-MNIST problem with the built-in `cnn` in each layout (one read of the files each), and
+    FEMNIST writers with the EMNIST CNN (dropout off) in each layout, built when a test asks for them."""
+    built = {layout: fedbench.make_problem("vision", seed=3, layout=layout, **SMALL) for layout in ("loop", "vmap")}
+    nets = tmp_path_factory.mktemp("nets") / "emnist_nets.py"
+    nets.write_text(EMNIST_CNN_WITHOUT_DROPOUT)
+
+    class Problems(dict):
+        def __missing__(self, key):
+            layout = key.removeprefix("emnist_cnn-")
+            self[key] = fedbench.make_problem("vision", seed=3, layout=layout, data="femnist", partition="writers",
+                                              clients=4, model=f"{nets}:EmnistCNN")
+            assert self[key].dim == NETWORKS["emnist_cnn"].parameters == 1_206_590
+            return self[key]
+
+    return Problems(built)
 
 
 def reference_net(problem, w):
     """The problem's network as a plain `nn.Module` holding the flat point `w`."""
-    net = SmallCNN(problem.shape, problem.classes)
+    net = problem.model.factory()
     vector_to_parameters(w.clone(), net.parameters())
     return net
 
@@ -51,33 +90,63 @@ def federation(rounds=2, steps=3, batch=8):
     return Federation(rounds=rounds, clients_per_round=3, local_steps=steps, batch_size=batch)
 
 
-@pytest.mark.parametrize("layout", ["loop", "vmap"])
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_fedavg_in_each_layout_equals_a_torch_nn_sgd_loop(problems, layout):
-    problem, fed, lr = problems[layout], federation(), 0.1
+    problem, fed, lr = problems[layout], federation(), lr_of(layout)
     algorithm = ALGORITHMS["fedavg"](problem, client_lr=lr)
     result = simulate(problem, algorithm, fed, seed=5, eval_every=fed.rounds)
     w = problem.init_params(generator(5, "init"))
     for draw in draws(problem, algorithm, fed, 5):
-        uploads = []
-        for k in range(len(draw.clients)):
-            net = reference_net(problem, w)
-            optimizer = torch.optim.SGD(net.parameters(), lr=lr)
-            for step_rows in draw.rows["D"][:, k]:
-                x, y = batch_of(problem, step_rows)
-                optimizer.zero_grad()
-                F.cross_entropy(net(x), y).backward()
-                optimizer.step()
-            uploads.append(parameters_to_vector(net.parameters()).detach())
-        w = torch.stack(uploads).mean(0)
+        w = sgd_clients(problem, w, draw, lr).mean(0)
     torch.testing.assert_close(result.params, w, rtol=1e-5, atol=1e-6)
     assert not torch.equal(w, problem.init_params(generator(5, "init")))
 
 
-@pytest.mark.parametrize("layout", ["loop", "vmap"])
+def sgd_clients(problem, w, draw, lr):
+    """Every client of the round `draw` from `w`: torch.optim.SGD on its minibatches, its last point."""
+    uploads = []
+    for k in range(len(draw.clients)):
+        net = reference_net(problem, w)
+        optimizer = torch.optim.SGD(net.parameters(), lr=lr)
+        for step_rows in draw.rows["D"][:, k]:
+            x, y = batch_of(problem, step_rows)
+            optimizer.zero_grad()
+            F.cross_entropy(net(x), y).backward()
+            optimizer.step()
+        uploads.append(parameters_to_vector(net.parameters()).detach())
+    return torch.stack(uploads)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_fedadam_in_each_layout_equals_a_torch_nn_loop(problems, layout):
+    """FedAdam (Reddi et al., ICLR 2021, Algorithm 2): FedAvg's clients, then the server's Adam on the mean update
+    Δ_t: m_t = β1 m_{t−1} + (1 − β1) Δ_t, v_t = β2 v_{t−1} + (1 − β2) Δ_t², x ← x + η m_t / (√v_t + τ), with
+    m_{−1} = 0, v_{−1} = τ² and no bias correction."""
+    # client lr 0.03: at 0.1, m/(√v + τ) near Δ ≈ τ turns the rounding of the cnn's Δ into 4e-4 by round 3
+    problem, lr, eta, beta1, beta2, tau = problems[layout], 0.03, 0.03, 0.9, 0.99, 1e-3
+    fed = Federation(rounds=3, clients_per_round=3, local_steps=2, batch_size=8,
+                     server_optimizer={"name": "adam", "lr": eta, "beta1": beta1, "beta2": beta2, "tau": tau})
+    algorithm = ALGORITHMS["fedavg"](problem, client_lr=lr)
+    result = simulate(problem, algorithm, fed, seed=4, eval_every=fed.rounds)
+    x = problem.init_params(generator(4, "init"))
+    m, v = torch.zeros_like(x), torch.full_like(x, tau**2)
+    for draw in draws(problem, algorithm, fed, 4):
+        delta = (sgd_clients(problem, x, draw, lr) - x).mean(0)
+        m = beta1 * m + (1 - beta1) * delta
+        v = beta2 * v + (1 - beta2) * delta**2
+        x = x + eta * m / (v.sqrt() + tau)
+    torch.testing.assert_close(result.params, x, rtol=1e-5, atol=1e-6)
+    fedavg = simulate(problem, algorithm, Federation(rounds=3, clients_per_round=3, local_steps=2, batch_size=8),
+                      seed=4, eval_every=3)
+    assert not torch.allclose(fedavg.params, x, rtol=1e-3, atol=1e-4)  # the server's Adam moved it elsewhere
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_scaffold_in_each_layout_equals_a_torch_nn_sgd_loop(problems, layout):
     """Option II (Karimireddy et al., ICML 2020, Algorithm 1 lines 10-17): each SGD step's gradient corrected by
     c − c_i before `optimizer.step()`."""
-    problem, fed, lr = problems[layout], federation(rounds=3), 0.1
+    # a third of the step: c_i = c_i − c + (x − y_i)/(Kη) divides the rounding of y_i by Kη
+    problem, fed, lr = problems[layout], federation(rounds=3), lr_of(layout) / 3
     algorithm = ALGORITHMS["scaffold"](problem, client_lr=lr)
     result = simulate(problem, algorithm, fed, seed=2, eval_every=fed.rounds)
     x = problem.init_params(generator(2, "init"))
@@ -109,12 +178,12 @@ def nn_gradient(net, x, y, create_graph=False):
     return torch.autograd.grad(F.cross_entropy(net(x), y), list(net.parameters()), create_graph=create_graph)
 
 
-@pytest.mark.parametrize("layout", ["loop", "vmap"])
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_per_fedavg_exact_in_each_layout_equals_a_torch_nn_loop(problems, layout):
     """Fallah et al. (NeurIPS 2020), eq. (8): w̃ = w − α∇f(w; D), v = ∇f(w̃; D′), w ← w − β(v − α∇²f(w; D″)v),
     the Hessian-vector product by double backward through the nn.Module."""
     problem, fed = problems[layout], federation(rounds=2, steps=2, batch=6)
-    hp = {"variant": "exact", "alpha": 0.05, "client_lr": 0.1, "inner_batch": 6, "outer_batch": 6,
+    hp = {"variant": "exact", "alpha": 0.05, "client_lr": lr_of(layout), "inner_batch": 6, "outer_batch": 6,
           "hessian_batch": 6}
     algorithm = ALGORITHMS["per_fedavg"](problem, **hp)
     result = simulate(problem, algorithm, fed, seed=1, eval_every=fed.rounds)
@@ -303,7 +372,8 @@ def test_a_resumed_batch_gives_the_rows_of_one_never_stopped(dropout):
                                            ({"partition": "iid", "alpha": 0.5}, "alpha"),
                                            ({"data": "femnist"}, "partition"),
                                            ({"data": "femnist", "partition": "writers", "test_size": 5}, "test_size"),
-                                           ({"model": "resnet"}, "model")])
+                                           ({"model": "resnet"}, "model"),
+                                           ({"augment": "crop_flip"}, "augment")])
 def test_what_validation_refuses_building_refuses(config, field):
     cls = fedbench.PROBLEMS["vision"]
     resolved = cls.resolve_config(config)
@@ -370,8 +440,11 @@ def test_cifar10_and_femnist_writers_train(config, shape, classes):
     problem = fedbench.make_problem("vision", seed=0, **config)
     assert (problem.shape, problem.classes, problem.num_clients) == (shape, classes, 4)
     assert problem.declared_layout(problem.config, read_data=True).clients == 4
-    mean = problem._features(problem.x_train).mean((0, 2, 3))
-    torch.testing.assert_close(mean, torch.zeros(shape[0]), atol=1e-4, rtol=0)  # standardised by channel
+    if config["data"] == "femnist":  # standardised by its kept writers' own statistics
+        mean = problem._features(problem.x_train).mean((0, 2, 3))
+        torch.testing.assert_close(mean, torch.zeros(shape[0]), atol=1e-4, rtol=0)
+    else:  # by CIFAR-10's full training split's (fedbench.data.images)
+        assert (problem.pixel_mean, problem.pixel_std) == images.DATASETS["cifar10"][2:]
     result = fedbench.run("fedavg", problem, rounds=1, clients_per_round=2, local_steps=1, batch_size=5, eval_every=1,
                           client_lr=0.1)
     assert 0 <= result.final["test_accuracy"] <= 1 and result.status == "finished"
@@ -422,3 +495,91 @@ def test_a_client_smaller_than_the_batch_takes_all_its_images():
     result = fedbench.run("fedavg", problem, rounds=2, clients_per_round=6, local_steps=2, batch_size=20,
                           eval_every=2, client_lr=0.1)
     assert result.status == "finished"
+
+
+def test_fashion_mnist_is_read_by_data_images_and_standardised_by_its_full_training_split():
+    """The kept images are `fedbench.data.images.load`'s rows of the drawn split, and their features (x/255 − mean)/std
+    with Fashion-MNIST's full-split constants (0.2860, 0.3530), not the kept subset's statistics."""
+    problem = fedbench.make_problem("vision", seed=3, **SMALL)
+    data = images.load("fashion_mnist")
+    assert (problem.pixel_mean, problem.pixel_std) == ((0.2860,), (0.3530,)) == (data.mean, data.std)
+    rows, _ = problem.split(problem.config, data.y_train.numpy(), problem.data_seed)
+    assert torch.equal(problem.x_train, data.x_train[torch.from_numpy(rows)])
+    x = problem.x_train[:5]
+    torch.testing.assert_close(problem._features(x), (x.double() / 255 - 0.2860).float() / 0.3530)
+
+
+@pytest.fixture(scope="module")
+def small_cifar(tmp_path_factory):
+    """A CIFAR-10 folder of five small training batches and a test batch, of random pixels."""
+    from fedbench.data import cifar10
+
+    folder, rng = tmp_path_factory.mktemp("cifar"), np.random.default_rng(0)
+    for name, n in [*((f"data_batch_{i}", 12) for i in range(1, 6)), ("test_batch", 10)]:
+        pixels, labels = rng.integers(0, 256, (n, cifar10.PIXELS), dtype=np.uint8), rng.integers(0, 10, n)
+        np.column_stack([labels.astype(np.uint8), pixels]).tofile(folder / f"{name}.bin")
+    return {"data": "cifar10", "path": str(folder), "clients": 3}
+
+
+def crop_flip_numpy(image, dy, dx, flip, padding=4):
+    """He et al. (2016, §4.2): the image zero-padded by 4, its 32×32 window at (dy, dx), mirrored left-right."""
+    _, height, width = image.shape
+    window = np.pad(image, ((0, 0), (padding, padding), (padding, padding)))[:, dy: dy + height, dx: dx + width]
+    return window[:, :, ::-1] if flip else window
+
+
+def test_augmented_minibatches_are_crop_flip_of_the_stored_images_under_the_drawn_offsets(small_cifar):
+    plain = fedbench.make_problem("vision", seed=0, **small_cifar)
+    problem = fedbench.make_problem("vision", seed=0, augment="crop_flip", **small_cifar)
+    rows = torch.tensor([[0, 3, 5, 7, 1], [20, 21, 22, 23, 24], [40, 41, 42, 43, -1]])
+    assert not plain.noisy_minibatches and plain.minibatch_noise(rows, generator(7, "feature-noise")) is None
+    assert problem.noisy_minibatches
+    noise = problem.minibatch_noise(rows, generator(7, "feature-noise"))
+    # one (dy, dx, flip) per row on the run's stream, in the rows' order
+    assert torch.equal(noise, images.crop_flip_draws((rows.numel(),), generator(7, "feature-noise"), 4))
+    assert {int(v) for v in noise[:, 2]} == {0, 1} and int(noise[:, :2].max()) <= 8
+    x, y, weight = problem.gather(rows, noise.view(*rows.shape, 3))
+    stored = problem.x_train[rows.clamp_min(0)].numpy()
+    expected = np.stack([[crop_flip_numpy(image, *map(int, draw)) for image, draw in zip(client, draws)]
+                         for client, draws in zip(stored, noise.view(*rows.shape, 3))])
+    torch.testing.assert_close(x, problem._features(torch.from_numpy(expected)))
+    plain_batch = plain.gather(rows)
+    assert torch.equal(y, plain_batch[1]) and torch.equal(weight, plain_batch[2])
+    assert not torch.equal(x, plain_batch[0])
+    # the step's oracle trains on the augmented images; the full-data oracle and evaluation on the stored ones
+    w = problem.init_params(generator(0, "init")).expand(3, -1)
+    torch.testing.assert_close(problem.step_oracle(rows, noise).loss(w), problem.loss(w, (x, y, weight)))
+    torch.testing.assert_close(problem.step_oracle(rows).loss(w), plain.step_oracle(rows).loss(w))
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_an_augmented_run_gives_the_same_rows_batched_as_alone(small_cifar, dropout):
+    problem = fedbench.make_problem("vision", seed=0, augment="crop_flip", dropout=dropout, **small_cifar)
+    fed = Federation(rounds=2, clients_per_round=2, local_steps=2, batch_size=4)
+    batched = fedbench.run_seeds(problem, "fedavg", fed, [0, 1], eval_every=1, client_lr=0.1)
+    alone = simulate(problem, ALGORITHMS["fedavg"](problem, client_lr=0.1), fed, seed=1, eval_every=1).rows
+    assert batched[1] == alone and batched[0] != batched[1]
+    plain = fedbench.make_problem("vision", seed=0, dropout=dropout, **small_cifar)
+    assert simulate(plain, ALGORITHMS["fedavg"](plain, client_lr=0.1), fed, seed=1, eval_every=1).rows != alone
+
+
+@pytest.mark.parametrize("settings", [[], ["problem.partition=iid", "problem.alpha=null"],
+                                      ["problem.partition=label_quantity", "problem.alpha=null",
+                                       "problem.classes_per_client=2"]])
+def test_the_niid_bench_recipe_validates_in_each_of_its_label_skews(settings):
+    """recipes/papers/niid_bench_fmnist.yaml as shipped (Dirichlet β = 0.5) and with its header's --set lines for
+    IID and #C = 2 (Li et al., ICDE 2022, §V): NIID-Bench's CNN over 10 parties, all in every round."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from sweeps.cli import app
+    from sweeps.recipe import load
+
+    path = str(Path(__file__).resolve().parents[1] / "recipes/papers/niid_bench_fmnist.yaml")
+    assert all(f"--set {setting}" in Path(path).read_text() for setting in settings)  # as its header says
+    result = CliRunner().invoke(app, ["validate", path, *[arg for s in settings for arg in ("--set", s)]])
+    assert result.exit_code == 0 and ": ok — " in result.output, result.output
+    config = load(path, settings).trials()[0].problem_config
+    assert (config["model"], config["clients"]) == ("niid_cnn_mnist", 10)
+    assert config["partition"] == (settings[0].split("=")[1] if settings else "dirichlet")

@@ -1,19 +1,25 @@
 """Federated image classification with a deep network: any torch `nn.Module` (`fedbench.module_model`) on
 Fashion-MNIST, CIFAR-10 or FEMNIST, the clients still one batch of the engine.
 
-Data (from the data root, `FEDBENCH_DATA`, or `path`): Fashion-MNIST's IDX files (`fashion-mnist/`, 60,000
-training and 10,000 test images, 1×28×28), CIFAR-10's batches (`cifar10/`, every training batch present and the
-test batch, 3×32×32), or FEMNIST's writers (the shipped npz `femnist/femnist_sample10.npz`, 62 classes, 1×28×28,
-ink = 1). Pixels are kept as stored (uint8) and standardised per gathered batch, by channel, with the training
-pool's mean and standard deviation (computed once). `train_size` / `test_size` keep a random subset of the pools
-(drawn by the data seed; for short runs and tests), after which Fashion-MNIST and CIFAR-10 are split over `clients`
-by `partition` (`fedbench.data.partitions`, on the data seed's "partition" stream): `iid` (parts of ⌊n/N⌋ or ⌈n/N⌉
-images), `dirichlet` label skew Dir(`alpha`), `label_quantity` #C = `classes_per_client`, or McMahan et al.'s
-`shards` (`shards_per_client`), each client holding at least `min_size` images. Validation draws the same split on
-the labels alone (with the data seed, or seed 0 where the data follow the trial's seed) and refuses what it refuses.
-A client holding fewer than b images takes all of them in each step (`caps_batches`). FEMNIST's clients are its
-writers, each with its own training images (`clients`: the first that many writers; null: all), with
-`partition: writers`. The test metrics pool the test set (FEMNIST: every kept writer's test images).
+Data (from the data root, `FEDBENCH_DATA`, or `path`): Fashion-MNIST's IDX files (`fashion-mnist/`, 60,000 training
+and 10,000 test images, 1×28×28), CIFAR-10's batches (`cifar10/`, every training batch present and the test batch,
+3×32×32), or FEMNIST's writers (the shipped npz `femnist/femnist_sample10.npz`, 62 classes, 1×28×28, ink = 1).
+Pixels are kept as stored (uint8) and standardised per gathered batch, by channel: Fashion-MNIST and CIFAR-10, read
+by `fedbench.data.images.load`, with the mean and standard deviation of their full training split (the usual
+torchvision constants, whatever subset a run keeps); FEMNIST with its kept writers' own (computed once). With
+`augment: crop_flip` (CIFAR-10), each image of a step's training minibatch is zero-padded by 4 pixels, cropped back
+to 32×32 at a random offset and mirrored with probability ½ (He et al., CVPR 2016, §4.2;
+`fedbench.data.images.crop_flip`), drawn per row on the run's "feature-noise" stream (`minibatch_noise`, as the
+dropout seeds): batched seeds draw each its own; evaluation sees the images as stored. `train_size` / `test_size`
+keep a random subset of the pools (drawn by the data seed; for short runs and tests), after which Fashion-MNIST and
+CIFAR-10 are split over `clients` by `partition` (`fedbench.data.partitions`, on the data seed's "partition"
+stream): `iid` (parts of ⌊n/N⌋ or ⌈n/N⌉ images), `dirichlet` label skew Dir(`alpha`), `label_quantity` #C =
+`classes_per_client`, or McMahan et al.'s `shards` (`shards_per_client`), each client holding at least `min_size`
+images. Validation draws the same split on the labels alone (with the data seed, or seed 0 where the data follow the
+trial's seed) and refuses what it refuses. A client holding fewer than b images takes all of them in each step
+(`caps_batches`). FEMNIST's clients are its writers, each with its own training images (`clients`: the first that
+many writers; null: all), with `partition: writers`. The test metrics pool the test set (FEMNIST: every kept
+writer's test images).
 
 Model: `model` names a built-in network (`cnn`: two 5×5 convolutions of 16 and 32 channels, each with ReLU and 2×2
 max pooling, then a linear layer to the classes; with `dropout` > 0 a dropout layer before it) or a researcher's
@@ -45,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedbench.data import cifar10, femnist, idx
+from fedbench.data import cifar10, femnist, idx, images
 from fedbench.data.partitions import SCHEMES, Partition
 from fedbench.hparams import Param, ParamError
 from fedbench.metrics import Metric
@@ -61,6 +67,8 @@ DATASETS = ("fashion_mnist", "cifar10", "femnist")
 SHAPES = {"fashion_mnist": (1, 28, 28), "cifar10": cifar10.SHAPE, "femnist": (1, 28, 28)}
 CLASSES = {"fashion_mnist": 10, "cifar10": cifar10.CLASSES, "femnist": femnist.LABELS}
 DEFAULT_FOLDERS = {"fashion_mnist": "fashion-mnist", "cifar10": cifar10.DEFAULT_FOLDER}
+AUGMENTATIONS = ("none", "crop_flip")
+CROP_PADDING = 4  # pixels of zero padding before CIFAR's random 32×32 crop (He et al., CVPR 2016, §4.2)
 POOLS = {"fashion_mnist": (60000, 10000), "cifar10": (50000, 10000)}  # training and test images (memory estimate)
 # Model-sized float32 vectors a run holds beside those its algorithm keeps per client (the memory estimate): per
 # sampled client, its point, gradient, upload and the algorithm's local state; for the server, its model, the mean
@@ -102,8 +110,9 @@ def model_factory(spec: str, shape: tuple[int, int, int], classes: int, dropout:
 
 
 def channel_statistics(pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-channel mean and (population) standard deviation of the intensities pixels/255 `[n, channels, h·w]`, by
-    float64 sums over chunks of images (no float copy of the whole pool)."""
+    """FEMNIST's normalisation (`fedbench.data.images` has no full-split constants of it): per-channel mean and
+    (population) standard deviation of the intensities pixels/255 `[n, channels, h·w]`, by float64 sums over chunks
+    of images (no float copy of the whole pool)."""
     sums, squares = np.zeros(pixels.shape[1]), np.zeros(pixels.shape[1])
     for start in range(0, len(pixels), EVAL_CHUNK):
         chunk = pixels[start: start + EVAL_CHUNK].astype(np.float64) / 255
@@ -155,6 +164,9 @@ class Vision(Problem):
               nullable=True),
         Param("layout", "choice", "auto", "how the clients' forward passes run: vmap, a loop inside the program, "
               "or auto (the measured table)", choices=("auto", *LAYOUTS)),
+        Param("augment", "choice", "none", "CIFAR-10: crop_flip, each training image of a step padded by 4, "
+              "cropped back at a random offset and mirrored with probability 1/2 (He et al. 2016); none: as stored",
+              choices=AUGMENTATIONS),
         Param("train_metrics", "bool", False, "also evaluate the training loss and accuracy (a pass over the pool)"),
         Param("data_seed", "int", None, "seed of the subsets and the split (None: the trial's seed)", low=0,
               nullable=True),
@@ -172,6 +184,10 @@ class Vision(Problem):
             if femnist_data and config[size] is not None:
                 raise ParamError(size, f"found {config[size]} with data femnist, expected null (each writer keeps "
                                  "its own images)", cls.name)
+        if config["augment"] != "none" and config["data"] != "cifar10":
+            raise ParamError("augment", f"found {config['augment']} with data {config['data']}, expected none "
+                             "(crop_flip is CIFAR-10's augmentation: a mirrored character or garment changes class "
+                             "or look)", cls.name)
         if not femnist_data and config["clients"] is None:
             raise ParamError("clients", f"found null with data {config['data']}, expected a number of clients",
                              cls.name)
@@ -272,25 +288,26 @@ class Vision(Problem):
         data = config["data"]
         self.shape, self.classes = SHAPES[data], CLASSES[data]
         self.row_elements = math.prod(self.shape)  # type: ignore[misc]  # a ClassVar elsewhere: pixels of an image
-        x_train, y_train, sizes, x_test, y_test = self._read(config)
-        mean, std = channel_statistics(x_train.reshape(len(x_train), self.shape[0], -1))
-        self.pixel_mean, self.pixel_std = (torch.tensor(v, dtype=torch.float32, device=self.device).view(-1, 1, 1)
-                                           for v in (mean, std))
-        self.x_train = torch.from_numpy(x_train).view(-1, *self.shape).to(self.device)
-        self.x_test = torch.from_numpy(x_test).view(-1, *self.shape).to(self.device)
-        self.y_train, self.y_test = (torch.from_numpy(y).to(self.device) for y in (y_train, y_test))
-        self._set_clients(torch.from_numpy(sizes))
+        x_train, y_train, sizes, x_test, y_test, (self.pixel_mean, self.pixel_std) = self._read(config)
+        self.x_train = x_train.view(-1, *self.shape).to(self.device)
+        self.x_test = x_test.view(-1, *self.shape).to(self.device)
+        self.y_train, self.y_test = y_train.to(self.device), y_test.to(self.device)
+        self.augment = config["augment"] != "none"
+        self._set_clients(sizes)
         self.client_weights = self.client_sizes / self.client_sizes.sum().double()
         self.regularizer = NoRegularizer()
         self.model = self.network(config).to(self.device)
         self.dim = self.model.dim
         # each client's dropout seed per step (minibatch_noise), where the configured network has dropout
-        self.noisy_minibatches = self.model.has_dropout  # type: ignore[misc]  # a ClassVar elsewhere
+        # and each training image's crop and flip (`augment`)
+        self.noisy_minibatches = self.model.has_dropout or self.augment  # type: ignore[misc]  # a ClassVar elsewhere
         self.layout_name = (choose_layout(config["model"], self.dim, self.device.type) if config["layout"] == "auto"
                             else config["layout"])
 
-    def _read(self, config: dict[str, Any]) -> tuple[np.ndarray, ...]:
-        """(training pixels [n, ...] uint8 in client order, labels, each client's size [N], test pixels, labels)."""
+    def _read(self, config: dict[str, Any]) -> tuple[Any, ...]:
+        """(training pixels [n, ...] uint8 in client order, labels, each client's size [N], test pixels, labels,
+        (per-channel mean, std) of pixel/255 for `_features`): Fashion-MNIST's and CIFAR-10's by
+        `fedbench.data.images` with its full training split's constants, FEMNIST's kept writers' own."""
         if config["data"] == "femnist":
             clients = femnist.select_clients(femnist.load("sample10", config["path"]), femnist.LABELS, 1, 0)
             assert clients.x_train is not None and clients.x_test is not None  # read with its pixels
@@ -298,17 +315,21 @@ class Vision(Problem):
                                                                                   len(clients.writer_ids))
             train_end, test_end = int(clients.train_sizes[:kept].sum()), int(clients.test_sizes[:kept].sum())
             ink = lambda x: (np.uint8(255) - x) if x.dtype == np.uint8 else (255 * (1 - x)).round().astype(np.uint8)  # noqa: E731
-            return (ink(clients.x_train[:train_end]), clients.y_train[:train_end], clients.train_sizes[:kept],
-                    ink(clients.x_test[:test_end]), clients.y_test[:test_end])
-        read = idx.load_folder if config["data"] == "fashion_mnist" else cifar10.load
-        splits = self.read_index(config, lambda: read(self.folder(config)))
-        x_train, y_train, x_test, y_test = splits.x_train, splits.y_train, splits.x_test, splits.y_test
+            x_train = ink(clients.x_train[:train_end])
+            statistics = channel_statistics(x_train.reshape(len(x_train), self.shape[0], -1))
+            return (torch.from_numpy(x_train), torch.from_numpy(clients.y_train[:train_end]),
+                    torch.from_numpy(clients.train_sizes[:kept]), torch.from_numpy(ink(clients.x_test[:test_end])),
+                    torch.from_numpy(clients.y_test[:test_end]), tuple(tuple(map(float, v)) for v in statistics))
+        data = self.read_index(config, lambda: images.load(config["data"], self.folder(config)))
+        x_test, y_test = data.x_test, data.y_test
         if config["test_size"] is not None:
             rng = np.random.default_rng(int(torch.randint(2**62, (1,), generator=generator(self.data_seed, "test"))))
-            keep = rng.permutation(len(y_test))[: config["test_size"]]
+            keep = torch.from_numpy(rng.permutation(len(y_test))[: config["test_size"]])
             x_test, y_test = x_test[keep], y_test[keep]
-        rows, sizes = self.split(config, y_train, self.data_seed)
-        return x_train[rows], y_train[rows], sizes, np.require(x_test, requirements="W"), y_test
+        rows, sizes = self.split(config, data.y_train.numpy(), self.data_seed)
+        rows_t = torch.from_numpy(rows)
+        return (data.x_train[rows_t], data.y_train[rows_t], torch.from_numpy(sizes), x_test, y_test,
+                (data.mean, data.std))
 
     # -- what a run records --------------------------------------------------------------------
     def choices(self) -> dict[str, str]:
@@ -320,29 +341,41 @@ class Vision(Problem):
         return self.model.init(gen).to(self.device)
 
     def _features(self, pixels: Tensor) -> Tensor:
-        return (pixels.to(torch.float32) / 255 - self.pixel_mean) / self.pixel_std
+        return images.normalize(pixels, self.pixel_mean, self.pixel_std)
 
-    def gather(self, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """(images [S, b, c, h, w], labels [S, b], row weights [S, b]: 1/b_valid, 0 for padding rows −1)."""
+    def gather(self, rows: Tensor, crops: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """(images [S, b, c, h, w], labels [S, b], row weights [S, b]: 1/b_valid, 0 for padding rows −1); with
+        `crops` [S, b, 3] (`fedbench.data.images.crop_flip_draws`), each image cropped and flipped as drawn."""
         valid = rows >= 0
         flat = rows.clamp_min(0).reshape(-1)
-        x = self._features(self.x_train.index_select(0, flat)).view(*rows.shape, *self.shape)
+        pixels = self.x_train.index_select(0, flat).view(*rows.shape, *self.shape)
+        if crops is not None:
+            pixels = images.crop_flip(pixels, crops.view(*rows.shape, 3), CROP_PADDING)
         weight = valid / valid.sum(-1, keepdim=True)
-        return x, self.y_train[flat].view(rows.shape), weight
+        return self._features(pixels), self.y_train[flat].view(rows.shape), weight
 
     def minibatch_noise(self, rows: Tensor, gen: torch.Generator) -> Tensor | None:
-        """One dropout seed per row (a client's masks in a step follow its first row's seed), where the network has
-        dropout."""
-        if not self.model.has_dropout:
-            return None
-        return torch.randint(2**62, (rows.numel(),), generator=gen)
+        """Per row [n, k], in the rows' order: a dropout seed where the network has dropout (a client's masks in a
+        step follow its first row's seed), then (dy, dx, flip) with `augment` (`images.crop_flip_draws`: the row's
+        image cropped and flipped); None where there is neither."""
+        parts = []
+        if self.model.has_dropout:
+            parts.append(torch.randint(2**62, (rows.numel(), 1), generator=gen))
+        if self.augment:
+            parts.append(images.crop_flip_draws((rows.numel(),), gen, CROP_PADDING))
+        return torch.cat(parts, dim=1) if parts else None
 
     def step_oracle(self, rows: Tensor, noise: Tensor | None = None) -> Oracle:
-        """An oracle on the gathered rows, with each client's dropout seed of the step (its first row's noise) as the
-        batch's fourth part where the network has dropout: every call on the batch (a gradient, a Hessian-vector
-        product) runs the same masks."""
-        batch = self.gather(rows)
-        return Oracle(self, batch if noise is None else (*batch, noise.view(-1, rows.shape[-1])[:, 0]))
+        """An oracle on the gathered rows, its images cropped and flipped by their noise with `augment`, and with
+        each client's dropout seed of the step (its first row's noise) as the batch's fourth part where the network
+        has dropout: every call on the batch (a gradient, a Hessian-vector product) runs the same masks and images.
+        Evaluation and full-data oracles see the images as stored."""
+        if noise is None:
+            return Oracle(self, self.gather(rows))
+        noise = noise.view(*rows.shape, -1)
+        batch = self.gather(rows, noise[..., -3:] if self.augment else None)
+        return Oracle(self, (*batch, noise[..., 0].reshape(-1, rows.shape[-1])[:, 0]) if self.model.has_dropout
+                      else batch)
 
     def minibatch_loss(self, w: Tensor, batch: tuple[Tensor, Tensor, Tensor]) -> Tensor:
         """Weighted mean cross-entropy of one client's batch (dropout off)."""
