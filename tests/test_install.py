@@ -111,8 +111,11 @@ def test_a_shipped_recipe_sweeps_by_name_from_an_empty_folder(venv, tmp_path, fr
                            "--port", str(free_tcp_port)], cwd=work, env=clean_env(), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        first = ui.stdout.readline()
-        assert first.startswith("runs:"), first + ui.stdout.read()
+        # said at once, then the links once the server answers (no deadline: under load it took over a minute); a
+        # line read, not the rest, in the message: the rest is there only once the UI has stopped
+        starting, links = ui.stdout.readline(), ui.stdout.readline()
+        assert starting.startswith("starting the MLflow UI server on 127.0.0.1:"), starting + links
+        assert links.startswith("runs:"), starting + links
         with urllib.request.urlopen(f"http://127.0.0.1:{free_tcp_port}/health", timeout=5) as response:
             assert response.status == 200
     finally:
