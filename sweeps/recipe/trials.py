@@ -44,6 +44,9 @@ class Trial:
     compile: str = "auto"  # whether its local steps run compiled (`fedbench.compiling`; not in its config: as the
     # device, it changes how the run is computed, its numbers only by rounding)
     accountant: str = ACCOUNTANTS[0]  # the recipe's `privacy.accountant`: what computes its rows' ε (with a δ only)
+    # code its problem's config names, carried to the worker (a network file: `Problem.carried_code`); its sha256 is
+    # in the config (`Problem.code_hashes`)
+    code: tuple[Source, ...] = ()
 
     def config(self) -> dict[str, Any]:
         """Everything that determines the run except the seed (and the device it runs on, and whether its steps are
