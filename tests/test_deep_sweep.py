@@ -66,9 +66,9 @@ def test_a_network_file_sweeps_on_ray_is_tracked_and_its_export_gives_the_last_a
         problem = fedbench.problem_of(model)
         net = load_network(f"{recipe.parent / 'my_nets.py'}:Net")[0]()
         net.load_state_dict(model["parameters"])
+        images, labels = problem.test_set()
         with torch.no_grad():
-            predicted = net.eval()(problem._features(problem.x_test)).argmax(-1)
-        accuracy = (predicted == problem.y_test).float().mean().item()
+            accuracy = (net.eval()(images).argmax(-1) == labels).float().mean().item()
         assert accuracy == pytest.approx(run.data.metrics["test_accuracy"], abs=1e-6)
 
 

@@ -367,6 +367,11 @@ class Vision(Problem):
         return (weight * losses).sum(-1)
 
     # -- metrics -------------------------------------------------------------------------------
+    def test_set(self) -> tuple[Tensor, Tensor]:
+        """The pooled test images as the network takes them (standardised per channel) and their labels: what
+        `test_accuracy` is measured on, e.g. by a module that an exported model's `parameters` were loaded into."""
+        return self._features(self.x_test), self.y_test
+
     def evaluate_global(self, w: Tensor) -> dict[str, float]:
         metrics = {}
         if self.config["train_metrics"]:
