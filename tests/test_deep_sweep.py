@@ -7,11 +7,11 @@ import hashlib
 
 import pytest
 import torch
-from helpers import invoke
 from mlflow.tracking import MlflowClient
 
 import fedbench
 from fedbench.networks import carry, load_network
+from helpers import invoke
 from sweeps.recipe import load
 
 NETWORK = """\
