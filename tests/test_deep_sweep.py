@@ -79,6 +79,17 @@ def test_an_edited_network_file_changes_the_config_hash(recipe):
     assert len(before) == len(after) == 2 and not before & after
 
 
+def test_the_same_network_file_in_another_folder_is_the_same_run(recipe, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for name in ("my_nets.py", "own.yaml"):
+        (elsewhere / name).write_text((recipe.parent / name).read_text())
+    here, there = (load(path).trials()[0] for path in (recipe, elsewhere / "own.yaml"))
+    assert here.problem_config["model"] != there.problem_config["model"]  # each found in its own folder
+    assert here.config_hash == there.config_hash
+    assert here.params()["problem.model"] == "my_nets.py:Net"
+
+
 def test_a_recipe_names_its_network_relative_to_its_folder_and_set_relative_to_the_working_directory(
         recipe, tmp_path, monkeypatch):
     (trial, *_) = load(recipe).trials()
