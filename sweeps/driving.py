@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import torch
 
-from fedbench import plugins
+from fedbench import networks, plugins
 from fedbench.algorithms import ALGORITHMS
 from fedbench.problems import PROBLEMS
 from fedbench.runs import RoundProgram, programs
@@ -33,6 +33,7 @@ def build_simulation(trial: Trial, device: str | None = None, problem=None) -> S
     """The trial's simulation, on a problem instance of its own or on `problem` (one shared by seeds). A plugin's
     code is loaded first where this process (a Ray worker, maybe on another machine) has not seen it."""
     plugins.ensure(trial.plugins)
+    networks.carry(trial.code)
     if problem is None:
         problem = PROBLEMS[trial.problem](trial.problem_config, seed=trial.seed,
                                           device=resolve_device(device or trial.device))
@@ -46,6 +47,7 @@ def build_batch(trials: list[Trial], device: str | None = None) -> list[Simulati
     `drive_batch`."""
     first = trials[0]
     plugins.ensure(first.plugins)
+    networks.carry(first.code)
     problem = PROBLEMS[first.problem](first.problem_config, seed=first.seed,
                                       device=resolve_device(device or first.device))
     return [build_simulation(trial, problem=problem) for trial in trials]

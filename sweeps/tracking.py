@@ -610,14 +610,16 @@ class Store:
         ids = self._fast_or(lambda fast: fast.create_runs(experiment_id, runs),
                             lambda: self._each_run(lambda run: self._create_run(experiment_id, run), runs))
         for (trial, _), run_id in zip(starts, ids):
-            for source in trial.plugins:  # the plugin's code (its sha256 is the tag plugin_sha256), with the modules
-                # it imports from its folder, which that sha256 covers
-                text = (source.text if source.text is not None
-                        else Path(source.path).read_text() if source.path else None)
-                if text is not None and source.path is not None:  # a text comes with its path
-                    self.client.log_text(run_id, text, f"plugins/{Path(source.path).name}")
-                for relative, module_text in source.modules:
-                    self.client.log_text(run_id, module_text, f"plugins/{relative}")
+            # the code of its plugins and of what its problem names (a network file), with the modules each imports
+            # from its folder, which its sha256 (the tag plugin_sha256, code_sha256) covers
+            for folder, sources in (("plugins", trial.plugins), ("code", trial.code)):
+                for source in sources:
+                    text = (source.text if source.text is not None
+                            else Path(source.path).read_text() if source.path else None)
+                    if text is not None and source.path is not None:  # a text comes with its path
+                        self.client.log_text(run_id, text, f"{folder}/{Path(source.path).name}")
+                    for relative, module_text in source.modules:
+                        self.client.log_text(run_id, module_text, f"{folder}/{relative}")
         return ids
 
     def _create_run(self, experiment_id: str, run: NewRun) -> str:
@@ -805,6 +807,8 @@ def new_run(trial: Trial, parent_id: str | None, start_time: float, tags: dict[s
         run_tags["accountant"] = trial.accountant  # what computed its rows' ε (`fedbench.privacy`)
     if trial.plugins:
         run_tags["plugin_sha256"] = " ".join(source.sha256 for source in trial.plugins)
+    if trial.code:
+        run_tags["code_sha256"] = " ".join(source.sha256 for source in trial.code)
     if parent_id:
         run_tags[PARENT_TAG] = parent_id
     return NewRun(f"{configuration} seed {trial.seed}", int(start_time * 1000), run_tags,

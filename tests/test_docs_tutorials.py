@@ -13,6 +13,7 @@ the how-to starts no Ray.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -121,6 +122,21 @@ def test_reproduce_a_paper_runs_as_shown(tmp_path, tracking_uri):
     assert (tmp_path / "report-by-communication" / "figure.png").stat().st_size > 10_000
 
 
+@pytest.mark.ray
+def test_bring_your_own_network_runs_as_shown(tmp_path, tracking_uri):
+    """The page's network file runs in the shipped vision recipe (FedAvg by `fedbench run`, then both methods by
+    the sweep), each run carrying the file's sha256, and its exported model loads into the
+    page's class with the run's last test accuracy (the page's own block asserts it)."""
+    ran = run_page(TUTORIALS / "bring-your-own-network.md", tmp_path)
+    assert any("loaded into Net" in output for _, output in ran)
+    digest = hashlib.sha256((tmp_path / "my_nets.py").read_bytes()).hexdigest()
+    client = MlflowClient(tracking_uri)
+    experiment = client.get_experiment_by_name("vision-fashion-mnist")
+    runs = [run for run in client.search_runs([experiment.experiment_id]) if run.data.tags.get("role") != "sweep"]
+    assert sorted(run.data.tags["algorithm"] for run in runs) == ["fedavg", "fedavg", "scaffold"]
+    assert all(run.data.params["code.model"] == digest and run.info.status == "FINISHED" for run in runs)
+
+
 @pytest.mark.heavy  # ~5 s: two runs of the page's problem
 def test_write_a_problem_runs_as_shown(tmp_path):
     run_page(HOW_TO / "write-a-problem.md", tmp_path)
@@ -131,7 +147,8 @@ def test_write_a_problem_runs_as_shown(tmp_path):
 def test_every_block_of_the_run_pages_is_run_or_written():
     """No block a reader sees is left out: each is a file, a command, a Python snippet or a command's output."""
     pages = sorted(TUTORIALS.glob("*.md"))
-    assert {page.name for page in pages} == {"compare-your-own-method.md", "reproduce-a-paper.md"}
+    assert {page.name for page in pages} == {"compare-your-own-method.md", "reproduce-a-paper.md",
+                                             "bring-your-own-network.md"}
     for page in [*pages, HOW_TO / "write-a-problem.md"]:
         found = blocks(page)
         assert found, page

@@ -85,6 +85,16 @@ def refused(message: str) -> ParamError:
     return ParamError(FIELD, message, OWNER)
 
 
+_CARRIED: dict[str, Source] = {}  # a file network's absolute spec -> the source a run carried into this process
+
+
+def carry(sources: tuple[Source, ...]) -> None:
+    """Make `load_network` take each file network's code from the text a run carries (the code its config hash
+    covers), not from the file: in a Ray worker, maybe on another machine, where the file is absent or has changed
+    since the sweep read it."""
+    _CARRIED.update((source.spec, source) for source in sources if source.text is not None)
+
+
 def load_network(spec: str, base: Path | None = None) -> tuple[type[nn.Module], Source]:
     """A researcher's own network: `path/to/file.py:ClassName` (relative to `base`, default the working directory)
     or `package.module:ClassName`. Returns the class and its `Source`: the sha256 of its code (for a file, with the
@@ -105,6 +115,9 @@ def load_network(spec: str, base: Path | None = None) -> tuple[type[nn.Module], 
                       "path/to/file.py:ClassName or package.module:ClassName")
     if is_file(where):
         path = Path(located(where, base))
+        if f"{path}:{name}" in _CARRIED:  # carried by the run (`carry`)
+            source = _CARRIED[f"{path}:{name}"]
+            return network_class(source), source
         if not path.is_file():
             raise refused(f"network {spec}: no such file ({path})")
         source = file_source(f"{path}:{name}", path)

@@ -26,6 +26,7 @@ from fedbench.oracle import Oracle, over_runs
 from fedbench.problems.traces import SLOT, replayed
 from fedbench.prox import Regularizer
 from fedbench.rng import largest_keys
+from fedbench.sources import Source
 
 FULL_DATA_CHUNK = 2**24  # elements of gathered features per chunk of clients in full-data oracles
 T = TypeVar("T")
@@ -285,6 +286,12 @@ class Problem:
             ```
         """
         return {}
+
+    @classmethod
+    def carried_code(cls, config: dict[str, Any]) -> tuple[Source, ...]:
+        """The sources of code outside fedbench that a resolved config names and that a run must carry to the Ray
+        worker that runs it (a researcher's network file, `fedbench.networks.carry`). Default: none."""
+        return ()
 
     def choices(self) -> dict[str, str]:
         """What this instance chose for itself among equivalent ways to run (the same numbers to rounding), by

@@ -23,9 +23,10 @@ writer's test images).
 
 Model: `model` names a built-in network (`cnn`: two 5×5 convolutions of 16 and 32 channels, each with ReLU and 2×2
 max pooling, then a linear layer to the classes; with `dropout` > 0 a dropout layer before it) or a researcher's
-class, `module.path:Class` or `file.py:Class` (relative to the working directory), built without arguments and
-given the data's shape by its own code. Loss: the mean softmax cross-entropy of a client's minibatch; h = 0; π_k ∝
-n_k. Initial point: the module's own initialisation, drawn with the run's "init" stream.
+class, `module.path:Class` or `file.py:Class` (in a recipe, relative to the recipe's folder; on the command line,
+`--set`, to the working directory; the text travels with each run to the Ray worker that runs it), built without
+arguments and given the data's shape by its own code. Loss: the mean softmax cross-entropy of a client's minibatch;
+h = 0; π_k ∝ n_k. Initial point: the module's own initialisation, drawn with the run's "init" stream.
 
 Layout (`fedbench.module_model`): `vmap` or `loop`, the same numbers to float32 rounding; `auto` picks by the
 table `bench/deep_layouts.py` measured for the model (or one of about its size) on the device type. The chosen
@@ -61,6 +62,7 @@ from fedbench.oracle import Oracle
 from fedbench.problems.base import Layout, Problem
 from fedbench.prox import NoRegularizer
 from fedbench.rng import generator
+from fedbench.sources import Source
 
 EVAL_CHUNK = 2048  # images per evaluation forward pass
 DATASETS = ("fashion_mnist", "cifar10", "femnist")
@@ -200,6 +202,14 @@ class Vision(Problem):
         if config["model"] in BUILT_IN_MODELS or config["model"] in NETWORKS:
             return {}
         return {"model": load_network(config["model"])[1].sha256}
+
+    @classmethod
+    def carried_code(cls, config: dict[str, Any]) -> tuple[Source, ...]:
+        """A researcher's network file (its text and the modules it imports from its folder)."""
+        if config["model"] in BUILT_IN_MODELS or config["model"] in NETWORKS:
+            return ()
+        source = load_network(config["model"])[1]
+        return (source,) if source.text is not None else ()
 
     @classmethod
     def run_bytes(cls, config: dict[str, Any]) -> int | None:
@@ -390,6 +400,11 @@ class Vision(Problem):
         return (weight * losses).sum(-1)
 
     # -- metrics -------------------------------------------------------------------------------
+    def test_set(self) -> tuple[Tensor, Tensor]:
+        """The pooled test images as the network takes them (standardised per channel) and their labels: what
+        `test_accuracy` is measured on, e.g. by a module that an exported model's `parameters` were loaded into."""
+        return self._features(self.x_test), self.y_test
+
     def evaluate_global(self, w: Tensor) -> dict[str, float]:
         metrics = {}
         if self.config["train_metrics"]:

@@ -379,9 +379,26 @@ def load(path: str | Path, overrides: list[str] | None = None, algorithm: str | 
          with_plugins: list[str] | None = None) -> Recipe:
     """The recipe of a file, with `with_plugins`' algorithms joining it (`add_plugins`), then `overrides` applied."""
     source = str(path)
-    raw = add_plugins(read_yaml(path), with_plugins or [], source)
-    raw = apply_overrides(raw, overrides or [], source, algorithm)
+    raw = locate_networks(add_plugins(read_yaml(path), with_plugins or [], source), Path(path).parent)
+    raw = locate_networks(apply_overrides(raw, overrides or [], source, algorithm), Path.cwd())
     return parse(raw, source)
+
+
+def locate_networks(raw: dict[str, Any], base: Path) -> dict[str, Any]:
+    """The recipe with each network file it names (`problem.model: my_nets.py:Net`, a grid's too) made absolute
+    relative to `base`, as plugin files are: the recipe's own relative to its folder, `--set`'s relative to the
+    working directory (a path made absolute already stays as it is). A Ray worker runs elsewhere."""
+    problem = raw.get("problem")
+    if not isinstance(problem, dict) or not isinstance(problem.get("model"), (str, list)):
+        return raw
+
+    def located(model: Any) -> Any:
+        where, colon, name = model.rpartition(":") if isinstance(model, str) else ("", "", "")
+        return f"{plugins.located(where, base)}:{name}" if colon and plugins.is_file(where) else model
+
+    model = problem["model"]
+    return {**raw, "problem": {**problem, "model": [located(m) for m in model] if isinstance(model, list)
+                               else located(model)}}
 
 
 def add_plugins(raw: dict[str, Any], specs: list[str], source: str) -> dict[str, Any]:

@@ -154,12 +154,13 @@ class Recipe:
                                   f"{steps}; expected a multiple of local_steps")
             federation_values["rounds"] = iterations // steps
         federation = Federation(**federation_values)
-        trial = Trial(self.name, self.problem, PROBLEMS[self.problem].resolve_config(problem_values), algorithm,
+        problem_config = PROBLEMS[self.problem].resolve_config(problem_values)
+        trial = Trial(self.name, self.problem, problem_config, algorithm,
                       resolve(ALGORITHMS[algorithm].hparams, hyperparameters, algorithm, per_round=True), federation,
                       seed, self.eval_every, self.device, self.divergence_factor,
                       plugins.sources("problem", self.problem) + plugins.sources("algorithm", algorithm),
                       self.models_every, self.delta if privacy.gaussian_step(federation.uplink) is not None else None,
-                      self.compile, self.accountant)
+                      self.compile, self.accountant, PROBLEMS[self.problem].carried_code(problem_config))
         self.check(trial)
         return trial
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fedbench.algorithms import ALGORITHMS
@@ -14,7 +15,7 @@ from fedbench.federation import DIVERGENCE_FACTOR, Federation
 from fedbench.hparams import Param, PerRound
 from fedbench.metrics import ENGINE_COLUMNS, Metric
 from fedbench.participation import LocalSteps, Participation
-from fedbench.plugins import Source
+from fedbench.plugins import Source, is_file
 from fedbench.privacy import ACCOUNTANTS, epsilon_metric
 from fedbench.problems import PROBLEMS
 from fedbench.robust import Adversaries
@@ -44,20 +45,24 @@ class Trial:
     compile: str = "auto"  # whether its local steps run compiled (`fedbench.compiling`; not in its config: as the
     # device, it changes how the run is computed, its numbers only by rounding)
     accountant: str = ACCOUNTANTS[0]  # the recipe's `privacy.accountant`: what computes its rows' ε (with a δ only)
+    # code its problem's config names, carried to the worker (a network file: `Problem.carried_code`); its sha256 is
+    # in the config (`Problem.code_hashes`)
+    code: tuple[Source, ...] = ()
 
     def config(self) -> dict[str, Any]:
         """Everything that determines the run except the seed (and the device it runs on, and whether its steps are
         compiled), as data: a schedule as the recipe writes it (a mapping, `PerRound.as_config`); for a plugin's
         run, the sha256 of the plugin's code too, so that an edited plugin's runs run again (a built-in's config is
-        as it was). A run accounted at a δ has it as `privacy.delta`, and its accountant as `privacy.accountant`:
+        as it was), and of a file its problem names (a network: `Problem.code_hashes`), that file by its name alone.
+        A run accounted at a δ has it as `privacy.delta`, and its accountant as `privacy.accountant`:
         neither changes an iterate, but both every row's `epsilon`, and a store that holds the curve of a config must
         hold the curve at its δ by its accountant (as `eval_every` changes only which rows there are); a run without
         noise is recorded (and hashed) as before privacy existed."""
         hyperparameters = {k: v.as_config() if isinstance(v, PerRound) else v for k, v in self.hyperparameters.items()}
-        config = {"problem": {"name": self.problem, **self.problem_config},
-                  "federation": self.federation.config(),
-                  "algorithm": {"name": self.algorithm, **hyperparameters},
-                  "eval_every": self.eval_every, "divergence_factor": self.divergence_factor}
+        problem = {"name": self.problem, **self.problem_config}
+        config: dict[str, Any] = {"problem": problem, "federation": self.federation.config(),
+                                  "algorithm": {"name": self.algorithm, **hyperparameters},
+                                  "eval_every": self.eval_every, "divergence_factor": self.divergence_factor}
         if self.delta is not None:
             config["privacy"] = {"delta": self.delta, "accountant": self.accountant}
         if self.plugins:
@@ -65,6 +70,9 @@ class Trial:
         code = PROBLEMS[self.problem].code_hashes(self.problem_config)  # a network's file, say
         if code:
             config["code"] = code
+            # a file by its name alone: its sha256 says which code it is, and the same file in another folder (on
+            # another machine) is the same run
+            problem.update({field: file_named(problem[field]) for field in code})
         return config
 
     @property
@@ -96,6 +104,13 @@ class Trial:
                 flat[section] = values
         scheduled = {f"algorithm.{k}": v for k, v in self.hyperparameters.items() if isinstance(v, PerRound)}
         return {**flat, **scheduled, "seed": self.seed}
+
+
+def file_named(spec: Any) -> Any:
+    """A code spec with its file by name only (`/home/me/study/my_nets.py:Net` -> `my_nets.py:Net`); a module's
+    spec as it is."""
+    where, colon, name = spec.rpartition(":") if isinstance(spec, str) else ("", "", "")
+    return f"{Path(where).name}:{name}" if colon and is_file(where) else spec
 
 
 def metrics_of(trials: list[Trial]) -> dict[str, Metric]:
