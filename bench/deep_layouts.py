@@ -24,9 +24,7 @@ import json
 import os
 import platform
 import shlex
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -38,6 +36,9 @@ from fedbench.memory import keep_freed_memory
 from fedbench.module_model import LAYOUTS
 from fedbench.problems import make_problem
 from fedbench.simulate import Federation, Simulation
+
+sys.path.insert(0, str(Path(__file__).parent))
+from round_timing import median_round_seconds  # noqa: E402
 
 CASES = {"cnn-fashion_mnist": ("cnn", "fashion_mnist"), "cnn-cifar10": ("cnn", "cifar10"),
          "emnist_cnn-femnist": ("emnist_cnn", "femnist")}  # (model, data) by case name: Reddi et al.'s EMNIST CNN
@@ -69,27 +70,6 @@ class PlainLoop:
         self.w = torch.stack(uploads).mean(0)
 
 
-def round_ms(ways: dict, rounds: int, repeats: int, device: str) -> dict[str, float]:
-    """Median milliseconds of a round of each way, the ways timed in turn (one warm-up round each first)."""
-    def timed(way) -> float:
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(rounds):
-            way.run_round()
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        return (time.perf_counter() - start) / rounds * 1e3
-
-    for way in ways.values():
-        way.run_round()
-    samples: dict[str, list[float]] = {name: [] for name in ways}
-    for _ in range(repeats):
-        for name, way in ways.items():
-            samples[name].append(timed(way))
-    return {name: statistics.median(values) for name, values in samples.items()}
-
-
 def measure(model: str, data: str, batch: int, args) -> dict:
     federation = Federation(rounds=10**6, clients_per_round=args.clients, local_steps=args.steps, batch_size=batch)
     ways: dict = {}
@@ -103,7 +83,8 @@ def measure(model: str, data: str, batch: int, args) -> dict:
                                   compile="off")
     assert problem is not None
     ways["plain"] = PlainLoop(problem, federation, seed=0)
-    ms = round_ms(ways, args.rounds, args.repeats, args.device)
+    ms = {way: seconds * 1e3 for way, seconds in
+          median_round_seconds(ways, args.rounds, args.repeats, args.device).items()}
     return {"model": model, "data": data, "dim": problem.dim, "device": torch.device(args.device).type,
             "batch_size": batch, "clients": args.clients, "local_steps": args.steps, "threads": torch.get_num_threads(),
             "ms": {name: round(value, 2) for name, value in ms.items()},
