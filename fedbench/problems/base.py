@@ -32,6 +32,14 @@ FULL_DATA_CHUNK = 2**24  # elements of gathered features per chunk of clients in
 T = TypeVar("T")
 
 
+def padded_rows(rows: Tensor) -> tuple[Tensor, Tensor]:
+    """A gather's rows `[..., b]`, padding −1 included, as flat indices into the pool `[... · b]` (padding reads row
+    0) and each row's weight `[..., b]`: 1/b_valid, 0 on padding, so that a loss is each client's mean over its real
+    rows (every client has one)."""
+    valid = rows >= 0
+    return rows.clamp_min(0).reshape(-1), valid / valid.sum(-1, keepdim=True)
+
+
 @dataclass(frozen=True)
 class Layout:
     """The clients a problem instance has, as far as they are known: how many, and how many training samples the

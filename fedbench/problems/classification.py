@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedbench.models import MLP, own_data_scores
-from fedbench.problems.base import Problem
+from fedbench.problems.base import Problem, padded_rows
 
 EVAL_CHUNK = 8192  # samples per evaluation pass: ~26 MB of float32 MNIST-size features, whatever the data size
 
@@ -35,10 +35,8 @@ class ImageClassification(Problem):
 
     def gather(self, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(features [S, b, pixels], labels [S, b], row weights [S, b]: 1/b_valid, 0 for padding rows −1)."""
-        valid = rows >= 0
-        flat = rows.clamp_min(0).reshape(-1)
+        flat, weight = padded_rows(rows)
         x = self.x_train.index_select(0, flat).view(*rows.shape, self.x_train.shape[-1])
-        weight = valid / valid.sum(-1, keepdim=True)  # every client has a training sample
         return x, self.y_train[flat].view(rows.shape), weight
 
     def minibatch_loss(self, w: Tensor, batch: tuple[Tensor, Tensor, Tensor]) -> Tensor:

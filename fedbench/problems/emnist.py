@@ -36,7 +36,7 @@ from fedbench.data import femnist
 from fedbench.hparams import Param, ParamError
 from fedbench.metrics import Metric
 from fedbench.models import MLP, own_data_scores
-from fedbench.problems.base import Layout, Problem
+from fedbench.problems.base import Layout, Problem, padded_rows
 from fedbench.prox import L1
 
 EVAL_CHUNK = 8192  # samples per evaluation matmul: ~26 MB of float32 features, whatever the data size
@@ -131,10 +131,8 @@ class EMNIST(Problem):
 
     def gather(self, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(features [S, b, 784], labels [S, b], row weights [S, b]: 1/b_valid, 0 for padding)."""
-        valid = rows >= 0
-        flat = rows.clamp_min(0).reshape(-1)
+        flat, weight = padded_rows(rows)  # every client has n_k >= min_train >= 1
         x = self._features(self.x_train.index_select(0, flat)).view(*rows.shape, femnist.PIXELS)
-        weight = valid / valid.sum(-1, keepdim=True)  # every client has n_k >= min_train >= 1
         return x, self.y_train[flat].view(rows.shape), weight
 
     def minibatch_loss(self, w: Tensor, batch: tuple[Tensor, Tensor, Tensor]) -> Tensor:

@@ -59,7 +59,7 @@ from fedbench.metrics import Metric
 from fedbench.module_model import LAYOUTS, ModuleModel, choose_layout
 from fedbench.networks import NETWORKS, check_module, load_network
 from fedbench.oracle import Oracle
-from fedbench.problems.base import Layout, Problem
+from fedbench.problems.base import Layout, Problem, padded_rows
 from fedbench.prox import NoRegularizer
 from fedbench.rng import generator
 from fedbench.sources import Source
@@ -356,12 +356,10 @@ class Vision(Problem):
     def gather(self, rows: Tensor, crops: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """(images [S, b, c, h, w], labels [S, b], row weights [S, b]: 1/b_valid, 0 for padding rows −1); with
         `crops` [S, b, 3] (`fedbench.data.images.crop_flip_draws`), each image cropped and flipped as drawn."""
-        valid = rows >= 0
-        flat = rows.clamp_min(0).reshape(-1)
+        flat, weight = padded_rows(rows)
         pixels = self.x_train.index_select(0, flat).view(*rows.shape, *self.shape)
         if crops is not None:
             pixels = images.crop_flip(pixels, crops.view(*rows.shape, 3), CROP_PADDING)
-        weight = valid / valid.sum(-1, keepdim=True)
         return self._features(pixels), self.y_train[flat].view(rows.shape), weight
 
     def minibatch_noise(self, rows: Tensor, gen: torch.Generator) -> Tensor | None:
