@@ -111,7 +111,7 @@ def auto_compiles(sims: list[Simulation]) -> bool:
     whose compilation the runs' remaining local steps pay back PAYBACK times over (the medians of those rows)."""
     first = sims[0]
     rows = nearest(first.problem.name, first.algorithm.name, first.problem.device.type, step_work(sims))
-    steps = (first.federation.rounds - first.rounds_done) * first.federation.most_steps()
+    steps = (first.federation.rounds - first.rounds_done) * first.federation.most_steps(first.problem.client_sizes_cpu)
     return bool(rows) and (statistics.median(row.speedup for row in rows) >= MIN_SPEEDUP
                            and statistics.median(row.pays_back(steps) for row in rows) >= PAYBACK)
 

@@ -100,9 +100,12 @@ class Federation:
         """Whether each participant takes its own number of local steps (`local_steps` a `LocalSteps`)."""
         return isinstance(self.local_steps, LocalSteps)
 
-    def most_steps(self) -> int:
-        """The most local steps a client takes in a round: E, or the most of uneven local work."""
-        return self.local_steps.most() if isinstance(self.local_steps, LocalSteps) else self.local_steps
+    def most_steps(self, sizes: Tensor | None = None) -> int:
+        """The most local steps a client takes in a round: E, or the most of uneven local work (for epochs, over
+        clients of `sizes` `[N]`)."""
+        if isinstance(self.local_steps, LocalSteps):
+            return self.local_steps.most(sizes, self.batch_size)
+        return self.local_steps
 
     def config(self) -> dict[str, Any]:
         """Its fields as a run's configuration records them, so that a federation with none of the later fields
@@ -156,6 +159,9 @@ class Federation:
             self.participation.check(layout.clients, self.clients_per_round)
             if isinstance(self.local_steps, LocalSteps):
                 self.local_steps.check(layout.clients)
+                if self.local_steps.epochs is not None and layout.smallest is not None:
+                    raise ParamError("local_steps.epochs", f"found {self.local_steps.epochs} for a problem whose "
+                                     "minibatches cannot be short; expected counts, file or distribution")
             if self.server_optimizer is not None:
                 self.server_optimizer.check()
         except ParamError as err:
@@ -233,7 +239,12 @@ class RoundSampler:
         if isinstance(federation.local_steps, LocalSteps):
             if federation.local_steps.distribution is not None:
                 self.steps_gen = generator(seed, "local-steps")
-            self.step_counts = StepCounts(federation.local_steps, self.steps_gen)
+            self.step_counts = StepCounts(federation.local_steps, self.steps_gen, problem.client_sizes_cpu,
+                                          federation.batch_size)
+        self.epochs = federation.local_steps.epochs if isinstance(federation.local_steps, LocalSteps) else None
+        if self.epochs is not None and not problem.caps_batches:
+            raise ParamError("local_steps.epochs", f"found {self.epochs} for problem {problem.name}, whose minibatches "
+                             "cannot be short; expected counts, file or distribution", "federation")
 
     def draw(self, local_steps: int, everyone: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
         """(clients [S], rows `[local_steps, S, b]` per drawn minibatch name) of a round of `local_steps` steps for
@@ -254,8 +265,12 @@ class RoundSampler:
         counts = None if self.step_counts is None else self.step_counts.draw(clients)
         steps = int(counts.max()) if counts is not None else local_steps
         assert steps is not None  # given where the counts are not drawn
-        rows = {mb.name: self.problem.draw_minibatches(clients, steps, self.sizes[mb.name], self.batch_gen)
-                for mb in self.drawn}
+        if self.epochs is not None:
+            rows = {mb.name: self.problem.draw_epochs(clients, self.epochs, steps, self.sizes[mb.name], self.batch_gen)
+                    for mb in self.drawn}
+        else:
+            rows = {mb.name: self.problem.draw_minibatches(clients, steps, self.sizes[mb.name], self.batch_gen)
+                    for mb in self.drawn}
         return Draw(clients.to(self.problem.device), rows, steps, present, counts)
 
     def step_batches(self, rows: dict[str, Tensor], step: int) -> Batches:

@@ -44,7 +44,12 @@ Optimization"):
 * `{distribution: uniform, low: 1, high: 10}`: each slot's count drawn every round uniformly among the integers of
   [low, high];
 * `{counts: [...]}` or `{file: steps.npy}`: each client's own count, always the same (N integers, in the clients'
-  order; a file as for `p_file`).
+  order; a file as for `p_file`);
+* `{epochs: E}`: E passes over each client's own samples, as FedAvg's experiments run it (McMahan et al., AISTATS
+  2017, Algorithm 1; Reddi et al., ICLR 2021, §5: one epoch at b = 20): client k takes ⌈E·n_k / b⌉ steps whose
+  minibatches are its E passes, each in the order of a fresh permutation, cut into consecutive batches of b
+  (`Problem.draw_epochs`; the last batch short). Only a problem whose minibatches may be short (`caps_batches`, row
+  −1 weighing nothing) takes it.
 
 The round runs as many steps as its longest count, batched; a client past its count keeps its local state (every
 entry with a client axis, `torch.where`), and an algorithm's maths that needs a client's count reads `rnd.client_steps`
@@ -278,14 +283,15 @@ class Participation:
 @dataclass(frozen=True)
 class LocalSteps:
     """`federation.local_steps` as a mapping: uneven local work, each participant's own number of local steps (the
-    module's docstring); one of `distribution` (with `low` and `high`), `counts` or `file`. A `file` is read where the
-    mapping is made: its values are `table`, with which the runs go."""
+    module's docstring); one of `distribution` (with `low` and `high`), `counts`, `file` or `epochs`. A `file` is read
+    where the mapping is made: its values are `table`, with which the runs go."""
 
     distribution: str | None = None
     low: int | None = None
     high: int | None = None
     counts: tuple[int, ...] | None = None
     file: str | None = None
+    epochs: int | None = None
     table: tuple[float, ...] | None = dataclasses.field(default=None, repr=False)  # the file's, read when given
 
     params = (
@@ -297,6 +303,8 @@ class LocalSteps:
               nullable=True),
         Param("file", "str", None, "a .npy or .csv file of each client's local steps (a relative path: the recipe's "
               "folder's)", nullable=True),
+        Param("epochs", "int", None, "passes over each client's own samples: ⌈epochs·n_k / b⌉ steps, each pass in "
+              "the order of a fresh permutation cut into batches of b (the last one short)", low=1, nullable=True),
     )
 
     def __post_init__(self) -> None:
@@ -318,6 +326,8 @@ class LocalSteps:
             return _text(self.distribution, {"low": self.low, "high": self.high})
         if self.counts is not None:
             return f"counts(sha256={digest(self.counts)})"
+        if self.epochs is not None:
+            return _text("epochs", {"epochs": self.epochs})
         assert self.file is not None and self.table is not None  # `check`
         return f"file({Path(self.file).name}, sha256={digest(self.table)})"
 
@@ -328,8 +338,8 @@ class LocalSteps:
         _check_params(self, "local_steps")
         drawn = self.distribution is not None or self.low is not None or self.high is not None
         form = _one_form("local_steps", {"distribution": drawn, "counts": self.counts is not None,
-                                         "file": self.file is not None},
-                         "", "one of distribution (with low and high), counts or file")
+                                         "file": self.file is not None, "epochs": self.epochs is not None},
+                         "", "one of distribution (with low and high), counts, file or epochs")
         if form == "distribution":
             for name in ("distribution", "low", "high"):
                 if getattr(self, name) is None:
@@ -343,14 +353,21 @@ class LocalSteps:
         if self.table is not None:
             _check_table(self.table, f"{self.file}: ", "local_steps.file", clients, integers=True)
 
-    def per_client(self) -> Tensor | None:
-        """Each client's count `[N]` (int64) where the counts are per client, else None (drawn each round)."""
+    def per_client(self, sizes: Tensor | None = None, batch_size: int | None = None) -> Tensor | None:
+        """Each client's count `[N]` (int64) where the counts are per client, else None (drawn each round); for
+        `epochs`, ⌈epochs·n_k / b⌉ of the clients' `sizes` n_k `[N]` and the batch size b (None where not given)."""
+        if self.epochs is not None:
+            if sizes is None or batch_size is None:
+                return None
+            return torch.div(self.epochs * sizes.long() + batch_size - 1, batch_size, rounding_mode="floor")
         values = self.counts if self.counts is not None else self.table
         return None if values is None else torch.tensor(values, dtype=torch.float64).long()
 
-    def most(self) -> int:
-        """The most local steps a client takes in a round."""
-        table = self.per_client()
+    def most(self, sizes: Tensor | None = None, batch_size: int | None = None) -> int:
+        """The most local steps a client takes in a round (for `epochs`, of clients of `sizes` at batch size b)."""
+        table = self.per_client(sizes, batch_size)
+        if table is None and self.epochs is not None:
+            raise ValueError("the local steps of epochs depend on the clients' sizes and the batch size")
         return int(self.high) if table is None else int(table.max())  # type: ignore[arg-type]  # `check`
 
 
@@ -430,11 +447,12 @@ class Participants:
 
 class StepCounts:
     """One run's local steps of each round's slots under uneven local work: drawn on its "local-steps" stream (a
-    distribution), or each client's own (counts, a file)."""
+    distribution), or each client's own (counts, a file, or epochs over its `sizes` `[N]` in batches of b)."""
 
-    def __init__(self, local_steps: LocalSteps, gen: torch.Generator | None):
+    def __init__(self, local_steps: LocalSteps, gen: torch.Generator | None, sizes: Tensor | None = None,
+                 batch_size: int | None = None):
         low, high = local_steps.low, local_steps.high
-        self.table, self.gen = local_steps.per_client(), gen
+        self.table, self.gen = local_steps.per_client(sizes, batch_size), gen
         self.span = (0, 0) if low is None or high is None else (low, high + 1)  # a distribution's [low, high + 1)
 
     def draw(self, clients: Tensor) -> Tensor:

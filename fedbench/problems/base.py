@@ -35,9 +35,9 @@ T = TypeVar("T")
 def padded_rows(rows: Tensor) -> tuple[Tensor, Tensor]:
     """A gather's rows `[..., b]`, padding −1 included, as flat indices into the pool `[... · b]` (padding reads row
     0) and each row's weight `[..., b]`: 1/b_valid, 0 on padding, so that a loss is each client's mean over its real
-    rows (every client has one)."""
+    rows (a client without any, past its last step of an epoch, weighs nothing)."""
     valid = rows >= 0
-    return rows.clamp_min(0).reshape(-1), valid / valid.sum(-1, keepdim=True)
+    return rows.clamp_min(0).reshape(-1), valid / valid.sum(-1, keepdim=True).clamp_min(1)
 
 
 @dataclass(frozen=True)
@@ -473,6 +473,32 @@ class Problem:
         ends = self.client_offsets_cpu[clients + 1].to(self.device)
         rows.masked_fill_(rows >= ends[:, None], -1)  # the picks of padding positions
         return F.pad(rows, (0, batch_size - width), value=-1)
+
+    def draw_epochs(self, clients: Tensor, epochs: int, steps: int, batch_size: int, gen: torch.Generator) -> Tensor:
+        """Row indices of `epochs` passes over each sampled client's samples (`federation.local_steps: {epochs: E}`,
+        `fedbench.participation`): client k's E·n_k picks are its passes one after another, each pass a fresh
+        uniform permutation of its samples, cut into consecutive batches of b; its last batch is short and its steps
+        past ⌈E·n_k / b⌉ are all padding (row −1, weighing nothing in `gather`).
+
+        Args:
+            clients: the sampled clients `[S]` (CPU).
+            epochs: E.
+            steps: the round's steps, at least the most any of the clients takes.
+            batch_size: b.
+            gen: the run's "minibatches" stream.
+
+        Returns:
+            Rows `[steps, S, b]`, on the problem's device.
+        """
+        sizes = self.client_sizes_cpu[clients][:, None]  # [S, 1]
+        keys = torch.rand(epochs, len(clients), self.max_size, generator=gen)
+        keys.masked_fill_(torch.arange(self.max_size) >= sizes, 2.0)  # a client's padding positions sort last
+        orders = keys.argsort(-1)  # [E, S, n_max]: each pass, a uniform permutation of the client's positions first
+        place = torch.arange(steps * batch_size)  # a pick's place in the client's sequence of passes
+        passes, within = place // sizes, place % sizes  # [S, steps · b]
+        picks = orders[passes.clamp_max(epochs - 1), torch.arange(len(clients))[:, None], within]
+        rows = torch.where(passes < epochs, self.client_offsets_cpu[clients][:, None] + picks, -1)
+        return rows.view(len(clients), steps, batch_size).transpose(0, 1).contiguous().to(self.device)
 
     def gather(self, rows: Tensor) -> Any:
         """The data of the rows, for `minibatch_loss` (and the problem's oracles). No default: every problem
