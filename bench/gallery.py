@@ -68,7 +68,7 @@ FACTORS = {
     "papers/hanzely2023_r1_fashion_mnist": 4, "papers/hanzely2023_r2_pw": 2, "papers/hanzely2023_r3_reparam": 1,
     "papers/hanzely2023_r4_lambda": 1, "papers/hanzely2023_s1": 10, "papers/hanzely2023_s2": 4,
     "papers/pfedfbe_digits": 5, "papers/pfedfbe_lasso1": 4, "papers/pfedfbe_lasso2": 4, "papers/pfedfbe_matrix": 10,
-    "papers/niid_bench_fmnist": 1,
+    "papers/niid_bench_fmnist": 1, "papers/reddi2021_emnist_cr": 100,
 }
 
 

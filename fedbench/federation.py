@@ -242,9 +242,6 @@ class RoundSampler:
             self.step_counts = StepCounts(federation.local_steps, self.steps_gen, problem.client_sizes_cpu,
                                           federation.batch_size)
         self.epochs = federation.local_steps.epochs if isinstance(federation.local_steps, LocalSteps) else None
-        if self.epochs is not None and not problem.caps_batches:
-            raise ParamError("local_steps.epochs", f"found {self.epochs} for problem {problem.name}, whose minibatches "
-                             "cannot be short; expected counts, file or distribution", "federation")
 
     def draw(self, local_steps: int, everyone: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
         """(clients [S], rows `[local_steps, S, b]` per drawn minibatch name) of a round of `local_steps` steps for

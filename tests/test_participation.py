@@ -488,3 +488,50 @@ def test_tune_searches_a_models_parameter_and_the_counts_where_the_recipe_reads_
     path.write_text(plain)
     refused(invoke("validate", path), "tune.space.federation.participation.p_on: found no mapping in "
             "federation.participation, expected one that reads p_on")
+
+
+def replayed_epochs(problem, clients: list[int], epochs: int, batch_size: int, gen) -> list[list[np.ndarray]]:
+    """Each client's minibatches of `epochs` passes as `Problem.draw_epochs` describes them, replayed from the raw
+    stream: keys uniform [E, S, n_max], a client's own positions ordered by them, the passes one after another, cut
+    into consecutive batches of b (the last one short)."""
+    keys = torch.rand(epochs, len(clients), problem.max_size, generator=gen).numpy()
+    batches = []
+    for slot, client in enumerate(clients):
+        n, start = int(problem.client_sizes_cpu[client]), int(problem.client_offsets_cpu[client])
+        sequence = np.concatenate([start + np.argsort(keys[e, slot, :n], kind="stable") for e in range(epochs)])
+        batches.append([sequence[i: i + batch_size] for i in range(0, len(sequence), batch_size)])
+    return batches
+
+
+def test_local_epochs_are_passes_over_each_clients_own_samples_as_a_loop_over_the_clients():
+    """`local_steps: {epochs: E}`: client k takes ⌈E·n_k / b⌉ steps whose minibatches are E fresh permutations of its
+    own samples cut into batches of b; FedAvg over writers of unequal sizes (its iterates by samples-weighted mean)
+    against a loop over the sampled clients taking exactly those steps, from the replayed streams."""
+    problem = fedbench.make_problem("emnist", seed=0, lam=0.0, min_train=10)
+    epochs, batch, sampled, rounds = 2, 16, 3, 3
+    federation = Federation(rounds, sampled, {"epochs": epochs}, batch, "samples")
+    hp = {"client_lr": 0.005, "server_lr": 1.0, "subgradient": False}  # stable on raw pixels (‖x‖² ≈ 700)
+    sim = Simulation(problem, fedbench.make_algorithm("fedavg", problem, **hp), federation, seed=4)
+    client_gen, batch_gen = generator(4, "clients"), generator(4, "minibatches")
+    w = problem.init_params(generator(4, "init")).clone()
+    for _ in range(rounds):
+        clients = torch.randperm(problem.num_clients, generator=client_gen)[:sampled].tolist()
+        updates, sizes = [], []
+        for client, batches in zip(clients, replayed_epochs(problem, clients, epochs, batch, batch_gen)):
+            n = int(problem.client_sizes_cpu[client])
+            assert len(batches) == -(-epochs * n // batch)  # ⌈E·n_k / b⌉ steps
+            u = w.clone()
+            for rows in batches:  # the problem's gradient of a client's weighted mean loss on a batch
+                u = u - hp["client_lr"] * problem.grad(u[None], problem.gather(torch.as_tensor(rows)[None]))[0]
+            updates.append(u - w)
+            sizes.append(n)
+        w = w + sum(s * d for s, d in zip(sizes, updates)) / sum(sizes)
+        sim.run_round()
+        np.testing.assert_allclose(sim.server["w"].numpy(), w.numpy(), rtol=1e-5, atol=1e-6)  # float32
+
+
+def test_local_epochs_are_refused_where_a_minibatch_cannot_be_short():
+    problem = small_lasso()
+    with pytest.raises(ParamError, match="local_steps.epochs: found 1 for a problem whose minibatches cannot be "
+                                         "short; expected counts, file or distribution"):
+        Simulation(problem, fedbench.make_algorithm("fedavg", problem, **HP), Federation(2, 3, {"epochs": 1}, 5), 0)
