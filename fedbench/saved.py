@@ -32,7 +32,7 @@ import torch
 
 if TYPE_CHECKING:  # a run's record; `fedbench.simulate` does not need this module
     from fedbench.problems import Problem
-    from fedbench.simulate import Simulation
+    from fedbench.record import RunRecord
 
 FORMAT = 2
 READ = (1, 2)  # the formats `load_model` reads: 1 lacks the problem's settings and the seeds
@@ -40,7 +40,7 @@ RUN_ID = re.compile(r"[0-9a-f]{32}")  # an MLflow run id, as `fedbench show` and
 PERSONAL_LIMIT = 2**24  # values of per-client models saved at most (128 MiB in float64): N·d beyond is left out
 
 
-def model_state(sim: Simulation) -> dict[str, Any]:
+def model_state(sim: RunRecord) -> dict[str, Any]:
     """A run's model now, in the saved format (see the module's docstring)."""
     w = sim.algorithm.global_params(sim.server).detach().to("cpu", copy=True)
     personal = sim.algorithm.personal_params(sim.server, sim.clients)
@@ -56,7 +56,7 @@ def model_state(sim: Simulation) -> dict[str, Any]:
             "personal_left_out": left_out}
 
 
-def model_bytes(sim: Simulation) -> bytes:
+def model_bytes(sim: RunRecord) -> bytes:
     """`model_state` as the bytes of its file."""
     buffer = io.BytesIO()
     torch.save(model_state(sim), buffer)

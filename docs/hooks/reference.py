@@ -519,7 +519,7 @@ API_PAGES = {
         "Privacy accounting", "ε of DP-FedAvg's Gaussian uplink at a δ: the mechanism the engine runs (sampling, "
         "adjacency, sensitivity) and dp-accounting's accountants (PLD by default, RDP)", "fedbench.privacy",
         {"fedbench.privacy.Accountant": ("epsilon",), "fedbench.privacy.Mechanism": ("of", "noise_multiplier", "event"),
-         "fedbench.privacy.check": (), "fedbench.privacy.epsilon_metric": ()}),
+         "fedbench.privacy.check": (), "fedbench.metrics.epsilon_metric": ()}),
     "participation": ApiPage(
         "Participation and uneven local work", "who takes part in a round (`Participation`: uniform, cyclic, "
         "bernoulli, markov) and each participant's local steps (`LocalSteps`), how the engine batches them, and what "

@@ -13,9 +13,8 @@ from typing import Any, Optional
 
 from fedbench import contract, plugins, privacy
 from fedbench.algorithms import ALGORITHMS
-from fedbench.federation import Federation, minibatch_sizes
+from fedbench.federation import Federation, check_uploads, minibatch_sizes
 from fedbench.hparams import ParamError, PerRound, resolve
-from fedbench.links import check_uploads
 from fedbench.metrics import Metric
 from fedbench.participation import LocalSteps, check_algorithm
 from fedbench.problems import PROBLEMS
@@ -190,8 +189,8 @@ class Recipe:
             raise RecipeError(self.source, self.field(trial.algorithm, "problem", err.name), err.message) from None
         try:
             check_uploads(trial.federation, algorithm, layout.clients)
-            check_algorithm(trial.federation, algorithm, hp)
-            check_server_optimizer(trial.federation, algorithm)
+            check_algorithm(trial.federation.participation, trial.federation.local_steps, algorithm, hp)
+            check_server_optimizer(trial.federation.server_optimizer, algorithm)
         except ParamError as err:
             raise RecipeError(self.source, self.field(trial.algorithm, "federation", err.name), err.message) from None
         _, batch_sizes = minibatch_sizes(algorithm.minibatches(hp), hp, trial.federation.batch_size)
