@@ -22,8 +22,7 @@ from fedbench.server_optimizers import check_algorithm as check_server_optimizer
 from fedbench.simulate import Simulation
 from fedbench.transforms import LINKS, chain_text
 from .loading import RecipeError, closest, in_bytes
-from .schema import Checkpoints, ReportSpec, Resources, TuneSpec, is_seed
-from .space import Dimension
+from .schema import Checkpoints, Dimension, ReportSpec, Resources, TuneSpec, is_seed
 from .trials import FEDERATION_MAPPINGS, FEDERATION_NAMES, Trial, metrics_of, stable_hash
 
 # Runs of one recipe, whatever max_runs: building and checking each takes ~60 µs and ~2 KB here, so that validating
