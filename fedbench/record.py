@@ -96,7 +96,6 @@ class RunRecord:
         """"running", then "finished" or "diverged"."""
         self.metric_names: list[str] = []
 
-
     RECORD = ("rounds_done", "iterations", "comm_up", "comm_down", "comm_up_bits", "comm_down_bits", "train_seconds",
               "eval_seconds", "status", "start_objective", "metric_names")
 

@@ -9,21 +9,24 @@ advance as one program; a run alone is R = 1 through the same code:
         ...
     sims[run].status                  # 'finished' or 'diverged', per run
 
-* Draws. Every run keeps its own `Simulation` (its record: streams, counters, status), whose generators draw on the
-  host exactly what the run draws alone (round length, clients, minibatch rows), in the same order; only the
-  arithmetic is batched. An algorithm's own draws go through `Round.draw`, bound to each run's stream.
+* Draws. Every run keeps its own record (`fedbench.record.RunRecord`, which a `Simulation` is: streams, counters,
+  status), whose generators draw on the host exactly what the run draws alone (round length, clients, minibatch
+  rows), in the same order; only the arithmetic is batched. An algorithm's own draws go through `Round.draw`, bound
+  to each run's stream.
 * Layout (`fedbench.algorithms.base`). Server state `[R, 1, ...]`, per-client state `[R, N, ...]`, a round's local
-  state `[R, S, ...]`, float hyperparameters and derived values `[R, 1, 1]` (`batch_hparams`). The problem's oracles
-  see the run axis folded into the client axis (`RunOracle`, for any oracle method), so problems need nothing new.
-* Schedules. Rounds of fixed length (or of a drawn length, for one run) advance round by round (`RoundProgram`). Rounds
-  of random length where every client takes part (coin-flip communication, Hanzely et al.'s block methods) advance
-  iteration by iteration, each run through its own rounds (`IterationProgram`): round-synchronous runs would each
-  wait for the longest of R geometric lengths, about ln R times the mean. Which runs share one: `fedbench.planning`.
+  state `[R, S, ...]`, float hyperparameters and derived values `[R, 1, 1]` (`fedbench.run_axis`). The problem's
+  oracles see the run axis folded into the client axis (`fedbench.oracle.RunOracle`, for any oracle method), so
+  problems need nothing new.
+* Schedules. Rounds of fixed length (or of a drawn length, for one run) advance round by round (`RoundProgram`,
+  `fedbench.round_wise`). Rounds of random length where every client takes part (coin-flip communication, Hanzely et
+  al.'s block methods) advance iteration by iteration, each run through its own rounds (`IterationProgram`,
+  `fedbench.iteration_wise`): round-synchronous runs would each wait for the longest of R geometric lengths, about
+  ln R times the mean. Which runs share one: `fedbench.planning`.
 * Hyperparameter schedules (`fedbench.schedules`). A scheduled hyperparameter's value at each run's round is handed
   to the round's functions as a float's, `[R, 1, 1]` (`RoundProgram._at_rounds`, which the round-wise and the
   iteration-wise programs both call); runs whose schedules differ share a program as runs whose floats differ do.
 * Divergence. A run that diverges stops, as alone: its partial curve is kept, its final state is stored on its
-  Simulation, and it leaves the batched arithmetic. A round in which an SVD fails (an iterate that overflowed
+  record, and it leaves the batched arithmetic. A round in which an SVD fails (an iterate that overflowed
   between two evaluations) is replayed run by run on the same draws: the runs whose SVD fails end diverged there.
 * Evaluation. On the same schedule as alone, the runs due together in one `Problem.evaluate_runs` call.
 * Links. The federation's uplink and downlink transforms act between the algorithm's steps, on what crosses the
