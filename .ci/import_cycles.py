@@ -1,10 +1,39 @@
-"""The import cycles among the project's modules, module-level and function-level imports counted (`if TYPE_CHECKING:`
-imports too with --typing): `python import_cycles.py [--typing] [ROOT] [PACKAGE ...]`; exit status 1 if there is one."""
+"""The project's imports checked against its layers: no import cycle, and no import from a lower layer up to a higher
+one (`LAYERS`), every import counted, at module level, inside a function and under `if TYPE_CHECKING:` (a type-only
+import is a dependency of the code's meaning all the same). `python .ci/import_cycles.py [ROOT]`; prints each cycle
+and each upward import, and exits with status 1 if there is one (or a module in no layer)."""
 from __future__ import annotations
 
 import ast
 import sys
 from pathlib import Path
+
+PACKAGES = ("fedbench", "sweeps", "cli")
+ALIASES = {"fedbench_sweeps": "sweeps"}  # installed names (pyproject.toml's package-dir) -> the checkout's
+
+# Bottom first, as docs/design.md draws them: a layer may import the layers below it, never one above. A name covers
+# its module and its submodules; a module is in the layer of the longest name that covers it (so a new fedbench module
+# is in the engine's API layer until it is listed lower).
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("foundations", ("fedbench.rng", "fedbench.hparams", "fedbench.contract", "fedbench.metrics", "fedbench.oracle",
+                     "fedbench.prox", "fedbench.reference", "fedbench.memory", "fedbench.schedules",
+                     "fedbench.sources")),
+    ("models and data", ("fedbench.models", "fedbench.module_model", "fedbench.networks", "fedbench.data")),
+    ("problems and algorithms", ("fedbench.problems", "fedbench.algorithms")),
+    ("round transforms", ("fedbench.transforms", "fedbench.robust", "fedbench.privacy", "fedbench.participation",
+                          "fedbench.server_optimizers")),
+    ("federation", ("fedbench.federation",)),
+    ("run record", ("fedbench.record",)),
+    ("engine", ("fedbench.compiling", "fedbench.planning", "fedbench.links", "fedbench.server_steps",
+                "fedbench.run_axis", "fedbench.round_wise", "fedbench.iteration_wise", "fedbench.runs",
+                "fedbench.simulate", "fedbench.saved")),
+    ("engine API", ("fedbench", "fedbench.plugins")),
+    ("recipes", ("sweeps.recipe",)),
+    ("orchestration", ("sweeps",)),
+    ("command line", ("cli",)),
+)
+RANK = {name: rank for rank, (_, names) in enumerate(LAYERS) for name in names}
+LEVELS = ("module", "function", "typing")  # where an import is: at import time, inside a def, under TYPE_CHECKING
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -21,10 +50,13 @@ def type_checking(node: ast.If) -> bool:
 
 
 def imports(tree: ast.Module, module: str, is_package: bool, known: set[str]) -> dict[str, str]:
-    """The project modules this one imports -> 'module' (at import time), 'function' (inside a def) or 'typing'."""
+    """The project modules this one imports -> where it first does (`LEVELS`: module before function before typing)."""
     found: dict[str, str] = {}
 
     def resolve(name: str) -> str | None:
+        top, _, rest = name.partition(".")
+        if top in ALIASES:
+            name = ALIASES[top] + ("." + rest if rest else "")
         while name and name not in known:
             name = name.rpartition(".")[0]
         return name or None
@@ -52,10 +84,8 @@ def imports(tree: ast.Module, module: str, is_package: bool, known: set[str]) ->
             targets = []
         for target in targets:
             hit = resolve(target)
-            if hit and hit != module:
-                rank = {"module": 0, "function": 1, "typing": 2}
-                if hit not in found or rank[level] < rank[found[hit]]:
-                    found[hit] = level
+            if hit and hit != module and (hit not in found or LEVELS.index(level) < LEVELS.index(found[hit])):
+                found[hit] = level
         for child in ast.iter_child_nodes(node):
             visit(child, level)
 
@@ -64,7 +94,7 @@ def imports(tree: ast.Module, module: str, is_package: bool, known: set[str]) ->
     return found
 
 
-def graph(root: Path, packages: list[str]) -> dict[str, dict[str, str]]:
+def graph(root: Path, packages: tuple[str, ...]) -> dict[str, dict[str, str]]:
     files = {}
     for package in packages:
         path = root / package
@@ -84,10 +114,14 @@ def graph(root: Path, packages: list[str]) -> dict[str, dict[str, str]]:
 
 def cycles(edges: dict[str, dict[str, str]]) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan)."""
-    index, low, stack, on, out = {}, {}, [], set(), []
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
     counter = [0]
 
-    def strong(v):
+    def strong(v: str) -> None:
         index[v] = low[v] = counter[0]
         counter[0] += 1
         stack.append(v)
@@ -116,15 +150,32 @@ def cycles(edges: dict[str, dict[str, str]]) -> list[list[str]]:
     return out
 
 
+def layer(module: str) -> int | None:
+    """The rank of the module's layer in LAYERS (None: in none)."""
+    name = module
+    while name and name not in RANK:
+        name = name.rpartition(".")[0]
+    return RANK.get(name)
+
+
+def placed(module: str) -> str:
+    """The module with its layer's name."""
+    rank = layer(module)
+    return f"{module} ({'no layer' if rank is None else LAYERS[rank][0]})"
+
+
+def upward(edges: dict[str, dict[str, str]]) -> list[tuple[str, str, str]]:
+    """(module, imported, level) of each import from a lower layer up to a higher one."""
+    return [(module, target, level) for module, targets in sorted(edges.items())
+            for target, level in sorted(targets.items())
+            if (here := layer(module)) is not None and (there := layer(target)) is not None and there > here]
+
+
 def main(argv: list[str]) -> int:
-    typing = "--typing" in argv  # count imports under `if TYPE_CHECKING:` too
-    argv = [a for a in argv if a != "--typing"]
     root = Path(argv[1] if len(argv) > 1 else ".").resolve()
-    packages = argv[2:] or ["fedbench", "sweeps", "cli"]
-    edges = graph(root, packages)
-    if not typing:
-        edges = {m: {t: lv for t, lv in e.items() if lv != "typing"} for m, e in edges.items()}
-    found = cycles(edges)
+    edges = graph(root, PACKAGES)
+    unplaced = sorted(module for module in edges if layer(module) is None)
+    found, up = cycles(edges), upward(edges)
     for component in found:
         print(f"cycle among {len(component)} modules:")
         members = set(component)
@@ -132,9 +183,15 @@ def main(argv: list[str]) -> int:
             for target, level in sorted(edges[module].items()):
                 if target in members:
                     print(f"  {module} -> {target} ({level}-level)")
-    if not found:
-        print(f"no import cycle among {', '.join(packages)} ({len(edges)} modules)")
-    return 1 if found else 0
+    for module, target, level in up:
+        print(f"upward import: {placed(module)} -> {placed(target)}, {level}-level")
+    for module in unplaced:
+        print(f"{module} is in no layer: list it in .ci/import_cycles.py's LAYERS")
+    if found or up or unplaced:
+        return 1
+    print(f"no import cycle and no upward import among {', '.join(PACKAGES)} ({len(edges)} modules in "
+          f"{len(LAYERS)} layers; module-level, function-level and TYPE_CHECKING imports counted)")
+    return 0
 
 
 if __name__ == "__main__":

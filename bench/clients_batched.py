@@ -3,7 +3,7 @@
 
   engine     `Simulation.run_round` (sampling, minibatch draws, gathers, E batched steps, server prox,
              communication accounting);
-  loop       the same round with a Python loop over clients (`fedbench.loop_reference`), as the papers'
+  loop       the same round with a Python loop over clients (`tests/loop_reference.py`), as the papers'
              scripts and most FL frameworks run it;
   floor      the bare kernel: for each step only the minibatch gather, the two batched matrix-vector
              products and the soft-threshold, on pre-drawn indices — nothing else. Each round gathers the rows
@@ -25,14 +25,18 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 import fedbench
-from fedbench.loop_reference import loop_round
 from fedbench.memory import keep_freed_memory
 from fedbench.simulate import Federation, Simulation
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the loop implementation is a test oracle
+from loop_reference import loop_round  # noqa: E402
 
 CLIENT_LR, LAM = 1e-3, 0.03125
 DRAWN_ROUNDS = 32  # rounds of draws the floor cycles through: 8 MB of rows each at S = 10, the whole design twice

@@ -7,7 +7,7 @@ the R runs as one program (`run_batch`), measured in the same process, with eval
              rounds, metrics every 10;
   fedmid     FedMiD on Bao et al.'s Lasso (ICML 2022, §4, Fig. 1: p = 1024, 64 clients, S = 10, E = 10, b = 10), the
              data fixed (`data_seed: 0`) so that the seeds share them; 60 rounds, metrics every 10. Its steps gather
-             800 KB a run, beyond `fedbench.runs.MEMORY_BOUND_RUN_BYTES`: memory-bound on the CPU, so there
+             800 KB a run, beyond `fedbench.planning.MEMORY_BOUND_RUN_BYTES`: memory-bound on the CPU, so there
              `run_batch` runs them one after another (a round-synchronous program measured 0.91-1.05x here, whatever
              its chunking); on a GPU they form one program (2.5-3.4x on an H200);
   fedxl2     FeDXL2 on FeDXL's synthetic pAUC with recipes/papers/guo2023_pauc_synthetic.yaml's federation and
@@ -33,7 +33,7 @@ import torch
 
 import fedbench
 from fedbench.memory import keep_freed_memory
-from fedbench.runs import why_not_batchable
+from fedbench.planning import why_not_batchable
 from fedbench.simulate import Federation, Simulation, run_batch
 
 CASES = {

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 if TYPE_CHECKING:
-    from fedbench.simulate import Simulation
+    from fedbench.record import RunRecord
 
 MODES = ("auto", "on", "off")
 TABLE = Path(__file__).with_name("compile_table.json")  # written by bench/compile.py (its `command` says how)
@@ -84,7 +84,7 @@ def table() -> tuple[Measured, ...]:
     return tuple(Measured(**row) for row in json.loads(TABLE.read_text())["rows"])
 
 
-def step_work(sims: list[Simulation]) -> int:
+def step_work(sims: list[RunRecord]) -> int:
     """The size of a program's local step: the multiply-adds of its minibatches against a model of the problem's
     dimension d, R·S·b·d over its R runs (a linear model's gradient; an MLP's is a small multiple), so that a step of
     more clients, rows or parameters is larger. (EMNIST-10 and -62 gather the same rows: their models differ 6x.)"""
@@ -105,7 +105,7 @@ def nearest(problem: str, algorithm: str, device: str, work: int) -> list[Measur
     return [row for row in rows if distance(row) <= best + math.log(1.1)]
 
 
-def auto_compiles(sims: list[Simulation]) -> bool:
+def auto_compiles(sims: list[RunRecord]) -> bool:
     """Whether `auto` compiles the local steps of a program of these runs: where the table holds rows of their problem,
     algorithm and device type at about their size (`nearest`) whose compiled steps were MIN_SPEEDUP times faster and
     whose compilation the runs' remaining local steps pay back PAYBACK times over (the medians of those rows)."""
@@ -116,8 +116,8 @@ def auto_compiles(sims: list[Simulation]) -> bool:
                            and statistics.median(row.pays_back(steps) for row in rows) >= PAYBACK)
 
 
-def compiles(sims: list[Simulation]) -> bool:
-    """Whether a program of these runs compiles its local steps, by their mode (`Simulation.compile`)."""
+def compiles(sims: list[RunRecord]) -> bool:
+    """Whether a program of these runs compiles its local steps, by their mode (`RunRecord.compile`)."""
     mode = sims[0].compile
     return mode == "on" or (mode == "auto" and auto_compiles(sims))
 

@@ -1,12 +1,13 @@
 """A run's federation and its random draws: the rounds, clients per round, local steps and batch size, the server's
 aggregation, the uplink and downlink transforms, the adversaries and the participation model (`Federation`), the
 clients, their local steps and the minibatch rows a round draws on the run's streams (`RoundSampler`), the oracles of a
-local step (`step_oracles`) and the server's aggregation weights (`aggregation_weights`). The record of a run is
-`fedbench.simulate.Simulation`; the programs that advance runs are `fedbench.runs`."""
+local step (`step_oracles`), the server's aggregation weights (`aggregation_weights`) and what the federation's
+uplink, aggregation and adversaries ask of an algorithm's uploads (`check_uploads`). The record of a run is
+`fedbench.record.RunRecord`; the programs that advance runs are `fedbench.runs`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
 
 import torch
 from torch import Tensor
@@ -14,11 +15,15 @@ from torch import Tensor
 from fedbench.hparams import Param, ParamError
 from fedbench.oracle import Batches, Minibatch
 from fedbench.participation import LocalSteps, Participants, Participation, StepCounts
+from fedbench.privacy import gaussian_step
 from fedbench.problems.base import Layout, Problem
 from fedbench.rng import generator
 from fedbench.robust import KRUMS, RULES, Adversaries
 from fedbench.server_optimizers import ServerOptimizer
 from fedbench.transforms import LINKS, Gaussian, Step, chain, chain_text, check_chain
+
+if TYPE_CHECKING:
+    from fedbench.algorithms.base import Algorithm
 
 DIVERGENCE_FACTOR = 1e4
 
@@ -141,9 +146,8 @@ class Federation:
         own `check`, its server optimizer by `ServerOptimizer.check`; a varying number of participants
         (`Participation.varying`) is refused with a robust rule, and any model but uniform with DP-FedAvg's noise (its
         privacy is accounted for S of N clients drawn uniformly); what depends on the algorithm too (its uploads, how
-        many clients a round it takes, what its maths reads) by
-        `fedbench.links.check_uploads`, `fedbench.participation.check_algorithm` and
-        `fedbench.server_optimizers.check_algorithm`."""
+        many clients a round it takes, what its maths reads) by `check_uploads`,
+        `fedbench.participation.check_algorithm` and `fedbench.server_optimizers.check_algorithm`."""
         for param in self.params:
             if param.name == "local_steps" and self.uneven:
                 continue  # checked as LocalSteps below
@@ -182,6 +186,39 @@ class Federation:
                          f"{layout.smallest}, the training samples of the smallest client")
                 raise ParamError(name, f"found {size}, expected at most {bound}",
                                  "federation" if name == "batch_size" else "")  # else the algorithm's
+
+
+def check_uploads(federation: Federation, algorithm: type[Algorithm] | Algorithm, clients: int | None) -> None:
+    """Refuse (ParamError at the federation's field) what acts on each client's uploads where the algorithm has no
+    such message, on a problem of `clients` clients (None: unknown, not checked): an uplink chain or adversaries on an
+    upload its devices all-reduce inside the round (`Upload.all_reduced`: the engine sees the one value they then all
+    hold, not a message per client); a robust aggregation rule there too, or where the server does not take its
+    uploads in through a mean (`Algorithm.uploads_averaged`), and there DP-FedAvg's `gaussian` step too (its one draw,
+    shared by the clients, protects only their mean, not each client's upload: `fedbench.transforms`); Krum and
+    Multi-Krum with f too large for the clients a round, S ≤ 2f + 2 (Blanchard et al. 2017, §4)."""
+    name = algorithm.name
+    reduced = [upload.name for upload in algorithm.uploads if upload.all_reduced]
+    rule = federation.aggregation if federation.aggregation in RULES else None
+    acting = {"uplink": ("a chain" if federation.uplink else None, "none"), "aggregation": (rule, "uniform or samples"),
+              "adversaries": ("adversaries" if federation.adversaries else None, "none")}
+    for field, (found, expected) in acting.items():
+        if found and reduced:
+            raise ParamError(field, f"found {found} for {name}, which all-reduces its upload {reduced[0]!r} (no "
+                             f"message per client); expected {expected}", "federation")
+    if rule and not algorithm.uploads_averaged:
+        raise ParamError("aggregation", f"found {rule} for {name}, whose server uses each client's uploads (not "
+                         "only their mean); expected uniform or samples", "federation")
+    noise = gaussian_step(federation.uplink)
+    if noise is not None and not algorithm.uploads_averaged:
+        raise ParamError(f"uplink.{noise}.gaussian", f"found gaussian for {name}, whose server uses each client's "
+                         "upload; expected none: its draw, shared by the clients, protects only their mean",
+                         "federation")
+    sampled = clients if algorithm.participation == "all" else federation.clients_per_round or clients
+    f = federation.byzantine
+    if rule in KRUMS and sampled is not None and sampled <= 2 * f + 2:
+        most = f", f ≤ {(sampled - 3) // 2}" if sampled >= 3 else ""
+        raise ParamError("byzantine", f"found {f} with {rule} on S = {sampled} clients a round; expected S > 2f + 2"
+                         f"{most}", "federation")
 
 
 def minibatch_sizes(minibatches: tuple[Minibatch, ...], hp: Mapping[str, Any],

@@ -18,7 +18,7 @@ State, kept here rather than among the algorithm's entries: each client's error-
 at `commit`, after everything that may raise, and keeps its draws until then: a round the program replays run by
 run after a failed SVD (`fedbench.runs`) finds the state as it was and draws nothing anew, so that every run gets
 exactly what it gets alone. The state is in the program's checkpoint (`state_dict`) where there are chains. Which
-clients are adversarial is each run's own (`Simulation.adversarial`), drawn at its start. Where a round's slots do not
+clients are adversarial is each run's own (`RunRecord.adversarial`), drawn at its start. Where a round's slots do not
 all hold a participant (`present`, `fedbench.participation`), the absent slots' error-feedback vectors stay as they
 were; what they send, the engine discards.
 """
@@ -31,49 +31,13 @@ import torch
 from torch import Tensor
 
 from fedbench.algorithms.base import Algorithm, MessageError, Upload
-from fedbench.federation import Federation
-from fedbench.hparams import ParamError
-from fedbench.privacy import gaussian_step
-from fedbench.robust import KRUMS, RULES, aggregate_robustly, attack
+from fedbench.robust import RULES, aggregate_robustly, attack
 from fedbench.transforms import LINKS, Transform, compiled, message_bits
 
 if TYPE_CHECKING:
-    from fedbench.simulate import Simulation
+    from fedbench.record import RunRecord
 
 State = dict[str, Tensor]
-
-
-def check_uploads(federation: Federation, algorithm: type[Algorithm] | Algorithm, clients: int | None) -> None:
-    """Refuse (ParamError at the federation's field) what acts on each client's uploads where the algorithm has no
-    such message, on a problem of `clients` clients (None: unknown, not checked): an uplink chain or adversaries on an
-    upload its devices all-reduce inside the round (`Upload.all_reduced`: the engine sees the one value they then all
-    hold, not a message per client); a robust aggregation rule there too, or where the server does not take its
-    uploads in through a mean (`Algorithm.uploads_averaged`), and there DP-FedAvg's `gaussian` step too (its one draw,
-    shared by the clients, protects only their mean, not each client's upload: `fedbench.transforms`); Krum and
-    Multi-Krum with f too large for the clients a round, S ≤ 2f + 2 (Blanchard et al. 2017, §4)."""
-    name = algorithm.name
-    reduced = [upload.name for upload in algorithm.uploads if upload.all_reduced]
-    rule = federation.aggregation if federation.aggregation in RULES else None
-    acting = {"uplink": ("a chain" if federation.uplink else None, "none"), "aggregation": (rule, "uniform or samples"),
-              "adversaries": ("adversaries" if federation.adversaries else None, "none")}
-    for field, (found, expected) in acting.items():
-        if found and reduced:
-            raise ParamError(field, f"found {found} for {name}, which all-reduces its upload {reduced[0]!r} (no "
-                             f"message per client); expected {expected}", "federation")
-    if rule and not algorithm.uploads_averaged:
-        raise ParamError("aggregation", f"found {rule} for {name}, whose server uses each client's uploads (not "
-                         "only their mean); expected uniform or samples", "federation")
-    noise = gaussian_step(federation.uplink)
-    if noise is not None and not algorithm.uploads_averaged:
-        raise ParamError(f"uplink.{noise}.gaussian", f"found gaussian for {name}, whose server uses each client's "
-                         "upload; expected none: its draw, shared by the clients, protects only their mean",
-                         "federation")
-    sampled = clients if algorithm.participation == "all" else federation.clients_per_round or clients
-    f = federation.byzantine
-    if rule in KRUMS and sampled is not None and sampled <= 2 * f + 2:
-        most = f", f ≤ {(sampled - 3) // 2}" if sampled >= 3 else ""
-        raise ParamError("byzantine", f"found {f} with {rule} on S = {sampled} clients a round; expected S > 2f + 2"
-                         f"{most}", "federation")
 
 
 def value_bits(value: Tensor) -> int:
@@ -84,7 +48,7 @@ class Links:
     """The uplink and downlink of the runs `sims` of one program (one federation, one algorithm), from the program's
     server state `server` `[R, 1, ...]` at its start."""
 
-    def __init__(self, sims: list[Simulation], server: State):
+    def __init__(self, sims: list[RunRecord], server: State):
         first, federation = sims[0], sims[0].federation
         algorithm: Algorithm = first.algorithm
         self.name, self.all_uploads = algorithm.name, algorithm.uploads

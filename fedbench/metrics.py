@@ -86,3 +86,10 @@ ENGINE_COLUMNS = (
     # (`fedbench.links.Links.catch_up`)
     Metric("comm_down_bits", "bits sent to clients"),
 )
+EPSILON = "epsilon"  # the rows' key of ε, where a run's uplink adds DP-FedAvg's noise (`fedbench.privacy`)
+
+
+def epsilon_metric(delta: float | None = None) -> Metric:
+    """The rows' `epsilon` (`fedbench.privacy`), labelled with its δ (without one where the recipe is not at hand);
+    lower is better."""
+    return Metric(EPSILON, "ε" if delta is None else f"ε (δ = {delta:g})", "min")

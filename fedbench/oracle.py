@@ -170,3 +170,74 @@ class Batches:
 
     def __getitem__(self, name: str) -> Oracle:
         return self._oracles[name]
+
+
+class RunOracle:
+    """A problem's oracle of R runs' minibatches, lifted over the run axis for every method it has: tensor
+    arguments `[R, S, ...]` are folded to the `[R·S, ...]` the problem's oracle of the flattened batch answers (a
+    point shared by a run's clients, `[R, 1, ...]`, expanded to each client first), tensor answers unfolded, and a
+    function argument (a surrogate loss) sees unfolded tensors and gives folded ones. `loss`, `grad` and `hvp`,
+    which every oracle has and every local step calls, take a shorter path to the same result (the generic one
+    costs ~8 µs a call, ~10% of a Lasso step at p = 1024)."""
+
+    def __init__(self, inner, count: int, clients: int):
+        self.inner, self.count, self.clients = inner, count, clients  # R runs of S clients
+
+    def _fold(self, x: Any) -> Any:
+        if isinstance(x, Tensor):
+            if x.dim() >= 2 and x.shape[0] == self.count:
+                if x.shape[1] == 1 and self.clients > 1:
+                    x = x.expand(self.count, self.clients, *x.shape[2:])
+                return x.flatten(0, 1)
+            return x
+        if callable(x):
+            return lambda *args: self._fold(x(*[self._unfold(a) for a in args]))
+        return x
+
+    def _unfold(self, x: Any) -> Any:
+        if isinstance(x, Tensor):
+            return x.view(self.count, -1, *x.shape[1:])
+        if isinstance(x, tuple):
+            return tuple([self._unfold(item) for item in x])
+        return x
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.inner, name)
+        if not callable(value):
+            return self._unfold(value)
+        count, clients, fold, unfold = self.count, self.clients, self._fold, self._unfold
+
+        def lifted(*args, **kwargs):
+            # `_fold` and `_unfold` inline for the usual arguments (`[R, S, ...]` tensors, and points `[R, 1, ...]`
+            # a run's clients share), flags, and the usual answer (a tuple of tensors): this runs at every step
+            folded = []
+            for a in args:
+                if isinstance(a, Tensor) and a.dim() >= 2 and a.shape[0] == count:
+                    if a.shape[1] == 1 and clients > 1:
+                        a = a.expand(count, clients, *a.shape[2:])
+                    folded.append(a.flatten(0, 1))
+                else:
+                    folded.append(fold(a))
+            if kwargs:
+                kwargs = {k: v if isinstance(v, (bool, int, float)) else fold(v) for k, v in kwargs.items()}
+            out = value(*folded, **kwargs)
+            if isinstance(out, tuple):
+                return tuple([a.view(count, -1, *a.shape[1:]) if isinstance(a, Tensor) else unfold(a) for a in out])
+            return unfold(out)
+        self.__dict__[name] = lifted  # the next call of this oracle's method (ASVRCD makes two a step) skips the lookup
+        return lifted
+
+    def _point(self, w: Tensor) -> Tensor:
+        if w.shape[1] != self.clients:
+            w = w.expand(self.count, self.clients, *w.shape[2:])
+        return w.flatten(0, 1)
+
+    def loss(self, w: Tensor) -> Tensor:
+        return self.inner.loss(self._point(w)).view(self.count, self.clients)
+
+    def grad(self, w: Tensor) -> Tensor:
+        point = w.flatten(0, 1) if w.shape[1] == self.clients else self._point(w)
+        return self.inner.grad(point).view(w.shape[0], self.clients, *w.shape[2:])
+
+    def hvp(self, w: Tensor, v: Tensor) -> Tensor:
+        return self.inner.hvp(self._point(w), self._point(v)).view(w.shape[0], self.clients, *w.shape[2:])

@@ -80,7 +80,6 @@ from fedbench.hparams import Param, ParamError
 
 if TYPE_CHECKING:
     from fedbench.algorithms.base import Algorithm
-    from fedbench.federation import Federation
 
 MODELS = ("uniform", "cyclic", "bernoulli", "markov")
 VARYING = ("bernoulli", "markov")  # the models whose rounds have a varying number of participants
@@ -462,19 +461,20 @@ class StepCounts:
         return torch.randint(*self.span, (len(clients),), generator=self.gen)
 
 
-def check_algorithm(federation: Federation, algorithm: type[Algorithm], hp: Mapping[str, Any]) -> None:
-    """Refuse (ParamError at the federation's field) a participation model or uneven local work the algorithm, with
-    the hyperparameters `hp`, cannot take: any model but uniform where it takes every client every round; a varying
-    number of participants where its server uses each client's uploads (not only their mean); uneven local work
-    where it does not declare it takes it (`Algorithm.takes_uneven_steps`)."""
-    name, model = algorithm.name, federation.participation.model
+def check_algorithm(participation: Participation, local_steps: int | LocalSteps, algorithm: type[Algorithm],
+                    hp: Mapping[str, Any]) -> None:
+    """Refuse (ParamError at the federation's field) a federation's `participation` model or uneven `local_steps` the
+    algorithm, with the hyperparameters `hp`, cannot take: any model but uniform where it takes every client every
+    round; a varying number of participants where its server uses each client's uploads (not only their mean); uneven
+    local work where it does not declare it takes it (`Algorithm.takes_uneven_steps`)."""
+    name, model = algorithm.name, participation.model
     if model != "uniform" and algorithm.participation == "all":
         raise ParamError("participation.model", f"found {model} for {name}, which takes every client every round; "
                          "expected uniform", "federation")
-    if federation.participation.varying and not algorithm.uploads_averaged:
+    if participation.varying and not algorithm.uploads_averaged:
         raise ParamError("participation.model", f"found {model} for {name}, whose server uses each client's uploads "
                          "(not only their mean), for a varying number of participants; expected uniform or cyclic",
                          "federation")
-    if isinstance(federation.local_steps, LocalSteps) and not algorithm.takes_uneven_steps(hp):
-        raise ParamError("local_steps", f"found {federation.local_steps} for {name}, whose rounds take one number of "
+    if isinstance(local_steps, LocalSteps) and not algorithm.takes_uneven_steps(hp):
+        raise ParamError("local_steps", f"found {local_steps} for {name}, whose rounds take one number of "
                          "local steps for all its clients; expected one integer E", "federation")

@@ -31,11 +31,11 @@ from torch import Tensor
 from fedbench.algorithms.base import Algorithm
 from fedbench.hparams import PerRound
 from fedbench.problems import PROBLEMS
-from fedbench.server_optimizers import shared
+from fedbench.server_optimizers import ServerOptimizer
 
 if TYPE_CHECKING:
     from fedbench.federation import Federation
-    from fedbench.simulate import Simulation
+    from fedbench.record import RunRecord
 
 # Bytes of minibatch rows a run gathers per local step beyond which its runs go one after another on the CPU
 # (`one_program`): the step is then bound by memory traffic, which a batch does not reduce, and the batch's bookkeeping
@@ -71,6 +71,15 @@ class RunSpec(Protocol):
     def config(self) -> dict[str, Any]: ...  # everything that determines the run but its seed and device
 
 
+def shared(federation: Federation) -> Federation:
+    """The federation as the runs of one program share it: the server optimizer's floats left out (per run)."""
+    optimizer = federation.server_optimizer
+    if optimizer is None:
+        return federation
+    kept = ServerOptimizer(optimizer.name, form="optax" if optimizer.optax else None)
+    return dataclasses.replace(federation, server_optimizer=kept)
+
+
 K = TypeVar("K", bound=Hashable)
 R = TypeVar("R", bound=RunSpec)
 
@@ -90,8 +99,8 @@ def shares_problem(run: RunSpec) -> bool:
 
 def program_key(run: RunSpec) -> str:
     """The configurations whose seeds may share one program: the same but for the algorithm's float hyperparameters
-    and schedules (per-run values, `fedbench.runs.batch_hparams`; a schedule is a mapping in a run's configuration,
-    `PerRound.as_config`) and the server optimizer's floats (`fedbench.server_optimizers.shared`)."""
+    and schedules (per-run values, `fedbench.run_axis.batch_hparams`; a schedule is a mapping in a run's configuration,
+    `PerRound.as_config`) and the server optimizer's floats (`shared`)."""
     config = run.config()
     config["algorithm"] = {k: "schedule" if isinstance(v, dict) else v for k, v in config["algorithm"].items()
                            if not isinstance(v, float)}
@@ -130,7 +139,11 @@ def plan(runs: Sequence[tuple[K, R]], cap: int, slots: int = 1,
 
 # -- after building: the simulations --------------------------------------------------------------------------
 
-def step_bytes(sim: Simulation) -> int:
+class NotBatchable(ValueError):
+    """These runs cannot run as one program (the message says why, `why_not_batchable`)."""
+
+
+def step_bytes(sim: RunRecord) -> int:
     """Bytes of minibatch rows one local step of this run gathers."""
     federation, problem = sim.federation, sim.problem
     clients = federation.clients_per_round or problem.num_clients
@@ -144,7 +157,7 @@ def random_rounds(algorithm_type: type[Algorithm]) -> bool:
     return algorithm_type.round_length is not Algorithm.round_length
 
 
-def why_not_batchable(sims: list[Simulation]) -> str | None:
+def why_not_batchable(sims: Sequence[RunRecord]) -> str | None:
     """Why these simulations cannot form one program (None: they can). One simulation always can."""
     first = sims[0]
     if len(sims) > 1 and random_rounds(type(first.algorithm)) and (why := not_iteration_wise(first)):
@@ -177,7 +190,7 @@ def why_not_batchable(sims: list[Simulation]) -> str | None:
 
 def varies_per_run(a: Any, b: Any) -> bool:
     """Whether two runs' values of a hyperparameter may differ in one program: both floats, or both schedules (the
-    engine evaluates each run's own at each round, `fedbench.runs.RoundProgram._at_rounds`)."""
+    engine evaluates each run's own at each round, `fedbench.round_wise.RoundProgram._at_rounds`)."""
     return all(isinstance(v, float) for v in (a, b)) or all(isinstance(v, PerRound) for v in (a, b))
 
 
@@ -201,7 +214,7 @@ def fixed_part_differs(a: Any, b: Any, floats_per_run: bool = True) -> bool:
     return bool(a != b)
 
 
-def not_iteration_wise(sim: Simulation) -> str | None:
+def not_iteration_wise(sim: RunRecord) -> str | None:
     """Why runs like this one, whose rounds have random lengths, cannot be an `IterationProgram` (None: they can)."""
     name, problem = sim.algorithm.name, sim.problem.name
     if sim.algorithm.participation != "all":
@@ -215,14 +228,14 @@ def not_iteration_wise(sim: Simulation) -> str | None:
     return None
 
 
-def one_program(sims: list[Simulation]) -> bool:
+def one_program(sims: Sequence[RunRecord]) -> bool:
     """Whether these (batchable) simulations run as one program rather than one after another: more than one,
     and on a GPU or not memory-bound (`MEMORY_BOUND_RUN_BYTES`)."""
     first = sims[0]
     return len(sims) > 1 and (first.problem.device.type != "cpu" or step_bytes(first) <= MEMORY_BOUND_RUN_BYTES)
 
 
-def groups(sims: list[Simulation]) -> list[list[int]]:
+def groups(sims: Sequence[RunRecord]) -> list[list[int]]:
     """The runs (indices into `sims`) of each program these simulations run in: all of them in one where they can
     share one and are not memory-bound (`one_program`), else each alone, to run one after another."""
     if why_not_batchable(sims) or not one_program(sims):

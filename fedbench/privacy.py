@@ -12,7 +12,7 @@ each with probability q). The steps between the clip and the noise must keep the
 top_k, sign), or C bounds nothing the noise covers (`check`). The one draw z is shared by the S clients
 (`fedbench.transforms.Gaussian`): it protects the noised mean only, so that an algorithm whose server uses each
 client's upload (`Algorithm.uploads_averaged` False: FeDXL's pools) is refused the noise
-(`fedbench.links.check_uploads`).
+(`fedbench.federation.check_uploads`).
 
 Adjacency: user level, replace-one. Two federations are neighbours when one client's data differ, all of it; the
 number N of clients is public. ε bounds what the server receives and everything computed from it (the server's
@@ -75,7 +75,6 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from fedbench.hparams import ParamError
-from fedbench.metrics import Metric
 from fedbench.transforms import TRANSFORMS, Clip, Gaussian, Step
 
 if TYPE_CHECKING:
@@ -83,16 +82,9 @@ if TYPE_CHECKING:
     from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
     from fedbench.algorithms.base import Algorithm
-    from fedbench.federation import Federation
 
-EPSILON = "epsilon"  # the rows' key
 ACCOUNTANTS = ("pld", "rdp")  # the recipe's `privacy.accountant`, the default first
 TOLERANCE = 1e-3  # the PLD's ε: the relative change of one more halving of its grid at which it stops
-
-
-def epsilon_metric(delta: float | None = None) -> Metric:
-    """The rows' `epsilon`, labelled with its δ (without one where the recipe is not at hand); lower is better."""
-    return Metric(EPSILON, "ε" if delta is None else f"ε (δ = {delta:g})", "min")
 
 
 def gaussian_step(uplink: Sequence[Step]) -> int | None:
@@ -136,20 +128,21 @@ class Mechanism:
                              "gaussian")
 
     @classmethod
-    def of(cls, federation: Federation, algorithm: Algorithm, clients: int) -> Mechanism:
-        """The mechanism of a run of `algorithm` with `federation` on `clients` clients; refused (ParamError of the
-        federation, at the field) where its uplink has no gaussian step or `check` refuses it."""
-        at = gaussian_step(federation.uplink)
+    def of(cls, uplink: Sequence[Step], clients_per_round: int, algorithm: Algorithm, clients: int) -> Mechanism:
+        """The mechanism of a run of `algorithm` on `clients` clients whose federation has the `uplink` chain (as
+        `Federation.uplink` holds it) and samples `clients_per_round` clients a round (0: all); refused (ParamError of
+        the federation, at the field) where the uplink has no gaussian step or `check` refuses it."""
+        at = gaussian_step(uplink)
         if at is None:
             raise ParamError("uplink", "found no gaussian step, expected one after a clip: ε is accounted for "
                              "DP-FedAvg's noise", "federation")
         try:
-            check(federation.uplink)
+            check(uplink)
         except ParamError as err:
             raise ParamError(err.name, err.message, "federation") from None
-        everyone = algorithm.participation == "all" or federation.clients_per_round in (0, clients)
-        return cls(clients, clients if everyone else federation.clients_per_round,
-                   float(dict(federation.uplink[at].values)["sigma"]), len(algorithm.uploads))
+        everyone = algorithm.participation == "all" or clients_per_round in (0, clients)
+        return cls(clients, clients if everyone else clients_per_round, float(dict(uplink[at].values)["sigma"]),
+                   len(algorithm.uploads))
 
     @property
     def noise_multiplier(self) -> float:

@@ -23,6 +23,7 @@ problem.
 """
 from __future__ import annotations
 
+import importlib.metadata
 import io
 import re
 from pathlib import Path
@@ -30,17 +31,21 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import torch
 
-if TYPE_CHECKING:  # a run's record; `fedbench.simulate` does not need this module
+if TYPE_CHECKING:
     from fedbench.problems import Problem
-    from fedbench.simulate import Simulation
+    from fedbench.record import RunRecord
 
 FORMAT = 2
 READ = (1, 2)  # the formats `load_model` reads: 1 lacks the problem's settings and the seeds
 RUN_ID = re.compile(r"[0-9a-f]{32}")  # an MLflow run id, as `fedbench show` and a sweep's console print it
 PERSONAL_LIMIT = 2**24  # values of per-client models saved at most (128 MiB in float64): N·d beyond is left out
+# The entry points of the store a run id is read from: a class, `store(tracking_uri, write=False).run_model(run_id,
+# round_)` the bytes of the run's model. fedbench_sweeps registers its MLflow store (pyproject.toml), which the engine
+# thus reads without importing it.
+STORES = "fedbench.stores"
 
 
-def model_state(sim: Simulation) -> dict[str, Any]:
+def model_state(sim: RunRecord) -> dict[str, Any]:
     """A run's model now, in the saved format (see the module's docstring)."""
     w = sim.algorithm.global_params(sim.server).detach().to("cpu", copy=True)
     personal = sim.algorithm.personal_params(sim.server, sim.clients)
@@ -56,7 +61,7 @@ def model_state(sim: Simulation) -> dict[str, Any]:
             "personal_left_out": left_out}
 
 
-def model_bytes(sim: Simulation) -> bytes:
+def model_bytes(sim: RunRecord) -> bytes:
     """`model_state` as the bytes of its file."""
     buffer = io.BytesIO()
     torch.save(model_state(sim), buffer)
@@ -72,7 +77,8 @@ def load_model(source: str | Path | bytes | BinaryIO, tracking_uri: str | None =
     "problem_seed", "seed", "round", "status", "global": Tensor [d], "parameters": {name: Tensor}, "personal": Tensor
     [N, d] or None, "personal_left_out": str}` (`fedbench.saved`'s docstring says each), on the CPU. A file that is
     not a fedbench model raises ValueError; a run the store does not hold, or one without a saved model,
-    `fedbench_sweeps.tracking.StoreError` (a ValueError).
+    `fedbench_sweeps.tracking.StoreError` (a ValueError). The store is the one fedbench_sweeps registers (`STORES`,
+    `stored_model`): the engine imports nothing of it.
 
     Example:
         ```python
@@ -82,10 +88,7 @@ def load_model(source: str | Path | bytes | BinaryIO, tracking_uri: str | None =
         ```
     """
     if isinstance(source, str) and RUN_ID.fullmatch(source) and not Path(source).exists():
-        # MLflow, only for a run read from the store; mypy reads sweeps/ as `sweeps`, not by its installed name
-        from fedbench_sweeps.tracking import Store  # type: ignore[import-not-found]
-
-        source = Store(tracking_uri, write=False).run_model(source, round_)
+        source = stored_model(source, tracking_uri, round_)
     elif tracking_uri is not None or round_ is not None:
         raise ValueError("tracking_uri and round_ choose a run's model in the store: give a run id, not a file")
     if isinstance(source, bytes):
@@ -94,6 +97,17 @@ def load_model(source: str | Path | bytes | BinaryIO, tracking_uri: str | None =
     if not isinstance(model, dict) or model.get("format") not in READ:
         raise ValueError(f"not a fedbench model of format {' or '.join(map(str, READ))}: {str(source)[:200]}")
     return model
+
+
+def stored_model(run_id: str, tracking_uri: str | None = None, round_: int | None = None) -> bytes:
+    """The bytes of a stored run's model (`load_model`'s arguments), read by the store an installed package registers
+    under the entry points `STORES` (fedbench_sweeps' MLflow store; the first by name, were there several). Without
+    one, a ValueError says what to install."""
+    stores = sorted(importlib.metadata.entry_points(group=STORES), key=lambda point: point.name)
+    if not stores:
+        raise ValueError(f"{run_id} is a run id, and no store of runs is installed to read it (entry points "
+                         f"{STORES!r}: fedbench_sweeps registers MLflow's); give a model file")
+    return stores[0].load()(tracking_uri, write=False).run_model(run_id, round_)
 
 
 def problem_of(run: str | Path | dict[str, Any], device: str = "cpu", tracking_uri: str | None = None) -> Problem:

@@ -40,28 +40,20 @@ server takes it in only through a mean (`Algorithm.uploads_averaged`); the other
 methods all-reduce theirs). Personalized methods with such an upload take it on their global model (FedProx, Ditto,
 pFedMe, Per-FedAvg).
 
-Batched over runs: the state m, v `[R, 1, ...]` (as `w`) and t `[R]` is the program's, its floats (lr or its
-schedule, β1, β2, τ, the initial accumulator) per run, so that a grid over them runs as one program; runs of
-another rule or form are another program (`fedbench.planning`). A round without participants
+Batched over runs (`fedbench.server_steps.ServerSteps`): the state m, v `[R, 1, ...]` (as `w`) and t `[R]` is the
+program's, its floats (lr or its schedule, β1, β2, τ, the initial accumulator) per run, so that a grid over them runs
+as one program; runs of another rule or form are another program (`fedbench.planning`). A round without participants
 (`fedbench.participation`) leaves a run's state as it was. The state is written at the round's end with the links'
 (`commit`), and is in the program's checkpoint.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import torch
-from torch import Tensor
-
-from fedbench.algorithms.base import Algorithm, Upload, aggregate
+from fedbench.algorithms.base import Algorithm, Upload
 from fedbench.hparams import Param, ParamError, PerRound
 from fedbench.participation import _check_params, _given, _text
-
-if TYPE_CHECKING:
-    from fedbench.federation import Federation
-    from fedbench.simulate import Simulation
 
 RULES = ("sgd", "momentum", "adagrad", "adam", "yogi")
 ADAPTIVE = ("adagrad", "adam", "yogi")
@@ -161,11 +153,10 @@ def updates_of_w(algorithm: type[Algorithm] | Algorithm) -> list[Upload]:
     return [upload for upload in algorithm.uploads if "w" in (upload.relative_to, upload.update_of)]
 
 
-def check_algorithm(federation: Federation, algorithm: type[Algorithm] | Algorithm) -> None:
-    """Refuse (ParamError at `federation.server_optimizer`) a server optimizer for an algorithm it cannot act on: one
-    without exactly one upload that is an update of `w`, or whose server does not take it in through a mean, or whose
-    devices all-reduce it (the module's docstring)."""
-    optimizer = federation.server_optimizer
+def check_algorithm(optimizer: ServerOptimizer | None, algorithm: type[Algorithm] | Algorithm) -> None:
+    """Refuse (ParamError at `federation.server_optimizer`) a federation's server `optimizer` for an algorithm it cannot
+    act on: one without exactly one upload that is an update of `w`, or whose server does not take it in through a
+    mean, or whose devices all-reduce it (the module's docstring)."""
     if optimizer is None:
         return
     name, updates = algorithm.name, updates_of_w(algorithm)
@@ -183,113 +174,3 @@ def check_algorithm(federation: Federation, algorithm: type[Algorithm] | Algorit
     if why:
         raise ParamError("server_optimizer", f"found {optimizer.name} for {name}, {why}; expected none",
                          "federation")
-
-
-class ServerSteps:
-    """The server optimizer of the runs `sims` of one program (one federation's rule, each run's floats), from the
-    program's server state `server` `[R, 1, ...]` at its start: its state m, v `[R, 1, ...]` and the rounds t `[R]`
-    each run has stepped, and `step`, which a round calls between the links' `send` and the algorithm's
-    `server_update`."""
-
-    def __init__(self, sims: list[Simulation], server: dict[str, Tensor]):
-        optimizer = sims[0].federation.server_optimizer
-        assert optimizer is not None  # the program makes one only then
-        self.rule, self.optax = optimizer.name, optimizer.optax
-        [self.upload] = updates_of_w(sims[0].algorithm)  # `check_algorithm`
-        w = server["w"]
-        self.dtype, self.device = w.dtype, w.device
-        values = [sim.federation.server_optimizer.values() for sim in sims]  # type: ignore[union-attr]  # as above
-        self.sims, self.rounds = sims, sims[0].federation.rounds
-        self.lrs = [v["lr"] for v in values]  # each run's: a float, or a schedule
-        self.scheduled = any(isinstance(lr, PerRound) for lr in self.lrs)
-        self.hp = {name: self._per_run([v[name] for v in values]) for name in values[0]
-                   if name in FLOATS and not (name == "lr" and self.scheduled)}
-        flat = w.flatten(2)  # [R, 1, D]: per-run values [R, 1, 1] broadcast against it whatever w's shape
-        self.state: dict[str, Tensor] = {"t": torch.zeros(len(sims), dtype=w.dtype, device=w.device)}
-        if self.rule != "sgd" and not (self.rule == "adagrad" and self.optax):
-            # optax's yogi starts its first moment of the gradient at +initial_accumulator: of Δ = −gradient, at −
-            first = -self.hp["initial_accumulator"] if self.optax and self.rule == "yogi" else 0.0
-            self.state["m"] = torch.zeros_like(flat) + first
-        if self.rule in ADAPTIVE:
-            initial = (self.hp["initial_accumulator"] if self.rule != "adam" else 0.0) if self.optax \
-                else self.hp["tau"].square()
-            self.state["v"] = torch.zeros_like(flat) + initial
-        self.pending: dict[str, Tensor] = {}
-        self.index = torch.zeros(0, dtype=torch.long)
-
-    def step(self, message: dict[str, Tensor], server: dict[str, Tensor], weights: Tensor, ids: list[int],
-             present: Tensor | None = None) -> dict[str, Tensor]:
-        """The message of the runs `ids`' round with every client's update of `w` replaced by the optimizer's step on
-        their mean (weights `[R, S]`; `present` `[R, S]`, the slots that hold a participant, None: all, a run without
-        any keeping its state); the new state pending until `commit`."""
-        self.index = torch.tensor(ids, device=self.device)
-        name, w = self.upload.name, server["w"]
-        sent = message[name]
-        update = sent if self.upload.update_of else sent - w
-        delta = aggregate(update, weights).flatten(2)  # Δ_t [R, 1, D]
-        hp = {k: v.index_select(0, self.index) if v.shape[0] > 1 else v for k, v in self.hp.items()}
-        if self.scheduled:  # each run's lr at its round, on the host as a scheduled hyperparameter's
-            hp["lr"] = self._per_run([lr.value(self.sims[i].rounds_done, self.rounds) if isinstance(lr, PerRound)
-                                      else lr for i, lr in ((i, self.lrs[i]) for i in ids)])
-        state = {k: v.index_select(0, self.index) for k, v in self.state.items()}
-        new, step = self._rule(delta, state, hp)
-        if present is not None:  # a run without participants: its state as it was, no step
-            anyone = present.any(-1)
-            new = {k: torch.where(anyone.view(-1, *[1] * (v.dim() - 1)), v, state[k]) for k, v in new.items()}
-            step = torch.where(anyone.view(-1, 1, 1), step, 0.0)
-        self.pending = new
-        step = step.view(w.shape)
-        return {**message, name: (step if self.upload.update_of else w + step).expand_as(sent)}
-
-    def _per_run(self, values: list) -> Tensor:
-        """Per-run values as a `[R, 1, 1]` tensor (broadcasting against the state `[R, 1, D]`)."""
-        return torch.tensor(values, dtype=self.dtype, device=self.device).view(-1, 1, 1)
-
-    def _rule(self, delta: Tensor, state: dict[str, Tensor], hp: dict[str, Tensor]) -> tuple[dict[str, Tensor],
-                                                                                           Tensor]:
-        """The new state and the step s_t from Δ_t `[R, 1, D]` (the module's docstring)."""
-        t = state["t"] + 1
-        new = {"t": t}
-        lr = hp["lr"]
-        if self.rule == "sgd":
-            return new, lr * delta
-        if self.rule == "momentum":
-            new["m"] = hp["beta1"] * state["m"] + delta
-            return new, lr * new["m"]
-        v = state["v"]
-        if self.rule == "adagrad":
-            v = v + delta.square()
-        elif self.rule == "adam":
-            v = hp["beta2"] * v + (1 - hp["beta2"]) * delta.square()
-        else:
-            v = v - (1 - hp["beta2"]) * delta.square() * torch.sign(v - delta.square())
-        new["v"] = v
-        if self.rule == "adagrad" and self.optax:
-            return new, lr * delta / (v + hp["tau"]).sqrt()
-        new["m"] = m = hp["beta1"] * state["m"] + (1 - hp["beta1"]) * delta
-        if self.optax:
-            count = t.view(-1, 1, 1)
-            m, v = m / (1 - hp["beta1"] ** count), v / (1 - hp["beta2"] ** count)
-        return new, lr * m / (v.sqrt() + hp["tau"])
-
-    def commit(self) -> None:
-        """The round of the runs `step` was given has succeeded: their new state is written."""
-        for key, rows in self.pending.items():
-            self.state[key].index_copy_(0, self.index, rows)
-        self.pending = {}
-
-    def state_dict(self) -> dict[str, Any]:
-        """The state, under `server_optimizer`, taken between rounds."""
-        return {"server_optimizer": self.state}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.state = dict(state["server_optimizer"])
-
-
-def shared(federation: Federation) -> Federation:
-    """The federation as the runs of one program share it: the server optimizer's floats left out (per run)."""
-    optimizer = federation.server_optimizer
-    if optimizer is None:
-        return federation
-    kept = ServerOptimizer(optimizer.name, form="optax" if optimizer.optax else None)
-    return dataclasses.replace(federation, server_optimizer=kept)

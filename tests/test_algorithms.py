@@ -2,7 +2,7 @@
 
 * FedAvg with full participation, one local full-batch step = gradient descent on the pooled objective;
 * λ = 0 reductions: FedMiD ≡ FedDA ≡ FedAvg (with h = 0 every prox is the identity);
-* the batched engine ≡ the per-client loop implementation (fedbench/loop_reference.py);
+* the batched engine ≡ the per-client loop implementation (tests/loop_reference.py);
 * FedMiD and FedDA (Yuan, Zaheer, Reddi, ICML 2021, as Bao et al.'s and Yuan et al.'s code run them) and Ditto
   (Li, Hu, Beirami, Smith, ICML 2021) rounds written out in numpy;
 * hyperparameter validation.
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import fedbench
-from fedbench.loop_reference import loop_simulate
 from fedbench.simulate import Federation, Simulation, simulate
 from helpers import client_data, full_gradient, initial_point, np_prox
+from loop_reference import loop_simulate
 from small_problems import small_lasso, small_lowrank
 
 

@@ -187,7 +187,7 @@ API_NAMES = {"algorithm": ["Algorithm.client_step", "Algorithm.client_final", "A
              "oracles": ["Oracle.grad", "Batches", "Minibatch"],
              "parameters": ["Param", "Param.kind", "Metric.direction"],
              "schedules": ["Cosine", "Schedule.value", "PerRound.value", "make"],
-             "running": ["run", "simulate", "Result.final", "Simulation.accountant"],
+             "running": ["run", "simulate", "Result.final", "Simulation.run_round", "RunRecord.accountant"],
              "privacy": ["Accountant.epsilon", "Mechanism.of", "Mechanism.event"],
              "transforms": ["Transform.apply", "Transform.bits", "Compressor.compress", "chain"],
              "participation": ["Participation", "LocalSteps", "check_algorithm", "sample_clients"],

@@ -20,12 +20,11 @@ from fedbench.algorithms.base import coin_flips_to_success
 from fedbench.algorithms.fedavg import FedAvg
 from fedbench.contract import CAPABILITIES, IncompatibleError
 from fedbench.hparams import Param
-from fedbench.oracle import Minibatch
+from fedbench.oracle import Minibatch, RunOracle
 from fedbench.problems import PROBLEMS, traces
 from fedbench.problems.base import Problem
 from fedbench.problems.traces import SLOT
 from fedbench.rng import generator
-from fedbench.runs import RunOracle
 from fedbench.simulate import Federation, Simulation, simulate
 from helpers import how_to_problem, npz_problem, write_npz
 from small_problems import small_lasso, small_lowrank

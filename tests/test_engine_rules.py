@@ -11,8 +11,8 @@ import fedbench
 from fedbench.algorithms.base import HParams, Round, ScheduleError
 from fedbench.algorithms.fedavg import FedAvg
 from fedbench.algorithms.scd_pfl import SCDPFL
-from fedbench.oracle import Oracle
-from fedbench.runs import IterationProgram, RoundProgram, RunOracle
+from fedbench.oracle import Oracle, RunOracle
+from fedbench.runs import IterationProgram, RoundProgram
 from fedbench.simulate import Federation, Simulation
 from helpers import SEEDS, curves_alone, pfl, rows_by_run
 from small_problems import small_lasso

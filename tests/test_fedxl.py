@@ -7,8 +7,9 @@ import torch
 
 import fedbench
 from fedbench.algorithms.xrisk import fedxl2_surrogate, local_pair_surrogate, pair_means, scatter_last
+from fedbench.federation import RoundSampler
 from fedbench.rng import generator
-from fedbench.simulate import Federation, RoundSampler, Simulation
+from fedbench.simulate import Federation, Simulation
 
 
 def one_client(**config):

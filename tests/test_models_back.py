@@ -214,6 +214,22 @@ def test_a_run_id_the_store_does_not_hold_is_refused_in_one_line(tracking_uri):
         fedbench.load_model("0" * 32, tracking_uri)
 
 
+def test_the_engine_reads_a_run_id_through_the_store_an_installed_package_registers(monkeypatch):
+    """`fedbench.load_model(RUN_ID)` finds the store by the entry points `fedbench.saved.STORES` (fedbench_sweeps'
+    MLflow store, pyproject.toml), importing nothing of fedbench_sweeps itself; with none registered, a ValueError
+    says what is missing."""
+    import importlib.metadata
+
+    import fedbench.saved
+    from sweeps.tracking import Store
+
+    [store] = importlib.metadata.entry_points(group=fedbench.saved.STORES)
+    assert store.load().__name__ == Store.__name__ and store.module == "fedbench_sweeps.tracking"
+    monkeypatch.setattr(fedbench.saved, "STORES", "fedbench.no_such_group")
+    with pytest.raises(ValueError, match=f"^{'0' * 32} is a run id, and no store of runs is installed to read it"):
+        fedbench.load_model("0" * 32)
+
+
 def test_every_problems_settings_survive_a_weights_only_load(tmp_path):
     """A model's file is read with `weights_only=True` (no code runs): each problem's resolved config must be of the
     types it reads back, presets included."""

@@ -26,11 +26,11 @@ from scipy.special import expit
 
 from fedbench.algorithms import ALGORITHMS
 from fedbench.algorithms.base import Round
-from fedbench.oracle import Batches
+from fedbench.oracle import Batches, RunOracle
 from fedbench.problems import make_problem
 from fedbench.reference import solve
 from fedbench.rng import generator
-from fedbench.runs import RunOracle, batch_hparams
+from fedbench.run_axis import batch_hparams
 from fedbench.simulate import Federation, Simulation, simulate
 
 RTOL = 1e-10

@@ -22,7 +22,8 @@ from scipy.stats import norm
 import fedbench
 from fedbench.algorithms.base import MODEL, Upload
 from fedbench.hparams import ParamError
-from fedbench.privacy import TOLERANCE, Accountant, Mechanism, epsilon_metric
+from fedbench.metrics import epsilon_metric
+from fedbench.privacy import TOLERANCE, Accountant, Mechanism
 from fedbench.runs import programs
 from fedbench.simulate import Federation, Simulation, run_batch
 from helpers import interrupted, invoke, refused, rows_by_run, rows_of
@@ -203,16 +204,16 @@ def test_an_unknown_accountant_is_refused():
 
 
 def test_the_mechanism_is_the_engines_sampling():
-    uplink = [{"clip": 0.5}, {"top_k": 0.5}, {"gaussian": 1.5}]
+    uplink = Federation(uplink=[{"clip": 0.5}, {"top_k": 0.5}, {"gaussian": 1.5}]).uplink  # its steps
     one = SimpleNamespace(participation="sampled", uploads=(MODEL,))
-    assert Mechanism.of(Federation(clients_per_round=3, uplink=uplink), one, 8) == Mechanism(8, 3, 1.5, 1)
-    assert Mechanism.of(Federation(clients_per_round=0, uplink=uplink), one, 8) == Mechanism(8, 8, 1.5, 1)
-    assert Mechanism.of(Federation(clients_per_round=8, uplink=uplink), one, 8) == Mechanism(8, 8, 1.5, 1)
+    assert Mechanism.of(uplink, 3, one, 8) == Mechanism(8, 3, 1.5, 1)
+    assert Mechanism.of(uplink, 0, one, 8) == Mechanism(8, 8, 1.5, 1)
+    assert Mechanism.of(uplink, 8, one, 8) == Mechanism(8, 8, 1.5, 1)
     everyone = SimpleNamespace(participation="all", uploads=(Upload("g"), Upload("h")))
-    assert Mechanism.of(Federation(clients_per_round=3, uplink=uplink), everyone, 8) == Mechanism(8, 8, 1.5, 2)
+    assert Mechanism.of(uplink, 3, everyone, 8) == Mechanism(8, 8, 1.5, 2)
     problem = small_lasso()
     scaffold = fedbench.make_algorithm("scaffold", problem)
-    assert Mechanism.of(Federation(clients_per_round=3, uplink=uplink), scaffold, 8).uploads == 2
+    assert Mechanism.of(uplink, 3, scaffold, 8).uploads == 2
 
 
 ENGINE_REFUSALS = {  # id: (uplink, δ, the error's start)

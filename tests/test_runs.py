@@ -23,7 +23,8 @@ import fedbench
 from fedbench.algorithms.l2sgd_plus import L2SGDPlus
 from fedbench.algorithms.pfl_rules import rules
 from fedbench.metrics import ENGINE_COLUMNS
-from fedbench.runs import IterationProgram, NotBatchable, RoundProgram, programs, why_not_batchable
+from fedbench.planning import NotBatchable, step_bytes, why_not_batchable
+from fedbench.runs import IterationProgram, RoundProgram, programs
 from fedbench.simulate import Federation, Simulation, run_batch, run_seeds
 from helpers import CASES, FLOAT32, PAIRS, SEEDS, SMALL_BATCHES, assert_same, curves_alone, pauc, pfl, rows_by_run
 from small_problems import small_lasso, small_lowrank
@@ -48,7 +49,7 @@ def test_a_batch_run_in_chunks_gives_each_run_its_curve_alone(monkeypatch):
     """Batches beyond the gather budget go through each round in chunks of runs, every chunk from the state at the
     round's start: FeDXL2's score pools change size in its first round (every sample's score, then the last rounds'
     records), which a chunk must not read from the one before it."""
-    monkeypatch.setattr(fedbench.runs, "GATHER_BUDGET", 1)  # one run per chunk
+    monkeypatch.setattr(fedbench.round_wise, "GATHER_BUDGET", 1)  # one run per chunk
     problem = pauc()
     alone = curves_alone(problem, "fedxl2", PAIRS, {"client_lr": 0.5}, SEEDS)
     batch = RoundProgram([Simulation(problem, fedbench.make_algorithm("fedxl2", problem, client_lr=0.5), PAIRS, seed, 3)
@@ -62,7 +63,7 @@ def test_memory_bound_runs_go_one_after_another(monkeypatch):
     faster): the same rows, run by run."""
     problem, federation = small_lasso(), Federation(6, 3, 2, 5)
     sims = [Simulation(problem, fedbench.make_algorithm("fedmid", problem), federation, seed, 2) for seed in SEEDS]
-    assert fedbench.runs.step_bytes(sims[0]) == 3 * 5 * 30 * 8  # S·b rows of p = 30 float64 features
+    assert step_bytes(sims[0]) == 3 * 5 * 30 * 8  # S·b rows of p = 30 float64 features
     monkeypatch.setattr(fedbench.planning, "MEMORY_BOUND_RUN_BYTES", 3 * 5 * 30 * 8 - 1)
     order = [i for i, _ in run_batch(sims)]
     assert order == sorted(order)  # run 0 to its end, then run 1, ...
@@ -420,7 +421,7 @@ def test_rows_drawn_ahead_a_few_iterations_at_a_time(monkeypatch, name):
     """An iteration-wise program draws its runs' rows ahead, here 7 iterations at a time: the draws that fall in the
     middle of rounds still give every run its rows alone."""
     problem, federation = pfl(), Federation(6, 0, 1, 1)
-    monkeypatch.setattr(fedbench.runs, "STREAM_BYTES", 8 * problem.num_clients * len(SEEDS) * 7)
+    monkeypatch.setattr(fedbench.iteration_wise, "STREAM_BYTES", 8 * problem.num_clients * len(SEEDS) * 7)
     sims = [Simulation(problem, fedbench.make_algorithm(name, problem), federation, seed, 2) for seed in SEEDS]
     [(_, batch)] = programs(sims)
     assert batch.ahead_steps == 7

@@ -369,7 +369,7 @@ def test_tune_searches_a_field_the_rule_reads(tmp_path):
 
 class CoinFedAvg(Algorithm):
     """A plugin's method whose rounds end when a p-coin says communicate, every client every round: its runs share an
-    iteration-wise program (`fedbench.runs.IterationProgram`), which applies the server optimizer at each run's own
+    iteration-wise program (`fedbench.iteration_wise.IterationProgram`), which applies the server optimizer at each run's own
     round ends."""
 
     name = "coin_fedavg"

@@ -507,19 +507,21 @@ API_PAGES = {
          "fedbench.schedules.kind_of": (), "fedbench.schedules.BadField": (), "fedbench.hparams.PerRound": EVERY}),
     "running": ApiPage(
         "Running", "`fedbench.run`, `make_problem`, `make_algorithm`, `simulate`, runs of several seeds as one "
-        "program, `Result`, `Federation`, saved models", "fedbench",
+        "program, `Result`, `Federation`, `Simulation` and the run's record it holds (`RunRecord`), saved models",
+        "fedbench",
         {"fedbench.run": (), "fedbench.problems.make_problem": (), "fedbench.make_algorithm": (),
          "fedbench.simulate.simulate": (), "fedbench.simulate.run_seeds": (), "fedbench.simulate.run_batch": (),
          "fedbench.simulate.Result": EVERY, "fedbench.federation.Federation": ("check",),
-         "fedbench.simulate.Simulation": ("server", "clients", "status", "rounds_done", "seed", "accountant",
-                                          "run_round", "streams", "state_dict", "load_state_dict"),
+         "fedbench.simulate.Simulation": ("run_round",),
+         "fedbench.record.RunRecord": ("server", "clients", "status", "rounds_done", "seed", "accountant", "streams",
+                                       "state_dict", "load_state_dict"),
          "fedbench.saved.load_model": (), "fedbench.saved.problem_of": (), "fedbench.algorithms.ALGORITHMS": (),
          "fedbench.problems.PROBLEMS": ()}),
     "privacy": ApiPage(
         "Privacy accounting", "ε of DP-FedAvg's Gaussian uplink at a δ: the mechanism the engine runs (sampling, "
         "adjacency, sensitivity) and dp-accounting's accountants (PLD by default, RDP)", "fedbench.privacy",
         {"fedbench.privacy.Accountant": ("epsilon",), "fedbench.privacy.Mechanism": ("of", "noise_multiplier", "event"),
-         "fedbench.privacy.check": (), "fedbench.privacy.epsilon_metric": ()}),
+         "fedbench.privacy.check": (), "fedbench.metrics.epsilon_metric": ()}),
     "participation": ApiPage(
         "Participation and uneven local work", "who takes part in a round (`Participation`: uniform, cyclic, "
         "bernoulli, markov) and each participant's local steps (`LocalSteps`), how the engine batches them, and what "
@@ -533,7 +535,7 @@ API_PAGES = {
         "applies it, and the rule of which algorithms take it", "fedbench.server_optimizers",
         {"fedbench.server_optimizers.ServerOptimizer": ("values", "check"),
          "fedbench.server_optimizers.check_algorithm": (), "fedbench.server_optimizers.updates_of_w": (),
-         "fedbench.server_optimizers.ServerSteps": ("step", "commit")}),
+         "fedbench.server_steps.ServerSteps": ("step", "commit")}),
     "transforms": ApiPage(
         "Round transforms", "the uplink and downlink chains: `Transform` (parameters, `apply`, `bits`), the "
         "registry, a chain's steps, how one is read and checked, the bits of a message", "fedbench.transforms",

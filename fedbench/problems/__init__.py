@@ -3,8 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedbench.metrics import ENGINE_COLUMNS, Metric
-from fedbench.privacy import epsilon_metric
+from fedbench.metrics import ENGINE_COLUMNS, Metric, epsilon_metric
 from fedbench.problems.ab_users import ABUsers
 from fedbench.problems.base import Problem
 from fedbench.problems.digits import Digits

@@ -124,7 +124,7 @@ class Problem:
     """True: `step_oracle` takes the rows `[R, S, b]` of R runs' clients, and its oracle's methods take and give
     tensors with that leading run axis (`[R, S, ...]`; a point a run's clients share as `[R, 1, ...]`) by
     broadcasting, so that the engine hands them over as they are. False, the default: the engine folds the run axis
-    into the clients' (`[R·S, b]` rows, `[R·S, ...]` points) around every call (`fedbench.runs.RunOracle`), which
+    into the clients' (`[R·S, b]` rows, `[R·S, ...]` points) around every call (`fedbench.oracle.RunOracle`), which
     costs a few µs a call, felt where a local step is a few small kernels (the one-sample coordinate steps of
     Hanzely et al., TMLR 2023)."""
 

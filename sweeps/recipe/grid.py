@@ -13,9 +13,8 @@ from typing import Any, Optional
 
 from fedbench import contract, plugins, privacy
 from fedbench.algorithms import ALGORITHMS
-from fedbench.federation import Federation, minibatch_sizes
+from fedbench.federation import Federation, check_uploads, minibatch_sizes
 from fedbench.hparams import ParamError, PerRound, resolve
-from fedbench.links import check_uploads
 from fedbench.metrics import Metric
 from fedbench.participation import LocalSteps, check_algorithm
 from fedbench.problems import PROBLEMS
@@ -23,8 +22,7 @@ from fedbench.server_optimizers import check_algorithm as check_server_optimizer
 from fedbench.simulate import Simulation
 from fedbench.transforms import LINKS, chain_text
 from .loading import RecipeError, closest, in_bytes
-from .schema import Checkpoints, ReportSpec, Resources, TuneSpec, is_seed
-from .space import Dimension
+from .schema import Checkpoints, Dimension, ReportSpec, Resources, TuneSpec, is_seed
 from .trials import FEDERATION_MAPPINGS, FEDERATION_NAMES, Trial, metrics_of, stable_hash
 
 # Runs of one recipe, whatever max_runs: building and checking each takes ~60 µs and ~2 KB here, so that validating
@@ -190,8 +188,8 @@ class Recipe:
             raise RecipeError(self.source, self.field(trial.algorithm, "problem", err.name), err.message) from None
         try:
             check_uploads(trial.federation, algorithm, layout.clients)
-            check_algorithm(trial.federation, algorithm, hp)
-            check_server_optimizer(trial.federation, algorithm)
+            check_algorithm(trial.federation.participation, trial.federation.local_steps, algorithm, hp)
+            check_server_optimizer(trial.federation.server_optimizer, algorithm)
         except ParamError as err:
             raise RecipeError(self.source, self.field(trial.algorithm, "federation", err.name), err.message) from None
         _, batch_sizes = minibatch_sizes(algorithm.minibatches(hp), hp, trial.federation.batch_size)

@@ -1,11 +1,12 @@
 """The recipe's shape, as pydantic models (strict types, unknown fields refused): the top-level fields and the
-`resources:`, `tune:` and `report:` blocks with their defaults and rules, and `schema_error`, the first pydantic
-error as a `RecipeError` line. What names a problem, algorithm or parameter may take is checked elsewhere,
-against the engine's declarations.
+`resources:`, `tune:` and `report:` blocks with their defaults and rules, a `tune.space` entry as resolved
+(`Dimension`, which `space.check_space` makes), and `schema_error`, the first pydantic error as a `RecipeError` line.
+What names a problem, algorithm or parameter may take is checked elsewhere, against the engine's declarations.
 """
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -89,6 +90,24 @@ class TuneSpec(StrictModel):
     @classmethod
     def _sampler(cls, value: str) -> str:
         return _one_of(value, SAMPLERS)
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """One axis of the search space, as written in `tune.space` (`problem.lam`, `client_lr`,
+    `algorithms.fedmid.server_lr`, `client_lr.init`), and the algorithms whose trials it varies."""
+    key: str
+    algorithms: tuple[str, ...]
+    distribution: str
+    bounds: tuple[Any, ...]  # (low, high), or the categories
+    own: tuple[str, ...] = ()  # the algorithms whose own `problem:` / `federation:` entry holds the field it sets
+
+    def path(self, algorithm: str) -> str:
+        """The recipe field this dimension sets in `algorithm`'s trials: a problem or federation field in the
+        algorithm's own entry where it has one (which replaces the recipe's for it)."""
+        if algorithm in self.own or not self.key.startswith(("problem.", "federation.", "algorithms.")):
+            return f"algorithms.{algorithm}.{self.key}"
+        return self.key
 
 
 class SelectSpec(StrictModel):

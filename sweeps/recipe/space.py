@@ -8,7 +8,6 @@ local work's (`federation.local_steps.high`) and the server optimizer's (`federa
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fedbench.algorithms import ALGORITHMS
@@ -20,29 +19,11 @@ from fedbench.schedules import FIELDS, Schedule
 from fedbench.server_optimizers import FORMS, RULES, ServerOptimizer
 from fedbench.transforms import LINKS, TRANSFORMS
 from .loading import RecipeError, closest, unknown
-from .schema import DISTRIBUTIONS
+from .schema import DISTRIBUTIONS, Dimension
 from .trials import FEDERATION_PARAMS
 
 if TYPE_CHECKING:
     from .grid import Recipe
-
-
-@dataclass(frozen=True)
-class Dimension:
-    """One axis of the search space, as written in `tune.space` (`problem.lam`, `client_lr`,
-    `algorithms.fedmid.server_lr`, `client_lr.init`), and the algorithms whose trials it varies."""
-    key: str
-    algorithms: tuple[str, ...]
-    distribution: str
-    bounds: tuple[Any, ...]  # (low, high), or the categories
-    own: tuple[str, ...] = ()  # the algorithms whose own `problem:` / `federation:` entry holds the field it sets
-
-    def path(self, algorithm: str) -> str:
-        """The recipe field this dimension sets in `algorithm`'s trials: a problem or federation field in the
-        algorithm's own entry where it has one (which replaces the recipe's for it)."""
-        if algorithm in self.own or not self.key.startswith(("problem.", "federation.", "algorithms.")):
-            return f"algorithms.{algorithm}.{self.key}"
-        return self.key
 
 
 def check_space(recipe: Recipe) -> tuple[Dimension, ...]:

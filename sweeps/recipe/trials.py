@@ -13,10 +13,10 @@ from typing import Any
 from fedbench.algorithms import ALGORITHMS
 from fedbench.federation import DIVERGENCE_FACTOR, Federation
 from fedbench.hparams import Param, PerRound
-from fedbench.metrics import ENGINE_COLUMNS, Metric
+from fedbench.metrics import ENGINE_COLUMNS, Metric, epsilon_metric
 from fedbench.participation import LocalSteps, Participation
 from fedbench.plugins import Source, is_file
-from fedbench.privacy import ACCOUNTANTS, epsilon_metric
+from fedbench.privacy import ACCOUNTANTS
 from fedbench.problems import PROBLEMS
 from fedbench.robust import Adversaries
 from fedbench.server_optimizers import EXAMPLE, ServerOptimizer

@@ -5,8 +5,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from fedbench.algorithms import ALGORITHMS
-from fedbench.metrics import Metric
-from fedbench.privacy import EPSILON
+from fedbench.metrics import EPSILON, Metric
 from fedbench.problems import metric_catalog
 from ..recipe import Recipe, ReportSpec, SelectSpec, check_metrics
 from .query import ReportError

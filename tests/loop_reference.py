@@ -2,7 +2,7 @@
 are: one client after another, one vector at a time.
 
 They exist to check the batched engine (same random draws through `RoundSampler`, same numbers) and
-as the baseline of `bench/clients_batched.py`. They are not used for experiments.
+as the baseline of `bench/clients_batched.py`: a test oracle, not part of the engine.
 """
 from __future__ import annotations
 
