@@ -179,6 +179,11 @@ class Simulation:
         dtype = self.server[self.algorithm.downloads[0]].dtype
         return aggregation_weights(self.problem, self.federation, clients[None], dtype)[0]
 
+    def personal_params(self) -> Tensor | None:
+        """The per-client models `[N, d]` its rows evaluate and its saved model holds: the algorithm's
+        `personal_params` where its runs on this problem report personal metrics (`Algorithm.personal`), else None."""
+        return self.algorithm.personal_params(self.server, self.clients) if self.algorithm.personal else None
+
     def evaluate(self, failed: bool = False) -> dict[str, float]:
         """The metrics row; all metrics NaN when the iterate is beyond evaluation (overflowed)."""
         return evaluate_rows([self], failed)[0]
@@ -237,8 +242,8 @@ def simulate(problem: Problem, algorithm: Algorithm, federation: Federation, see
     """
     sim = Simulation(problem, algorithm, federation, seed, eval_every, divergence_factor, delta, compile, accountant)
     rows = list(sim)
-    return Result(rows, sim.status, algorithm.global_params(sim.server),
-                  algorithm.personal_params(sim.server, sim.clients), sim.train_seconds, sim.eval_seconds)
+    return Result(rows, sim.status, algorithm.global_params(sim.server), sim.personal_params(), sim.train_seconds,
+                  sim.eval_seconds)
 
 
 def run_batch(sims: list[Simulation]) -> Iterable[tuple[int, dict[str, float]]]:

@@ -1,7 +1,7 @@
 """Deep networks as federated models (`fedbench.module_model`, the `vision` problem): every layout equals an
 independent loop written with `torch.nn` and `torch.optim.SGD` on the same draws (FedAvg, FedAdam, SCAFFOLD,
-Per-FedAvg; on the built-in `cnn` and on Reddi et al.'s EMNIST CNN with its dropout off), batched seeds equal each seed
-alone, dropout follows each client's seed, and the layout is chosen, recorded and printed."""
+FedProx, Per-FedAvg; on the built-in `cnn` and on Reddi et al.'s EMNIST CNN with its dropout off), batched seeds equal
+each seed alone, dropout follows each client's seed, and the layout is chosen, recorded and printed."""
 from __future__ import annotations
 
 import copy
@@ -172,6 +172,47 @@ def test_scaffold_in_each_layout_equals_a_torch_nn_sgd_loop(problems, layout):
         x = x + torch.stack(dys).mean(0)
         c = c + torch.stack(dcs).sum(0) / problem.num_clients
     torch.testing.assert_close(result.params, x, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_fedprox_in_each_layout_equals_a_torch_nn_sgd_loop_on_its_proximal_problem(problems, layout):
+    """Li et al. (MLSys 2020), Algorithm 2: each client takes SGD steps on f_k(w) + μ/2 ‖w − w_t‖² from the global
+    w_t (the proximal term's gradient by autograd), the server averages the local models; the global model is what
+    a run reports (`vision` evaluates no personal models, so FedProx keeps none)."""
+    problem, fed, lr, mu = problems[layout], federation(), lr_of(layout), 0.5
+    algorithm = ALGORITHMS["fedprox"](problem, client_lr=lr, prox_mu=mu)
+    sim = Simulation(problem, algorithm, fed, seed=5, eval_every=fed.rounds)
+    rows = list(sim)
+    w = problem.init_params(generator(5, "init"))
+    for draw in draws(problem, algorithm, fed, 5):
+        uploads = []
+        for k in range(len(draw.clients)):
+            net = reference_net(problem, w)
+            anchor = [p.detach().clone() for p in net.parameters()]
+            optimizer = torch.optim.SGD(net.parameters(), lr=lr)
+            for step_rows in draw.rows["D"][:, k]:
+                x, y = batch_of(problem, step_rows)
+                proximal = sum(((p - p_t) ** 2).sum() for p, p_t in zip(net.parameters(), anchor))
+                optimizer.zero_grad()
+                (F.cross_entropy(net(x), y) + mu / 2 * proximal).backward()
+                optimizer.step()
+            uploads.append(parameters_to_vector(net.parameters()).detach())
+        w = torch.stack(uploads).mean(0)
+    torch.testing.assert_close(algorithm.global_params(sim.server), w, rtol=1e-5, atol=1e-6)
+    fedavg = simulate(problem, ALGORITHMS["fedavg"](problem, client_lr=lr), fed, seed=5, eval_every=fed.rounds)
+    assert not torch.allclose(fedavg.params, w, rtol=1e-3, atol=1e-4)  # the pull toward w_t moved it elsewhere
+    assert set(rows[-1]) >= {"test_loss", "test_accuracy"} and not any(k.startswith("personal") for k in rows[-1])
+    assert sim.clients == {} and sim.personal_params() is None
+
+
+def test_fedprox_with_zero_mu_is_fedavg_on_a_network(problems):
+    problem, fed = problems["loop"], federation(rounds=3)
+    prox = simulate(problem, ALGORITHMS["fedprox"](problem, client_lr=0.1, prox_mu=0.0), fed, seed=2, eval_every=1)
+    avg = simulate(problem, ALGORITHMS["fedavg"](problem, client_lr=0.1), fed, seed=2, eval_every=1)
+    # FedAvg's server step w + 1·(mean − w) rounds where FedProx's plain mean does not: equal to float32 rounding
+    torch.testing.assert_close(prox.params, avg.params, rtol=1e-5, atol=1e-7)
+    assert [row["test_loss"] for row in prox.rows] == pytest.approx([row["test_loss"] for row in avg.rows], rel=1e-5)
+    assert prox.personal is None and prox.rows[-1]["test_loss"] < prox.rows[0]["test_loss"]
 
 
 def nn_gradient(net, x, y, create_graph=False):
