@@ -297,8 +297,10 @@ class Problem:
 
     @classmethod
     def carried_code(cls, config: dict[str, Any]) -> tuple[Source, ...]:
-        """The sources of code outside fedbench that a resolved config names and that a run must carry to the Ray
-        worker that runs it (a researcher's network file, `fedbench.networks.carry`). Default: none."""
+        """The sources of code outside fedbench that a resolved config names (a researcher's network), which its
+        runs record (tag `code_sha256`, artifacts `code/`) and which must reach the Ray worker that runs them: a
+        file's text travels with each run (`fedbench.networks.carry`), a module that is not installed is shipped with
+        the Ray job (`fedbench_sweeps.cluster.shipped_code`). Default: none."""
         return ()
 
     def choices(self) -> dict[str, str]:

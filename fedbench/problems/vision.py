@@ -24,9 +24,10 @@ writer's test images).
 Model: `model` names a built-in network (`cnn`: two 5×5 convolutions of 16 and 32 channels, each with ReLU and 2×2
 max pooling, then a linear layer to the classes; with `dropout` > 0 a dropout layer before it) or a researcher's
 class, `module.path:Class` or `file.py:Class` (in a recipe, relative to the recipe's folder; on the command line,
-`--set`, to the working directory; the text travels with each run to the Ray worker that runs it), built without
-arguments and given the data's shape by its own code. Loss: the mean softmax cross-entropy of a client's minibatch;
-h = 0; π_k ∝ n_k. Initial point: the module's own initialisation, drawn with the run's "init" stream.
+`--set`, to the working directory; a file's text travels with each run to the Ray worker that runs it, a module
+that is not installed is shipped with the Ray job, as a module plugin is), built without arguments and given the
+data's shape by its own code. Loss: the mean softmax cross-entropy of a client's minibatch; h = 0; π_k ∝ n_k.
+Initial point: the module's own initialisation, drawn with the run's "init" stream.
 
 Layout (`fedbench.module_model`): `vmap` or `loop`, the same numbers to float32 rounding; `auto` picks by the
 table `bench/deep_layouts.py` measured for the model (or one of about its size) on the device type. The chosen
@@ -205,11 +206,10 @@ class Vision(Problem):
 
     @classmethod
     def carried_code(cls, config: dict[str, Any]) -> tuple[Source, ...]:
-        """A researcher's network file (its text and the modules it imports from its folder)."""
+        """A researcher's network: a file (its text and the modules it imports from its folder) or a module."""
         if config["model"] in BUILT_IN_MODELS or config["model"] in NETWORKS:
             return ()
-        source = load_network(config["model"])[1]
-        return (source,) if source.text is not None else ()
+        return (load_network(config["model"])[1],)
 
     @classmethod
     def run_bytes(cls, config: dict[str, Any]) -> int | None:
