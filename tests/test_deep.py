@@ -393,6 +393,42 @@ def test_the_layout_is_printed_and_tagged_on_the_run(tmp_path, tracking_uri):
     assert run.data.tags["layout"] == "vmap"
 
 
+@pytest.mark.parametrize("broken", ["nan", "inf"])
+def test_a_model_with_non_finite_outputs_evaluates_to_nan_in_every_metric(broken):
+    """Not the share of the class that argmax of NaN (or +inf) logits names, which a diverged run reported as its
+    accuracy (0.099 on niid_bench_fmnist's test images: class 0's share)."""
+    problem = fedbench.make_problem("vision", seed=0, train_metrics=True, **SMALL)
+    w = problem.init_params(generator(0, "init"))
+    assert all(np.isfinite(value) for value in problem.evaluate(w * 1e3).values())  # large but finite outputs
+    w[-1] = float(broken)  # the last layer's last bias: one class's logit
+    row = problem.evaluate(w)
+    assert set(row) == {"train_loss", "train_accuracy", "test_loss", "test_accuracy"}
+    assert all(np.isnan(value) for value in row.values()), row
+
+
+def test_a_diverged_run_stores_nan_for_its_loss_and_accuracy(tmp_path, tracking_uri):
+    """FedAvg at client lr 20 diverges at round 2: its last row, and MLflow's history of it, are NaN in both metrics
+    (MLflow's SQL table holds a NaN as 0 with is_nan set: read raw, `test_loss = 0.0`), and the run is diverged."""
+    from mlflow.tracking import MlflowClient
+    from typer.testing import CliRunner
+
+    from sweeps.cli import app
+
+    path = tmp_path / "diverging.yaml"
+    path.write_text("problem: {name: vision, clients: 6, train_size: 240, test_size: 60, layout: loop}\n"
+                    "federation: {rounds: 4, clients_per_round: 3, local_steps: 3, batch_size: 8}\n"
+                    "algorithms: {fedavg: {client_lr: 20.0}}\neval_every: 1\n")
+    result = CliRunner().invoke(app, ["run", str(path), "--tracking-uri", tracking_uri], env={"COLUMNS": "200"})
+    assert result.exit_code == 1 and "round 2 (diverged)" in result.output, result.output  # `run`: 1 if diverged
+    client = MlflowClient(tracking_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("diverging").experiment_id])
+    assert run.data.tags["status"] == "diverged"
+    for metric in ("test_loss", "test_accuracy"):
+        history = sorted(client.get_metric_history(run.info.run_id, metric), key=lambda m: m.step)
+        assert [m.step for m in history] == [0, 1, 2] and np.isnan(history[-1].value), (metric, history)
+        assert np.isfinite(history[0].value) and np.isnan(run.data.metrics[metric])
+
+
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
 def test_a_resumed_batch_gives_the_rows_of_one_never_stopped(dropout):
     """A program of two seeds stopped after its second round and rebuilt from its checkpoint (the dropout seeds'

@@ -39,7 +39,8 @@ server) and of its leaf layers' outputs for each sampled client's batch.
 
 Metrics of the global model: `test_loss` and `test_accuracy` over the pooled test set, evaluated in eval mode
 (dropout off) in chunks of EVAL_CHUNK images; with `train_metrics`, `train_loss` and `train_accuracy` over every
-client's training images too (one forward pass over the whole pool: the longest part of an evaluation).
+client's training images too (one forward pass over the whole pool: the longest part of an evaluation). A model
+with a non-finite output (diverged) has NaN loss and accuracy, so that its run ends diverged there.
 """
 from __future__ import annotations
 
@@ -421,14 +422,20 @@ class Vision(Problem):
         return metrics
 
     def _scores(self, w: Tensor, pixels: Tensor, labels: Tensor) -> tuple[float, float]:
-        """(mean cross-entropy, accuracy) of the model `w` `[d]` over the images, in chunks, in eval mode."""
+        """(mean cross-entropy, accuracy) of the model `w` `[d]` over the images, in chunks, in eval mode; both NaN
+        where an output is not finite (a diverged model: argmax would name a class anyway, the first NaN logit's,
+        and report the share of that class as its accuracy)."""
         loss = torch.zeros((), dtype=torch.float64, device=self.device)
         correct = torch.zeros((), dtype=torch.long, device=self.device)
+        finite = torch.ones((), dtype=torch.bool, device=self.device)
         for start in range(0, len(labels), EVAL_CHUNK):
             y = labels[start: start + EVAL_CHUNK]
             logits = self.model.evaluate(w, self._features(pixels[start: start + EVAL_CHUNK]))
             loss += F.cross_entropy(logits, y, reduction="sum").double()
             correct += (logits.argmax(-1) == y).sum()
+            finite &= torch.isfinite(logits).all()
+        if not bool(finite):
+            return math.nan, math.nan
         return float(loss) / len(labels), int(correct) / len(labels)
 
     def parameters(self, w: Tensor) -> dict[str, Tensor]:
