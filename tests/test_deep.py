@@ -274,6 +274,24 @@ def test_batched_seeds_equal_each_seed_alone(problems):
     assert batched[0] != batched[1]
 
 
+def test_seeds_of_a_network_form_one_program_on_the_cpu_however_much_a_step_gathers(problems, monkeypatch):
+    """A network's step is compute-bound (`Problem.compute_bound_steps`): the CPU's memory-bound rule of linear models
+    (a gather above MEMORY_BOUND_RUN_BYTES runs its seeds one after another) does not apply; NIID-Bench's CNN at
+    10 clients × b = 64 gathers 2 MB a step and measured 0.97-1.05x alone over batched (`fedbench.planning`)."""
+    import fedbench.planning
+    from fedbench.planning import groups, step_bytes
+
+    problem, fed = problems["loop"], federation()
+
+    def sims():
+        return [Simulation(problem, ALGORITHMS["fedavg"](problem, client_lr=0.1), fed, seed, 1) for seed in (0, 1)]
+
+    monkeypatch.setattr(fedbench.planning, "MEMORY_BOUND_RUN_BYTES", step_bytes(sims()[0]) - 1)
+    assert groups(sims()) == [[0, 1]]
+    monkeypatch.setattr(type(problem), "compute_bound_steps", False)  # a linear model's step: each run alone
+    assert groups(sims()) == [[0], [1]]
+
+
 def test_dropout_masks_follow_each_clients_seed():
     """With dropout, client k's loss in the loop layout depends on its own seed alone (not on the clients beside it);
     the vmap layout draws every client's own masks too, reproducibly; evaluation runs without dropout."""

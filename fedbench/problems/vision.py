@@ -139,6 +139,7 @@ class Vision(Problem):
     name = "vision"
     provides = frozenset({"hvp", "full_data"})
     caps_batches = True  # a skewed split's small client takes all its images each step
+    compute_bound_steps = True  # a network's forward and backward passes, not the gather, set a step's time
     size_params = ("clients",)
     params = (
         Param("data", "choice", "fashion_mnist", "data set: Fashion-MNIST, CIFAR-10 or FEMNIST's writers",
