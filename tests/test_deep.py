@@ -663,7 +663,8 @@ def test_an_augmented_run_gives_the_same_rows_batched_as_alone(small_cifar, drop
                                        "problem.classes_per_client=2"]])
 def test_the_niid_bench_recipe_validates_in_each_of_its_label_skews(settings):
     """recipes/papers/niid_bench_fmnist.yaml as shipped (Dirichlet β = 0.5) and with its header's --set lines for
-    IID and #C = 2 (Li et al., ICDE 2022, §V): NIID-Bench's CNN over 10 parties, all in every round."""
+    IID and #C = 2 (Li et al., ICDE 2022, §V): NIID-Bench's CNN over 10 parties, all in every round; FedAvg, FedProx
+    (its global model's metrics) and SCAFFOLD."""
     from pathlib import Path
 
     from typer.testing import CliRunner
@@ -675,6 +676,11 @@ def test_the_niid_bench_recipe_validates_in_each_of_its_label_skews(settings):
     assert all(f"--set {setting}" in Path(path).read_text() for setting in settings)  # as its header says
     result = CliRunner().invoke(app, ["validate", path, *[arg for s in settings for arg in ("--set", s)]])
     assert result.exit_code == 0 and ": ok — " in result.output, result.output
-    config = load(path, settings).trials()[0].problem_config
+    trials = load(path, settings).trials()
+    config = trials[0].problem_config
     assert (config["model"], config["clients"]) == ("niid_cnn_mnist", 10)
+    assert [trial.algorithm for trial in trials] == ["fedavg", "fedprox", "scaffold"]
+    (fedprox,) = [trial for trial in trials if trial.algorithm == "fedprox"]  # the global model's metrics alone
+    assert {"test_loss", "test_accuracy"} <= {m.name for m in fedprox.metrics()}
+    assert not any(m.name.startswith("personal_") for m in fedprox.metrics())
     assert config["partition"] == (settings[0].split("=")[1] if settings else "dirichlet")
