@@ -10,6 +10,10 @@ the R runs as one program (`run_batch`), measured in the same process, with eval
              800 KB a run, beyond `fedbench.planning.MEMORY_BOUND_RUN_BYTES`: memory-bound on the CPU, so there
              `run_batch` runs them one after another (a round-synchronous program measured 0.91-1.05x here, whatever
              its chunking); on a GPU they form one program (2.5-3.4x on an H200);
+  fedavg     FedAvg on recipes/papers/niid_bench_fmnist.yaml's problem (NIID-Bench's CNN on 6,000 Fashion-MNIST
+             images, 10 clients by Dir(0.5), all sampled, E = 10, b = 64), the data fixed (`data_seed: 0`); 4 rounds,
+             metrics at the end. Its steps gather 2 MB a run, but a network's step is compute-bound
+             (`Problem.compute_bound_steps`): its runs form one program on the CPU too (0.97-1.09x on 2 loaded cores);
   fedxl2     FeDXL2 on FeDXL's synthetic pAUC with recipes/papers/guo2023_pauc_synthetic.yaml's federation and
              step size (16 clients all sampled, K = 32, b = 32, float32; metrics every 6 rounds, the paper code's
              ~200 iterations), the data fixed (`data_seed: 0`); each run's feature noise and passive-score draws on
@@ -41,6 +45,10 @@ CASES = {
                  Federation(100, 0, 1, 1), {}, 10),
     "fedmid": (lambda device: fedbench.make_problem("lasso", preset="bao2022", data_seed=0, device=device),
                Federation(60, 10, 10, 10), {"client_lr": 1e-3}, 10),
+    "fedavg": (lambda device: fedbench.make_problem("vision", model="niid_cnn_mnist", clients=10, partition="dirichlet",
+                                                    alpha=0.5, train_size=6000, test_size=2000, data_seed=0,
+                                                    device=device),
+               Federation(4, 10, 10, 64), {"client_lr": 0.05}, 4),
     "fedxl2": (lambda device: fedbench.make_problem("pauc", preset="guo2023_synthetic", data_seed=0, device=device),
                Federation(12, 16, 32, 32), {"client_lr": 0.1, "decay_every": 768}, 6),
 }

@@ -13,7 +13,8 @@ and one after:
   instance, one algorithm, static hyperparameters and schedule alike, one federation but for the server optimizer's
   floats; rounds of random length only where every
   client takes part, `not_iteration_wise`) and what gains from it (`one_program`: on the CPU a run whose local step
-  gathers more than `MEMORY_BOUND_RUN_BYTES` is memory-bound and runs alone). Runs refused here run alone, one
+  gathers more than `MEMORY_BOUND_RUN_BYTES` is memory-bound and runs alone, unless its steps are compute-bound: a
+  deep network's). Runs refused here run alone, one
   after another.
 
 The engine code only (no Ray, MLflow or YAML): `sweeps` packs the planned programs into Ray trials.
@@ -41,7 +42,11 @@ if TYPE_CHECKING:
 # (`one_program`): the step is then bound by memory traffic, which a batch does not reduce, and the batch's bookkeeping
 # costs ~5%. Measured on 2 CPU cores (FedMiD, Lasso with S·b = 100 rows, R = 16): 50 KB a run 1.7x, 200 KB 1.15x,
 # 800 KB (Bao et al.'s Lasso, p = 1024) 0.91-1.05x whatever the chunk size. A GPU step of that size is bound by kernel
-# launches, which a batch shares: there the runs always form one program.
+# launches, which a batch shares: there the runs always form one program. A rule of steps that read each row once
+# (linear models): a deep network's step is compute-bound whatever it gathers (`Problem.compute_bound_steps`), and
+# its runs form one program on the CPU too. Measured on 2 loaded CPU cores, seeds alone over seeds in one program
+# (CPU seconds, medians of 3 alternations): NIID-Bench's CNN, 10 clients × b = 64 (2 MB a step, once run alone),
+# 0.97x for 2 seeds and 1.05x for 4; the built-in cnn, 10 × 10 (313 KB), 1.09x for 2.
 MEMORY_BOUND_RUN_BYTES = 512 * 2**10
 
 
@@ -230,9 +235,11 @@ def not_iteration_wise(sim: RunRecord) -> str | None:
 
 def one_program(sims: Sequence[RunRecord]) -> bool:
     """Whether these (batchable) simulations run as one program rather than one after another: more than one,
-    and on a GPU or not memory-bound (`MEMORY_BOUND_RUN_BYTES`)."""
-    first = sims[0]
-    return len(sims) > 1 and (first.problem.device.type != "cpu" or step_bytes(first) <= MEMORY_BOUND_RUN_BYTES)
+    and on a GPU, or with compute-bound steps (`Problem.compute_bound_steps`), or not memory-bound
+    (`MEMORY_BOUND_RUN_BYTES`)."""
+    first, problem = sims[0], sims[0].problem
+    return len(sims) > 1 and (problem.device.type != "cpu" or problem.compute_bound_steps
+                              or step_bytes(first) <= MEMORY_BOUND_RUN_BYTES)
 
 
 def groups(sims: Sequence[RunRecord]) -> list[list[int]]:

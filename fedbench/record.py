@@ -155,6 +155,11 @@ class RunRecord:
         dtype = self.server[self.algorithm.downloads[0]].dtype
         return aggregation_weights(self.problem, self.federation, clients[None], dtype)[0]
 
+    def personal_params(self) -> Tensor | None:
+        """The per-client models `[N, d]` its rows evaluate and its saved model holds: the algorithm's
+        `personal_params` where its runs on this problem report personal metrics (`Algorithm.personal`), else None."""
+        return self.algorithm.personal_params(self.server, self.clients) if self.algorithm.personal else None
+
     def row(self, metrics: dict[str, float] | None) -> dict[str, float]:
         if metrics is None:
             metrics = dict.fromkeys(self.metric_names, math.nan)

@@ -423,7 +423,7 @@ def evaluate_rows(sims: list[RunRecord], failed: bool = False) -> list[dict[str,
         try:
             rows = sims[0].problem.evaluate_runs(
                 torch.stack([sim.algorithm.global_params(sim.server) for sim in sims]),
-                _stack([sim.algorithm.personal_params(sim.server, sim.clients) for sim in sims]))
+                _stack([sim.personal_params() for sim in sims]))
             for sim, row in zip(sims, rows):
                 row.update(sim.algorithm.evaluate(sim.server, sim.clients))
             metrics = list(rows)

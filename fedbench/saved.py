@@ -48,7 +48,7 @@ STORES = "fedbench.stores"
 def model_state(sim: RunRecord) -> dict[str, Any]:
     """A run's model now, in the saved format (see the module's docstring)."""
     w = sim.algorithm.global_params(sim.server).detach().to("cpu", copy=True)
-    personal = sim.algorithm.personal_params(sim.server, sim.clients)
+    personal = sim.personal_params()
     left_out = ""
     if personal is not None and personal.numel() > PERSONAL_LIMIT:
         left_out = f"{personal.numel():,} values, more than the {PERSONAL_LIMIT:,} saved at most"

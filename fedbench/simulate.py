@@ -111,8 +111,8 @@ def simulate(problem: Problem, algorithm: Algorithm, federation: Federation, see
     """
     sim = Simulation(problem, algorithm, federation, seed, eval_every, divergence_factor, delta, compile, accountant)
     rows = list(sim)
-    return Result(rows, sim.status, algorithm.global_params(sim.server),
-                  algorithm.personal_params(sim.server, sim.clients), sim.train_seconds, sim.eval_seconds)
+    return Result(rows, sim.status, algorithm.global_params(sim.server), sim.personal_params(), sim.train_seconds,
+                  sim.eval_seconds)
 
 
 def run_batch(sims: list[Simulation]) -> Iterable[tuple[int, dict[str, float]]]:

@@ -1,6 +1,6 @@
 """Cluster set-up: Ray joined or started for a sweep or a tuning session (`open_cluster`; for several recipes in a row,
-`one_cluster`), the code of module plugins shipped to its nodes (`shipped_code`), and how many Ray trials it runs at
-once (`slots`)."""
+`one_cluster`), the code of module plugins and networks shipped to its nodes (`shipped_code`), and how many Ray
+trials it runs at once (`slots`)."""
 from __future__ import annotations
 
 import contextlib
@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from fedbench import plugins
 from .recipe import Recipe
 
 
@@ -42,8 +41,8 @@ def slots(resources, nodes: list[dict], max_concurrent: int | None) -> int:
 
 def connect(address: str | None, recipes: Iterable[Recipe] = ()) -> bool:
     """Join the given cluster, or start a local Ray, shipping with the job the code of the recipes' module plugins
-    that its nodes may lack (`shipped_code`); True when this call started Ray (and must stop it). A Ray this
-    process has already joined is used as it is (its job's runtime environment is fixed)."""
+    and networks that its nodes may lack (`shipped_code`); True when this call started Ray (and must stop it). A Ray
+    this process has already joined is used as it is (its job's runtime environment is fixed)."""
     import ray
 
     if ray.is_initialized():
@@ -63,13 +62,12 @@ def connect(address: str | None, recipes: Iterable[Recipe] = ()) -> bool:
 def shipped_code(recipes: Iterable[Recipe]) -> list[str]:
     """What a Ray job ships to its workers on every node (`py_modules` of Ray's runtime environment, which puts
     its copy on their sys.path): the folder of the top-level package, or the file of the top-level module, of each
-    module plugin the recipes use (`plugins: [my_pkg.methods]`) that is not installed here, i.e. that this process
-    imports from a folder on its sys.path (the working directory, PYTHONPATH) which another node may not have.
-    Nothing to ship for a file plugin (its text travels in each trial: `Trial.plugins`, `plugins.ensure`), nor
-    for an entry point or an installed module: every node must have those installed, as it has fedbench itself."""
-    needed = {source for recipe in recipes for kind, names in (("problem", [recipe.problem]),
-                                                               ("algorithm", recipe.algorithms))
-              for name in names for source in plugins.sources(kind, name)}
+    module plugin (`plugins: [my_pkg.methods]`) and module network (`model: my_pkg.nets:WideCNN`) the recipes use
+    that is not installed here, i.e. that this process imports from a folder on its sys.path (the working
+    directory, PYTHONPATH) which another node may not have. Nothing to ship for a file (its text travels in each
+    trial: `Trial.plugins`, `plugins.ensure`; `Trial.code`, `networks.carry`), nor for an entry point or an
+    installed module: every node must have those installed, as it has fedbench itself."""
+    needed = {source for recipe in recipes for source in recipe.code_sources()}
     paths: list[str] = []
     for source in sorted(needed, key=lambda source: source.spec):
         if source.text is not None or source.from_entry_point:

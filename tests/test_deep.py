@@ -1,7 +1,7 @@
 """Deep networks as federated models (`fedbench.module_model`, the `vision` problem): every layout equals an
 independent loop written with `torch.nn` and `torch.optim.SGD` on the same draws (FedAvg, FedAdam, SCAFFOLD,
-Per-FedAvg; on the built-in `cnn` and on Reddi et al.'s EMNIST CNN with its dropout off), batched seeds equal each seed
-alone, dropout follows each client's seed, and the layout is chosen, recorded and printed."""
+FedProx, Per-FedAvg; on the built-in `cnn` and on Reddi et al.'s EMNIST CNN with its dropout off), batched seeds equal
+each seed alone, dropout follows each client's seed, and the layout is chosen, recorded and printed."""
 from __future__ import annotations
 
 import copy
@@ -174,6 +174,47 @@ def test_scaffold_in_each_layout_equals_a_torch_nn_sgd_loop(problems, layout):
     torch.testing.assert_close(result.params, x, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_fedprox_in_each_layout_equals_a_torch_nn_sgd_loop_on_its_proximal_problem(problems, layout):
+    """Li et al. (MLSys 2020), Algorithm 2: each client takes SGD steps on f_k(w) + μ/2 ‖w − w_t‖² from the global
+    w_t (the proximal term's gradient by autograd), the server averages the local models; the global model is what
+    a run reports (`vision` evaluates no personal models, so FedProx keeps none)."""
+    problem, fed, lr, mu = problems[layout], federation(), lr_of(layout), 0.5
+    algorithm = ALGORITHMS["fedprox"](problem, client_lr=lr, prox_mu=mu)
+    sim = Simulation(problem, algorithm, fed, seed=5, eval_every=fed.rounds)
+    rows = list(sim)
+    w = problem.init_params(generator(5, "init"))
+    for draw in draws(problem, algorithm, fed, 5):
+        uploads = []
+        for k in range(len(draw.clients)):
+            net = reference_net(problem, w)
+            anchor = [p.detach().clone() for p in net.parameters()]
+            optimizer = torch.optim.SGD(net.parameters(), lr=lr)
+            for step_rows in draw.rows["D"][:, k]:
+                x, y = batch_of(problem, step_rows)
+                proximal = sum(((p - p_t) ** 2).sum() for p, p_t in zip(net.parameters(), anchor))
+                optimizer.zero_grad()
+                (F.cross_entropy(net(x), y) + mu / 2 * proximal).backward()
+                optimizer.step()
+            uploads.append(parameters_to_vector(net.parameters()).detach())
+        w = torch.stack(uploads).mean(0)
+    torch.testing.assert_close(algorithm.global_params(sim.server), w, rtol=1e-5, atol=1e-6)
+    fedavg = simulate(problem, ALGORITHMS["fedavg"](problem, client_lr=lr), fed, seed=5, eval_every=fed.rounds)
+    assert not torch.allclose(fedavg.params, w, rtol=1e-3, atol=1e-4)  # the pull toward w_t moved it elsewhere
+    assert set(rows[-1]) >= {"test_loss", "test_accuracy"} and not any(k.startswith("personal") for k in rows[-1])
+    assert sim.clients == {} and sim.personal_params() is None
+
+
+def test_fedprox_with_zero_mu_is_fedavg_on_a_network(problems):
+    problem, fed = problems["loop"], federation(rounds=3)
+    prox = simulate(problem, ALGORITHMS["fedprox"](problem, client_lr=0.1, prox_mu=0.0), fed, seed=2, eval_every=1)
+    avg = simulate(problem, ALGORITHMS["fedavg"](problem, client_lr=0.1), fed, seed=2, eval_every=1)
+    # FedAvg's server step w + 1·(mean − w) rounds where FedProx's plain mean does not: equal to float32 rounding
+    torch.testing.assert_close(prox.params, avg.params, rtol=1e-5, atol=1e-7)
+    assert [row["test_loss"] for row in prox.rows] == pytest.approx([row["test_loss"] for row in avg.rows], rel=1e-5)
+    assert prox.personal is None and prox.rows[-1]["test_loss"] < prox.rows[0]["test_loss"]
+
+
 def nn_gradient(net, x, y, create_graph=False):
     return torch.autograd.grad(F.cross_entropy(net(x), y), list(net.parameters()), create_graph=create_graph)
 
@@ -231,6 +272,24 @@ def test_batched_seeds_equal_each_seed_alone(problems):
         alone = simulate(problem, ALGORITHMS["fedavg"](problem, client_lr=0.1), fed, seed=seed, eval_every=1).rows
         assert rows == alone
     assert batched[0] != batched[1]
+
+
+def test_seeds_of_a_network_form_one_program_on_the_cpu_however_much_a_step_gathers(problems, monkeypatch):
+    """A network's step is compute-bound (`Problem.compute_bound_steps`): the CPU's memory-bound rule of linear models
+    (a gather above MEMORY_BOUND_RUN_BYTES runs its seeds one after another) does not apply; NIID-Bench's CNN at
+    10 clients × b = 64 gathers 2 MB a step and measured 0.97-1.05x alone over batched (`fedbench.planning`)."""
+    import fedbench.planning
+    from fedbench.planning import groups, step_bytes
+
+    problem, fed = problems["loop"], federation()
+
+    def sims():
+        return [Simulation(problem, ALGORITHMS["fedavg"](problem, client_lr=0.1), fed, seed, 1) for seed in (0, 1)]
+
+    monkeypatch.setattr(fedbench.planning, "MEMORY_BOUND_RUN_BYTES", step_bytes(sims()[0]) - 1)
+    assert groups(sims()) == [[0, 1]]
+    monkeypatch.setattr(type(problem), "compute_bound_steps", False)  # a linear model's step: each run alone
+    assert groups(sims()) == [[0], [1]]
 
 
 def test_dropout_masks_follow_each_clients_seed():
@@ -350,6 +409,42 @@ def test_the_layout_is_printed_and_tagged_on_the_run(tmp_path, tracking_uri):
     experiment = MlflowClient(tracking_uri).get_experiment_by_name("deep")
     (run,) = MlflowClient(tracking_uri).search_runs([experiment.experiment_id])
     assert run.data.tags["layout"] == "vmap"
+
+
+@pytest.mark.parametrize("broken", ["nan", "inf"])
+def test_a_model_with_non_finite_outputs_evaluates_to_nan_in_every_metric(broken):
+    """Not the share of the class that argmax of NaN (or +inf) logits names, which a diverged run reported as its
+    accuracy (0.099 on niid_bench_fmnist's test images: class 0's share)."""
+    problem = fedbench.make_problem("vision", seed=0, train_metrics=True, **SMALL)
+    w = problem.init_params(generator(0, "init"))
+    assert all(np.isfinite(value) for value in problem.evaluate(w * 1e3).values())  # large but finite outputs
+    w[-1] = float(broken)  # the last layer's last bias: one class's logit
+    row = problem.evaluate(w)
+    assert set(row) == {"train_loss", "train_accuracy", "test_loss", "test_accuracy"}
+    assert all(np.isnan(value) for value in row.values()), row
+
+
+def test_a_diverged_run_stores_nan_for_its_loss_and_accuracy(tmp_path, tracking_uri):
+    """FedAvg at client lr 20 diverges at round 2: its last row, and MLflow's history of it, are NaN in both metrics
+    (MLflow's SQL table holds a NaN as 0 with is_nan set: read raw, `test_loss = 0.0`), and the run is diverged."""
+    from mlflow.tracking import MlflowClient
+    from typer.testing import CliRunner
+
+    from sweeps.cli import app
+
+    path = tmp_path / "diverging.yaml"
+    path.write_text("problem: {name: vision, clients: 6, train_size: 240, test_size: 60, layout: loop}\n"
+                    "federation: {rounds: 4, clients_per_round: 3, local_steps: 3, batch_size: 8}\n"
+                    "algorithms: {fedavg: {client_lr: 20.0}}\neval_every: 1\n")
+    result = CliRunner().invoke(app, ["run", str(path), "--tracking-uri", tracking_uri], env={"COLUMNS": "200"})
+    assert result.exit_code == 1 and "round 2 (diverged)" in result.output, result.output  # `run`: 1 if diverged
+    client = MlflowClient(tracking_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("diverging").experiment_id])
+    assert run.data.tags["status"] == "diverged"
+    for metric in ("test_loss", "test_accuracy"):
+        history = sorted(client.get_metric_history(run.info.run_id, metric), key=lambda m: m.step)
+        assert [m.step for m in history] == [0, 1, 2] and np.isnan(history[-1].value), (metric, history)
+        assert np.isfinite(history[0].value) and np.isnan(run.data.metrics[metric])
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
@@ -568,7 +663,8 @@ def test_an_augmented_run_gives_the_same_rows_batched_as_alone(small_cifar, drop
                                        "problem.classes_per_client=2"]])
 def test_the_niid_bench_recipe_validates_in_each_of_its_label_skews(settings):
     """recipes/papers/niid_bench_fmnist.yaml as shipped (Dirichlet β = 0.5) and with its header's --set lines for
-    IID and #C = 2 (Li et al., ICDE 2022, §V): NIID-Bench's CNN over 10 parties, all in every round."""
+    IID and #C = 2 (Li et al., ICDE 2022, §V): NIID-Bench's CNN over 10 parties, all in every round; FedAvg, FedProx
+    (its global model's metrics) and SCAFFOLD."""
     from pathlib import Path
 
     from typer.testing import CliRunner
@@ -580,6 +676,11 @@ def test_the_niid_bench_recipe_validates_in_each_of_its_label_skews(settings):
     assert all(f"--set {setting}" in Path(path).read_text() for setting in settings)  # as its header says
     result = CliRunner().invoke(app, ["validate", path, *[arg for s in settings for arg in ("--set", s)]])
     assert result.exit_code == 0 and ": ok — " in result.output, result.output
-    config = load(path, settings).trials()[0].problem_config
+    trials = load(path, settings).trials()
+    config = trials[0].problem_config
     assert (config["model"], config["clients"]) == ("niid_cnn_mnist", 10)
+    assert [trial.algorithm for trial in trials] == ["fedavg", "fedprox", "scaffold"]
+    (fedprox,) = [trial for trial in trials if trial.algorithm == "fedprox"]  # the global model's metrics alone
+    assert {"test_loss", "test_accuracy"} <= {m.name for m in fedprox.metrics()}
+    assert not any(m.name.startswith("personal_") for m in fedprox.metrics())
     assert config["partition"] == (settings[0].split("=")[1] if settings else "dirichlet")

@@ -238,6 +238,38 @@ def test_a_module_network_is_imported_by_name_and_hashed_by_its_package(tmp_path
         monkeypatch.delitem(sys.modules, name)
 
 
+def test_a_module_network_only_the_driver_imports_is_shipped_with_the_ray_job_and_recorded(tmp_path, monkeypatch):
+    """`model: my_flat_nets.flat:Flat`, its package on the driver's sys.path alone: shipped with the Ray job as a
+    module plugin is (`shipped_code`), and each trial records its source (`Trial.code`: tag `code_sha256`); a file
+    network travels in the trials instead, so nothing is shipped for it."""
+    from sweeps.cluster import shipped_code
+    from sweeps.recipe import parse
+
+    package = tmp_path / "pkgs" / "my_flat_nets"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    flat = ("from torch import nn\n\nclass Flat(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.fc = nn.Linear(784, 10)\n\n    def forward(self, x):\n        return self.fc(x.flatten(-3))\n")
+    (package / "flat.py").write_text(flat)
+    (tmp_path / "flat_file.py").write_text(flat)
+    monkeypatch.syspath_prepend(str(package.parent))
+    monkeypatch.chdir(tmp_path)
+
+    def recipe(model):
+        return parse({"problem": {"name": "vision", "model": model, "clients": 4, "train_size": 80},
+                      "federation": {"clients_per_round": 2, "batch_size": 5}, "algorithms": {"fedavg": {}}},
+                     str(tmp_path / "nets.yaml"))
+
+    module = recipe("my_flat_nets.flat:Flat")
+    assert shipped_code([module]) == [str(package)]
+    (source,) = module.trials()[0].code
+    assert source.spec == "my_flat_nets.flat:Flat" and source.text is None
+    assert source.sha256 == load_network("my_flat_nets.flat:Flat")[1].sha256
+    assert shipped_code([recipe("flat_file.py:Flat")]) == []
+    for name in [n for n in sys.modules if n.startswith("my_flat_nets")]:
+        monkeypatch.delitem(sys.modules, name)
+
+
 @pytest.mark.parametrize("spec, expected", [
     ("wide.py", "found 'wide.py', expected a shipped network (emnist_cnn, "),
     ("missing.py:Net", "network missing.py:Net: no such file ("),

@@ -199,7 +199,10 @@ def algorithm_page(name: str, cls) -> str:
                       for preset in (pcls.presets or [None]))]
     lines += ["Problems that provide all of it with their defaults or a preset: "
               + (", ".join(f"[`{p}`](../problems/{p}.md)" for p in runs_on) or "none of the built-in ones") + ".", ""]
-    if cls.personalized:
+    if cls.personalized and cls.personal_optional:
+        lines += ["Personal models where the problem evaluates them: each client keeps its own model, and the problem "
+                  "reports `personal_*` metrics; elsewhere it runs as a global method.", ""]
+    elif cls.personalized:
         lines += ["Personalized: each client keeps its own model, and the problem reports `personal_*` metrics.", ""]
     return "\n".join(lines) + "\n"
 

@@ -278,6 +278,11 @@ class Algorithm:
     personalized: ClassVar[bool] = False
     """True: `personal_params` gives per-client models, evaluated by the problem's `personal_` metrics (the
     algorithm then requires `personal_evaluation` instead of `global_evaluation`). Default False."""
+    personal_optional: ClassVar[bool] = False
+    """True (with `personalized`): the method's output is its global model and its per-client models are an
+    addition (FedProx's last local iterates), so that it also runs on a problem without `personal_evaluation`, as
+    a global method: no `personal_params` there, its rows the global metrics alone (`reports_personal`). Default
+    False."""
     requires: ClassVar[frozenset[str]] = frozenset()
     """Capabilities the problem must provide beyond minibatch losses and gradients (`fedbench.contract`), e.g.
     `frozenset({"hvp"})`; any collection of names does. Default: none (`requirements` adds `global_evaluation`, or
@@ -301,7 +306,11 @@ class Algorithm:
         """The problem's regularizer h (`fedbench.prox`): `self.reg.prox(v, step)`, `self.reg.subgradient(w)`."""
         declared = resolve(self.hparams, hyperparameters, self.name, per_round=True)
         self.check(declared)
-        contract.check(self.name, self.requirements(declared), problem.name, problem.capabilities(problem.config))
+        capabilities = problem.capabilities(problem.config)
+        contract.check(self.name, self.requirements(declared), problem.name, capabilities)
+        self.personal = self.reports_personal(capabilities)
+        """Whether its runs on this problem report `personal_` metrics (`reports_personal`): the engine evaluates
+        and saves `personal_params` only then."""
         self.declared = declared
         """The resolved hyperparameters alone, by name (what a batch of runs compares)."""
         self.schedules = {name: value for name, value in declared.items() if isinstance(value, PerRound)}
@@ -358,7 +367,8 @@ class Algorithm:
     @classmethod
     def requirements(cls, hp: Mapping[str, Any]) -> set[str]:
         """The capabilities this algorithm needs with these hyperparameters. Default: `requires`, and
-        `personal_evaluation` for a personalized method, else `global_evaluation`.
+        `personal_evaluation` for a personalized method, else `global_evaluation` (neither where its personal
+        models are optional, `personal_optional`: it reports those a problem evaluates).
 
         Args:
             hp: the resolved hyperparameters by name, as Python values.
@@ -375,7 +385,23 @@ class Algorithm:
                 return super().requirements(hp) | ({"full_data"} if hp["control"] == "I" else set())
             ```
         """
+        if cls.personalized and cls.personal_optional:  # either evaluation: personal models where it has them
+            return set(cls.requires)
         return set(cls.requires) | {"personal_evaluation" if cls.personalized else "global_evaluation"}
+
+    @classmethod
+    def reports_personal(cls, capabilities: set[str]) -> bool:
+        """Whether its runs on a problem that provides `capabilities` report `personal_` metrics: a personalized
+        method's do, unless its personal models are optional (`personal_optional`) and the problem does not
+        evaluate them.
+
+        Example:
+            ```python
+            FedProx.reports_personal(Lasso.capabilities(config))    # True: lasso evaluates personal models
+            FedProx.reports_personal(Vision.capabilities(config))   # False: the global model's metrics alone
+            ```
+        """
+        return cls.personalized and (not cls.personal_optional or "personal_evaluation" in capabilities)
 
     @classmethod
     def draws_in_steps(cls, hp: Mapping[str, Any]) -> bool:

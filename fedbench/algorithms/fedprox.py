@@ -4,10 +4,11 @@ client loss plus a proximal pull toward the round's global model, then plain ave
     client:  w ← w_k;  repeat R times:  w ← w − η (∇f̃(w; D) + ∂h(w) + μ_p (w − w_k))
     server:  w_{k+1} ← Σ π̂_i w_i
 
-`h_mode: prox` takes the step on the smooth part and the pull, then prox_{η h}. The "pFedprox" of the
-pFedFBE paper (§4.2, which does not define its personal model) is personalized here by the client's own last
-local iterate: each client keeps the model it ended its last sampled round with; a client never sampled yet uses
-the global w.
+`h_mode: prox` takes the step on the smooth part and the pull, then prox_{η h}. Its output is the global w (Li et
+al. 2020, Algorithm 2; NIID-Bench, Li, Diao, Chen, He, ICDE 2022, evaluates it so). Where the problem evaluates
+personal models, it also reports those of the pFedFBE paper's "pFedprox" (§4.2, which does not define them): each
+client's own last local iterate, the model it ended its last sampled round with (the global w for a client never
+sampled yet). Elsewhere (`vision`) it runs as the global method and keeps no per-client state.
 With μ_p = 0 this is FedAvg(∂) with server step 1.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ class FedProx(Algorithm):
     name = "fedprox"
     title = "FedProx"
     personalized = True
+    personal_optional = True  # the global w is FedProx's output; the last iterates an addition (pFedFBE §4.2)
     hparams = (
         CLIENT_LR,
         Param("prox_mu", "float", 0.01, "proximal weight μ_p (the FedProx grid: 0.001, 0.01, 0.1, 1)", low=0),
@@ -33,6 +35,8 @@ class FedProx(Algorithm):
         return True  # the variable local work FedProx allows (Li et al. 2020): its steps read no round length
 
     def init_clients(self, w0, num_clients):
+        if not self.personal:  # the global method: N copies of the model would go unread
+            return {}
         return {"last": w0.new_zeros(num_clients, *w0.shape), "sampled": w0.new_zeros(num_clients, 1)}
 
     def client_init(self, server, rows, rnd, hp):
@@ -45,7 +49,7 @@ class FedProx(Algorithm):
 
     def client_final(self, local, rnd, hp):
         w = local["w"]
-        return {"w": w}, {"last": w, "sampled": w.new_ones(*w.shape[:-1], 1)}
+        return {"w": w}, ({"last": w, "sampled": w.new_ones(*w.shape[:-1], 1)} if self.personal else {})
 
     def server_update(self, server, message, weights, rnd, hp):
         return {"w": aggregate(message["w"], weights)}

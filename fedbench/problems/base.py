@@ -109,6 +109,11 @@ class Problem:
     of samples."""
     row_elements: ClassVar[int | None] = None
     """Features per gathered sample, for memory budgets (None, the default: `dim`)."""
+    compute_bound_steps: ClassVar[bool] = False
+    """True: a local step computes many operations per byte of the rows it gathers (a deep network's convolutions),
+    so that on the CPU its runs form one program however large the gather. False (the default): a step reads each
+    gathered row about once (a linear model), and beyond `fedbench.planning.MEMORY_BOUND_RUN_BYTES` a run's steps
+    are bound by memory traffic, which a batch does not reduce: on the CPU its runs go one after another."""
     size_params: ClassVar[tuple[str, ...]] = ()
     """Config fields a run's memory grows with (`run_bytes`); default none."""
     evaluates_global_model: ClassVar[bool] = True
@@ -297,8 +302,10 @@ class Problem:
 
     @classmethod
     def carried_code(cls, config: dict[str, Any]) -> tuple[Source, ...]:
-        """The sources of code outside fedbench that a resolved config names and that a run must carry to the Ray
-        worker that runs it (a researcher's network file, `fedbench.networks.carry`). Default: none."""
+        """The sources of code outside fedbench that a resolved config names (a researcher's network), which its
+        runs record (tag `code_sha256`, artifacts `code/`) and which must reach the Ray worker that runs them: a
+        file's text travels with each run (`fedbench.networks.carry`), a module that is not installed is shipped with
+        the Ray job (`fedbench_sweeps.cluster.shipped_code`). Default: none."""
         return ()
 
     def choices(self) -> dict[str, str]:

@@ -24,9 +24,10 @@ writer's test images).
 Model: `model` names a built-in network (`cnn`: two 5×5 convolutions of 16 and 32 channels, each with ReLU and 2×2
 max pooling, then a linear layer to the classes; with `dropout` > 0 a dropout layer before it) or a researcher's
 class, `module.path:Class` or `file.py:Class` (in a recipe, relative to the recipe's folder; on the command line,
-`--set`, to the working directory; the text travels with each run to the Ray worker that runs it), built without
-arguments and given the data's shape by its own code. Loss: the mean softmax cross-entropy of a client's minibatch;
-h = 0; π_k ∝ n_k. Initial point: the module's own initialisation, drawn with the run's "init" stream.
+`--set`, to the working directory; a file's text travels with each run to the Ray worker that runs it, a module
+that is not installed is shipped with the Ray job, as a module plugin is), built without arguments and given the
+data's shape by its own code. Loss: the mean softmax cross-entropy of a client's minibatch; h = 0; π_k ∝ n_k.
+Initial point: the module's own initialisation, drawn with the run's "init" stream.
 
 Layout (`fedbench.module_model`): `vmap` or `loop`, the same numbers to float32 rounding; `auto` picks by the
 table `bench/deep_layouts.py` measured for the model (or one of about its size) on the device type. The chosen
@@ -38,7 +39,8 @@ server) and of its leaf layers' outputs for each sampled client's batch.
 
 Metrics of the global model: `test_loss` and `test_accuracy` over the pooled test set, evaluated in eval mode
 (dropout off) in chunks of EVAL_CHUNK images; with `train_metrics`, `train_loss` and `train_accuracy` over every
-client's training images too (one forward pass over the whole pool: the longest part of an evaluation).
+client's training images too (one forward pass over the whole pool: the longest part of an evaluation). A model
+with a non-finite output (diverged) has NaN loss and accuracy, so that its run ends diverged there.
 """
 from __future__ import annotations
 
@@ -137,6 +139,7 @@ class Vision(Problem):
     name = "vision"
     provides = frozenset({"hvp", "full_data"})
     caps_batches = True  # a skewed split's small client takes all its images each step
+    compute_bound_steps = True  # a network's forward and backward passes, not the gather, set a step's time
     size_params = ("clients",)
     params = (
         Param("data", "choice", "fashion_mnist", "data set: Fashion-MNIST, CIFAR-10 or FEMNIST's writers",
@@ -205,11 +208,10 @@ class Vision(Problem):
 
     @classmethod
     def carried_code(cls, config: dict[str, Any]) -> tuple[Source, ...]:
-        """A researcher's network file (its text and the modules it imports from its folder)."""
+        """A researcher's network: a file (its text and the modules it imports from its folder) or a module."""
         if config["model"] in BUILT_IN_MODELS or config["model"] in NETWORKS:
             return ()
-        source = load_network(config["model"])[1]
-        return (source,) if source.text is not None else ()
+        return (load_network(config["model"])[1],)
 
     @classmethod
     def run_bytes(cls, config: dict[str, Any]) -> int | None:
@@ -421,14 +423,20 @@ class Vision(Problem):
         return metrics
 
     def _scores(self, w: Tensor, pixels: Tensor, labels: Tensor) -> tuple[float, float]:
-        """(mean cross-entropy, accuracy) of the model `w` `[d]` over the images, in chunks, in eval mode."""
+        """(mean cross-entropy, accuracy) of the model `w` `[d]` over the images, in chunks, in eval mode; both NaN
+        where an output is not finite (a diverged model: argmax would name a class anyway, the first NaN logit's,
+        and report the share of that class as its accuracy)."""
         loss = torch.zeros((), dtype=torch.float64, device=self.device)
         correct = torch.zeros((), dtype=torch.long, device=self.device)
+        finite = torch.ones((), dtype=torch.bool, device=self.device)
         for start in range(0, len(labels), EVAL_CHUNK):
             y = labels[start: start + EVAL_CHUNK]
             logits = self.model.evaluate(w, self._features(pixels[start: start + EVAL_CHUNK]))
             loss += F.cross_entropy(logits, y, reduction="sum").double()
             correct += (logits.argmax(-1) == y).sum()
+            finite &= torch.isfinite(logits).all()
+        if not bool(finite):
+            return math.nan, math.nan
         return float(loss) / len(labels), int(correct) / len(labels)
 
     def parameters(self, w: Tensor) -> dict[str, Tensor]:

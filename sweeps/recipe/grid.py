@@ -20,6 +20,7 @@ from fedbench.participation import LocalSteps, check_algorithm
 from fedbench.problems import PROBLEMS
 from fedbench.server_optimizers import check_algorithm as check_server_optimizer
 from fedbench.simulate import Simulation
+from fedbench.sources import Source
 from fedbench.transforms import LINKS, chain_text
 from .loading import RecipeError, closest, in_bytes
 from .schema import Checkpoints, Dimension, ReportSpec, Resources, TuneSpec, is_seed
@@ -129,6 +130,15 @@ class Recipe:
             if name not in self.algorithms:
                 raise not_run(self.source, name, list(self.algorithms))
         return replace(self, algorithms={name: grid for name, grid in self.algorithms.items() if name in names})
+
+    def code_sources(self) -> set[Source]:
+        """The sources of the code outside fedbench that its runs use: its plugins' (problem and algorithms) and what
+        its problem configurations name (a network: `Problem.carried_code`)."""
+        problem = PROBLEMS[self.problem]
+        named = {source for algorithm in self.algorithms for values in grid_points(self.grids(algorithm)[0])
+                 for source in problem.carried_code(problem.resolve_config(values))}
+        return named | {source for kind, names in (("problem", [self.problem]), ("algorithm", self.algorithms))
+                        for name in names for source in plugins.sources(kind, name)}
 
     def grids(self, algorithm: str) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
         """The problem and federation grids of one algorithm: the recipe's, with the algorithm's own

@@ -81,9 +81,11 @@ class Trial:
 
     def metrics(self) -> tuple[Metric, ...]:
         """What the run's rows hold beside `round`: the problem's declared metrics (with the `personal_` ones
-        for a personalized algorithm), then the engine's columns, and `epsilon` where the run is accounted at a δ."""
-        algorithm = ALGORITHMS[self.algorithm]
-        problem = PROBLEMS[self.problem].declared_metrics(self.problem_config, algorithm.personalized)
+        where the algorithm reports them on this problem), then the engine's columns, and `epsilon` where the run is
+        accounted at a δ."""
+        algorithm, problem_class = ALGORITHMS[self.algorithm], PROBLEMS[self.problem]
+        personal = algorithm.reports_personal(problem_class.capabilities(self.problem_config))
+        problem = problem_class.declared_metrics(self.problem_config, personal)
         privacy = (epsilon_metric(self.delta),) if self.delta is not None else ()
         return problem + algorithm.declared_metrics(self.hyperparameters) + ENGINE_COLUMNS + privacy
 
