@@ -19,10 +19,13 @@ b = 20, SGD lr 0.1, weighted by samples; one warm-up round left out): `--threads
 1 CPU and 1 torch thread each, against fedbench's `--threads` torch threads: the same cores for both. The ratio
 printed is Flower's seconds over fedbench's on the same rounds (median over rounds).
 
-Measured (the numbers in docs/guide/benchmarks.md; 2-core x86-64 CPU shared with two paper runs on both cores, every
-process of the bench niced, torch 2.13.0, 1 thread):
-    python bench/emnist_round.py --blocks 3 --rounds 4 --flower
-    (filled in below by the run)
+Measured by `python bench/emnist_round.py --blocks 3 --rounds 4 --flower` (the 10% sample; torch 2.13.0, 1 thread;
+this project's 2-core x86-64 CPU, two paper runs at a higher priority on both cores and other processes beside them,
+load average 8-10, every process of the bench niced; docs/design.md): 12 paired rounds, fedbench `loop` 24.4 s a
+round, plain 21.2 s, Flower 1.42.0 24.8 s: fedbench 1.15x the plain loop, Flower 1.12x it and 0.96x fedbench.
+Before the loop layout left a client past its epoch out of the gathers (and dropout's seeding and FedAvg's zero
+subgradient at h = 0 were cut), fedbench took 1.31x and 1.23x the plain loop (two runs, 6 paired rounds, no Flower);
+1.19x and 1.16x after.
 
 Usage: OMP_NUM_THREADS=1 FEDBENCH_DATA=... python bench/emnist_round.py [--layouts loop vmap] [--rounds 4]
        [--blocks 3] [--flower [PYTHON]] [--path femnist/femnist_full.npz]

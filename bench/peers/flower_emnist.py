@@ -4,11 +4,14 @@
 
 Flower's current Message API as its PyTorch quickstart writes it: a `ServerApp` whose strategy is
 `flwr.serverapp.strategy.FedAvg` (the mean of the clients' models weighted by their "num-examples", no server-side
-evaluation, no client evaluation), a `ClientApp` whose `train` loads the global model into the network, takes one
-epoch of `torch.optim.SGD` (lr 0.1) over its writer's training images in a `DataLoader` (batches of b = 20 in a fresh
-shuffled order, the last one short; dropout on) and returns the model; run by `flwr.simulation.run_simulation` on
-the Ray backend: N supernodes (one per writer), `--cpus` Ray CPUs, each client actor 1 CPU and 1 torch thread, the
-actors at the priority (niceness) of the process that runs this script (Ray's default makes them 15 nicer).
+evaluation, no client evaluation; the data file, lr and b in its train config), a module-level `ClientApp` whose
+`train` loads the global model into the network, takes one epoch of `torch.optim.SGD` (lr 0.1) over its writer's
+training images in a `DataLoader` (batches of b = 20 in a fresh shuffled order, the last one short; dropout on) and
+returns the model; run by `flwr.simulation.run_simulation` on the Ray backend: N supernodes (one per writer),
+`--cpus` Ray CPUs, each client actor 1 CPU and 1 torch thread, the actors at the priority (niceness) of the process
+that runs this script (Ray's default makes them 15 nicer). Ray's workers import this file as a module, so that an
+actor reads the writers once and keeps them, as a Flower app's module-level cache does (a ClientApp defined in
+`__main__` travels by value with every message, and read the data anew for every client: 5x slower rounds).
 
 The network is fedbench's `ConvDropoutCNN` (the `emnist_cnn` of `fedbench.networks`, 1,206,590 parameters), loaded
 from its file `fedbench/networks/convnets.py` alone (no fedbench import, none of its dependencies). The data are the
@@ -99,40 +102,50 @@ class TimedFedAvg(FedAvg):
         return aggregated
 
 
-def apps(args, plan: list[list[int]] | None, clients: int) -> tuple[ServerApp, ClientApp, TimedFedAvg]:
+# The ClientApp at module level, as a Flower app writes it: Ray's workers import this module (by reference), so that
+# an actor reads the writers once (`LOADED`), at its first message, and keeps them for the next ones
+client_app = ClientApp()
+LOADED: dict = {}
+
+
+@client_app.train()
+def train(msg: Message, context: Context) -> Message:
+    """One epoch of SGD over the writer's training images (the message's config: the data file, the writer where a
+    plan names it, lr, b); the model and its number of examples back."""
+    torch.set_num_threads(1)
+    config = msg.content["config"]
+    if LOADED.get("data") != config["data"]:
+        LOADED["x"], LOADED["y"] = writers(str(config["data"]))
+        LOADED["net"], LOADED["data"] = network(), config["data"]
+    writer = int(config["writer"]) if "writer" in config else int(context.node_config["partition-id"])
+    net = LOADED["net"]
+    net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    net.train()
+    optimizer = torch.optim.SGD(net.parameters(), lr=float(config["lr"]))
+    dataset = torch.utils.data.TensorDataset(LOADED["x"][writer], LOADED["y"][writer])
+    for x, y in torch.utils.data.DataLoader(dataset, batch_size=int(config["batch-size"]), shuffle=True):
+        optimizer.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        optimizer.step()
+    content = RecordDict({"arrays": ArrayRecord(net.state_dict()),
+                          "metrics": MetricRecord({"num-examples": len(dataset)})})
+    return Message(content=content, reply_to=msg)
+
+
+def server(args, plan: list[list[int]] | None, clients: int) -> tuple[ServerApp, TimedFedAvg]:
     strategy = TimedFedAvg(plan, fraction_train=args.clients / clients, fraction_evaluate=0.0,
                            min_train_nodes=args.clients, min_available_nodes=args.clients)
-    server_app, client_app = ServerApp(), ClientApp()
-    data: dict = {}  # the actor's writers, read at its first message
+    server_app = ServerApp()
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
         torch.manual_seed(0)
         strategy.start(grid=grid, initial_arrays=ArrayRecord(network().state_dict()),
+                       train_config=ConfigRecord({"data": str(Path(args.data).resolve()), "lr": args.lr,
+                                                  "batch-size": args.batch_size}),
                        num_rounds=len(plan) if plan is not None else args.rounds + args.warm_up)
 
-    @client_app.train()
-    def train(msg: Message, context: Context) -> Message:
-        torch.set_num_threads(1)
-        if not data:
-            data["x"], data["y"] = writers(args.data)
-            data["net"] = network()
-        config = msg.content["config"]
-        writer = int(config["writer"]) if "writer" in config else int(context.node_config["partition-id"])
-        net = data["net"]
-        net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-        net.train()
-        optimizer = torch.optim.SGD(net.parameters(), lr=args.lr)
-        dataset = torch.utils.data.TensorDataset(data["x"][writer], data["y"][writer])
-        for x, y in torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, shuffle=True):
-            optimizer.zero_grad()
-            F.cross_entropy(net(x), y).backward()
-            optimizer.step()
-        content = RecordDict({"arrays": ArrayRecord(net.state_dict()),
-                              "metrics": MetricRecord({"num-examples": len(dataset)})})
-        return Message(content=content, reply_to=msg)
-
-    return server_app, client_app, strategy
+    return server_app, strategy
 
 
 def main() -> None:
@@ -154,13 +167,14 @@ def main() -> None:
     if args.plan is not None:
         given = json.loads(args.plan.read_text())
         plan, warm_up = given["rounds"], given["warm_up"]
-    server_app, client_app, strategy = apps(args, plan, clients)
+    server_app, strategy = server(args, plan, clients)
     backend = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                "init_args": {"num_cpus": args.cpus, "num_gpus": 0, "include_dashboard": False,
                              "object_store_memory": 2 * 10**9}}
     # Ray starts its workers `worker_niceness` (15) nicer than the process that starts it: 0 runs the clients'
     # training at this process's priority, as fedbench's runs in its own
     os.environ.setdefault("RAY_worker_niceness", "0")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
     run_simulation(server_app=server_app, client_app=client_app, num_supernodes=clients, backend_config=backend)
     import flwr
     import ray
@@ -174,4 +188,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import flower_emnist  # this file as the module Ray's workers import, so that its ClientApp is pickled by reference
+
+    flower_emnist.main()
