@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from fedbench.algorithms import ALGORITHMS
+from fedbench.federation import aggregation_weights
 from fedbench.memory import keep_freed_memory
 from fedbench.module_model import LAYOUTS
 from fedbench.problems import make_problem
@@ -46,28 +47,34 @@ LR = 0.05
 
 
 class PlainLoop:
-    """The floor: the rounds of a FedAvg run drawn as the engine draws them, each client an `nn.Module` trained by
-    `torch.optim.SGD`, one client after another."""
+    """The floor: the rounds of a FedAvg run drawn as the engine draws them, each client an `nn.Module` (in training
+    mode: dropout on) trained by `torch.optim.SGD` at `lr` on its real rows of each step (a short batch's padding
+    left out, a step past its epoch skipped), one client after another; the uploads averaged with the federation's
+    aggregation weights."""
 
-    def __init__(self, problem, federation: Federation, seed: int):
-        self.problem, self.federation = problem, federation
+    def __init__(self, problem, federation: Federation, seed: int, lr: float = LR):
+        self.problem, self.federation, self.lr = problem, federation, lr
         self.sampler = Simulation(problem, ALGORITHMS["fedavg"](problem), federation, seed).sampler
         self.net = problem.model.factory().to(problem.device)
         self.w = problem.init_params(torch.Generator().manual_seed(seed))
 
     def run_round(self) -> None:
-        draw = self.sampler.draw_round(self.federation.local_steps)
+        draw = self.sampler.draw_round(None if self.federation.uneven else self.federation.local_steps)
+        weights = aggregation_weights(self.problem, self.federation, draw.clients[None], self.w.dtype)[0]
         uploads = []
         for k in range(len(draw.clients)):
             vector_to_parameters(self.w, self.net.parameters())
-            optimizer = torch.optim.SGD(self.net.parameters(), lr=LR)
+            optimizer = torch.optim.SGD(self.net.parameters(), lr=self.lr)
             for rows in draw.rows["D"][:, k]:
+                rows = rows[rows >= 0]
+                if not len(rows):
+                    continue
                 optimizer.zero_grad()
                 x = self.problem._features(self.problem.x_train[rows])
                 F.cross_entropy(self.net(x), self.problem.y_train[rows]).backward()
                 optimizer.step()
             uploads.append(parameters_to_vector(self.net.parameters()).detach())
-        self.w = torch.stack(uploads).mean(0)
+        self.w = weights @ torch.stack(uploads)
 
 
 def measure(model: str, data: str, batch: int, args) -> dict:

@@ -17,7 +17,8 @@ the model and the device: `bench/deep_layouts.py` measures it, `choose_layout` r
 project's 2-core CPU under load (one thread, S = 10, 5 local steps): a FedAvg round of the `vision` problem's small
 CNN took 0.81-1.82x the time of a plain `torch.nn` + `torch.optim.SGD` loop over the same clients in `vmap` and
 0.96-1.09x in `loop`; of Reddi et al.'s 1.2 M-parameter EMNIST CNN (`emnist_cnn`, with its dropout) at b = 20,
-1.21x and 1.09x (1.54x and 1.07x without its dropout, in an earlier run).
+1.21x and 1.09x (1.54x and 1.07x without its dropout, in an earlier run); of that CNN on FEMNIST's writers with one
+local epoch at b = 20 (uneven local work, `bench/emnist_round.py`), 1.15-1.19x in `loop` (three runs).
 
 Dropout: a module with dropout layers runs them in training mode in the local steps, each client's masks drawn from
 a seed of its own (`seeds` `[C]`, which the problem draws on the run's "feature-noise" stream, one per client per
@@ -86,28 +87,33 @@ class ModuleModel:
             fresh = self.factory()
         return self.flatten(dict(fresh.named_parameters())).detach().to(self.dtype)
 
-    def forward(self, w: Tensor, x: Tensor, layout: str, seeds: Tensor | None = None) -> Tensor:
+    def forward(self, w: Tensor, x: Tensor, layout: str, seeds: Tensor | None = None,
+                clients: list[int] | None = None) -> Tensor:
         """Outputs `[C, b, ...]` of C clients' points `w` `[C, d]` on their inputs `x` `[C, b, ...]` in `layout`, the
         module in training mode (dropout on, each client's masks from its `seeds` `[C]`, if given; module
-        docstring)."""
+        docstring). In the `loop` layout, `clients` (indices into the C) runs those alone: outputs `[len(clients),
+        b, ...]`, whose gradients reach their rows of `w` without a copy of them (the other rows' are zeros)."""
         self.module.train(seeds is not None)
         if seeds is None:
-            return self._forward(w, x, layout, None)
+            return self._forward(w, x, layout, None, clients)
         # the global generators (the CPU's and w's GPU's) serve the masks, and are restored
         with torch.random.fork_rng(devices=[w.device] if w.device.type == "cuda" else []):
-            return self._forward(w, x, layout, seeds.tolist())
+            return self._forward(w, x, layout, seeds.tolist(), clients)
 
-    def _forward(self, w: Tensor, x: Tensor, layout: str, seeds: list[int] | None) -> Tensor:
+    def _forward(self, w: Tensor, x: Tensor, layout: str, seeds: list[int] | None,
+                 clients: list[int] | None = None) -> Tensor:
         if layout == "vmap":
+            assert clients is None, "the vmap layout runs every client"
             if seeds is not None:
-                torch.manual_seed(seeds[0])
+                _seed(w.device, seeds[0])
             call = lambda params, inputs: functional_call(self.module, params, (inputs,))  # noqa: E731
             return vmap(call, randomness="different" if seeds is not None else "error")(self.unflatten(w), x)
+        points, inputs = w.unbind(0), x.unbind(0)
         outputs = []
-        for k, (point, inputs) in enumerate(zip(w.unbind(0), x.unbind(0))):
+        for k in range(len(points)) if clients is None else clients:
             if seeds is not None:
-                torch.manual_seed(seeds[k])
-            outputs.append(functional_call(self.module, self.unflatten(point), (inputs,)))
+                _seed(w.device, seeds[k])
+            outputs.append(functional_call(self.module, self.unflatten(points[k]), (inputs[k],)))
         return torch.stack(outputs)
 
     def evaluate(self, w: Tensor, x: Tensor) -> Tensor:
@@ -136,6 +142,16 @@ class ModuleModel:
         state = {name: value.detach().clone() for name, value in self.module.state_dict().items()}
         state.update({name: value.detach().clone() for name, value in self.unflatten(w).items()})
         return state
+
+
+def _seed(device: torch.device, seed: int) -> None:
+    """`torch.manual_seed(seed)` where it serves a tensor on `device`: on the CPU, its generator alone, since
+    `torch.manual_seed` there also queues the seeding of the GPUs while CUDA is not initialised, with a formatted
+    stack trace each time (~2 ms a call on this project's loaded CPU, once per client and step)."""
+    if device.type == "cuda":
+        torch.manual_seed(seed)  # CUDA is initialised: every generator seeded at once, none queued
+    else:
+        torch.default_generator.manual_seed(seed)
 
 
 def table() -> list[dict]:

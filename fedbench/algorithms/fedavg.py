@@ -30,7 +30,7 @@ class FedAvg(Algorithm):
     def client_step(self, local, batches, rnd, hp):
         u = local["w"]
         direction = batches.D.grad(u)
-        if hp.subgradient:
+        if hp.subgradient and self.reg.lam:  # h = 0: no zero subgradient to build and add (`composite_step`)
             direction = direction + self.reg.subgradient(u)
         return {"w": u - hp.client_lr * direction}
 

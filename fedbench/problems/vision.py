@@ -400,12 +400,14 @@ class Vision(Problem):
             active = (weight > 0).any(-1)  # real row (past an epoch's last step); a GPU would sync to learn it
             if not bool(active.all()):
                 kept = active.nonzero().squeeze(1)
-                part = self._losses(w[kept], x[kept], y[kept], weight[kept], None if seeds is None else seeds[kept])
+                logits = self.model.forward(w, x, "loop", seeds, kept.tolist())
+                part = self._weighted(logits, y[kept], weight[kept])
                 return torch.zeros(len(w), dtype=part.dtype).index_put((kept,), part)
-        return self._losses(w, x, y, weight, seeds)
+        return self._weighted(self.model.forward(w, x, self.layout_name, seeds), y, weight)
 
-    def _losses(self, w: Tensor, x: Tensor, y: Tensor, weight: Tensor, seeds: Tensor | None) -> Tensor:
-        logits = self.model.forward(w, x, self.layout_name, seeds)
+    @staticmethod
+    def _weighted(logits: Tensor, y: Tensor, weight: Tensor) -> Tensor:
+        """Each client's weighted cross-entropy `[C]` of its logits `[C, b, classes]`."""
         losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view_as(weight)
         return (weight * losses).sum(-1)
 
