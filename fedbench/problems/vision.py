@@ -111,6 +111,23 @@ def model_factory(spec: str, shape: tuple[int, int, int], classes: int, dropout:
     return load_network(spec)[0]
 
 
+def network_code_hashes(spec: str) -> dict[str, str]:
+    """{"model": the sha256 of a researcher's network's code} (`load_network`), nothing for a built-in or shipped
+    one: what a problem with a `model` field returns as its `code_hashes`."""
+    if spec in BUILT_IN_MODELS or spec in NETWORKS:
+        return {}
+    return {"model": load_network(spec)[1].sha256}
+
+
+def network_sources(spec: str) -> tuple[Source, ...]:
+    """A researcher's network file (its text and the modules it imports from its folder), which a run carries: a
+    problem's `carried_code`."""
+    if spec in BUILT_IN_MODELS or spec in NETWORKS:
+        return ()
+    source = load_network(spec)[1]
+    return (source,) if source.text is not None else ()
+
+
 def channel_statistics(pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """FEMNIST's normalisation (`fedbench.data.images` has no full-split constants of it): per-channel mean and
     (population) standard deviation of the intensities pixels/255 `[n, channels, h·w]`, by float64 sums over chunks
@@ -199,17 +216,12 @@ class Vision(Problem):
     def code_hashes(cls, config: dict[str, Any]) -> dict[str, str]:
         """The sha256 of a researcher's network's code (`load_network`: a file with the modules it imports from its
         folder, or a module's package)."""
-        if config["model"] in BUILT_IN_MODELS or config["model"] in NETWORKS:
-            return {}
-        return {"model": load_network(config["model"])[1].sha256}
+        return network_code_hashes(config["model"])
 
     @classmethod
     def carried_code(cls, config: dict[str, Any]) -> tuple[Source, ...]:
         """A researcher's network file (its text and the modules it imports from its folder)."""
-        if config["model"] in BUILT_IN_MODELS or config["model"] in NETWORKS:
-            return ()
-        source = load_network(config["model"])[1]
-        return (source,) if source.text is not None else ()
+        return network_sources(config["model"])
 
     @classmethod
     def run_bytes(cls, config: dict[str, Any]) -> int | None:
