@@ -54,6 +54,30 @@ DEVIATIONS: dict[str, Deviation] = {
         test="tests/test_paper_size.py::test_femnist_pauc_fedxl2_beats_ce_and_codasca",
         why="a short budget (50 rounds, every curve still rising); FeDXL2 is above Local SGD (CE) and CODASCA and "
             "at least Local Pair's"),
+    "guo2023-cifar10-local-pair": Deviation(
+        paper="guo2023", figure="Table 2, CIFAR-10 row (CPU-sized: a LeNet, 320 of 20,000 iterations, one seed)",
+        claim="FeDXL2 above Local Pair (cross-client pairs help)",
+        reports="test pAUC(FPR ≤ 0.3) 0.7580 against 0.7487 (+0.0093), 3 seeds",
+        measured={"FeDXL2 − Local Pair, test pAUC(0.3)": -0.0029}, unit="", tolerance=0.006,
+        test="tests/test_paper_size.py::test_cifar10_cnn_pauc_fedxl2_beats_ce_and_codasca",
+        why="at 320 iterations with every client holding both classes (the paper's even split) the two are within "
+            "one seed's noise; FeDXL2 stays above Local SGD (CE) and CODASCA"),
+    "guo2023-cifar10-centralized-gap": Deviation(
+        paper="guo2023", figure="Table 2, CIFAR-10 row (CPU-sized: a LeNet, 320 of 20,000 iterations, one seed)",
+        claim="FeDXL2 within ~0.01 of centralized SOX",
+        reports="test pAUC(FPR ≤ 0.3) 0.7580 against 0.7655 (−0.0075)",
+        measured={"centralized SOX − FeDXL2, test pAUC(0.3)": 0.0641}, unit="", tolerance=0.01,
+        test="tests/test_paper_size.py::test_cifar10_cnn_pauc_fedxl2_beats_ce_and_codasca",
+        why="a short budget: centralized SOX takes 512 images a step at η = 1 (its best on the grid) and is far ahead "
+            "after 320 iterations, every curve still rising; the paper's runs converge over 20,000"),
+    "guo2023-cifar10-codasca-ce": Deviation(
+        paper="guo2023", figure="Table 2, CIFAR-10 row (CPU-sized: a LeNet, 320 of 20,000 iterations, one seed)",
+        claim="CODASCA (min-max AUC) above Local SGD (CE)",
+        reports="test pAUC(FPR ≤ 0.3) 0.7288 against 0.6825 (+0.0463)",
+        measured={"CODASCA − Local SGD (CE), test pAUC(0.3)": -0.0193}, unit="", tolerance=0.01,
+        test="tests/test_paper_size.py::test_cifar10_cnn_pauc_fedxl2_beats_ce_and_codasca",
+        why="CODASCA with LibAUC's defaults (γ = 500, clip 1; the FeDXL paper states none) learns slower over the "
+            "first 320 iterations; both stay below FeDXL2 and Local Pair"),
     # -- pFedFBE, ICLR 2023 submission --------------------------------------------------------------------------
     "pfedfbe-lasso1-feddual": Deviation(
         paper="pfedfbe", figure="Lasso setting I",

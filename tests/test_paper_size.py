@@ -199,3 +199,25 @@ def test_femnist_pauc_fedxl2_beats_ce_and_codasca():
     assert fedxl2 >= mean(finals["local_pair"]) - 0.005
     deviation_holds("guo2023-femnist-centralized-gap",
                     {"centralized SOX − FeDXL2, test pAUC(0.3)": mean(finals["centralized"]) - fedxl2})
+
+
+def test_cifar10_cnn_pauc_fedxl2_beats_ce_and_codasca():
+    """Table 2's CIFAR-10 row, CPU-sized (binary imbalanced CIFAR-10 from batches 1–2, 16 clients, NIID-Bench's LeNet
+    for ResNet-18, 320 of 20,000 iterations, one seed): FeDXL2 above Local SGD (CE) and CODASCA in test pAUC at FPR
+    ≤ 0.3 and ≤ 0.5 (the paper: +0.076 and +0.029 at 0.3), and Local SGD (CE) below Local Pair (the paper's worst
+    or second-worst). Measured: centralized SOX 0.675, Local Pair 0.614, FeDXL2 0.611, CE 0.589, CODASCA 0.570.
+    FeDXL2 above Local Pair, within ~0.01 of centralized, and CODASCA above CE do not reproduce at this budget:
+    declared deviations (sweeps/deviations.py, guo2023-cifar10-*)."""
+    if not (Path(os.environ.get("FEDBENCH_DATA", "/nonexistent")) / "cifar10").is_dir():
+        pytest.skip("needs $FEDBENCH_DATA/cifar10 (the CIFAR-10 batches)")
+    finals = final_rows("guo2023_pauc_cifar10_cnn.yaml", lambda trial: trial.algorithm)
+    for metric in ("test_pauc_0.3", "test_pauc_0.5"):
+        fedxl2 = mean(finals["fedxl2"], metric)
+        assert fedxl2 > mean(finals["local_sgd_ce"], metric) + 0.01 and fedxl2 > mean(finals["codasca"], metric) + 0.01
+        assert mean(finals["local_sgd_ce"], metric) < mean(finals["local_pair"], metric)
+    fedxl2 = mean(finals["fedxl2"])
+    deviation_holds("guo2023-cifar10-local-pair", {"FeDXL2 − Local Pair, test pAUC(0.3)": fedxl2 - mean(finals["local_pair"])})
+    deviation_holds("guo2023-cifar10-centralized-gap",
+                    {"centralized SOX − FeDXL2, test pAUC(0.3)": mean(finals["centralized"]) - fedxl2})
+    deviation_holds("guo2023-cifar10-codasca-ce", {"CODASCA − Local SGD (CE), test pAUC(0.3)":
+                                                   mean(finals["codasca"]) - mean(finals["local_sgd_ce"])})

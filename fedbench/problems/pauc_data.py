@@ -1,25 +1,27 @@
 """The data of the `pauc` problem (Guo et al., ICML 2023, §4): binary training data per client, a clean test set
-and a validation set, from the synthetic SynthPAUC mixture or from real FEMNIST writers. Each builder reads the
+and a validation set, from the synthetic SynthPAUC mixture, from real FEMNIST writers or from CIFAR-10's images (the
+paper's binary imbalanced CIFAR-10, Table 5). Each builder reads the
 problem's resolved config and draws from the data stream; `fedbench.problems.pauc` describes the parameters.
 A new data source is one more function returning `BinaryData`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from fedbench.data import femnist
+from fedbench.data import cifar10, femnist, images
 from fedbench.hparams import ParamError
 
 
 @dataclass
 class BinaryData:
     """Training rows grouped by client, each client's positives first; test and validation sets."""
-    features: Tensor  # [n, d] float32, or stored uint8 pixels (then `pixel_scale`)
+    features: Tensor  # [n, d] float32, or stored uint8 pixels: `pixel_scale`, or images [n, C, H, W]: `image_stats`
     labels: Tensor  # [n] float32 training labels (possibly flipped), 1 = positive
     positive_counts: Tensor  # [N] positives per client
     sizes: Tensor  # [N] samples per client
@@ -29,12 +31,22 @@ class BinaryData:
     writer_ids: np.ndarray | None = None  # femnist: the kept writers in sorted-id order
     writer_client: Tensor | None = None  # femnist: each kept writer's client
     dropped_clients: int = 0  # femnist: clients dropped for lacking a class
+    image_stats: tuple[tuple[float, ...], tuple[float, ...]] | None = None  # cifar10: per-channel (mean, std) of v/255
+    source: str = ""  # cifar10: the files read (`fedbench.data.images.ImageTensors.source`)
 
 
 def build(config: dict[str, Any], gen: torch.Generator) -> BinaryData:
     if config["data"] == "femnist":
         return femnist_binary(config, gen)
+    if config["data"] == "cifar10":
+        return cifar10_binary(config, gen)
     return synthetic(config, gen)
+
+
+def cifar10_folder(config: dict[str, Any]) -> Path:
+    """The folder of CIFAR-10's batches: `path` (default cifar10/), relative ones under `data_dir` or the data root."""
+    chosen = Path(config["path"] or cifar10.DEFAULT_FOLDER).expanduser()
+    return chosen if chosen.is_absolute() else femnist.data_root(config["data_dir"], chosen) / chosen
 
 
 def synthetic(config: dict[str, Any], gen: torch.Generator) -> BinaryData:
@@ -153,6 +165,66 @@ def femnist_binary(config: dict[str, Any], gen: torch.Generator) -> BinaryData:
                       writer_ids=data.writer_ids[by_id],  # the kept writers in sorted-id order, and their clients
                       writer_client=torch.from_numpy(renumber[writer_client[by_id]]),
                       dropped_clients=int((~usable).sum()))
+
+
+def cifar10_binary(config: dict[str, Any], gen: torch.Generator) -> BinaryData:
+    """CIFAR-10 as the paper's binary imbalanced task (`cifar10_split`), the test set `test_size` images of the test
+    batch (by uniform keys from the data stream after the split's; all for 10,000), binarised. Pixels stay uint8
+    `[n, 3, 32, 32]`; `image_stats` are the full training split's per-channel constants (`fedbench.data.images`)."""
+    data = images.load("cifar10", cifar10_folder(config))
+    split = cifar10_split(config, data.y_train.numpy(), gen)
+    rows = torch.from_numpy(split.rows)
+    features, positive_counts = data.x_train[rows], split.positives
+    labels = torch.from_numpy(split.positive[split.rows]).to(torch.float32)
+    if config["flip_rate"]:
+        features, labels, positive_counts = flip_clients(config, features, labels, split.sizes, gen)
+    test_rows = torch.randperm(len(data.y_test), generator=gen)[: config["test_size"]].sort().values
+    held = torch.from_numpy(split.held)
+
+    def binary(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        return x, torch.from_numpy(np.isin(y.numpy(), config["positive_classes"])).to(torch.float32)
+
+    return BinaryData(features, labels, positive_counts, split.sizes, binary(data.x_test[test_rows],
+                                                                             data.y_test[test_rows]),
+                      binary(data.x_train[held], data.y_train[held]),
+                      image_stats=(data.mean, data.std), source=data.source)
+
+
+@dataclass
+class BinarySplit:
+    """Which training images `cifar10_split` keeps for which client: `rows` by client, each client's positives first;
+    `positive` [n_pool] whether each image of the pool is positive; per client its positives and size; `held` the
+    validation rows (sorted)."""
+    rows: np.ndarray
+    positive: np.ndarray
+    positives: Tensor
+    sizes: Tensor
+    held: np.ndarray
+
+
+def cifar10_split(config: dict[str, Any], labels: np.ndarray, gen: torch.Generator) -> BinarySplit:
+    """The paper's binary imbalanced CIFAR-10 (§4 and Table 5, as LibAUC's ImbalancedDataGenerator builds it), from
+    the training labels alone: of the images present (`train_size` of them, drawn by uniform keys from the data
+    stream; null: all), `val_size` are held out for validation (the paper's 20%: 10,000 of 50,000), binarised and
+    not subsampled; the rest are binarised (`positive_classes` positive) and their positives subsampled to
+    ⌊r/(1−r)·n₋⌋ beside the n₋ negatives (r = `positive_ratio`: of all five batches' 40,000, 20,000 + 4,000, the
+    paper's 24,000), both classes in the order of the same keys; then each class is cut into `clients` contiguous
+    chunks (sizes ⌊n/N⌋ or ⌈n/N⌉), client k holding chunk k of each (the authors' released code). ParamError where a
+    client would lack a class."""
+    order = torch.randperm(len(labels), generator=gen).numpy()[: config["train_size"]]
+    held, pool = order[: config["val_size"]], order[config["val_size"]:]
+    positive = np.isin(labels, config["positive_classes"])
+    negatives = pool[~positive[pool]]
+    positives = pool[positive[pool]][: int(positive_quota(config, np.array([len(negatives)]))[0])]
+    n_clients = config["clients"]
+    if min(len(positives), len(negatives)) < n_clients:
+        raise ParamError("clients", f"found {n_clients}, more than the {len(positives)} training positives or "
+                         f"{len(negatives)} negatives left of {len(order)} images after validation "
+                         f"({config['val_size']}) and subsampling; expected every client to hold both classes", "pauc")
+    parts = list(zip(np.array_split(positives, n_clients), np.array_split(negatives, n_clients)))
+    return BinarySplit(np.concatenate([np.concatenate(part) for part in parts]), positive,
+                       torch.tensor([len(p) for p, _ in parts]), torch.tensor([len(p) + len(n) for p, n in parts]),
+                       np.sort(held))
 
 
 def positive_quota(config: dict[str, Any], negatives: np.ndarray) -> np.ndarray:

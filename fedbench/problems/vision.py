@@ -113,6 +113,22 @@ def model_factory(spec: str, shape: tuple[int, int, int], classes: int, dropout:
     return load_network(spec)[0]
 
 
+def network_code_hashes(spec: str) -> dict[str, str]:
+    """{"model": the sha256 of a researcher's network's code} (`load_network`), nothing for a built-in or shipped
+    one: what a problem with a `model` field returns as its `code_hashes`."""
+    if spec in BUILT_IN_MODELS or spec in NETWORKS:
+        return {}
+    return {"model": load_network(spec)[1].sha256}
+
+
+def network_sources(spec: str) -> tuple[Source, ...]:
+    """A researcher's network, which a run carries: a file (its text and the modules it imports from its folder) or a
+    module (shipped with a Ray job where this machine imports it from a folder); a problem's `carried_code`."""
+    if spec in BUILT_IN_MODELS or spec in NETWORKS:
+        return ()
+    return (load_network(spec)[1],)
+
+
 def channel_statistics(pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """FEMNIST's normalisation (`fedbench.data.images` has no full-split constants of it): per-channel mean and
     (population) standard deviation of the intensities pixels/255 `[n, channels, h·w]`, by float64 sums over chunks
@@ -202,16 +218,12 @@ class Vision(Problem):
     def code_hashes(cls, config: dict[str, Any]) -> dict[str, str]:
         """The sha256 of a researcher's network's code (`load_network`: a file with the modules it imports from its
         folder, or a module's package)."""
-        if config["model"] in BUILT_IN_MODELS or config["model"] in NETWORKS:
-            return {}
-        return {"model": load_network(config["model"])[1].sha256}
+        return network_code_hashes(config["model"])
 
     @classmethod
     def carried_code(cls, config: dict[str, Any]) -> tuple[Source, ...]:
         """A researcher's network: a file (its text and the modules it imports from its folder) or a module."""
-        if config["model"] in BUILT_IN_MODELS or config["model"] in NETWORKS:
-            return ()
-        return (load_network(config["model"])[1],)
+        return network_sources(config["model"])
 
     @classmethod
     def run_bytes(cls, config: dict[str, Any]) -> int | None:
