@@ -22,7 +22,8 @@ printed is Flower's seconds over fedbench's on the same rounds (median over roun
 Measured by `python bench/emnist_round.py --blocks 3 --rounds 4 --flower` (the 10% sample; torch 2.13.0, 1 thread;
 this project's 2-core x86-64 CPU, two paper runs at a higher priority on both cores and other processes beside them,
 load average 8-10, every process of the bench niced; docs/design.md): 12 paired rounds, fedbench `loop` 24.4 s a
-round, plain 21.2 s, Flower 1.42.0 24.8 s: fedbench 1.15x the plain loop, Flower 1.12x it and 0.96x fedbench.
+round, plain 21.2 s, Flower 1.42.0 24.8 s (means); medians of the paired ratios: fedbench 1.15x the plain loop,
+Flower 1.12x it and 0.96x fedbench.
 Before the loop layout left a client past its epoch out of the gathers (and dropout's seeding and FedAvg's zero
 subgradient at h = 0 were cut), fedbench took 1.31x and 1.23x the plain loop (two runs, 6 paired rounds, no Flower);
 1.19x and 1.16x after.
