@@ -20,8 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's s
 
 from sweeps.driving import Outcome  # noqa: E402
 from sweeps.recipe import parse  # noqa: E402
+from sweeps.store import Store  # noqa: E402
 from sweeps.sweep import sweep  # noqa: E402
-from sweeps.tracking import Store, SweepLog  # noqa: E402
+from sweeps.writer import SweepLog  # noqa: E402
 
 
 def main() -> None:

@@ -72,7 +72,7 @@ def load_model(source: str | Path | bytes | BinaryIO, tracking_uri: str | None =
     "problem_seed", "seed", "round", "status", "global": Tensor [d], "parameters": {name: Tensor}, "personal": Tensor
     [N, d] or None, "personal_left_out": str}` (`fedbench.saved`'s docstring says each), on the CPU. A file that is
     not a fedbench model raises ValueError; a run the store does not hold, or one without a saved model,
-    `fedbench_sweeps.tracking.StoreError` (a ValueError).
+    `fedbench_sweeps.database.StoreError` (a ValueError).
 
     Example:
         ```python
@@ -83,7 +83,7 @@ def load_model(source: str | Path | bytes | BinaryIO, tracking_uri: str | None =
     """
     if isinstance(source, str) and RUN_ID.fullmatch(source) and not Path(source).exists():
         # MLflow, only for a run read from the store; mypy reads sweeps/ as `sweeps`, not by its installed name
-        from fedbench_sweeps.tracking import Store  # type: ignore[import-not-found]
+        from fedbench_sweeps.store import Store  # type: ignore[import-not-found]
 
         source = Store(tracking_uri, write=False).run_model(source, round_)
     elif tracking_uri is not None or round_ is not None:

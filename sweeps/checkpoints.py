@@ -40,7 +40,7 @@ class Policy:
 def policy_of(recipe: Recipe, tracking: str | None) -> Policy:
     """The recipe's checkpoints block, with its files in `checkpoints/<experiment>/` beside the store of the
     tracking URI `tracking` (`tracking.store_folder`)."""
-    from .tracking import store_folder  # MLflow, imported by the commands that track only
+    from .database import store_folder  # MLflow, imported by the commands that track only
 
     folder = store_folder(tracking) / "checkpoints" / recipe.name.replace("/", "_")
     return Policy(str(folder), recipe.checkpoints.every_seconds, recipe.checkpoints.every_rounds)

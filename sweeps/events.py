@@ -235,7 +235,7 @@ class Runs:
                          role=self.role, reopen=self.reopen.get((trial.config_hash, trial.seed)))
 
     def end(self, key: Any, outcome: dict[str, Any]) -> None:
-        from .tracking import last_line  # MLflow: the driver's
+        from .database import last_line  # MLflow: the driver's
 
         self.running.discard(key)
         self.ended.add(key)

@@ -14,12 +14,14 @@ from typing import Any, Callable
 from .checkpoints import Policy, policy_of, saved_programs
 from .claims import Lease
 from .cluster import cluster_for
+from .database import first_line
 from .events import Runs
 from .packing import plan_packs
 from .recipe import Recipe, Trial
 from .report import headline_metrics
-from .tracking import INTERRUPTED, Store, SweepLog, first_line
+from .store import INTERRUPTED, Store
 from .worker import Program, run_pack
+from .writer import SweepLog
 
 Progress = Callable[[str, dict[str, Any]], None]
 

@@ -140,7 +140,7 @@ def test_ui_prints_its_pages_once_served_and_leaves_nothing_beside_the_store(rec
     uri = f"sqlite:///{folder / 'mlflow.db'}"
     assert invoke("run", recipe, "-a", "fedmid", "--tracking-uri", uri).exit_code == 0  # makes the store
     from sweeps.recipe import load
-    from sweeps.tracking import Store
+    from sweeps.store import Store
 
     store = Store(uri)  # a parent, as a sweep opens one: MLflow counts it among the experiment's runs
     store.open_parent(store.experiment("small-lasso"), load(recipe), [], "sweep small-lasso", {"role": "sweep"})

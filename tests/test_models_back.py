@@ -12,7 +12,7 @@ import fedbench
 from helpers import invoke
 from sweeps.driving import build_simulation
 from sweeps.recipe import load
-from sweeps.tracking import load_run_model
+from sweeps.store import load_run_model
 
 LASSO = """\
 name: models-lasso
