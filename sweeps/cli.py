@@ -86,7 +86,7 @@ DeviceOption = typer.Option(None, "--device", help="auto, cpu, cuda or cuda:N (d
 
 def tracking_driver(uri: Optional[str]) -> Optional[str]:
     """--tracking-uri (or MLFLOW_TRACKING_URI) as given; a PostgreSQL one whose default driver is not installed is
-    said to use psycopg2 instead, or refused where neither is (`tracking.with_driver`)."""
+    said to use psycopg2 instead, or refused where neither is (`database.with_driver`)."""
     if uri is None or not uri.startswith("postgresql://"):
         return uri
     from .database import StoreError, driver_note

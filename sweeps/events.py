@@ -188,7 +188,7 @@ DIED = "the Ray trial running it died"
 
 class Runs:
     """The driver's side of the protocol: the runs of a sweep (or of one algorithm's tuning session) as their events
-    come, written to the store through `log` (a `tracking.SweepLog`, as runs of `role`, each with the tags its start
+    come, written to the store through `log` (a `writer.SweepLog`, as runs of `role`, each with the tags its start
     event brings, `tags` and its own, `add`; an unfinished MLflow run of an earlier attempt, by (config hash, seed) in
     `reopen`, goes on) and counted by status in `counts`."""
 
