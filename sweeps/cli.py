@@ -177,7 +177,6 @@ def run(
         raise typer.Exit(1)
 
 
-
 @app.command()
 def sweep(
     recipe_paths: List[Path] = typer.Argument(..., metavar="RECIPE...", help="YAML recipe(s), or shipped recipes' "
@@ -253,7 +252,6 @@ def tune(
     show_tuned(recipe, summary)
 
 
-
 class XAxis(str, Enum):
     rounds = "rounds"
     comm = "comm"
@@ -314,7 +312,6 @@ def show(
     from .display import show_run
 
     show_run(open_store(tracking_uri, write=False), run_id)
-
 
 
 @app.command()
@@ -404,7 +401,6 @@ def list_recipes() -> None:
     from .display import show_recipes
 
     show_recipes()
-
 
 
 @app.command()
