@@ -1,6 +1,6 @@
 """`python cli.py ...` and `python -m cli ...` in a checkout: the fedbench command line, whose code is
 sweeps/cli.py (installed, `fedbench`: the package fedbench_sweeps). Its names are this module's too
-(`from cli import app`, `cli.serving`)."""
+(`from cli import app`, `cli.run`)."""
 from __future__ import annotations
 
 from sweeps import cli as _cli

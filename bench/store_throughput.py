@@ -1,4 +1,4 @@
-"""How fast the driver stores a sweep's runs: `tracking.SweepLog` fed the events of N runs (start, then the end with
+"""How fast the driver stores a sweep's runs: `writer.SweepLog` fed the events of N runs (start, then the end with
 its curve) as fast as Ray would hand them over, against a new SQLite store, without Ray or any computing. Prints
 runs/s and rows/s of the writer, and the time Ray took for the same runs where given (`--ray-seconds`), as a ratio:
 the store keeps pace with Ray when writer seconds / Ray seconds is at most ~1.1 (issue 44: a 3,000-run sweep took
@@ -20,8 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's s
 
 from sweeps.driving import Outcome  # noqa: E402
 from sweeps.recipe import parse  # noqa: E402
+from sweeps.store import Store  # noqa: E402
 from sweeps.sweep import sweep  # noqa: E402
-from sweeps.tracking import Store, SweepLog  # noqa: E402
+from sweeps.writer import SweepLog  # noqa: E402
 
 
 def main() -> None:

@@ -77,7 +77,7 @@ def load_model(source: str | Path | bytes | BinaryIO, tracking_uri: str | None =
     "problem_seed", "seed", "round", "status", "global": Tensor [d], "parameters": {name: Tensor}, "personal": Tensor
     [N, d] or None, "personal_left_out": str}` (`fedbench.saved`'s docstring says each), on the CPU. A file that is
     not a fedbench model raises ValueError; a run the store does not hold, or one without a saved model,
-    `fedbench_sweeps.tracking.StoreError` (a ValueError). The store is the one fedbench_sweeps registers (`STORES`,
+    `fedbench_sweeps.database.StoreError` (a ValueError). The store is the one fedbench_sweeps registers (`STORES`,
     `stored_model`): the engine imports nothing of it.
 
     Example:

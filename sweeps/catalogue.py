@@ -1,7 +1,8 @@
 """What `fedbench list` prints: the declarations of problems, algorithms, the shipped networks, the federation's
 fields, the transforms of its links, privacy accounting, capabilities and schedules, as entries that a NAME selects,
 in plain text wrapped at word boundaries to the terminal's width (no table: its narrow columns split words, and no
-Rich markup: it ate every `[p_low, p_high]`)."""
+Rich markup: it ate every `[p_low, p_high]`). The same entries (`entries`) are the catalogue the site's reference
+pages are written from (docs/hooks/reference.py), each with what declares it."""
 from __future__ import annotations
 
 import difflib
@@ -10,7 +11,7 @@ import re
 import sys
 import textwrap
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 from fedbench import plugins
 from fedbench.hparams import Param, resolve
@@ -32,6 +33,9 @@ class Entry:
     summary: str
     params: Sequence[Param] = ()
     notes: list[str] = field(default_factory=list)
+    # what declares it, which the reference pages read beyond what `fedbench list` prints: a problem's or algorithm's
+    # class, a network, the class of a federation's mapping, a transform, the kinds of schedule (by name)
+    declared: Any = None
 
     @property
     def name(self) -> str:
@@ -103,23 +107,24 @@ def entries() -> list[Entry]:
             if kind == "algorithm" and takes_uneven(cls)[0]:
                 summary = f"* {summary}"
             found.append(Entry(f"{section}.{name}", f"{kind} {name}{origin}", summary + origin,
-                               getattr(cls, attribute), contract_lines(kind, cls)))
+                               getattr(cls, attribute), contract_lines(kind, cls), declared=cls))
     for name, network in NETWORKS.items():
         shape = "×".join(map(str, network.input_shape))
         found.append(Entry(f"networks.{name}", f"network {name}: {network.parameters:,} parameters, input {shape}, "
                            f"{network.classes} classes; {network.source}",
-                           f"{network.parameters:,} parameters, {shape} → {network.classes}: {network.source}"))
+                           f"{network.parameters:,} parameters, {shape} → {network.classes}: {network.source}",
+                           declared=network))
     found.append(Entry("federation", "federation: how rounds run (a list is a grid axis)",
                        "rounds, clients per round, local steps, batch size, aggregation", FEDERATION_PARAMS))
     for name, (made, example) in FEDERATION_MAPPINGS.items():
         what = "uneven local work, a mapping instead of E" if name == "local_steps" else "a mapping"
         found.append(Entry(f"federation.{name}", f"federation.{name}: {what}, e.g. {example}",
-                           f"{what}, e.g. {example}", made.params))
+                           f"{what}, e.g. {example}", made.params, declared=made))
     for name, transform in TRANSFORMS.items():
         links = "uplink and downlink" if transform.on_downlink else "uplink"
         written = f"a step {{{name}: value}} of federation.{links.replace(' and ', ' or ')}"
         found.append(Entry(f"transforms.{name}", f"transform {name} ({written}: {TRANSFORM_VALUE})",
-                           f"{transform.help} ({links})", transform.params, [transform.help]))
+                           f"{transform.help} ({links})", transform.params, [transform.help], declared=transform))
     found.append(Entry("privacy", "privacy: {delta: δ, accountant: pld | rdp} at a recipe's top level, required with "
                        "a gaussian step: each row's epsilon is ε at δ, user-level (one client's data replaced), S of N "
                        "clients drawn without replacement a round, by dp-accounting's PLD accountant on the dominating "
@@ -134,7 +139,7 @@ def entries() -> list[Entry]:
     found.append(Entry("schedules", "schedules: an algorithm's float hyperparameter also takes one, {schedule: KIND, "
                        "init: ..., ...}: its value at round k after a linear warm-up of `warmup` rounds from "
                        "`warmup_init` (default 0) to init, of H rounds after it (a list in a field is a grid axis; "
-                       "[optional]):", "a value per round: " + ", ".join(KINDS), notes=formulas))
+                       "[optional]):", "a value per round: " + ", ".join(KINDS), notes=formulas, declared=KINDS))
     return found
 
 

@@ -39,8 +39,8 @@ class Policy:
 
 def policy_of(recipe: Recipe, tracking: str | None) -> Policy:
     """The recipe's checkpoints block, with its files in `checkpoints/<experiment>/` beside the store of the
-    tracking URI `tracking` (`tracking.store_folder`)."""
-    from .tracking import store_folder  # MLflow, imported by the commands that track only
+    tracking URI `tracking` (`database.store_folder`)."""
+    from .database import store_folder  # MLflow, imported by the commands that track only
 
     folder = store_folder(tracking) / "checkpoints" / recipe.name.replace("/", "_")
     return Policy(str(folder), recipe.checkpoints.every_seconds, recipe.checkpoints.every_rounds)

@@ -35,7 +35,7 @@ from typing import Any, Iterable
 from mlflow.entities import Param
 from mlflow.exceptions import MlflowException
 
-from .tracking import StoreError, first_line
+from .database import StoreError, first_line
 
 CLAIM = "claim"
 OWNER = "owner"

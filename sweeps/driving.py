@@ -1,7 +1,7 @@
 """In-process driving: a trial's simulation built (`build_simulation`; the seeds of one configuration on one problem
 instance, `build_batch`) and run to its end in its programs (`drive_batch`, as `fedbench.planning` groups them),
-each run's rows handed over as they come and its `Outcome` returned. `fedbench run` drives in its own process, a Ray
-trial in its worker (`sweeps.worker`)."""
+each run's rows handed over as they come and its `Outcome` returned. `fedbench run` drives in its own process
+(`build_runs`, `drive_runs`), a Ray trial in its worker (`sweeps.worker`)."""
 from __future__ import annotations
 
 import time
@@ -12,12 +12,13 @@ import torch
 
 from fedbench import networks, plugins
 from fedbench.algorithms import ALGORITHMS
+from fedbench.planning import plan
 from fedbench.problems import PROBLEMS
 from fedbench.runs import RoundProgram, programs
 from fedbench.saved import model_bytes
 from fedbench.simulate import Simulation
-from .checkpoints import Checkpoint, Policy
-from .recipe import Trial
+from .checkpoints import Checkpoint, Policy, policy_of
+from .recipe import Recipe, Trial
 
 
 def resolve_device(requested: str, holds_gpu: bool = True) -> str:
@@ -56,6 +57,15 @@ def build_batch(trials: list[Trial], device: str | None = None) -> list[Simulati
 def build_planned(trials: list[Trial], device: str | None = None) -> list[Simulation]:
     """The simulations of a planned program (two or more runs: `build_batch`), or of a run alone."""
     return build_batch(trials, device) if len(trials) > 1 else [build_simulation(trials[0], device)]
+
+
+def build_runs(trials: list[Trial], device: str | None = None) -> tuple[bool, list[Simulation]]:
+    """The simulations of `fedbench run`'s runs, and whether the planner (`fedbench.planning.plan`) lets them form one
+    program: then on one problem instance (`build_batch`). What needs the built data raises ValueError (pfedfbe's λ
+    above the clients' smoothness, or no CUDA)."""
+    together = bool(plan(list(enumerate(trials)), cap=len(trials)).programs)
+    return together, (build_batch(trials, device) if together
+                      else [build_simulation(trial, device) for trial in trials])
 
 
 @dataclass
@@ -147,3 +157,23 @@ def between_rounds(checkpoint: Checkpoint | None, tick: Callable[[], None] | Non
         if checkpoint.due(program):
             checkpoint.save(program, rows, seconds)
     return safe_point
+
+
+def drive_runs(recipe: Recipe, trials: list[Trial], sims: list[Simulation], tracking_uri: str | None, resume: bool,
+               on_row: OnRow, note: Callable[[str], None]) -> list[Outcome]:
+    """`fedbench run`'s runs driven in their programs, built once (`fedbench.runs.programs`); each program resumes
+    from its checkpoint with `resume` (`note` says so where there is none), else starts at round 0. Each run's models
+    by round (`tracking.models_every`) are kept on its outcome."""
+    policy = policy_of(recipe, tracking_uri)
+    planned = programs(sims)
+    saved = [Checkpoint(policy, [trials[i] for i in runs]) for runs, _ in planned]
+    if resume and not any(checkpoint.path is not None and checkpoint.path.is_file() for checkpoint in saved):
+        note("no checkpoint of these runs: starting at round 0")
+    for checkpoint in saved if not resume else ():  # an earlier interrupted run's is not this run's start
+        checkpoint.remove()
+    models: list[dict[int, bytes]] = [{} for _ in trials]
+    outcomes = drive_batch(sims, on_row, policy, trials, planned=planned,
+                           on_model=lambda i, round_, data: models[i].__setitem__(round_, data))
+    for outcome, kept in zip(outcomes, models):
+        outcome.models = kept
+    return outcomes

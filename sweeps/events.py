@@ -188,7 +188,7 @@ DIED = "the Ray trial running it died"
 
 class Runs:
     """The driver's side of the protocol: the runs of a sweep (or of one algorithm's tuning session) as their events
-    come, written to the store through `log` (a `tracking.SweepLog`, as runs of `role`, each with the tags its start
+    come, written to the store through `log` (a `writer.SweepLog`, as runs of `role`, each with the tags its start
     event brings, `tags` and its own, `add`; an unfinished MLflow run of an earlier attempt, by (config hash, seed) in
     `reopen`, goes on) and counted by status in `counts`."""
 
@@ -235,7 +235,7 @@ class Runs:
                          role=self.role, reopen=self.reopen.get((trial.config_hash, trial.seed)))
 
     def end(self, key: Any, outcome: dict[str, Any]) -> None:
-        from .tracking import last_line  # MLflow: the driver's
+        from .database import last_line  # MLflow: the driver's
 
         self.running.discard(key)
         self.ended.add(key)

@@ -1,7 +1,7 @@
 """The driver of a sweep (`fedbench sweep`): every (config, seed) of a recipe not yet finished in the store, claimed
 (`sweeps.claims`), planned into programs (`fedbench.planning`) and packed into Ray trials (`sweeps.packing`), run on
 Ray Tune (`sweeps.worker.run_pack`); the trials' events (`sweeps.events`) become MLflow runs through one writer thread
-(`tracking.SweepLog`) and a live progress display. Resume is content-addressed: a (config hash, seed) that finished
+(`writer.SweepLog`) and a live progress display. Resume is content-addressed: a (config hash, seed) that finished
 in the recipe's experiment is skipped, and a program that saved a checkpoint resumes from it."""
 from __future__ import annotations
 
@@ -14,12 +14,14 @@ from typing import Any, Callable
 from .checkpoints import Policy, policy_of, saved_programs
 from .claims import Lease
 from .cluster import cluster_for
+from .database import first_line
 from .events import Runs
 from .packing import plan_packs
 from .recipe import Recipe, Trial
 from .report import headline_metrics
-from .tracking import INTERRUPTED, Store, SweepLog, first_line
+from .store import INTERRUPTED, Store
 from .worker import Program, run_pack
+from .writer import SweepLog
 
 Progress = Callable[[str, dict[str, Any]], None]
 

@@ -31,9 +31,10 @@ from .cluster import cluster_for
 from .events import Runs, Score, worst
 from .recipe import Dimension, Recipe, RecipeError, assigned, stable_hash
 from .report import headline_metrics
+from .store import Store
 from .sweep import sweep
-from .tracking import Store, SweepLog
 from .worker import run_tuned
+from .writer import SweepLog
 
 
 def study_storage(recipe: Recipe, store: Store) -> str:

@@ -102,7 +102,7 @@ def test_run_killed_then_resumed_gives_the_rows_of_one_never_stopped(tmp_path):
 
 
 def test_the_progress_line_counts_in_flight_runs_by_their_rounds():
-    from sweeps.cli import sweep_progress
+    from sweeps.display import sweep_progress
 
     counts = {"finished": 2, "diverged": 1, "failed": 0, "running": 4,
               "in_flight": {3: (500.0, 1000), 4: (250.0, 1000), 5: (0, 1000), 6: (100.0, 200)}}

@@ -6,8 +6,8 @@ import time
 
 from sweeps.claims import Lease
 from sweeps.recipe import load
+from sweeps.store import Store
 from sweeps.sweep import close_parent, sweep_claimed
-from sweeps.tracking import Store
 
 RECIPE = """\
 name: shared

@@ -140,7 +140,7 @@ def test_ui_prints_its_pages_once_served_and_leaves_nothing_beside_the_store(rec
     uri = f"sqlite:///{folder / 'mlflow.db'}"
     assert invoke("run", recipe, "-a", "fedmid", "--tracking-uri", uri).exit_code == 0  # makes the store
     from sweeps.recipe import load
-    from sweeps.tracking import Store
+    from sweeps.store import Store
 
     store = Store(uri)  # a parent, as a sweep opens one: MLflow counts it among the experiment's runs
     store.open_parent(store.experiment("small-lasso"), load(recipe), [], "sweep small-lasso", {"role": "sweep"})
@@ -172,7 +172,7 @@ def test_ui_notes_ctrl_c_and_sigterm_instead_of_raising_them():
     """`fedbench ui` served on after 4 SIGTERMs of 26 here: the SystemExit its handler raised was lost in a SQLAlchemy
     weakref callback, and a blocking waitpid is not woken by a signal another thread takes. Its handlers now note
     the signal for its waits to see, and give the handlers before back when it ends."""
-    from sweeps.cli import noted_stops
+    from sweeps.ui import noted_stops
 
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     with noted_stops() as stopped_by:

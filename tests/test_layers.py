@@ -26,8 +26,8 @@ def test_type_only_and_function_level_imports_close_cycles_and_go_up_layers(tmp_
              "fedbench/rng.py": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
                                 "    from fedbench.simulate import Simulation\n",
              "fedbench/simulate.py": "from fedbench import rng\n",
-             "fedbench/saved.py": "def load():\n    from fedbench_sweeps.tracking import Store\n",
-             "sweeps/__init__.py": "", "sweeps/tracking.py": ""}
+             "fedbench/saved.py": "def load():\n    from fedbench_sweeps.store import Store\n",
+             "sweeps/__init__.py": "", "sweeps/store.py": ""}
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text(text)
@@ -37,4 +37,4 @@ def test_type_only_and_function_level_imports_close_cycles_and_go_up_layers(tmp_
     assert "  fedbench.rng -> fedbench.simulate (typing-level)" in lines
     assert "  fedbench.simulate -> fedbench.rng (module-level)" in lines
     assert "upward import: fedbench.rng (foundations) -> fedbench.simulate (engine), typing-level" in lines
-    assert "upward import: fedbench.saved (engine) -> sweeps.tracking (orchestration), function-level" in lines
+    assert "upward import: fedbench.saved (engine) -> sweeps.store (orchestration), function-level" in lines

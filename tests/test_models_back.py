@@ -12,7 +12,7 @@ import fedbench
 from helpers import invoke
 from sweeps.driving import build_simulation
 from sweeps.recipe import load
-from sweeps.tracking import load_run_model
+from sweeps.store import load_run_model
 
 LASSO = """\
 name: models-lasso
@@ -221,10 +221,10 @@ def test_the_engine_reads_a_run_id_through_the_store_an_installed_package_regist
     import importlib.metadata
 
     import fedbench.saved
-    from sweeps.tracking import Store
+    from sweeps.store import Store
 
     [store] = importlib.metadata.entry_points(group=fedbench.saved.STORES)
-    assert store.load().__name__ == Store.__name__ and store.module == "fedbench_sweeps.tracking"
+    assert store.load().__name__ == Store.__name__ and store.module == "fedbench_sweeps.store"
     monkeypatch.setattr(fedbench.saved, "STORES", "fedbench.no_such_group")
     with pytest.raises(ValueError, match=f"^{'0' * 32} is a run id, and no store of runs is installed to read it"):
         fedbench.load_model("0" * 32)

@@ -455,10 +455,10 @@ def test_ui_without_port_moves_past_the_default_port_in_use(tracking_uri):
 
 def test_serving_is_not_fooled_by_another_program_on_the_port(other_program):
     """Our server exited (its port taken), another program answers there: not serving."""
-    import cli
+    from sweeps.ui import serving
 
     ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
-    assert not cli.serving(ours, "127.0.0.1", other_program, timeout=10)
+    assert not serving(ours, "127.0.0.1", other_program, timeout=10)
     ours.wait()
 
 
@@ -487,7 +487,7 @@ def test_serving_waits_for_a_server_that_lives_past_a_minute(monkeypatch, free_t
     answers after 80 s (of a clock on which each 0.2 s poll takes 10 s: 2 s here) is waited for."""
     import time
 
-    import cli
+    from sweeps.ui import serving
 
     server = subprocess.Popen([sys.executable, "-c", LATE_SERVER, str(free_tcp_port), "2"])
     start, real_sleep = time.monotonic(), time.sleep
@@ -495,7 +495,7 @@ def test_serving_waits_for_a_server_that_lives_past_a_minute(monkeypatch, free_t
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(time, "sleep", lambda seconds: (real_sleep(seconds), clock.__setitem__(0, clock[0] + 10)))
     try:
-        assert cli.serving(server, "127.0.0.1", free_tcp_port)
+        assert serving(server, "127.0.0.1", free_tcp_port)
         assert clock[0] - start > 60, clock[0] - start
     finally:
         server.kill()

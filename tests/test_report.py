@@ -16,7 +16,7 @@ from PIL import Image
 from helpers import invoke
 from sweeps.recipe import load
 from sweeps.report import Histories, curve, resolve_settings, rounds_to
-from sweeps.tracking import Store
+from sweeps.store import Store
 
 # fedmid at client_lr 0.07 diverges on seed 0 (round 10) and finishes on seeds 1 and 2.
 RECIPE = """\

@@ -20,7 +20,7 @@ import sweeps.events
 from sweeps.driving import Outcome
 from sweeps.events import RowStream
 from sweeps.recipe import load
-from sweeps.tracking import Store
+from sweeps.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = """\
@@ -40,7 +40,7 @@ import sys, time
 from dataclasses import asdict
 from sweeps.driving import Outcome
 from sweeps.recipe import load
-from sweeps.tracking import Store
+from sweeps.store import Store
 
 recipe = load(sys.argv[1])
 trial = recipe.trials()[int(sys.argv[2])]
@@ -130,7 +130,8 @@ def test_four_processes_start_on_one_new_store_20_times(workers, tmp_path):
     ("CREATE TABLE _alembic_tmp_experiments (experiment_id INTEGER)", "table _alembic_tmp_experiments left over"),
     ("DELETE FROM alembic_version", "no schema version")])
 def test_a_half_migrated_store_is_refused_in_one_line(tracking_uri, damage, found):
-    from sweeps.tracking import Store, StoreError, sqlite_path
+    from sweeps.database import StoreError, sqlite_path
+    from sweeps.store import Store
 
     path = sqlite_path(tracking_uri)
     with closing(sqlite3.connect(path)) as db, db:
@@ -173,7 +174,7 @@ def test_a_streamed_run_ends_with_the_rows_it_had_not_sent_each_round_once(track
 
 
 # A process that opens a new store, as every fedbench command does first; killed at a moment of the test's choosing.
-OPEN = "import sys; from sweeps.tracking import Store; print('imported', flush=True); Store(sys.argv[1])"
+OPEN = "import sys; from sweeps.store import Store; print('imported', flush=True); Store(sys.argv[1])"
 
 
 @pytest.mark.parametrize("after", [0.5, 2.0, 4.0])
@@ -204,7 +205,7 @@ def test_a_hot_journal_is_recovered_by_sqlite_not_refused(tracking_uri):
     """A store whose writer died mid-transaction keeps a hot journal (`mlflow.db-journal`): SQLite rolls it back when
     the store is next opened for writing; opened read-only first, it answered 'attempt to write a readonly
     database'."""
-    from sweeps.tracking import sqlite_path
+    from sweeps.database import sqlite_path
 
     path = sqlite_path(tracking_uri)
     writer = subprocess.Popen([sys.executable, "-c", (
@@ -235,7 +236,7 @@ def damaged(path: Path, how: str) -> None:
 @pytest.mark.parametrize("how", ["truncated", "garbage", "overwritten"])
 @pytest.mark.parametrize("command", ["run", "sweep", "report"])
 def test_a_damaged_store_is_refused_in_one_line_before_anything_runs(tmp_path, tracking_uri, how, command):
-    from sweeps.tracking import sqlite_path
+    from sweeps.database import sqlite_path
 
     path = sqlite_path(tracking_uri)
     damaged(path, how)
@@ -252,7 +253,7 @@ def test_a_damaged_store_is_refused_in_one_line_before_anything_runs(tmp_path, t
 def test_a_store_whose_check_answers_in_two_lines_is_refused_in_one(tmp_path, tracking_uri):
     """Issue 59 item 6: a b-tree page's header overwritten, SQLite's quick_check answers '*** in database main ***'
     and the page on a second line, which the refusal printed as is: two lines."""
-    from sweeps.tracking import sqlite_path
+    from sweeps.database import sqlite_path
 
     path = sqlite_path(tracking_uri)
     data = bytearray(path.read_bytes())
@@ -272,7 +273,8 @@ def test_a_result_the_store_refuses_is_kept_and_stored_by_the_next_command(tmp_p
     from typer.testing import CliRunner
 
     from cli import app
-    from sweeps.tracking import SPILLED, sqlite_path
+    from sweeps.database import sqlite_path
+    from sweeps.spill import SPILLED
 
     recipe = load_race(tmp_path)
 
@@ -446,7 +448,7 @@ def test_a_kill_while_a_store_is_upgraded_leaves_a_store_the_next_command_opens(
 
 @pytest.mark.heavy  # 9 s
 def test_an_older_store_opened_to_read_and_a_newer_store_are_refused_in_one_line(tmp_path, tracking_uri):
-    from sweeps.tracking import StoreError, sqlite_path
+    from sweeps.database import StoreError, sqlite_path
 
     path = tmp_path / "old" / "mlflow.db"
     path.parent.mkdir()
@@ -469,7 +471,8 @@ def test_a_store_grows_by_what_the_sizing_rule_allows_a_metric_value(tmp_path, t
     """`STORED_VALUE_BYTES` against the store's own growth: the curves of runs as `log_rows` stores them (measured
     257 B a value) cost at most that and at least 3/4 of it, so that a check by it neither refuses room that is
     enough by far nor passes a disk that fills."""
-    from sweeps.tracking import STORED_VALUE_BYTES, sqlite_path, stored_values
+    from sweeps.database import sqlite_path
+    from sweeps.store import STORED_VALUE_BYTES, stored_values
 
     trial = load_race(tmp_path).trials()[0]
     store = Store(tracking_uri)
@@ -503,7 +506,8 @@ def test_a_run_is_kept_off_a_nearly_full_disk_or_refused_where_no_disk_has_room(
     """The result a store refused was kept beside it, on the disk that had just filled, wherever the file fitted. It
     is kept where a disk has room for it and `MIN_FREE_BYTES` more; nowhere, refused in one line naming both
     folders."""
-    from sweeps.tracking import MIN_FREE_BYTES, StoreError, spill, spill_folders
+    from sweeps.database import MIN_FREE_BYTES, StoreError
+    from sweeps.spill import spill, spill_folders
 
     with contextlib.suppress(OSError), open(small_disk / "filler", "wb") as filler:
         while True:

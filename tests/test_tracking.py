@@ -7,7 +7,7 @@ import pytest
 import sqlalchemy
 from mlflow.entities import Metric
 
-from sweeps.tracking import VIEW, VIEW_KEY, Store
+from sweeps.store import VIEW, VIEW_KEY, Store
 
 
 def comparable(value: float) -> float | str:
@@ -137,7 +137,7 @@ def test_runs_started_and_ended_many_to_a_transaction_equal_mlflows_own_calls(tm
 
     from sweeps.driving import Outcome
     from sweeps.recipe import load
-    from sweeps.tracking import ended_run, new_run
+    from sweeps.writer import ended_run, new_run
 
     path = tmp_path / "r.yaml"
     path.write_text("name: many\nproblem: {name: lasso, clients: 8, samples_per_client: 20, dim: 30, support: 10}\n"
@@ -180,7 +180,7 @@ def test_runs_started_and_ended_many_to_a_transaction_equal_mlflows_own_calls(tm
     ({"psycopg2"}, "postgresql+psycopg2://u:p@db:5432/mlflow"),
     ({"psycopg"}, "postgresql://u:p@db:5432/mlflow")])
 def test_a_postgresql_uri_names_a_driver_that_is_installed(present, uri):
-    from sweeps.tracking import with_driver
+    from sweeps.database import with_driver
 
     assert with_driver("postgresql://u:p@db:5432/mlflow", present.__contains__) == uri
     for other in ("sqlite:///mlflow.db", "http://host:5000", "postgresql+psycopg2://u@db/m", "mysql://u@db/m"):
@@ -188,7 +188,7 @@ def test_a_postgresql_uri_names_a_driver_that_is_installed(present, uri):
 
 
 def test_a_postgresql_uri_without_any_driver_is_refused_in_one_line_with_the_fix():
-    from sweeps.tracking import StoreError, with_driver
+    from sweeps.database import StoreError, with_driver
 
     with pytest.raises(StoreError) as refused:
         with_driver("postgresql://u:secret@db/mlflow", lambda module: False)

@@ -12,10 +12,11 @@ What is read, and from where:
   minibatches it draws, and the module's docstring (the update rule, with the paper and its equations);
 - the recipe: the pydantic models of `SECTIONS` (each field's type, default and constraints; the rule a field
   validator enforces, read from the message it gives a value it refuses; the comment beside the field in the
-  source), `FEDERATION_PARAMS`, the adversaries and robust rules of `fedbench.robust`, the participation models and
-  uneven local steps of `fedbench.participation`, the server optimizer of `fedbench.server_optimizers` and the
-  transforms of `fedbench.transforms` (parameters, help, the module's docstring), the tune space's distributions and
-  samplers;
+  source); the federation's parameters and axes as `fedbench list` catalogues them (`sweeps.catalogue.entries`, the
+  one catalogue both read): the adversaries and robust rules of `fedbench.robust`, the participation models and
+  uneven local steps of `fedbench.participation`, the server optimizer of `fedbench.server_optimizers`, any other
+  mapping of `FEDERATION_MAPPINGS`, and the transforms of `fedbench.transforms` (parameters, help, the module's
+  docstring), and the kinds of schedule; the tune space's distributions and samplers;
 - the shipped networks (`fedbench.networks.NETWORKS`): each one's parameter count, input, classes and source;
 - the CLI: the Typer app as Click sees it (every command, argument and option with its help and default);
 - the gallery's tables of shipped recipes: a page's `<!-- shipped-recipes: PREFIX -->` becomes the table of the
@@ -273,8 +274,10 @@ def field_default(field) -> str:
 
 
 def recipe_page() -> str:
+    from fedbench_sweeps.catalogue import entries
     from fedbench_sweeps.recipe.schema import DISTRIBUTIONS, SAMPLERS, SECTIONS
-    from fedbench_sweeps.recipe.trials import FEDERATION_PARAMS
+
+    listed = {entry.path: entry for entry in entries()}  # `fedbench list`'s catalogue, which this page follows
 
     lines = ["# Recipe schema", "",
              "A recipe is a YAML file (read with `safe_load`; unknown fields are refused with the closest name). "
@@ -298,56 +301,73 @@ def recipe_page() -> str:
                       "hyperparameters (a list is a grid axis), or to nothing for the defaults; an entry may also "
                       "hold its own `problem:` and `federation:` overrides.", ""]
     lines += ["## `federation:`", "", "How rounds run; a list is a grid axis (generated from `FEDERATION_PARAMS`).",
-              "", *param_table(FEDERATION_PARAMS), "", *robust_section(), *participation_section(),
-              *server_optimizer_section(), *transforms_section(),
+              "", *param_table(listed["federation"].params), "", *federation_sections(listed),
               "## `tune.space` distributions", "",
               "Each entry of `tune.space` maps a parameter (bare name, `problem.X`, `federation.X` or "
               "`algorithms.ALGO.X`; or a field of the schedule a hyperparameter follows, `X.FIELD` or "
               "`algorithms.ALGO.X.FIELD`) to one distribution: " + ", ".join(map(code, DISTRIBUTIONS)) +
               ", e.g. `client_lr: {log_uniform: [1.0e-5, 1.0e-1]}` or `client_lr.init: {log_uniform: [1.0e-4, "
-              "1.0e-1]}`. `tune.sampler` is one of " + ", ".join(map(code, SAMPLERS)) + ".", "", *schedules_section()]
+              "1.0e-1]}`. `tune.sampler` is one of " + ", ".join(map(code, SAMPLERS)) + ".", "",
+              *schedules_section(listed["schedules"])]
     return "\n".join(lines) + "\n"
 
 
-def robust_section() -> list[str]:
+def federation_sections(listed: dict) -> list[str]:
+    """A section per axis of the federation that `fedbench list` catalogues (`listed`, by path): its mappings
+    (`FEDERATION_MAPPINGS`: the adversaries, participation with uneven local steps, the server optimizer, and any
+    other, `mapping_section`), then the transforms of its links."""
+    written = {"federation.adversaries": robust_section, "federation.participation": participation_section,
+               "federation.server_optimizer": server_optimizer_section}
+    lines = []
+    for path, entry in listed.items():
+        if path.startswith("federation.") and path != "federation.local_steps":  # with participation
+            lines += written[path](listed) if path in written else mapping_section(entry)
+    return lines + transforms_section([entry for path, entry in listed.items() if path.startswith("transforms.")])
+
+
+def mapping_section(entry) -> list[str]:
+    """A mapping of the federation's without a section written for it: its line in `fedbench list`, its fields,
+    then the docstring of the module that declares it."""
+    return [f"## `{entry.path}`", "", f"{entry.heading}; each field a grid axis where it is a list.", "",
+            *param_table(entry.params), "", module_doc(entry.declared), ""]
+
+
+def robust_section(listed: dict) -> list[str]:
     """`federation.aggregation`'s robust rules and `federation.adversaries`: the adversaries' parameters, then the
     module's docstring (each rule's and attack's paper, how the engine applies them)."""
-    from fedbench.robust import Adversaries
-
+    adversaries = listed["federation.adversaries"]
     return ["## Robust aggregation and `federation.adversaries`", "",
             "`aggregation: median | trimmed_mean | krum | multi_krum` puts a robust rule in place of the server's mean "
             "(with `trim` β and `byzantine` f above); `adversaries` is a mapping of the parameters below (generated "
             "from `fedbench.robust.Adversaries`), each a grid axis where it is a list, e.g. "
             "`adversaries: {fraction: [0.1, 0.3], attack: sign_flip, scale: 10}` or "
             "`--set federation.adversaries.attack=[sign_flip,gaussian]`.", "",
-            *param_table(Adversaries.params), "", module_doc(Adversaries), ""]
+            *param_table(adversaries.params), "", module_doc(adversaries.declared), ""]
 
 
-def participation_section() -> list[str]:
+def participation_section(listed: dict) -> list[str]:
     """`federation.participation` and uneven `federation.local_steps`: the fields of each mapping, then the module's
     docstring (each model's draws and paper, how the engine runs a varying number of participants and uneven work)."""
-    from fedbench.participation import LocalSteps, Participation
-
+    participation, local_steps = listed["federation.participation"], listed["federation.local_steps"]
     return ["## `federation.participation` and uneven `federation.local_steps`", "",
             "`participation` is a mapping of the fields below (generated from `fedbench.participation.Participation`), "
             "only those its `model` reads, each a grid axis where it is a list, e.g. "
             "`participation: {model: bernoulli, p: [0.1, 0.5]}` or `--set federation.participation.p=[0.1,0.5]`; a "
             "list of such mappings is a grid axis over them; `tune.space` searches a field the model reads, "
             "`federation.participation.p: {uniform: [0.05, 0.5]}`.", "",
-            *param_table(Participation.params), "",
+            *param_table(participation.params), "",
             "`local_steps` may be a mapping in place of E, uneven local work: `{distribution: uniform, low: 1, high: "
             "10}`, `{counts: [...]}` (one per client) or `{file: steps.npy}` (generated from "
             "`fedbench.participation.LocalSteps`); `--set federation.local_steps.high=[5,10]` is a grid axis inside, "
             "`local_steps: [10, {distribution: uniform, low: 1, high: 10}]` one of E beside uneven work, and "
             "`tune.space` searches `federation.local_steps.low` or `.high` of a drawn count.",
-            "", *param_table(LocalSteps.params), "", module_doc(Participation), ""]
+            "", *param_table(local_steps.params), "", module_doc(participation.declared), ""]
 
 
-def server_optimizer_section() -> list[str]:
+def server_optimizer_section(listed: dict) -> list[str]:
     """`federation.server_optimizer`: its fields, then the module's docstring (each rule's formulas, its two forms,
     where the engine applies it, which algorithms take it)."""
-    from fedbench.server_optimizers import ServerOptimizer
-
+    server_optimizer = listed["federation.server_optimizer"]
     return ["## `federation.server_optimizer`", "",
             "`server_optimizer` is a mapping of the fields below (generated from "
             "`fedbench.server_optimizers.ServerOptimizer`), only those its `name` reads, each a grid axis where it is "
@@ -356,14 +376,13 @@ def server_optimizer_section() -> list[str]:
             "(`[{name: sgd}, {name: yogi}]`: `sgd` at lr 1 is the algorithm's own server step); the lr may be a "
             "schedule (`lr: {schedule: cosine, init: 0.03, final: 1.0e-3}`, see schedules below); `tune.space` "
             "searches a field the rule reads, `federation.server_optimizer.lr: {log_uniform: [1.0e-3, 1.0e-1]}`.", "",
-            *param_table(ServerOptimizer.params), "", module_doc(ServerOptimizer), ""]
+            *param_table(server_optimizer.params), "", module_doc(server_optimizer.declared), ""]
 
 
-def transforms_section() -> list[str]:
-    """`federation.uplink` and `federation.downlink`: the transforms (`fedbench.transforms.TRANSFORMS`), each with its
-    parameters, then the module's docstring (what a chain does, each transform's paper, its encoding in bits)."""
-    from fedbench.transforms import TRANSFORMS
-
+def transforms_section(transforms: list) -> list[str]:
+    """`federation.uplink` and `federation.downlink`: the transforms (`fedbench list`'s entries of
+    `fedbench.transforms.TRANSFORMS`), each with its parameters, then the module's docstring (what a chain does, each
+    transform's paper, its encoding in bits)."""
     lines = ["## `federation.uplink` and `federation.downlink`", "",
              "Lists of transforms of each client's uploads and of the server's broadcast (generated from "
              "`fedbench.transforms.TRANSFORMS`). An entry is a transform's name (its defaults), `{name: value}` (its "
@@ -375,17 +394,20 @@ def transforms_section() -> list[str]:
              "`comm_down_bits`, which `report.x` can draw against.", "",
              "| transform | on | parameters | what it does; what a message of d values of b bits costs |",
              "|---|---|---|---|"]
-    for name, transform in TRANSFORMS.items():
+    for entry in transforms:
+        name, transform = entry.name, entry.declared
         params = "; ".join(f"`{p.name}` ({p.kind} in {p.describe_range()}, default {code(yaml_value(p.default))}): "
                            f"{p.help}" for p in transform.params) or "none"
         links = "uplink, downlink" if transform.on_downlink else "uplink"
         lines.append(f"| {code(name)} | {links} | {cell(params)} | {cell(transform.help)} |")
-    return [*lines, "", module_doc(TRANSFORMS["top_k"]), ""]
+    top_k = next(entry.declared for entry in transforms if entry.name == "top_k")  # of the module fedbench.transforms
+    return [*lines, "", module_doc(top_k), ""]
 
 
-def schedules_section() -> list[str]:
-    """The kinds of schedule a float hyperparameter takes and their fields (`fedbench.schedules`)."""
-    from fedbench.schedules import FIELDS, KINDS, VALUES
+def schedules_section(schedules) -> list[str]:
+    """The kinds of schedule a float hyperparameter takes (`fedbench list`'s entry `schedules`) and their fields
+    (`fedbench.schedules`)."""
+    from fedbench.schedules import FIELDS, VALUES
 
     lines = ["## Schedules", "",
              "An algorithm's float hyperparameter takes a schedule instead of a number, "
@@ -394,7 +416,7 @@ def schedules_section() -> list[str]:
              "is the kind's formula at k = r − W, with H = max(T − W, 1) (generated from `fedbench/schedules.py`; "
              "[the recipe guide](../guide/recipes.md#schedules) has examples).", "",
              "| `schedule:` | value | fields (required in bold) |", "|---|---|---|"]
-    for kind, cls in KINDS.items():
+    for kind, cls in schedules.declared.items():
         fields = ", ".join(f"**`{f}`**" if f in cls.required() else code(f) for f in cls.own_fields())
         lines.append(f"| {code(kind)} | {cell(cls.formula)} | {fields} |")
     lines += ["", "| field | type | default | range | description |", "|---|---|---|---|---|"]

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Optional
 
 from ..recipe import Recipe
-from ..tracking import SUMMARY_METRICS, Store
+from ..store import Store
+from ..writer import SUMMARY_METRICS
 from .query import AXES, Histories, ReportError, Source, find_source
 from .render import (
     Colors,

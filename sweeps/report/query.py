@@ -10,8 +10,10 @@ from typing import Optional
 import numpy as np
 from mlflow.exceptions import MlflowException
 
+from ..database import StoreError
 from ..recipe import Recipe, parse, yaml_value
-from ..tracking import PARENT_TAG, Store, StoreError
+from ..store import Store
+from ..writer import PARENT_TAG
 
 COMM = ("comm_up", "comm_down")  # the x-axis of --x comm, not curves of their own
 COMM_BITS = ("comm_up_bits", "comm_down_bits")  # of --x comm_bits, and each of its own --x

@@ -69,7 +69,7 @@ def resolve_settings(recipe: Optional[Recipe], available: list[str], x: Optional
 def headline_metrics(recipe: Recipe) -> list[str]:
     """The panels of the recipe's report figure, as `fedbench report` picks them (`report.metrics`, else the
     selection metric and the first metrics with a direction), from the metrics the recipe's runs declare: the
-    charts that `fedbench ui` shows first (`tracking.Store.experiment`)."""
+    charts that `fedbench ui` shows first (`store.Store.experiment`)."""
     try:
         return resolve_settings(recipe, sorted(recipe.metrics()), None).metrics
     except ReportError:  # no metric to rank configurations by: the report refuses such runs
