@@ -63,6 +63,24 @@ def saved_programs(folder: str | Path | None) -> list[list[tuple[str, int]]]:
     return found
 
 
+def interrupted(policy: Policy, trials: list[Trial]) -> list[tuple[Path, int | None]]:
+    """The checkpoints in `policy`'s folder of programs that hold any of `trials`' runs, with the round each had
+    reached (None where its index predates the count): what an interrupted `fedbench run` of them left."""
+    if not policy.active:
+        return []
+    ours = {(config_hash, seed) for config_hash, seed in runs_of(trials)}
+    found = []
+    for index in sorted(Path(policy.folder).glob("*.json")):  # type: ignore[arg-type]  # active: a folder
+        try:
+            saved = json.loads(index.read_text())
+            runs = {(config_hash, int(seed)) for config_hash, seed in saved["runs"]}
+        except (ValueError, KeyError, OSError):  # a file being replaced, or not ours
+            continue
+        if runs & ours and index.with_suffix(".pt").is_file():
+            found.append((index.with_suffix(".pt"), saved.get("rounds")))
+    return found
+
+
 class Checkpoint:
     """The checkpoint of one program of `trials` (its runs, in the program's order) under `policy`."""
 
@@ -102,7 +120,8 @@ class Checkpoint:
         """The program's state and rows so far, written whole then renamed over the previous checkpoint."""
         assert self.path is not None and self.index is not None  # saved only under a policy with a folder
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        _replace(self.index, lambda f: f.write(json.dumps({"runs": self.runs}).encode()))
+        index = {"runs": self.runs, "rounds": program.rounds_progress()}
+        _replace(self.index, lambda f: f.write(json.dumps(index).encode()))
         state: dict[str, Any] = {"runs": self.runs, "program": program.state_dict(), "rows": rows,
                                  "seconds": seconds}
         _replace(self.path, lambda f: torch.save(state, f))

@@ -21,6 +21,7 @@ import typer.core
 
 from .console import (
     check_builds,
+    check_not_interrupted,
     check_room,
     chosen_trials,
     console,
@@ -134,9 +135,10 @@ def run(
     device: Optional[str] = DeviceOption,
     tracking_uri: Optional[str] = TrackingOption,
     track: bool = typer.Option(True, "--track/--no-track", help="Log the run(s) to MLflow"),
-    resume: bool = typer.Option(False, "--resume", help="Go on from the checkpoint an interrupted run of this "
-                                "configuration and seed(s) left (the recipe's checkpoints block says how often "
-                                "runs save one); without it, a run starts at round 0"),
+    resume: Optional[bool] = typer.Option(None, "--resume/--restart", help="Go on from the checkpoint an "
+                                          "interrupted run of this configuration and seed(s) left (the recipe's "
+                                          "checkpoints block says how often runs save one), or start at round 0 "
+                                          "and drop it; with neither, a run that finds one is refused"),
     data_dir: Optional[Path] = DataOption,
 ) -> None:
     """Run one configuration in-process (no Ray): one algorithm, one value per hyperparameter, one or more
@@ -156,6 +158,8 @@ def run(
     store = open_store(tracking_uri) if track else None  # one that cannot take the result: refused before computing
     if store is not None:
         check_room(store, trials)
+    if resume is None:
+        check_not_interrupted(recipe_path, recipe, trials, tracking_uri)
     keep_freed_memory()
     try:  # what needs the built data is refused here (pfedfbe's λ above the clients' smoothness, or no CUDA)
         together, sims = build_runs(trials, device)
@@ -164,7 +168,7 @@ def run(
     console.print(run_title(trials, together), highlight=False)
     for name, value in sims[0].problem.choices().items():  # e.g. a deep network's layout over the clients
         console.print(f"{name}: {value}", highlight=False)
-    outcomes = drive_with_progress(recipe, trials, sims, tracking_uri, resume)
+    outcomes = drive_with_progress(recipe, trials, sims, tracking_uri, bool(resume))
     show_outcomes(trials, outcomes)
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)

@@ -65,6 +65,17 @@ def check_room(store, trials: list) -> None:
         fail(str(err))
 
 
+def check_not_interrupted(recipe_path: Path, recipe, trials: list, tracking_uri: Optional[str]) -> None:
+    """Refuse to start at round 0, over its checkpoint, runs an interrupted `fedbench run` left: the choice between
+    going on (--resume) and dropping the rounds done (--restart) is the researcher's."""
+    from .checkpoints import interrupted, policy_of
+
+    for path, rounds in interrupted(policy_of(recipe, tracking_uri), trials):
+        reached = f"at round {rounds:,}" if rounds is not None else "mid-run"
+        fail(f"{recipe_path}: an interrupted run of these runs saved a checkpoint {reached} ({path}); expected "
+             "--resume to go on from it or --restart to start at round 0")
+
+
 def use_data_dir(data_dir: Optional[Path]) -> None:
     """Real datasets are read from FEDBENCH_DATA; set before Ray starts, its workers inherit it."""
     if data_dir is not None:

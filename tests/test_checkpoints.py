@@ -65,7 +65,8 @@ checkpoints: {every_seconds: 0, every_rounds: 1000}
 @pytest.mark.heavy  # 18 s of CPU
 def test_run_killed_then_resumed_gives_the_rows_of_one_never_stopped(tmp_path):
     """`fedbench run` of three seeds as one program, killed (SIGKILL) once it has saved a checkpoint, then run again
-    with --resume: the rows written are those of the run never stopped; without --resume a run starts anew."""
+    with --resume: the rows written are those of the run never stopped. With neither --resume nor --restart, a run
+    that finds the checkpoint is refused (nothing dropped); with --restart it starts anew."""
     import json
     import signal
     import subprocess
@@ -93,11 +94,23 @@ def test_run_killed_then_resumed_gives_the_rows_of_one_never_stopped(tmp_path):
         time.sleep(0.05)
     killed.send_signal(signal.SIGKILL)
     killed.wait()
-    checkpoint = torch.load(next(folder.glob("*.pt")), weights_only=True)
+    saved = next(folder.glob("*.pt"))
+    checkpoint = torch.load(saved, weights_only=True)
     assert 0 < checkpoint["program"]["rounds_done"] < 10000
+    kept = {path: path.read_bytes() for path in folder.iterdir()}
+    refused = subprocess.run(base, cwd=root, capture_output=True, text=True, timeout=300)  # neither flag: refused
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert (f"an interrupted run of these runs saved a checkpoint at round {checkpoint['program']['rounds_done']:,} "
+            f"({saved}); expected --resume to go on from it or --restart to start at round 0") in " ".join(
+                (refused.stdout + refused.stderr).split())
     run("--resume", "--json", str(tmp_path / "resumed.json"))
     assert json.loads((tmp_path / "resumed.json").read_text()) == json.loads((tmp_path / "clean.json").read_text())
     assert not list(folder.glob("*.pt"))  # the program ended: its checkpoint removed
+    for path, data in kept.items():  # the interrupted run's checkpoint again, this time dropped
+        path.write_bytes(data)
+    run("--restart", "--json", str(tmp_path / "restarted.json"))
+    assert json.loads((tmp_path / "restarted.json").read_text()) == json.loads((tmp_path / "clean.json").read_text())
+    assert not list(folder.glob("*.pt"))
     assert "no checkpoint of these runs" in run("--resume", "--set", "federation.rounds=1000")
 
 
