@@ -70,6 +70,8 @@ class Federation:
     # the server's step on the round's mean update of w (`fedbench.server_optimizers`); given as a recipe writes it
     # (`{"name": "adam", "lr": 0.01}`) or as one
     server_optimizer: ServerOptimizer | None = None
+    # the axes registered behind `fedbench.axes.Axis` (`federation.client_dropout`), as made from the recipe
+    axes: tuple[Any, ...] = ()
 
     params = (
         Param("rounds", "int", 100, "communication rounds R", low=0),
@@ -122,7 +124,7 @@ class Federation:
         (`uniform(low=1, high=10)`); the server optimizer as its text (`adam(lr=0.01, beta1=0.9, beta2=0.99, tau=0.001,
         form=paper)`), none left out."""
         config = {f.name: getattr(self, f.name) for f in fields(self)
-                  if f.name not in (*LINKS, *self.READ_BY, "adversaries", "participation", "server_optimizer")}
+                  if f.name not in (*LINKS, *self.READ_BY, "adversaries", "participation", "server_optimizer", "axes")}
         defaults = {p.name: p.default for p in self.params}
         config.update({name: getattr(self, name) for name, rules in self.READ_BY.items()
                        if self.aggregation in rules or getattr(self, name) != defaults[name]})
@@ -135,6 +137,7 @@ class Federation:
             config["local_steps"] = str(self.local_steps)
         if self.server_optimizer is not None:
             config["server_optimizer"] = str(self.server_optimizer)
+        config.update({axis.key: axis.config() for axis in self.axes if axis.config() is not None})
         return config
 
     def check(self, layout: Layout, batch_sizes: Mapping[str, int] | None = None) -> None:
@@ -279,6 +282,8 @@ class RoundSampler:
             self.step_counts = StepCounts(federation.local_steps, self.steps_gen, problem.client_sizes_cpu,
                                           federation.batch_size)
         self.epochs = federation.local_steps.epochs if isinstance(federation.local_steps, LocalSteps) else None
+        # the streams of the axes that draw (`fedbench.axes.Axis.stream`), and each axis's hook on the round's slots
+        self.axis_streams = {axis.stream: generator(seed, axis.stream) for axis in federation.axes if axis.stream}
 
     def draw(self, local_steps: int, everyone: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
         """(clients [S], rows `[local_steps, S, b]` per drawn minibatch name) of a round of `local_steps` steps for
@@ -296,6 +301,8 @@ class RoundSampler:
             clients, present = torch.arange(self.problem.num_clients), None
         else:
             clients, present = self.participants.draw(index)
+            for axis in self.federation.axes:  # which of the slots upload (`fedbench.axes.Axis.mask`)
+                present = axis.mask(present, len(clients), self.axis_streams.get(axis.stream))
         counts = None if self.step_counts is None else self.step_counts.draw(clients)
         steps = int(counts.max()) if counts is not None else local_steps
         assert steps is not None  # given where the counts are not drawn
