@@ -36,7 +36,7 @@ class ClientDropout:
     stream: ClassVar[str | None] = "client-dropout"
     params: ClassVar[tuple[Param, ...]] = (
         Param("p", "float", 0.0, "the probability that a sampled client, having trained, fails to upload", low=0,
-              high=1, high_open=True),)
+              high=1),)
 
     def check(self, federation: Any, algorithm: Any, layout: Any) -> None:
         try:
@@ -64,5 +64,5 @@ class ClientDropout:
         if self.p == 0:
             return present
         assert generator is not None  # the run's "client-dropout" stream (`stream`)
-        uploads = torch.rand(slots, generator=generator, dtype=torch.float64) >= self.p
+        uploads = torch.rand(slots, generator=generator, dtype=torch.float64) >= self.p  # p = 1: none
         return uploads if present is None else present & uploads
