@@ -9,7 +9,10 @@ round's slots upload). A run's `Federation` holds such axes in `Federation.axes`
 
 The axes that came before the protocol are fields of `Federation` with their own rules (`Federation.check`,
 `fedbench.checks.check_federation`) and random streams (`fedbench.federation.RoundSampler`): they are registered here
-by their recipe form (`Mapped`), so that the parser, the listing and the reference read one registry.
+by their recipe form (`Mapped`), so that the parser, the listing and the reference read one registry. Not yet
+registered (the parser, `fedbench list` and the reference still name them apart): the links' chains
+(`fedbench.transforms`), privacy accounting (`fedbench.privacy`, a top-level section) and compiled steps
+(`fedbench.compiling`, a top-level field).
 """
 from __future__ import annotations
 

@@ -37,8 +37,9 @@ class Federation:
     `downlink` (`fedbench.transforms`, given as a recipe writes them and held as steps), the `adversaries`
     (`fedbench.robust.Adversaries`, or None) and the `participation` model (`fedbench.participation.Participation`,
     given as a recipe writes it) and the `server_optimizer` (`fedbench.server_optimizers.ServerOptimizer`, given as a
-    recipe writes it, or None: the algorithm's own server step alone), as a recipe's `federation:` block sets them (the
-    scalar ones declared in `params`).
+    recipe writes it, or None: the algorithm's own server step alone) and the `axes` of the registry `fedbench.axes`
+    (`fedbench.client_dropout.ClientDropout`), as a recipe's `federation:` block sets them (the scalar ones declared
+    in `params`).
 
     Example:
         ```python
@@ -47,6 +48,7 @@ class Federation:
         Federation(rounds=2000, participation={"model": "markov", "p_on": 0.2, "p_off": 0.1},
                    local_steps={"distribution": "uniform", "low": 1, "high": 10})
         Federation(rounds=2000, server_optimizer={"name": "adam", "lr": 0.01})     # FedAdam, of any algorithm
+        Federation(rounds=2000, axes=(ClientDropout(0.1),))     # each sampled client's upload lost with p = 0.1
         ```
     """
 

@@ -7,7 +7,8 @@ federation's participation model draws it, `fedbench.participation`), "minibatch
 algorithm's own (`Algorithm.random_stream`, default "algorithm": coins, round lengths), "uplink" / "downlink" where
 the federation's chain there draws (`fedbench.transforms`), "adversaries" where the federation has some (which
 clients, at the start; the gaussian attack's noise, `fedbench.robust`), and "local-steps" where each round draws its
-participants' numbers of local steps; the problem's data use its own "data" stream. Evaluation draws from none of
+participants' numbers of local steps, and each axis's of `fedbench.axes` that draws ("client-dropout": whose upload
+is lost); the problem's data use its own "data" stream. Evaluation draws from none of
 them, so the curve's schedule (`eval_every`) never changes a run.
 """
 from __future__ import annotations
