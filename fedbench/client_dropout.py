@@ -57,6 +57,9 @@ class ClientDropout:
         if why:
             raise ParamError(self.key, f"found {self.p} {why}; expected 0")
 
+    def __str__(self) -> str:  # as a recipe writes it (a refusal lists the values so)
+        return str(self.p)
+
     def config(self) -> float | None:
         return self.p or None
 
