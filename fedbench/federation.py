@@ -37,8 +37,9 @@ class Federation:
     `downlink` (`fedbench.transforms`, given as a recipe writes them and held as steps), the `adversaries`
     (`fedbench.robust.Adversaries`, or None) and the `participation` model (`fedbench.participation.Participation`,
     given as a recipe writes it) and the `server_optimizer` (`fedbench.server_optimizers.ServerOptimizer`, given as a
-    recipe writes it, or None: the algorithm's own server step alone), as a recipe's `federation:` block sets them (the
-    scalar ones declared in `params`).
+    recipe writes it, or None: the algorithm's own server step alone) and the `axes` of the registry `fedbench.axes`
+    (`fedbench.client_dropout.ClientDropout`), as a recipe's `federation:` block sets them (the scalar ones declared
+    in `params`).
 
     Example:
         ```python
@@ -47,6 +48,7 @@ class Federation:
         Federation(rounds=2000, participation={"model": "markov", "p_on": 0.2, "p_off": 0.1},
                    local_steps={"distribution": "uniform", "low": 1, "high": 10})
         Federation(rounds=2000, server_optimizer={"name": "adam", "lr": 0.01})     # FedAdam, of any algorithm
+        Federation(rounds=2000, axes=(ClientDropout(0.1),))     # each sampled client's upload lost with p = 0.1
         ```
     """
 
@@ -70,6 +72,8 @@ class Federation:
     # the server's step on the round's mean update of w (`fedbench.server_optimizers`); given as a recipe writes it
     # (`{"name": "adam", "lr": 0.01}`) or as one
     server_optimizer: ServerOptimizer | None = None
+    # the axes registered behind `fedbench.axes.Axis` (`federation.client_dropout`), as made from the recipe
+    axes: tuple[Any, ...] = ()
 
     params = (
         Param("rounds", "int", 100, "communication rounds R", low=0),
@@ -122,7 +126,7 @@ class Federation:
         (`uniform(low=1, high=10)`); the server optimizer as its text (`adam(lr=0.01, beta1=0.9, beta2=0.99, tau=0.001,
         form=paper)`), none left out."""
         config = {f.name: getattr(self, f.name) for f in fields(self)
-                  if f.name not in (*LINKS, *self.READ_BY, "adversaries", "participation", "server_optimizer")}
+                  if f.name not in (*LINKS, *self.READ_BY, "adversaries", "participation", "server_optimizer", "axes")}
         defaults = {p.name: p.default for p in self.params}
         config.update({name: getattr(self, name) for name, rules in self.READ_BY.items()
                        if self.aggregation in rules or getattr(self, name) != defaults[name]})
@@ -135,6 +139,7 @@ class Federation:
             config["local_steps"] = str(self.local_steps)
         if self.server_optimizer is not None:
             config["server_optimizer"] = str(self.server_optimizer)
+        config.update({axis.key: axis.config() for axis in self.axes if axis.config() is not None})
         return config
 
     def check(self, layout: Layout, batch_sizes: Mapping[str, int] | None = None) -> None:
@@ -279,6 +284,8 @@ class RoundSampler:
             self.step_counts = StepCounts(federation.local_steps, self.steps_gen, problem.client_sizes_cpu,
                                           federation.batch_size)
         self.epochs = federation.local_steps.epochs if isinstance(federation.local_steps, LocalSteps) else None
+        # the streams of the axes that draw (`fedbench.axes.Axis.stream`), and each axis's hook on the round's slots
+        self.axis_streams = {axis.stream: generator(seed, axis.stream) for axis in federation.axes if axis.stream}
 
     def draw(self, local_steps: int, everyone: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
         """(clients [S], rows `[local_steps, S, b]` per drawn minibatch name) of a round of `local_steps` steps for
@@ -296,6 +303,8 @@ class RoundSampler:
             clients, present = torch.arange(self.problem.num_clients), None
         else:
             clients, present = self.participants.draw(index)
+            for axis in self.federation.axes:  # which of the slots upload (`fedbench.axes.Axis.mask`)
+                present = axis.mask(present, len(clients), self.axis_streams.get(axis.stream))
         counts = None if self.step_counts is None else self.step_counts.draw(clients)
         steps = int(counts.max()) if counts is not None else local_steps
         assert steps is not None  # given where the counts are not drawn

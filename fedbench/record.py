@@ -7,7 +7,8 @@ federation's participation model draws it, `fedbench.participation`), "minibatch
 algorithm's own (`Algorithm.random_stream`, default "algorithm": coins, round lengths), "uplink" / "downlink" where
 the federation's chain there draws (`fedbench.transforms`), "adversaries" where the federation has some (which
 clients, at the start; the gaussian attack's noise, `fedbench.robust`), and "local-steps" where each round draws its
-participants' numbers of local steps; the problem's data use its own "data" stream. Evaluation draws from none of
+participants' numbers of local steps, and each axis's of `fedbench.axes` that draws ("client-dropout": whose upload
+is lost); the problem's data use its own "data" stream. Evaluation draws from none of
 them, so the curve's schedule (`eval_every`) never changes a run.
 """
 from __future__ import annotations
@@ -19,28 +20,21 @@ import torch
 from torch import Tensor
 
 from fedbench.algorithms.base import Algorithm
-from fedbench.federation import (
-    DIVERGENCE_FACTOR,
-    Federation,
-    RoundSampler,
-    aggregation_weights,
-    check_uploads,
-    minibatch_sizes,
-)
+from fedbench.checks import check_federation
+from fedbench.federation import DIVERGENCE_FACTOR, Federation, RoundSampler, aggregation_weights, minibatch_sizes
 from fedbench.metrics import EPSILON
-from fedbench.participation import check_algorithm
 from fedbench.privacy import ACCOUNTANTS, Accountant, Mechanism
 from fedbench.problems.base import Problem
 from fedbench.rng import generator
 from fedbench.robust import adversarial_clients
-from fedbench.server_optimizers import check_algorithm as check_server_optimizer
 from fedbench.transforms import LINKS, draws
 
 
 class RunRecord:
     """One run's record: its problem, algorithm configuration, federation and streams, its state (without the run
     axis: server entries as `init_server` makes them, per-client `[N, ...]`), counters and status; refused
-    (ParamError, naming the field) where the federation cannot run the algorithm on the problem. With `delta`, a run
+    (`fedbench.checks.Refusal`, a ParamError naming the field) where the federation cannot run the algorithm on the
+    problem (`fedbench.checks.check_federation`). With `delta`, a run
     whose uplink adds DP-FedAvg's noise (a `gaussian` step) has in each row its `epsilon`: ε at δ after the row's
     rounds by the `accountant` (`fedbench.privacy.ACCOUNTANTS`: pld, the tight default, or rdp). A run ends at
     `federation.rounds` or where it diverges (a non-finite metric, or an objective above `divergence_factor` times
@@ -51,11 +45,8 @@ class RunRecord:
                  eval_every: int = 10, divergence_factor: float = DIVERGENCE_FACTOR, delta: float | None = None,
                  compile: str = "auto", accountant: str = ACCOUNTANTS[0]):
         minibatches = algorithm.minibatches(algorithm.hp)
-        sizes, fields = minibatch_sizes(minibatches, algorithm.hp, federation.batch_size)
-        federation.check(problem.layout(), fields)
-        check_uploads(federation, algorithm, problem.num_clients)
-        check_algorithm(federation.participation, federation.local_steps, type(algorithm), algorithm.declared)
-        check_server_optimizer(federation.server_optimizer, algorithm)
+        sizes, _ = minibatch_sizes(minibatches, algorithm.hp, federation.batch_size)
+        check_federation(federation, algorithm, algorithm.declared, problem.layout())
         self.problem, self.algorithm, self.federation = problem, algorithm, federation
         self.seed = seed
         """The run's seed: its sampling, minibatches, initial point and other draws."""
@@ -105,7 +96,7 @@ class RunRecord:
         steps = {} if self.sampler.steps_gen is None else {"local-steps": self.sampler.steps_gen}
         return {"clients": self.sampler.client_gen, "minibatches": self.sampler.batch_gen,
                 "feature-noise": self.sampler.noise_gen, "algorithm": self.algorithm_gen, **self.link_streams,
-                **adversaries, **steps}
+                **adversaries, **steps, **self.sampler.axis_streams}
 
     def state_dict(self) -> dict[str, Any]:
         """The run's record: its state as it holds it, each stream's state, its counters and, where it has

@@ -90,12 +90,13 @@ def contract_lines(kind: str, cls) -> list[str]:
 def entries() -> list[Entry]:
     """Everything `fedbench list` knows, in the order it prints it (plugins as registered now)."""
     from fedbench.algorithms import ALGORITHMS
+    from fedbench.axes import AXES
     from fedbench.contract import CAPABILITIES
     from fedbench.networks import NETWORKS
     from fedbench.problems import PROBLEMS
     from fedbench.schedules import KINDS
     from fedbench.transforms import TRANSFORMS
-    from .recipe import FEDERATION_MAPPINGS, FEDERATION_PARAMS
+    from .recipe import FEDERATION_PARAMS
 
     found = []
     for kind, section, registry, attribute in (("problem", "problems", PROBLEMS, "params"),
@@ -116,10 +117,9 @@ def entries() -> list[Entry]:
                            declared=network))
     found.append(Entry("federation", "federation: how rounds run (a list is a grid axis)",
                        "rounds, clients per round, local steps, batch size, aggregation", FEDERATION_PARAMS))
-    for name, (made, example) in FEDERATION_MAPPINGS.items():
-        what = "uneven local work, a mapping instead of E" if name == "local_steps" else "a mapping"
-        found.append(Entry(f"federation.{name}", f"federation.{name}: {what}, e.g. {example}",
-                           f"{what}, e.g. {example}", made.params, declared=made))
+    for name, axis in AXES.items():
+        found.append(Entry(f"federation.{name}", f"federation.{name}: {axis.what}, e.g. {axis.example}",
+                           f"{axis.what}, e.g. {axis.example}", axis.made.params, declared=axis.made))
     for name, transform in TRANSFORMS.items():
         links = "uplink and downlink" if transform.on_downlink else "uplink"
         written = f"a step {{{name}: value}} of federation.{links.replace(' and ', ' or ')}"

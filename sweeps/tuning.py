@@ -100,7 +100,6 @@ def make_searcher(study, recipe: Recipe, algorithm: str, seed: int, report_round
     """A Tune searcher over the study (Tune pickles it: it holds nothing of the driver's): each new Tune trial asked of
     it; what the trial reports handed back (`took`, from the driver's events): every evaluated score an intermediate
     value, its end told."""
-    from optuna.trial import TrialState
     from ray.tune.search import Searcher
 
     assert recipe.tune is not None and recipe.tune.mode is not None  # a tune block, its mode resolved at load
@@ -118,14 +117,7 @@ def make_searcher(study, recipe: Recipe, algorithm: str, seed: int, report_round
             self.ends: dict[str, tuple[str, float]] = {}  # status and score of the trials that reported their end
 
         def suggest(self, trial_id: str) -> dict[str, Any] | None:
-            asked = study.ask()
-            values = {d.path(algorithm): suggest(asked, d) for d in dimensions}
-            try:
-                trial = assigned(recipe, values).single_trial(algorithm, seed)
-            except (RecipeError, ValueError) as err:  # e.g. a sampled clients_per_round above clients
-                asked.set_user_attr("error", str(err))
-                study.tell(asked, state=TrialState.FAIL)
-                return self.suggest(trial_id)
+            asked, trial = ask_valid(study, recipe, algorithm, seed, dimensions)
             self.live[trial_id] = asked
             self.reported[trial_id] = set()
             self.scores[trial_id] = Score(tune_spec.metric, mode, tune_spec.objective)
@@ -150,19 +142,42 @@ def make_searcher(study, recipe: Recipe, algorithm: str, seed: int, report_round
                     self.reported[trial_id].add(step)
 
         def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-            asked = self.live.pop(trial_id)
             end = self.ends.pop(trial_id, None)
-            if error or end is None and result is None or end is not None and end[0] == "failed":
-                study.tell(asked, state=TrialState.FAIL)
-            elif end is None:
-                study.tell(asked, state=TrialState.PRUNED)
-            else:
-                status, score = end
-                if status == "diverged":
-                    asked.set_user_attr("diverged", True)
-                study.tell(asked, score if math.isfinite(score) else worst(mode))
+            tell_end(study, self.live.pop(trial_id), end, error or end is None and result is None, mode)
 
     return StudySearcher()
+
+
+def ask_valid(study, recipe: Recipe, algorithm: str, seed: int, dimensions: list) -> tuple[Any, Any]:
+    """A new trial asked of the study and the run its values make; values that make no valid run (a sampled
+    clients_per_round above the clients) told failed, with their refusal, and asked again."""
+    from optuna.trial import TrialState
+
+    while True:
+        asked = study.ask()
+        values = {d.path(algorithm): suggest(asked, d) for d in dimensions}
+        try:
+            return asked, assigned(recipe, values).single_trial(algorithm, seed)
+        except (RecipeError, ValueError) as err:
+            asked.set_user_attr("error", str(err))
+            study.tell(asked, state=TrialState.FAIL)
+
+
+def tell_end(study, asked, end: tuple[str, float] | None, failed: bool, mode: str) -> None:
+    """Tell the study how an asked trial ended: `end` its status and score as it reported them (None: it reported no
+    end); failed (`failed`, or its status), pruned by its scheduler (no end reported, but a result), or its score (the
+    mode's worst where it is not finite, a diverged trial marked)."""
+    from optuna.trial import TrialState
+
+    if failed or end is not None and end[0] == "failed":
+        study.tell(asked, state=TrialState.FAIL)
+    elif end is None:
+        study.tell(asked, state=TrialState.PRUNED)
+    else:
+        status, score = end
+        if status == "diverged":
+            asked.set_user_attr("diverged", True)
+        study.tell(asked, score if math.isfinite(score) else worst(mode))
 
 
 @dataclass

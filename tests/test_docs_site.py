@@ -179,15 +179,15 @@ def test_a_param_added_in_code_appears_on_the_site_with_no_page_edited(tmp_path,
 
 def test_a_federation_axis_the_catalogue_gains_is_in_fedbench_list_and_on_the_schema_page(hook, monkeypatch):
     """`fedbench list` and the reference's recipe page read one catalogue (`sweeps.catalogue.entries`): a mapping
-    declared in `FEDERATION_MAPPINGS`, as a new axis of the federation would be, is listed and documented, with its
+    registered in `fedbench.axes.AXES`, as a new axis of the federation would be, is listed and documented, with its
     fields, with no page edited (issue 61: the hook wrote its own list of the axes)."""
+    from fedbench.axes import AXES, Mapped
     from fedbench_sweeps.catalogue import listing
-    from fedbench_sweeps.recipe.trials import FEDERATION_MAPPINGS
 
     class Probe:
         params = (Param("probe_rate", "float", 0.5, "a field only this test declares", low=0, high=1),)
 
-    monkeypatch.setitem(FEDERATION_MAPPINGS, "probe_axis", (Probe, "{probe_rate: 0.5}"))
+    monkeypatch.setitem(AXES, "probe_axis", Mapped("probe_axis", Probe, "{probe_rate: 0.5}"))
     lines, unknown = listing(["federation.probe_axis"], 120, "fedbench")
     assert not unknown and "probe_rate: float = 0.5" in "\n".join(lines), lines
     text = hook.recipe_page()

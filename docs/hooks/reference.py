@@ -15,7 +15,7 @@ What is read, and from where:
   source); the federation's parameters and axes as `fedbench list` catalogues them (`sweeps.catalogue.entries`, the
   one catalogue both read): the adversaries and robust rules of `fedbench.robust`, the participation models and
   uneven local steps of `fedbench.participation`, the server optimizer of `fedbench.server_optimizers`, any other
-  mapping of `FEDERATION_MAPPINGS`, and the transforms of `fedbench.transforms` (parameters, help, the module's
+  axis of the registry `fedbench.axes.AXES`, and the transforms of `fedbench.transforms` (parameters, help, the module's
   docstring), and the kinds of schedule; the tune space's distributions and samplers;
 - the shipped networks (`fedbench.networks.NETWORKS`): each one's parameter count, input, classes and source;
 - the CLI: the Typer app as Click sees it (every command, argument and option with its help and default);
@@ -314,7 +314,7 @@ def recipe_page() -> str:
 
 def federation_sections(listed: dict) -> list[str]:
     """A section per axis of the federation that `fedbench list` catalogues (`listed`, by path): its mappings
-    (`FEDERATION_MAPPINGS`: the adversaries, participation with uneven local steps, the server optimizer, and any
+    (`fedbench.axes.AXES`: the adversaries, participation with uneven local steps, the server optimizer, and any
     other, `mapping_section`), then the transforms of its links."""
     written = {"federation.adversaries": robust_section, "federation.participation": participation_section,
                "federation.server_optimizer": server_optimizer_section}

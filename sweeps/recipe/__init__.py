@@ -44,9 +44,9 @@ from .schema import (
     schema_error,
 )
 from .space import Dimension, check_space
-from .trials import FEDERATION_MAPPINGS, FEDERATION_NAMES, FEDERATION_PARAMS, Trial, metrics_of, stable_hash
+from .trials import FEDERATION_NAMES, FEDERATION_PARAMS, Trial, metrics_of, stable_hash
 
-__all__ = ["DISTRIBUTIONS", "FEDERATION_MAPPINGS", "FEDERATION_NAMES", "FEDERATION_PARAMS", "OPTION_FIELDS",
+__all__ = ["DISTRIBUTIONS", "FEDERATION_NAMES", "FEDERATION_PARAMS", "OPTION_FIELDS",
            "PHRASES", "SAMPLERS", "SECTIONS", "X_AXES", "Checkpoints", "Dimension", "DuplicateKey", "PrunerSpec",
            "Recipe", "RecipeError", "RecipeLoader", "RecipeModel", "ReportSpec", "Resources", "SelectSpec",
            "StrictModel", "Trial", "TuneSpec", "apply_overrides", "assigned", "check_metrics", "check_option",

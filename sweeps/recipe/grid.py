@@ -11,20 +11,19 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any, Optional
 
-from fedbench import contract, plugins, privacy
+from fedbench import axes, checks, plugins, privacy
 from fedbench.algorithms import ALGORITHMS
-from fedbench.federation import Federation, check_uploads, minibatch_sizes
+from fedbench.federation import Federation
 from fedbench.hparams import ParamError, PerRound, resolve
 from fedbench.metrics import Metric
-from fedbench.participation import LocalSteps, check_algorithm
+from fedbench.participation import LocalSteps
 from fedbench.problems import PROBLEMS
-from fedbench.server_optimizers import check_algorithm as check_server_optimizer
 from fedbench.simulate import Simulation
 from fedbench.sources import Source
 from fedbench.transforms import LINKS, chain_text
 from .loading import RecipeError, closest, in_bytes
 from .schema import Checkpoints, Dimension, ReportSpec, Resources, TuneSpec, is_seed
-from .trials import FEDERATION_MAPPINGS, FEDERATION_NAMES, Trial, metrics_of, stable_hash
+from .trials import Trial, metrics_of, stable_hash
 
 # Runs of one recipe, whatever max_runs: building and checking each takes ~60 µs and ~2 KB here, so that validating
 # this many takes seconds; a grid above it is refused from its count (`Recipe.runs`) before any trial is built.
@@ -110,7 +109,7 @@ class Recipe:
                     found, pick = values, key
                     if section == "federation" and key in LINKS:  # a step's value picks one: uplink.0.top_k
                         found, pick = [chain_text(v) for v in values], f"{key}.N.NAME"
-                    elif section == "federation" and key in FEDERATION_MAPPINGS and not all(
+                    elif section == "federation" and key in axes.AXES and not all(
                             isinstance(v, int) for v in values):  # a field of the mapping, or one of a list whole
                         listed = isinstance(self.document.get("federation", {}).get(key), list)
                         found, pick = [str(v) for v in values], key if listed else f"{key}.NAME"
@@ -161,7 +160,8 @@ class Recipe:
                 raise RecipeError(self.source, "federation.iterations", f"found {iterations} with local_steps "
                                   f"{steps}; expected a multiple of local_steps")
             federation_values["rounds"] = iterations // steps
-        federation = Federation(**federation_values)
+        own, held = axes.held_axes(federation_values)
+        federation = Federation(**own, axes=held)
         problem_config = PROBLEMS[self.problem].resolve_config(problem_values)
         trial = Trial(self.name, self.problem, problem_config, algorithm,
                       resolve(ALGORITHMS[algorithm].hparams, hyperparameters, algorithm, per_round=True), federation,
@@ -174,42 +174,24 @@ class Recipe:
 
     def check(self, trial: Trial, read_data: bool = False) -> None:
         """Refuse (RecipeError, naming the recipe field) a trial whose run building would refuse, by the rules the
-        engine applies then: the problem's and the algorithm's own (`Problem.check`, `Algorithm.check`), the
-        contract between them, and the federation and the algorithm's minibatches against the problem's clients
-        (`Federation.check`) as the config declares them, and with `read_data` as the index of the data does."""
-        problem, algorithm, hp = PROBLEMS[trial.problem], ALGORITHMS[trial.algorithm], trial.hyperparameters
+        engine applies then (`fedbench.checks.check_run`: the problem's and the algorithm's own, the contract between
+        them, and the federation against the algorithm and the problem's clients as the config declares them, and
+        with `read_data` as the index of the data does), this machine's memory (`check_memory`) and the privacy
+        section (`check_privacy`)."""
         try:
-            problem.check(trial.problem_config)
-        except ParamError as err:
-            raise RecipeError(self.source, self.field(trial.algorithm, "problem", err.name), err.message) from None
+            checks.check_run(PROBLEMS[trial.problem], trial.problem_config, ALGORITHMS[trial.algorithm],
+                             trial.hyperparameters, trial.federation, read_data)
+        except checks.Refusal as err:
+            raise RecipeError(self.source, self.path(trial.algorithm, err), err.message, err.detail) from None
         self.check_memory(trial)
-        try:
-            algorithm.check(hp)
-        except ParamError as err:
-            raise RecipeError(self.source, f"algorithms.{trial.algorithm}.{err.name}", err.message) from None
-        try:
-            contract.check(trial.algorithm, algorithm.requirements(hp), trial.problem,
-                           problem.capabilities(trial.problem_config))
-        except contract.IncompatibleError as err:
-            raise RecipeError(self.source, f"algorithms.{trial.algorithm}", str(err), err.detail) from None
-        try:
-            layout = problem.declared_layout(trial.problem_config, read_data)
-        except ParamError as err:
-            raise RecipeError(self.source, self.field(trial.algorithm, "problem", err.name), err.message) from None
-        try:
-            check_uploads(trial.federation, algorithm, layout.clients)
-            check_algorithm(trial.federation.participation, trial.federation.local_steps, algorithm, hp)
-            check_server_optimizer(trial.federation.server_optimizer, algorithm)
-        except ParamError as err:
-            raise RecipeError(self.source, self.field(trial.algorithm, "federation", err.name), err.message) from None
-        _, batch_sizes = minibatch_sizes(algorithm.minibatches(hp), hp, trial.federation.batch_size)
-        try:
-            trial.federation.check(layout, batch_sizes)
-        except ParamError as err:  # a federation field, or a minibatch size among the hyperparameters
-            path = (self.field(trial.algorithm, "federation", err.name) if err.name.split(".")[0] in FEDERATION_NAMES
-                    else f"algorithms.{trial.algorithm}.{err.name}")
-            raise RecipeError(self.source, path, err.message) from None
         self.check_privacy(trial)
+
+    def path(self, algorithm: str, refusal: checks.Refusal) -> str:
+        """A refusal's field in the runs of `algorithm`: a problem's or federation's field in its own entry if it has
+        one (`field`)."""
+        if refusal.section in ("problem", "federation"):
+            return self.field(algorithm, refusal.section, refusal.name)
+        return refusal.path
 
     def check_privacy(self, trial: Trial) -> None:
         """Refuse a trial whose uplink adds DP-FedAvg's noise without the recipe's `privacy` section, or whose ε cannot

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from fedbench import participation, plugins, privacy, schedules, transforms
 from fedbench.algorithms import ALGORITHMS
+from fedbench.axes import AXES
 from fedbench.hparams import LIST_KINDS, Param, ParamError
 from fedbench.problems import PROBLEMS
 from fedbench.schedules import Schedule
@@ -24,7 +25,7 @@ from .loading import RecipeError, apply_overrides, closest, in_words, read_yaml,
 from .metrics import check_metrics, default_modes
 from .schema import NAME_RULE, SECTIONS, RecipeModel, ReportSpec, schema_error
 from .space import check_space
-from .trials import FEDERATION_MAPPINGS, FEDERATION_PARAMS, metrics_of
+from .trials import FEDERATION_PARAMS, metrics_of
 
 FEDERATION_STEPS = next(p for p in FEDERATION_PARAMS if p.name == "local_steps")  # E
 
@@ -113,7 +114,7 @@ def _check_federation(source: str, path: str, given: dict) -> dict[str, list[Any
     given = dict(given)
     nested: dict[str, list[Any]] = {link: _check_chain(source, f"{path}.{link}", link, given.pop(link))
                                     for link in LINKS if link in given}
-    for name in FEDERATION_MAPPINGS:
+    for name in AXES:
         if name in given and (name != "local_steps" or _holds_mapping(given[name])):
             nested[name] = _check_mapping(source, f"{path}.{name}", name, given.pop(name))
     return {**_check_params(source, path, FEDERATION_PARAMS, given), **nested}
@@ -124,13 +125,15 @@ def _holds_mapping(value: Any) -> bool:
 
 
 def _check_mapping(source: str, path: str, name: str, spec: Any) -> list[Any]:
-    """What a federation's mapping `name` (`FEDERATION_MAPPINGS`: adversaries, participation, uneven local steps)
-    makes: one, or where a field is given a list (a grid axis, `{fraction: [0.1, 0.2]}`), one for each point of the
-    product of those lists; a list of mappings is a grid axis of them (`[{model: uniform}, {model: cyclic, groups:
-    4}]`; of `local_steps`, integers E among them). Each value is checked at its field's path
+    """What a federation's axis `name` (`fedbench.axes.AXES`: adversaries, participation, uneven local steps, ...)
+    makes from its mapping (or, where the axis is `scalar`, its first parameter's value alone,
+    `client_dropout: 0.1`): one, or where a field is given a list (a grid axis, `{fraction: [0.1, 0.2]}`), one for
+    each point of the product of those lists; a list of mappings is a grid axis of them (`[{model: uniform}, {model:
+    cyclic, groups: 4}]`; of `local_steps`, integers E among them; of a scalar axis, its values).
+    Each value is checked at its field's path
     (`federation.adversaries.fraction[1]`, `federation.participation[1].groups`), what they must be together with the
     trial's federation by `Federation.check`."""
-    cls, example = FEDERATION_MAPPINGS[name]
+    cls, example, scalar = AXES[name].made, AXES[name].example, AXES[name].scalar
     if isinstance(spec, list) and not spec:
         raise RecipeError(source, path, "found an empty list, expected at least one value")
     made: list[Any] = []
@@ -138,6 +141,9 @@ def _check_mapping(source: str, path: str, name: str, spec: Any) -> list[Any]:
         where = f"{path}[{i}]" if isinstance(spec, list) else path
         if name == "local_steps" and not isinstance(item, dict):  # E among uneven local work
             made += _check_values(source, where, FEDERATION_STEPS, item, per_round=False)
+            continue
+        if scalar and not isinstance(item, dict):  # its first parameter's value alone
+            made += [cls(value) for value in _check_values(source, where, cls.params[0], item, per_round=False)]
             continue
         if not isinstance(item, dict):
             raise RecipeError(source, where, f"found {in_words(item)}, expected a mapping, e.g. {example}")
@@ -224,7 +230,7 @@ def nested_fields(raw: dict[str, Any]) -> dict[str, list[str]]:
     problem, algorithms = raw.get("problem"), raw.get("algorithms")
     if isinstance(problem, dict) and isinstance(problem.get("name"), str) and problem["name"] in PROBLEMS:
         add("problem", [p.name for p in PROBLEMS[problem["name"]].params])
-    add("federation", [p.name for p in FEDERATION_PARAMS] + list(LINKS) + [*FEDERATION_MAPPINGS])
+    add("federation", [p.name for p in FEDERATION_PARAMS] + list(LINKS) + [*AXES])
     for algorithm in algorithms if isinstance(algorithms, dict) else ():
         if isinstance(algorithm, str) and algorithm in ALGORITHMS:
             add(f"algorithms.{algorithm}", [p.name for p in ALGORITHMS[algorithm].hparams])

@@ -34,7 +34,6 @@ def check_space(recipe: Recipe) -> tuple[Dimension, ...]:
     a parameter of the adversaries; `federation.participation.X`, `federation.local_steps.X` and
     `federation.server_optimizer.X` a parameter that every algorithm's participation model, uneven local work or
     server optimizer reads (`mapping_param`)."""
-    source, problem, algorithms = recipe.source, recipe.problem, recipe.algorithms
     assert recipe.tune is not None  # called for a recipe with a tune block
     dimensions = []
     for key, spec in recipe.tune.space.items():
@@ -44,74 +43,95 @@ def check_space(recipe: Recipe) -> tuple[Dimension, ...]:
         if name in FIELDS and (section.count(".") == 0 and section not in ("", "problem", "federation")
                                or section.startswith("algorithms.") and section.count(".") == 2):
             field, (section, _, name) = name, section.rpartition(".")
-        if section in ("problem", "federation"):
-            declared = PROBLEMS[problem].params if section == "problem" else FEDERATION_PARAMS
-            owners: dict[str | None, dict[str, Param]] = {None: {p.name: p for p in declared}}
-        elif section == "federation.adversaries":
-            owners = {None: {p.name: p for p in Adversaries.params}}
-        elif section in ("federation.participation", "federation.local_steps", "federation.server_optimizer"):
-            owners = {None: mapping_param(recipe, where, section.removeprefix("federation."), name)}
-        elif section.split(".")[:2] in [["federation", link] for link in LINKS] and section.count(".") == 2:
-            owners = {None: {name: step_param(recipe, where, section.removeprefix("federation."), name)}}
-        elif section.startswith("algorithms.") and section.count(".") == 1:
-            algorithm = section.split(".")[1]
-            if algorithm not in algorithms:
-                raise RecipeError(source, where, f"the recipe has no algorithm {algorithm!r}; expected one of "
-                                  f"{', '.join(algorithms)}{closest(algorithm, algorithms)}")
-            owners = {algorithm: {p.name: p for p in ALGORITHMS[algorithm].hparams}}
-        elif not section:
-            owners = {a: {p.name: p for p in ALGORITHMS[a].hparams} for a in algorithms}
-        else:
-            raise RecipeError(source, where, "expected problem.NAME, federation.NAME, federation.uplink.I.TRANSFORM, "
-                              "federation.downlink.I.TRANSFORM, federation.adversaries.NAME, "
-                              "federation.participation.NAME, federation.local_steps.NAME, "
-                              "federation.server_optimizer.NAME, algorithms.ALGO.NAME or "
-                              "a hyperparameter name")
+        owners = _owners(recipe, where, section, name)
         params = [by_name[name] for by_name in owners.values() if name in by_name]
         if not params:
             known = sorted({n for by_name in owners.values() for n in by_name})
-            raise unknown(source, where, f"unknown parameter{closest(name, known)}", known)
-        if field is not None:  # each algorithm's one schedule of `name` must have the field
-            for algorithm in [a for a in algorithms if a in owners and name in owners[a]]:
-                values = algorithms[algorithm].get(name, [])
-                if not (len(values) == 1 and isinstance(values[0], Schedule) and field in values[0].own_fields()):
-                    found = ", ".join(map(str, values)) or "its default"
-                    raise RecipeError(source, where, f"algorithms.{algorithm}.{name} is {found}; expected one "
-                                      f"schedule that has the field {field}")
-            params = [Schedule.field_param(field, param) for param in params]
-        if len(spec) != 1 or next(iter(spec)) not in DISTRIBUTIONS:
-            raise RecipeError(source, where, f"found {spec!r}, expected one of {', '.join(DISTRIBUTIONS)} "
-                              f"with its range, e.g. {{log_uniform: [1.0e-4, 1.0e-1]}}")
-        distribution, bounds = next(iter(spec.items()))
-        where = f"{where}.{distribution}"
-        if distribution == "categorical":
-            if not isinstance(bounds, list) or not bounds:
-                raise RecipeError(source, where, f"found {bounds!r}, expected a non-empty list of values")
-        else:
-            if not (isinstance(bounds, list) and len(bounds) == 2):
-                raise RecipeError(source, where, f"found {bounds!r}, expected [low, high]")
-            if not bounds[0] < bounds[1]:
-                raise RecipeError(source, where, f"found the empty range {bounds}, expected low < high")
-            if distribution.startswith("log") and bounds[0] <= 0:
-                raise RecipeError(source, where, f"found {bounds}, a log scale needs low > 0")
-            wanted = "int" if distribution.endswith("int") else "float"
-            if any(p.kind != wanted for p in params):
-                kind = params[0].kind
-                hint = {"int": "an int or log_int", "float": "a uniform or log_uniform"}.get(kind, "a categorical")
-                raise RecipeError(source, where, f"{name}{f'.{field}' if field else ''} is {kind}; expected {hint} "
-                                  "distribution")
-        for param in params:
-            for i, value in enumerate(bounds):
-                try:
-                    param.check(value)
-                except ValueError as err:
-                    raise RecipeError(source, f"{where}[{i}]", str(err)) from None
-        applies = (tuple(algorithms) if None in owners
+            raise unknown(recipe.source, where, f"unknown parameter{closest(name, known)}", known)
+        if field is not None:
+            params = _schedule_fields(recipe, where, owners, name, field, params)
+        distribution, bounds = _checked_range(recipe.source, where, spec, params, name, field)
+        applies = (tuple(recipe.algorithms) if None in owners
                    else tuple(a for a in owners if a is not None and name in owners[a]))
         top, _, rest = key.partition(".")
         own = tuple(a for a in applies if rest.split(".")[0] in recipe.overrides.get(a, {}).get(top, {}))
         dimensions.append(Dimension(key, applies, distribution, tuple(bounds), own))
     return tuple(dimensions)
+
+
+def _owners(recipe: Recipe, where: str, section: str, name: str) -> dict[str | None, dict[str, Param]]:
+    """The parameters a space entry's `section` declares, by owner: an algorithm's name, or None (the problem's, the
+    federation's, and what every algorithm's federation gives)."""
+    source, algorithms = recipe.source, recipe.algorithms
+    if section in ("problem", "federation"):
+        declared = PROBLEMS[recipe.problem].params if section == "problem" else FEDERATION_PARAMS
+        return {None: {p.name: p for p in declared}}
+    if section == "federation.adversaries":
+        return {None: {p.name: p for p in Adversaries.params}}
+    if section in ("federation.participation", "federation.local_steps", "federation.server_optimizer"):
+        return {None: mapping_param(recipe, where, section.removeprefix("federation."), name)}
+    if section.split(".")[:2] in [["federation", link] for link in LINKS] and section.count(".") == 2:
+        return {None: {name: step_param(recipe, where, section.removeprefix("federation."), name)}}
+    if section.startswith("algorithms.") and section.count(".") == 1:
+        algorithm = section.split(".")[1]
+        if algorithm not in algorithms:
+            raise RecipeError(source, where, f"the recipe has no algorithm {algorithm!r}; expected one of "
+                              f"{', '.join(algorithms)}{closest(algorithm, algorithms)}")
+        return {algorithm: {p.name: p for p in ALGORITHMS[algorithm].hparams}}
+    if not section:
+        return {a: {p.name: p for p in ALGORITHMS[a].hparams} for a in algorithms}
+    raise RecipeError(source, where, "expected problem.NAME, federation.NAME, federation.uplink.I.TRANSFORM, "
+                      "federation.downlink.I.TRANSFORM, federation.adversaries.NAME, "
+                      "federation.participation.NAME, federation.local_steps.NAME, "
+                      "federation.server_optimizer.NAME, algorithms.ALGO.NAME or "
+                      "a hyperparameter name")
+
+
+def _schedule_fields(recipe: Recipe, where: str, owners: dict[str | None, dict[str, Param]], name: str, field: str,
+                     params: list[Param]) -> list[Param]:
+    """The parameters of the schedules' `field` of the hyperparameter `name`: each algorithm's one schedule of it must
+    have the field."""
+    algorithms = recipe.algorithms
+    for algorithm in [a for a in algorithms if a in owners and name in owners[a]]:
+        values = algorithms[algorithm].get(name, [])
+        if not (len(values) == 1 and isinstance(values[0], Schedule) and field in values[0].own_fields()):
+            found = ", ".join(map(str, values)) or "its default"
+            raise RecipeError(recipe.source, where, f"algorithms.{algorithm}.{name} is {found}; expected one "
+                              f"schedule that has the field {field}")
+    return [Schedule.field_param(field, param) for param in params]
+
+
+def _checked_range(source: str, where: str, spec: Any, params: list[Param], name: str,
+                   field: str | None) -> tuple[str, Any]:
+    """A space entry's distribution and its range (`spec`), checked against the parameters it searches."""
+    if len(spec) != 1 or next(iter(spec)) not in DISTRIBUTIONS:
+        raise RecipeError(source, where, f"found {spec!r}, expected one of {', '.join(DISTRIBUTIONS)} "
+                          f"with its range, e.g. {{log_uniform: [1.0e-4, 1.0e-1]}}")
+    distribution, bounds = next(iter(spec.items()))
+    where = f"{where}.{distribution}"
+    if distribution == "categorical":
+        if not isinstance(bounds, list) or not bounds:
+            raise RecipeError(source, where, f"found {bounds!r}, expected a non-empty list of values")
+    else:
+        if not (isinstance(bounds, list) and len(bounds) == 2):
+            raise RecipeError(source, where, f"found {bounds!r}, expected [low, high]")
+        if not bounds[0] < bounds[1]:
+            raise RecipeError(source, where, f"found the empty range {bounds}, expected low < high")
+        if distribution.startswith("log") and bounds[0] <= 0:
+            raise RecipeError(source, where, f"found {bounds}, a log scale needs low > 0")
+        wanted = "int" if distribution.endswith("int") else "float"
+        if any(p.kind != wanted for p in params):
+            kind = params[0].kind
+            hint = {"int": "an int or log_int", "float": "a uniform or log_uniform"}.get(kind, "a categorical")
+            raise RecipeError(source, where, f"{name}{f'.{field}' if field else ''} is {kind}; expected {hint} "
+                              "distribution")
+    for param in params:
+        for i, value in enumerate(bounds):
+            try:
+                param.check(value)
+            except ValueError as err:
+                raise RecipeError(source, f"{where}[{i}]", str(err)) from None
+    return distribution, bounds
 
 
 def mapping_param(recipe: Recipe, where: str, field: str, name: str) -> dict[str, Param]:

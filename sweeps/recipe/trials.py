@@ -11,15 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from fedbench.algorithms import ALGORITHMS
+from fedbench.axes import AXES
 from fedbench.federation import DIVERGENCE_FACTOR, Federation
 from fedbench.hparams import Param, PerRound
 from fedbench.metrics import ENGINE_COLUMNS, Metric, epsilon_metric
-from fedbench.participation import LocalSteps, Participation
 from fedbench.plugins import Source, is_file
 from fedbench.privacy import ACCOUNTANTS
 from fedbench.problems import PROBLEMS
-from fedbench.robust import Adversaries
-from fedbench.server_optimizers import EXAMPLE, ServerOptimizer
 from fedbench.transforms import LINKS
 
 
@@ -132,10 +130,5 @@ def stable_hash(value: Any) -> str:
 # so that a grid over local_steps compares methods at equal work (the FeDXL paper's K ablation).
 FEDERATION_PARAMS = (*Federation.params, Param("iterations", "int", None, "instead of rounds: local iterations per "
                                                "client, rounds = iterations / local_steps", low=1))
-# The federation's fields given as a mapping of scalars (a list inside is a grid axis): what each makes, and an example;
-# `local_steps` is one where it gives uneven local work instead of E.
-FEDERATION_MAPPINGS: dict[str, tuple[Any, str]] = {"adversaries": (Adversaries, "{fraction: 0.2, attack: sign_flip}"),
-                       "participation": (Participation, "{model: bernoulli, p: 0.3}"),
-                       "local_steps": (LocalSteps, "{distribution: uniform, low: 1, high: 10}"),
-                       "server_optimizer": (ServerOptimizer, EXAMPLE)}
-FEDERATION_NAMES = {p.name for p in FEDERATION_PARAMS} | {*LINKS, *FEDERATION_MAPPINGS}  # and the chains, mappings
+# and the chains, and the axes of the registry (`fedbench.axes.AXES`)
+FEDERATION_NAMES = {p.name for p in FEDERATION_PARAMS} | {*LINKS, *AXES}
