@@ -50,7 +50,8 @@ class Problem(ProblemSpec, ClientRows, FullDataOracles):
     - `init_params(gen)`: a run's initial point `[d]`;
     - `gather(rows)`: the data of row indices `[S, b]`, as a tuple of tensors with those leading axes;
     - `minibatch_loss(w, batch)`: one client's smooth loss on its minibatch, a scalar;
-    - `evaluate_global(w)`: the metrics' values at one run's global model.
+    - `evaluate_global(w)`: the metrics' values at one run's global model (a problem whose rows need per-client
+      blocks, `evaluates_global_model = False`, overrides `evaluate` instead, as the block problems of `pfl` do).
 
     An instance is built from a resolved config (`resolve_config`), a seed and a device: its `__init__` calls
     `super().__init__(config, seed, device)`, then builds its data and sets `dim`, `regularizer`, `client_weights`
