@@ -1,5 +1,6 @@
 """Personalized-FL problems of Hanzely, Zhao, Kolar (TMLR 2023): a block objective F(w, β) = (1/M) Σ_m f_m(w, β_m)
-(`fedbench.problems.blocks`) over M devices that all hold n samples, with logistic losses f'_m.
+(`fedbench.problems.blocks`) over M devices that all hold n samples, with logistic losses f'_m
+(`fedbench.problems.pfl_models`).
 
 The problem serves two kinds of algorithms:
 * block methods (LSGD/ACD/ASCD/ASVRCD/SCD/SVRCD-PFL) ask a `BlockOracle` for ∇_w f_{m,j} and ∇_β f_{m,j} in the

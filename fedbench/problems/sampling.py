@@ -21,7 +21,6 @@ def padded_rows(rows: Tensor) -> tuple[Tensor, Tensor]:
     return rows.clamp_min(0).reshape(-1), valid / valid.sum(-1, keepdim=True).clamp_min(1)
 
 
-
 class ClientRows:
     """The layout of a problem's clients over its flat data, and the draws of their minibatches and epochs
     (`draw_minibatches`, `draw_epochs`), which the engine makes on each run's "minibatches" stream. Part of

@@ -27,7 +27,6 @@ class Layout:
     smallest_field: str | None = None  # e.g. samples_per_client
 
 
-
 class ProblemSpec:
     """A problem's declarations, read before it is built: class attributes (its `name`, `params`, `presets`, what it
     provides and how the engine should run it) and classmethods of a resolved config (`resolve_config`, `check`,
