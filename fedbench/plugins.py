@@ -26,6 +26,7 @@ from typing import Any
 from fedbench.algorithms import ALGORITHMS, Algorithm
 from fedbench.hparams import Param
 from fedbench.problems import PROBLEMS, Problem
+from fedbench.problems.base import CONTRACT
 from fedbench.sources import (
     ENTRY_POINT,
     PluginError,
@@ -42,9 +43,9 @@ GROUPS = {"algorithm": "fedbench.algorithms", "problem": "fedbench.problems"}
 """The entry-point groups an installed package declares its components in, by kind, each entry point named as the
 component it loads: `[project.entry-points."fedbench.problems"]` `quadratic = "fedbench_fedopt.quadratic:Quadratic"`."""
 REQUIRED = {"algorithm": ("client_step", "server_update"),
-            "problem": ("init_params", "gather", "minibatch_loss", "metrics", "evaluate_global")}
+            "problem": tuple(hook for hook in CONTRACT if hook not in ("name", "params"))}
 """What a component must define itself, by kind (the base classes' versions raise NotImplementedError); besides,
-its own `name` and its `Param` declarations (`hparams`, `params`)."""
+its own `name` and its `Param` declarations (`hparams`, `params`): a problem's `CONTRACT`."""
 DECLARED = {"algorithm": "hparams", "problem": "params"}  # its parameter declarations: a tuple of `Param`
 BASES = {"algorithm": Algorithm, "problem": Problem}
 REGISTRIES: dict[str, dict[str, Any]] = {"algorithm": ALGORITHMS, "problem": PROBLEMS}
@@ -147,7 +148,9 @@ def register(cls: Any, source: Source) -> tuple[str, str]:
     if not isinstance(name, str) or not name.isidentifier():
         raise PluginError(f"plugin {source.shown}: {kind} {what} needs a `name`, a Python identifier "
                           f"(found {name!r})")
-    missing = [method for method in REQUIRED[kind] if getattr(cls, method) is getattr(BASES[kind], method)]
+    # looked up statically: a classmethod (`metrics`) read by getattr is a new bound method at every read
+    missing = [method for method in REQUIRED[kind]
+               if inspect.getattr_static(cls, method) is inspect.getattr_static(BASES[kind], method)]
     if missing:
         raise PluginError(f"plugin {source.shown}: {kind} {name} does not define {', '.join(missing)}")
     declared = getattr(cls, DECLARED[kind], None)

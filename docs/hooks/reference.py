@@ -506,9 +506,17 @@ API_PAGES = {
          f"{BASE}.coin_flips_to_success": (), f"{BASE}.per_client_copies": (), f"{BASE}.upload_floats": (),
          f"{BASE}.ScheduleError": (), f"{BASE}.MessageError": ()}),
     "problem": ApiPage(
-        "Problem interface", "`Problem`: its data layout, `gather`, the loss and its full-data oracles, metrics, "
-        "capabilities (`provides`) and config hooks; `Layout`", "fedbench.problems.base",
-        {"fedbench.problems.base.Problem": EVERY, "fedbench.problems.base.Layout": ()}),
+        "Problem interface", "`Problem`: the seven names a problem writes (`gather`, the loss, metrics, ...) and the "
+        "defaults of the rest; `ProblemSpec`, what is read before building (parameters, capabilities (`provides`), "
+        "config hooks); its clients' rows and minibatch draws, its full-data oracles; `Layout`",
+        "fedbench.problems.base",
+        {"fedbench.problems.base.CONTRACT": (), "fedbench.problems.base.Problem": EVERY,
+         "fedbench.problems.spec.ProblemSpec": EVERY, "fedbench.problems.spec.Layout": (),
+         "fedbench.problems.sampling.ClientRows": ("num_clients", "client_sizes", "client_offsets", "client_sizes_cpu",
+                                                   "client_offsets_cpu", "max_size", "equal_sizes", "draw_minibatches",
+                                                   "draw_epochs"),
+         "fedbench.problems.full_data.FullDataOracles": ("full_data", "client_loss", "client_grad",
+                                                         "client_loss_and_grad", "client_hvp")}),
     "oracles": ApiPage(
         "Oracles", "what a local step's `batches` hold: `Oracle` (`loss`, `grad`, `hvp`), `Batches`, `Minibatch`, "
         "and the lifting of full-data oracles over runs", "fedbench.oracle",
