@@ -53,9 +53,9 @@ class RunRecord:
         minibatches = algorithm.minibatches(algorithm.hp)
         sizes, fields = minibatch_sizes(minibatches, algorithm.hp, federation.batch_size)
         federation.check(problem.layout(), fields)
-        check_uploads(federation, algorithm, problem.num_clients)
+        check_uploads(federation, type(algorithm), algorithm.declared, problem.num_clients)
         check_algorithm(federation.participation, federation.local_steps, type(algorithm), algorithm.declared)
-        check_server_optimizer(federation.server_optimizer, algorithm)
+        check_server_optimizer(federation.server_optimizer, type(algorithm), algorithm.declared)
         self.problem, self.algorithm, self.federation = problem, algorithm, federation
         self.seed = seed
         """The run's seed: its sampling, minibatches, initial point and other draws."""

@@ -12,7 +12,9 @@ does, for R ≥ 1 runs (seeds × grid points; a run alone is R = 1) and the S pa
 What crosses the network is declared, not inferred from dict keys: `downloads` (server entries every sampled client
 receives), `uploads` (entries of the local state each client sends, `Upload`: with the server entry it is a new
 value of, where it is one, so that its update is `upload − server[entry]`) and `keeps` (entries of the per-client
-state, `init_clients`, that a client takes into its round and keeps at its end). `client_init` and `client_final`
+state, `init_clients`, that a client takes into its round and keeps at its end); where a hyperparameter decides them,
+one classmethod of the hyperparameters, `routing(hp)`, which validation and the run both read. `client_init` and
+`client_final`
 default to routing these names, so an algorithm whose maths is the identity there writes neither: a client starts
 from its own copy of each download it uploads (`broadcast`) and shares the others read-only (`[R, 1, ...]`), with
 its kept rows; it sends its uploads and keeps its `keeps`. A round's communication is counted from the declared
@@ -31,10 +33,8 @@ in with them (`hp.rules.eta`). Reductions over the clients are over axis 1 (`agg
 size): `batches.D.grad(u)` is ∇f̃(u; D) for every run and client, `.loss`, `.hvp` and the problem's other oracle
 methods too (`fedbench.oracle`); a point with a singleton client axis (`[R, 1, d]`) is every client's.
 
-Randomness inside a round goes through the round: `rnd.draw(lambda gen: torch.rand(3, generator=gen))` draws on
-each run's own stream of the algorithm (`random_stream`) and stacks the runs' draws on axis 0. What a schedule does
-not define raises (`ScheduleError`): an iteration-wise program's runs are at different rounds, so its inner steps
-have no `rnd.index`, `rnd.iteration` or `rnd.step` (only `rnd.is_last_step`, False there), and draw nothing.
+Randomness inside a round goes through the round, `rnd.draw` (`fedbench.algorithms.rounds`), which raises what the
+engine's schedule does not define there (`ScheduleError`).
 
 Per run and outside the round loop, the algorithm object is one run's configuration: `self.hp` holds its
 resolved hyperparameters and derived values as Python values, which `init_server`, `init_clients`,
@@ -43,21 +43,25 @@ without the run axis: server `[...]`, clients `[N, ...]`) read. A hyperparameter
 value there, nor in `derive`: reading it raises ParamError (`fedbench validate` refuses such a recipe).
 
 Beyond that shape an algorithm may declare: `requires` (capabilities the problem must provide,
-`fedbench.contract`), `participation = "all"` (every client every round instead of S sampled ones),
-`round_length` (how many local iterations a round has, e.g. a geometric number for a p-coin),
-`draws_at_round_end` (its round's last step branches in Python on `rnd.draw`, so the engine ends such rounds one
-run at a time), and `takes_uneven_steps` (whether its participants may each take their own number of local steps).
+`fedbench.contract`), `participation = "all"` (every client every round instead of S sampled ones) and
+`round_length` (how many local iterations a round has, e.g. a geometric number for a p-coin). How the engine runs
+the maths (its random stream, draws that branch a round's end, uneven local work) is apart, in
+`fedbench.algorithms.hints`, which `Algorithm` inherits. The helpers of a round's maths (`aggregate`, `broadcast`,
+...) are in `fedbench.algorithms.maths`; this module re-exports them, with `Round` and `Upload`.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping
 
 import torch
 from torch import Tensor
 
 from fedbench import contract
+from fedbench.algorithms.hints import EngineHints
+from fedbench.algorithms.maths import aggregate, broadcast, coin_flips_to_success, composite_step, per_client_copies
+from fedbench.algorithms.messages import MODEL, Routing, Upload
+from fedbench.algorithms.rounds import Round, ScheduleError
 from fedbench.hparams import HParams, Param, PerRound, resolve
 from fedbench.metrics import Metric
 from fedbench.oracle import Batches, Minibatch
@@ -76,148 +80,12 @@ H_MODE = Param("h_mode", "choice", "subgradient", "treatment of h in local steps
 """How a smooth-FL baseline's local step treats h (`subgradient` or `prox`), the choice `composite_step` takes."""
 
 
-class ScheduleError(RuntimeError):
-    """An algorithm asked its round for what the engine's schedule does not define there."""
+__all__ = ["CLIENT_LR", "H_MODE", "MODEL", "SERVER_LR", "Algorithm", "MessageError", "Round", "Routing",
+           "ScheduleError", "State", "Upload", "aggregate", "broadcast", "coin_flips_to_success", "composite_step",
+           "per_client_copies", "upload_floats"]
 
 
-class Round:
-    """What the runs of a program know of their current round, the `rnd` of every round function. `clients` `[R, S]`
-    is always defined; `index` (r, from 0), `iteration` (local iterations before this round), `local_steps` (E, or
-    this round's drawn length), `step` (the local step, from 0), `is_last_step` and `client_steps` where the
-    schedule defines them, and raise `ScheduleError` where it does not; `draw` where the runs' streams are bound. Where
-    each client takes its own number of local steps (uneven local work, `fedbench.participation`), the round has no
-    one length: `local_steps`, `iteration` and `is_last_step` are not defined, and `client_steps` holds each client's.
-
-    Example:
-        Fast-FedDA's local step weighs its gradient by the global iteration t = rE + j and, as the paper's
-        Algorithm 1 (Bao et al., ICML 2022), takes no prox after a round's last step (j = E − 1):
-
-        ```python
-        def client_step(self, local, batches, rnd, hp):
-            t = rnd.iteration + rnd.step
-            g = local["g"] + self._weighted(t, batches.D.grad(local["u"]), hp)
-            if not rnd.is_last_step:
-                ...
-        ```
-    """
-
-    __slots__ = ("clients", "_index", "_iteration", "_local_steps", "_step", "_streams", "_where", "_last",
-                 "_client_steps")
-    clients: Tensor
-    """The clients of the round, `[R, S]` (indices into the problem's clients; every client, `[R, N]`, where the
-    algorithm's `participation` is "all")."""
-
-    def __init__(self, clients: Tensor, index: int | None = None, local_steps: int | None = None,
-                 iteration: int | None = None, step: int | None = None,
-                 streams: tuple[torch.Generator, ...] | None = None, where: str = "", last: bool | None = None,
-                 client_steps: Tensor | None = None):
-        self.clients, self._index, self._local_steps, self._iteration = clients, index, local_steps, iteration
-        self._step, self._streams, self._where, self._client_steps = step, streams, where, client_steps
-        # whether `step` ends the round: from the length where it is defined, else given (an iteration-wise end); no
-        # one step ends it where each client has its own count
-        self._last = None if client_steps is not None else last if last is not None else (
-            step is not None and local_steps is not None and step == local_steps - 1)
-
-    def _defined(self, name: str, value):
-        if value is None:
-            raise ScheduleError(f"rnd.{name} is not defined {self._where or 'here'}")
-        return value
-
-    @property
-    def index(self) -> int:
-        """The round r, from 0, where the runs of a program share it (not in an iteration-wise program's inner
-        steps)."""
-        return self._defined("index", self._index)
-
-    @property
-    def iteration(self) -> int:
-        """Local iterations each client of the runs has taken before this round."""
-        return self._defined("iteration", self._iteration)
-
-    @property
-    def local_steps(self) -> int:
-        """This round's local steps: the federation's E, or the length `round_length` drew."""
-        return self._defined("local_steps", self._local_steps)
-
-    @property
-    def step(self) -> int:
-        """The local step being taken in `client_step`, from 0 to `local_steps − 1`."""
-        return self._defined("step", self._step)
-
-    @property
-    def is_last_step(self) -> bool:
-        """Whether this local step ends the round (False in an iteration-wise program's inner steps)."""
-        return self._defined("is_last_step", self._last)
-
-    @property
-    def client_steps(self) -> Tensor | int:
-        """Each client's local steps this round: `[R, S, 1]` in the state's dtype (it broadcasts against the local
-        state `[R, S, d]`) where the federation gives its participants uneven local work, else `local_steps`, the same
-        for every client.
-
-        Example:
-            SCAFFOLD's control variate divides the client's progress by its own K steps:
-
-            ```python
-            c_new = c_i - c + (x - y) / (rnd.client_steps * hp.client_lr)
-            ```
-        """
-        return self.local_steps if self._client_steps is None else self._client_steps
-
-    def at(self, step: int) -> Round:
-        """This round at local step `step`."""
-        return Round(self.clients, self._index, self._local_steps, self._iteration, step, self._streams, self._where,
-                     client_steps=self._client_steps)
-
-    def draw(self, sample: Callable[[torch.Generator], Tensor]) -> Tensor:
-        """`sample(gen)` on each run's own stream of the algorithm (`random_stream`), stacked on a leading run axis
-        `[R, ...]`, so that every run draws exactly what it draws alone. The generators live on the CPU: move the
-        draw to the state's device (`.to(x.device)`).
-
-        Example:
-            A uniform [0, 1) value per run, broadcast against `[R, S, d]` state:
-
-            ```python
-            u = rnd.draw(lambda gen: torch.rand((), generator=gen)).to(x.device).view(-1, 1, 1)  # [R, 1, 1]
-            ```
-        """
-        if self._streams is None:
-            raise ScheduleError(f"rnd.draw is not allowed {self._where or 'here'}")
-        if len(self._streams) == 1:
-            return sample(self._streams[0]).unsqueeze(0)
-        return torch.stack([sample(gen) for gen in self._streams])
-
-
-@dataclass(frozen=True)
-class Upload:
-    """An entry of the local state that each client sends at a round's end (`name`), and the server entry it is a
-    new value of (`relative_to`, e.g. FedMiD's local model as a new `w`; None where the upload is itself an update or
-    has no server counterpart, e.g. SCAFFOLD's Δy). A client sends the entry's floats beyond the run and client
-    axes (`upload_floats`), which the rows' `comm_up` counts. `all_reduced`: the devices combine it by an all-reduce
-    inside the round, so that the entry is `[R, 1, ...]`, the one value every device then holds, not a message per
-    client (the uplink's transforms, `fedbench.transforms`, cannot act on it). `update_of`: the server entry an upload
-    that is an update already (a difference) moves, where the server adds it through a mean (SCAFFOLD's Δy of `w`), so
-    that the federation's server optimizer (`fedbench.server_optimizers`) may act on it as on a new value of `w`.
-
-    Example:
-        SCAFFOLD uploads two updates, Δy of the model and Δc (Karimireddy et al., ICML 2020, Algorithm 1 line 13):
-
-        ```python
-        uploads = (Upload("dy", update_of="w"), Upload("dc"))
-        ```
-    """
-
-    name: str
-    relative_to: str | None = None
-    all_reduced: bool = False
-    update_of: str | None = None
-
-
-MODEL = Upload("w", relative_to="w")
-"""A client's local model, a new value of the server's `w`: the default `uploads`."""
-
-
-class Algorithm:
+class Algorithm(EngineHints):
     """A federated algorithm: the maths of one round as small functions on batched state (the module's docstring
     says the shapes), and declarations of what it needs and sends. An instance is one run's configuration
     (`Algorithm(problem, client_lr=1e-3)`); the engine calls its hooks for all the runs of a program at once.
@@ -257,8 +125,7 @@ class Algorithm:
     checks, and what the round functions get as `hp`."""
     downloads: tuple[str, ...] = ("w",)
     """Server entries every sampled client receives at a round's start, counted in `comm_down`. Default `("w",)`:
-    the model `server["w"]` alone. An instance may set its own where a choice hyperparameter decides (the same for
-    every run of a program), e.g. whether the momentum is averaged (Local Pair, FeDXL2)."""
+    the model `server["w"]` alone; where a hyperparameter decides them, `routing` (Local Pair, FeDXL2)."""
     uploads: tuple[Upload, ...] = (MODEL,)
     """What each client sends at a round's end, counted in `comm_up`: the `Upload`s that `client_final`'s message
     holds (a message with other entries is refused, `MessageError`). Default `(MODEL,)`: its local `w`, a new value
@@ -290,11 +157,6 @@ class Algorithm:
     participation: ClassVar[str] = "sampled"
     """"sampled" (the default): S clients a round, the federation's `clients_per_round`; "all": every client takes
     part in every round (S = N)."""
-    random_stream: ClassVar[str] = "algorithm"
-    """The name of the run's random stream that `rnd.draw` and `round_length` draw from (default "algorithm")."""
-    draws_at_round_end: ClassVar[bool] = False
-    """True: a round's last step branches in Python on `rnd.draw` (ASVRCD-PFL's coins), so that the engine ends such
-    rounds one run at a time. Default False."""
 
     def __init__(self, problem, **hyperparameters: Any):
         """One run's configuration on `problem`: `hyperparameters` by name (the others take their defaults), each
@@ -306,6 +168,8 @@ class Algorithm:
         """The problem's regularizer h (`fedbench.prox`): `self.reg.prox(v, step)`, `self.reg.subgradient(w)`."""
         declared = resolve(self.hparams, hyperparameters, self.name, per_round=True)
         self.check(declared)
+        routing = self.routing(declared)  # the declaration validation reads too: the run sees the same
+        self.downloads, self.uploads, self.keeps = routing.downloads, routing.uploads, routing.keeps
         capabilities = problem.capabilities(problem.config)
         contract.check(self.name, self.requirements(declared), problem.name, capabilities)
         self.personal = self.reports_personal(capabilities)
@@ -365,6 +229,29 @@ class Algorithm:
         return {}
 
     @classmethod
+    def routing(cls, hp: Mapping[str, Any]) -> Routing:
+        """What crosses the network with these hyperparameters: the `downloads`, `uploads` and `keeps` that a
+        recipe's validator checks (uplink chains, aggregation rules, the server optimizer) and that the run built with
+        them routes and counts. Default: the class's `downloads`, `uploads` and `keeps`, whatever the hyperparameters.
+
+        Args:
+            hp: the resolved hyperparameters by name, as Python values.
+
+        Example:
+            Local Pair's momentum goes down and up with the model where the server averages it
+            (`fedbench/algorithms/local_pair.py`), else each client keeps its own:
+
+            ```python
+            @classmethod
+            def routing(cls, hp):
+                if hp["average_momentum"]:
+                    return Routing(("w", "G"), (MODEL, Upload("G", relative_to="G")), keeps=("u",))
+                return Routing(("w",), (MODEL,), keeps=("u", "G"))
+            ```
+        """
+        return Routing(cls.downloads, cls.uploads, cls.keeps)
+
+    @classmethod
     def requirements(cls, hp: Mapping[str, Any]) -> set[str]:
         """The capabilities this algorithm needs with these hyperparameters. Default: `requires`, and
         `personal_evaluation` for a personalized method, else `global_evaluation` (neither where its personal
@@ -402,47 +289,6 @@ class Algorithm:
             ```
         """
         return cls.personalized and (not cls.personal_optional or "personal_evaluation" in capabilities)
-
-    @classmethod
-    def draws_in_steps(cls, hp: Mapping[str, Any]) -> bool:
-        """Whether its local steps other than a round's last draw (`rnd.draw`) with these hyperparameters, which an
-        iteration-wise program does not allow (its runs' steps then run one after another). Default False.
-
-        Args:
-            hp: the resolved hyperparameters by name, as Python values.
-
-        Example:
-            ASVRCD-PFL flips a ρ-coin at every iteration unless refreshes count as communications:
-
-            ```python
-            @classmethod
-            def draws_in_steps(cls, hp):
-                return not hp["count_refresh"]
-            ```
-        """
-        return False
-
-    @classmethod
-    def takes_uneven_steps(cls, hp: Mapping[str, Any]) -> bool:
-        """Whether its rounds may give each participant its own number of local steps with these hyperparameters
-        (`federation.local_steps` as a mapping, `fedbench.participation`): its maths reads neither the round's length
-        (`rnd.local_steps`; a client's own count is `rnd.client_steps`) nor its last step (`rnd.is_last_step`) nor the
-        iterations before it (`rnd.iteration`), and its local steps change only entries with a client axis (a client
-        past its count keeps its rows of those). Default False: such a federation is refused at validation.
-
-        Args:
-            hp: the resolved hyperparameters by name, as Python values.
-
-        Example:
-            FedMiD's `yuan` server threshold is η_s·η_c·E, which has no one E then:
-
-            ```python
-            @classmethod
-            def takes_uneven_steps(cls, hp):
-                return hp["server_threshold"] != "yuan"
-            ```
-        """
-        return False
 
     @classmethod
     def declared_metrics(cls, hp: Mapping[str, Any]) -> tuple[Metric, ...]:
@@ -769,38 +615,3 @@ def upload_floats(algorithm: Algorithm, message: State) -> int:
                            + (f" and replicated {list(algorithm.replicated)}" if algorithm.replicated else "")
                            + "; declare what clients send as `uploads = (Upload(name, relative_to=...), ...)`")
     return sum(math.prod(message[upload.name].shape[2:]) for upload in algorithm.uploads)
-
-
-def broadcast(w: Tensor, rnd: Round) -> Tensor:
-    """The server entry `[R, 1, ...]` as a fresh local copy `[R, S, ...]` for the round's clients."""
-    return w.expand(-1, rnd.clients.shape[-1], *w.shape[2:]).clone()
-
-
-def aggregate(values: Tensor, weights: Tensor) -> Tensor:
-    """Σ_k π̂_k values_k over the clients: values `[R, S, ...]`, weights `[R, S]` (summing to 1) -> `[R, 1, ...]`."""
-    if values.shape[0] == 1:  # a run alone: one vector-matrix product (~10 µs less than a batched one of one)
-        return (weights[0] @ values[0].flatten(1)).view(1, 1, *values.shape[2:])
-    return torch.matmul(weights.unsqueeze(1), values.flatten(2)).view(values.shape[0], 1, *values.shape[2:])
-
-
-def composite_step(reg, h_mode: str, x: Tensor, direction: Tensor, lr) -> Tensor:
-    """x − lr·(direction + g), g ∈ ∂h(x) (`subgradient`), or prox_{lr·h}(x − lr·direction) (`prox`): how the
-    smooth-FL baselines treat the nonsmooth h (subgradients in place of gradients, as the pFedFBE paper, ICLR 2023
-    submission, §1, extends them; `prox` is an alternative of this project)."""
-    if h_mode == "prox":
-        return reg.prox(x - lr * direction, lr)
-    if not reg.lam:  # h = 0: no zero subgradient to build and add in the inner loops
-        return x - lr * direction
-    return x - lr * (direction + reg.subgradient(x))
-
-
-def coin_flips_to_success(p: float, gen: torch.Generator) -> int:
-    """Flips of a p-coin up to and including its first success (>= 1): the length of a round that ends when
-    the coin says communicate (a geometric random variable with mean 1/p)."""
-    return int(torch.empty(()).geometric_(p, generator=gen))
-
-
-def per_client_copies(w0: Tensor, num_clients: int) -> Tensor:
-    """`[N, d]` rows all equal to w0, e.g. personal models that start at the initial point."""
-    return w0.expand(num_clients, *w0.shape).clone()
-

@@ -197,9 +197,9 @@ class Recipe:
         except ParamError as err:
             raise RecipeError(self.source, self.field(trial.algorithm, "problem", err.name), err.message) from None
         try:
-            check_uploads(trial.federation, algorithm, layout.clients)
+            check_uploads(trial.federation, algorithm, hp, layout.clients)
             check_algorithm(trial.federation.participation, trial.federation.local_steps, algorithm, hp)
-            check_server_optimizer(trial.federation.server_optimizer, algorithm)
+            check_server_optimizer(trial.federation.server_optimizer, algorithm, hp)
         except ParamError as err:
             raise RecipeError(self.source, self.field(trial.algorithm, "federation", err.name), err.message) from None
         _, batch_sizes = minibatch_sizes(algorithm.minibatches(hp), hp, trial.federation.batch_size)
@@ -277,7 +277,8 @@ class Recipe:
         (`CURVE_VALUE_BYTES` a value of each row it logs), refused at `federation.rounds` where the curve is the
         larger part (`federation.rounds: 1e12` passed)."""
         problem, config = PROBLEMS[trial.problem], trial.problem_config
-        federation, kept = trial.federation, len(ALGORITHMS[trial.algorithm].keeps)
+        kept = len(ALGORITHMS[trial.algorithm].routing(trial.hyperparameters).keeps)
+        federation = trial.federation
 
         def estimate(config: dict[str, Any]) -> int | None:  # the run's data and state, where the problem says
             sampled = federation.clients_per_round or problem.declared_clients(config) or 0
