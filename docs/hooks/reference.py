@@ -503,8 +503,8 @@ API_PAGES = {
         "Algorithm interface", "`Algorithm` and its hooks, with the shapes they take and give; `Round`, `Upload`, "
         "the hyperparameters `hp` and the helpers of a round's maths", BASE,
         {f"{BASE}.Algorithm": INHERITED, f"{BASE}.Round": EVERY, "fedbench.hparams.HParams": (), f"{BASE}.Upload": (),
-         f"{BASE}.Routing": (), f"{BASE}.MODEL": (), f"{BASE}.State": (), f"{BASE}.CLIENT_LR": (), f"{BASE}.SERVER_LR": (),
-         f"{BASE}.H_MODE": (), f"{BASE}.broadcast": (), f"{BASE}.aggregate": (), f"{BASE}.composite_step": (),
+         f"{BASE}.Routing": (), f"{BASE}.MODEL": (), f"{BASE}.State": (), f"{BASE}.CLIENT_LR": (),
+         f"{BASE}.SERVER_LR": (), f"{BASE}.H_MODE": (), f"{BASE}.broadcast": (), f"{BASE}.aggregate": (), f"{BASE}.composite_step": (),
          f"{BASE}.coin_flips_to_success": (), f"{BASE}.per_client_copies": (), f"{BASE}.upload_floats": (),
          f"{BASE}.ScheduleError": (), f"{BASE}.MessageError": ()}),
     "problem": ApiPage(
