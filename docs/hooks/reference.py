@@ -504,9 +504,9 @@ API_PAGES = {
         "the hyperparameters `hp` and the helpers of a round's maths", BASE,
         {f"{BASE}.Algorithm": INHERITED, f"{BASE}.Round": EVERY, "fedbench.hparams.HParams": (), f"{BASE}.Upload": (),
          f"{BASE}.Routing": (), f"{BASE}.MODEL": (), f"{BASE}.State": (), f"{BASE}.CLIENT_LR": (),
-         f"{BASE}.SERVER_LR": (), f"{BASE}.H_MODE": (), f"{BASE}.broadcast": (), f"{BASE}.aggregate": (), f"{BASE}.composite_step": (),
-         f"{BASE}.coin_flips_to_success": (), f"{BASE}.per_client_copies": (), f"{BASE}.upload_floats": (),
-         f"{BASE}.ScheduleError": (), f"{BASE}.MessageError": ()}),
+         f"{BASE}.SERVER_LR": (), f"{BASE}.H_MODE": (), f"{BASE}.broadcast": (), f"{BASE}.aggregate": (),
+         f"{BASE}.composite_step": (), f"{BASE}.coin_flips_to_success": (), f"{BASE}.per_client_copies": (),
+         f"{BASE}.upload_floats": (), f"{BASE}.ScheduleError": (), f"{BASE}.MessageError": ()}),
     "problem": ApiPage(
         "Problem interface", "`Problem`: its data layout, `gather`, the loss and its full-data oracles, metrics, "
         "capabilities (`provides`) and config hooks; `Layout`", "fedbench.problems.base",
