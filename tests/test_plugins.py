@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from helpers import invoke, refused
+from helpers import invoke
 
 ROOT = Path(__file__).resolve().parents[1]
 # FedAvg with heavy-ball server momentum: with beta = 0 it is FedAvg with server_lr = 1, which the test checks.
