@@ -79,9 +79,9 @@ def check_federation(federation: Federation, algorithm: type[Algorithm] | Algori
     cls = algorithm if isinstance(algorithm, type) else type(algorithm)
 
     def with_algorithm() -> None:
-        check_uploads(federation, algorithm, layout.clients)
+        check_uploads(federation, cls, hp, layout.clients)
         check_participation(federation.participation, federation.local_steps, cls, hp)
-        check_server_optimizer(federation.server_optimizer, algorithm)
+        check_server_optimizer(federation.server_optimizer, cls, hp)
         for axis in federation.axes:
             axis.check(federation, algorithm, layout)
 

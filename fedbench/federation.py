@@ -193,16 +193,18 @@ class Federation:
                                  "federation" if name == "batch_size" else "")  # else the algorithm's
 
 
-def check_uploads(federation: Federation, algorithm: type[Algorithm] | Algorithm, clients: int | None) -> None:
-    """Refuse (ParamError at the federation's field) what acts on each client's uploads where the algorithm has no
-    such message, on a problem of `clients` clients (None: unknown, not checked): an uplink chain or adversaries on an
-    upload its devices all-reduce inside the round (`Upload.all_reduced`: the engine sees the one value they then all
-    hold, not a message per client); a robust aggregation rule there too, or where the server does not take its
-    uploads in through a mean (`Algorithm.uploads_averaged`), and there DP-FedAvg's `gaussian` step too (its one draw,
-    shared by the clients, protects only their mean, not each client's upload: `fedbench.transforms`); Krum and
-    Multi-Krum with f too large for the clients a round, S ≤ 2f + 2 (Blanchard et al. 2017, §4)."""
+def check_uploads(federation: Federation, algorithm: type[Algorithm], hp: Mapping[str, Any],
+                  clients: int | None) -> None:
+    """Refuse (ParamError at the federation's field) what acts on each client's uploads where the algorithm, with the
+    hyperparameters `hp` (its `routing`), has no such message, on a problem of `clients` clients (None: unknown, not
+    checked): an uplink chain or adversaries on an upload its devices all-reduce inside the round (`Upload.all_reduced`:
+    the engine sees the one value they then all hold, not a message per client); a robust aggregation rule there too,
+    or where the server does not take its uploads in through a mean (`Algorithm.uploads_averaged`), and there
+    DP-FedAvg's `gaussian` step too (its one draw, shared by the clients, protects only their mean, not each client's
+    upload: `fedbench.transforms`); Krum and Multi-Krum with f too large for the clients a round, S ≤ 2f + 2
+    (Blanchard et al. 2017, §4)."""
     name = algorithm.name
-    reduced = [upload.name for upload in algorithm.uploads if upload.all_reduced]
+    reduced = [upload.name for upload in algorithm.routing(hp).uploads if upload.all_reduced]
     rule = federation.aggregation if federation.aggregation in RULES else None
     acting = {"uplink": ("a chain" if federation.uplink else None, "none"), "aggregation": (rule, "uniform or samples"),
               "adversaries": ("adversaries" if federation.adversaries else None, "none")}

@@ -49,7 +49,7 @@ as one program; runs of another rule or form are another program (`fedbench.plan
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from fedbench.algorithms.base import Algorithm, Upload
 from fedbench.hparams import Param, ParamError, PerRound
@@ -147,22 +147,23 @@ class ServerOptimizer:
                                                        if self.name != "adam" else ""))
 
 
-def updates_of_w(algorithm: type[Algorithm] | Algorithm) -> list[Upload]:
-    """The algorithm's uploads that are updates of its model `w`: new values of it (`relative_to`) or differences
-    (`update_of`)."""
-    return [upload for upload in algorithm.uploads if "w" in (upload.relative_to, upload.update_of)]
+def updates_of_w(uploads: Sequence[Upload]) -> list[Upload]:
+    """The `uploads` (an algorithm's) that are updates of its model `w`: new values of it (`relative_to`) or
+    differences (`update_of`)."""
+    return [upload for upload in uploads if "w" in (upload.relative_to, upload.update_of)]
 
 
-def check_algorithm(optimizer: ServerOptimizer | None, algorithm: type[Algorithm] | Algorithm) -> None:
-    """Refuse (ParamError at `federation.server_optimizer`) a federation's server `optimizer` for an algorithm it cannot
-    act on: one without exactly one upload that is an update of `w`, or whose server does not take it in through a
-    mean, or whose devices all-reduce it (the module's docstring)."""
+def check_algorithm(optimizer: ServerOptimizer | None, algorithm: type[Algorithm], hp: Mapping[str, Any]) -> None:
+    """Refuse (ParamError at `federation.server_optimizer`) a federation's server `optimizer` for an algorithm, with the
+    hyperparameters `hp` (its `routing`), it cannot act on: one without exactly one upload that is an update of `w`, or
+    whose server does not take it in through a mean, or whose devices all-reduce it (the module's docstring)."""
     if optimizer is None:
         return
-    name, updates = algorithm.name, updates_of_w(algorithm)
+    name, uploads = algorithm.name, algorithm.routing(hp).uploads
+    updates = updates_of_w(uploads)
     why = None
     if not updates:
-        declared = ", ".join(upload.name for upload in algorithm.uploads) or "none"
+        declared = ", ".join(upload.name for upload in uploads) or "none"
         why = (f"which uploads no update of its model w (uploads: {declared}; an Upload relative_to='w' or "
                "update_of='w')")
     elif len(updates) > 1:

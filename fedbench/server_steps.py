@@ -24,7 +24,7 @@ class ServerSteps:
         optimizer = sims[0].federation.server_optimizer
         assert optimizer is not None  # the program makes one only then
         self.rule, self.optax = optimizer.name, optimizer.optax
-        [self.upload] = updates_of_w(sims[0].algorithm)  # one (`fedbench.server_optimizers.check_algorithm`)
+        [self.upload] = updates_of_w(sims[0].algorithm.uploads)  # one (`fedbench.server_optimizers.check_algorithm`)
         w = server["w"]
         self.dtype, self.device = w.dtype, w.device
         values = [sim.federation.server_optimizer.values() for sim in sims]  # type: ignore[union-attr]  # as above

@@ -6,10 +6,13 @@ import pytest
 import torch
 
 import fedbench
+from fedbench.algorithms import ALGORITHMS
 from fedbench.algorithms.xrisk import fedxl2_surrogate, local_pair_surrogate, pair_means, scatter_last
 from fedbench.federation import RoundSampler
 from fedbench.rng import generator
 from fedbench.simulate import Federation, Simulation
+from sweeps.driving import build_simulation
+from sweeps.recipe import parse
 
 
 def one_client(**config):
@@ -237,3 +240,35 @@ def test_a_positive_drawn_twice_keeps_its_last_fresh_u():
         expected[run, client, index[run, client, draw]] = fresh[run, client, draw]
     assert (index.unsqueeze(-1) == index.unsqueeze(-2)).sum() > index.numel()  # the draws do repeat
     assert torch.equal(scatter_last(u, index, fresh), expected)
+
+
+@pytest.mark.parametrize("name", ["local_pair", "fedxl2"])
+@pytest.mark.parametrize("average_momentum", [True, False])
+def test_validation_and_the_run_read_one_declaration_of_what_crosses_the_network(name, average_momentum):
+    """Whether the momentum G goes down and up with the model is a hyperparameter: the downloads, uploads and kept
+    rows that the recipe's validator checks (from the class and the trial's hyperparameters) are those the run built
+    from the same trial sends and counts (they were the class's defaults at validation, the instance's in the run)."""
+    raw = {"name": "routing", "seeds": [0], "eval_every": 1,
+           "problem": {"name": "pauc", "clients": 4, "positives_per_client": 10, "negatives_per_client": 50,
+                       "features": 6, "test_size": 100},
+           "federation": {"rounds": 1, "clients_per_round": 3, "local_steps": 2, "batch_size": 8},
+           "algorithms": {name: {"average_momentum": average_momentum}}}
+    [trial] = parse(raw, "routing.yaml").trials()
+    validated = ALGORITHMS[name].routing(trial.hyperparameters)
+    sim = build_simulation(trial)
+    assert (sim.algorithm.downloads, sim.algorithm.uploads, sim.algorithm.keeps) == (
+        validated.downloads, validated.uploads, validated.keeps)
+    assert ("G" in validated.downloads, "G" in validated.keeps) == (average_momentum, not average_momentum)
+    sent = {}
+    client_final = sim.algorithm.client_final
+
+    def record(local, rnd, hp):
+        message, rows = client_final(local, rnd, hp)
+        sent.update(message=message, rows=rows)
+        return message, rows
+
+    sim.algorithm.client_final = record
+    [_, row] = list(sim)
+    assert list(sent["message"]) == [upload.name for upload in validated.uploads]
+    assert set(sent["rows"]) == set(validated.keeps) <= set(sim.clients)
+    assert row["comm_up"] == 3 * sum(tensor[0, 0].numel() for tensor in sent["message"].values())

@@ -360,3 +360,56 @@ def test_a_run_that_raises_mid_sweep_is_shown_whole_and_left_out_of_the_means(ra
     assert best and "– (all 2 runs failed)" in best[0], result.output
     missing = invoke("show", "nosuchrun", "--tracking-uri", tracking_uri)
     assert missing.exit_code == 2 and "no run 'nosuchrun'" in missing.output and "Traceback" not in missing.output
+
+
+# A plugin whose message depends on a hyperparameter: with `reduce`, its devices all-reduce the model inside the
+# round (one value every device holds), on which no uplink chain can act.
+REDUCING = '''\
+from fedbench.algorithms.base import CLIENT_LR, MODEL, Algorithm, Routing, Upload, aggregate
+from fedbench.hparams import Param
+
+
+class Reducing(Algorithm):
+    name = "reducing"
+    hparams = (CLIENT_LR, Param("reduce", "bool", False, "all-reduce the model inside the round"))
+
+    @classmethod
+    def routing(cls, hp):
+        return Routing(("w",), (Upload("w", all_reduced=True),) if hp["reduce"] else (MODEL,), ())
+
+    def client_step(self, local, batches, rnd, hp):
+        return {"w": local["w"] - hp.client_lr * batches.D.grad(local["w"])}
+
+    def server_update(self, server, message, weights, rnd, hp):
+        return {"w": aggregate(message["w"], weights)}
+'''
+
+
+@pytest.mark.heavy
+def test_what_crosses_the_network_by_a_hyperparameter_is_what_validate_and_the_run_check(tmp_path):
+    """`routing(hp)` is the one declaration of what crosses the network: `fedbench validate` refuses an uplink
+    chain on the upload the hyperparameters make all-reduced, as building the run refuses it, and accepts the other."""
+    import fedbench
+    from fedbench import plugins
+    from fedbench.hparams import ParamError
+    from fedbench.simulate import Federation, Simulation
+
+    (tmp_path / "reducing.py").write_text(REDUCING)
+    chained = PROBLEM.replace("batch_size: 5}", "batch_size: 5, uplink: [sign]}")
+    recipe = tmp_path / "r.yaml"
+    why = "found a chain for reducing, which all-reduces its upload 'w' (no message per client); expected none"
+    recipe.write_text("plugins: [reducing.py]\n" + chained + "algorithms: {reducing: {reduce: true}}\n")
+    refused(invoke("validate", recipe), f"federation.uplink: {why}")
+    recipe.write_text("plugins: [reducing.py]\n" + chained + "algorithms: {reducing: {reduce: false}}\n")
+    assert invoke("validate", recipe).exit_code == 0
+    plugins.load(str(tmp_path / "reducing.py"))
+    problem = fedbench.make_problem("lasso", seed=0, clients=8, samples_per_client=20, dim=30, support=10, lam=0.05)
+    federation = Federation(2, 4, 2, 5, uplink=["sign"])
+    for reduce in (True, False):
+        algorithm = fedbench.make_algorithm("reducing", problem, reduce=reduce)
+        assert algorithm.uploads == type(algorithm).routing({"reduce": reduce}).uploads
+        if reduce:
+            with pytest.raises(ParamError, match=why.replace("(", r"\(").replace(")", r"\)")):
+                Simulation(problem, algorithm, federation, 0)
+        else:
+            assert len(list(Simulation(problem, algorithm, federation, 0))) > 1

@@ -482,17 +482,19 @@ def _context(group, command=None):
 # -- the Python API ---------------------------------------------------------------------------------------------
 
 EVERY = None  # an object's members on its page: every public one (no leading underscore)
+INHERITED = "inherited"  # every public one, those it inherits from its bases in the package too (`Algorithm`'s)
 
 
 @dataclass(frozen=True)
 class ApiPage:
     """One page of the Python API: its title, what it covers (the index's table), the module whose docstring opens
     it, and the objects it documents in order (dotted paths), each with the members it shows: `EVERY` public member
-    of a class, or those named (none: `()`, for a dataclass whose docstring says its fields)."""
+    of a class (`INHERITED`: with those of its bases), or those named (none: `()`, for a dataclass whose docstring
+    says its fields)."""
     title: str
     summary: str
     module: str
-    objects: dict[str, tuple[str, ...] | None]
+    objects: dict[str, tuple[str, ...] | str | None]
 
 
 BASE = "fedbench.algorithms.base"
@@ -500,11 +502,11 @@ API_PAGES = {
     "algorithm": ApiPage(
         "Algorithm interface", "`Algorithm` and its hooks, with the shapes they take and give; `Round`, `Upload`, "
         "the hyperparameters `hp` and the helpers of a round's maths", BASE,
-        {f"{BASE}.Algorithm": EVERY, f"{BASE}.Round": EVERY, "fedbench.hparams.HParams": (), f"{BASE}.Upload": (),
-         f"{BASE}.MODEL": (), f"{BASE}.State": (), f"{BASE}.CLIENT_LR": (), f"{BASE}.SERVER_LR": (),
-         f"{BASE}.H_MODE": (), f"{BASE}.broadcast": (), f"{BASE}.aggregate": (), f"{BASE}.composite_step": (),
-         f"{BASE}.coin_flips_to_success": (), f"{BASE}.per_client_copies": (), f"{BASE}.upload_floats": (),
-         f"{BASE}.ScheduleError": (), f"{BASE}.MessageError": ()}),
+        {f"{BASE}.Algorithm": INHERITED, f"{BASE}.Round": EVERY, "fedbench.hparams.HParams": (), f"{BASE}.Upload": (),
+         f"{BASE}.Routing": (), f"{BASE}.MODEL": (), f"{BASE}.State": (), f"{BASE}.CLIENT_LR": (),
+         f"{BASE}.SERVER_LR": (), f"{BASE}.H_MODE": (), f"{BASE}.broadcast": (), f"{BASE}.aggregate": (),
+         f"{BASE}.composite_step": (), f"{BASE}.coin_flips_to_success": (), f"{BASE}.per_client_copies": (),
+         f"{BASE}.upload_floats": (), f"{BASE}.ScheduleError": (), f"{BASE}.MessageError": ()}),
     "problem": ApiPage(
         "Problem interface", "`Problem`: the seven names a problem writes (`gather`, the loss, metrics, ...) and the "
         "defaults of the rest; `ProblemSpec`, what is read before building (parameters, capabilities (`provides`), "
@@ -609,7 +611,9 @@ def api_page(page: ApiPage) -> str:
              "      show_root_heading: false", "      show_root_toc_entry: false", ""]
     for path, members in page.objects.items():
         lines.append(f"::: {path}")
-        if members is not EVERY:
+        if members == INHERITED:
+            lines += ["    options:", "      inherited_members: true"]
+        elif members is not EVERY:
             lines += ["    options:", f"      members: {list(members) if members else 'false'}"]
         lines.append("")
     return "\n".join(lines)
@@ -624,7 +628,7 @@ def load_api():
 
 def documented(page: ApiPage, package) -> list:
     """The griffe objects `page` shows: its module, each object, and each object's members as the page lists them
-    (`EVERY` public one: without a leading underscore, defined in the class itself)."""
+    (`EVERY` public one: without a leading underscore, defined in the class itself; `INHERITED`, or in its bases)."""
     def find(path: str):
         return package if path == package.path else package[path.removeprefix(package.path + ".")]
 
@@ -634,6 +638,8 @@ def documented(page: ApiPage, package) -> list:
         shown.append(obj)
         if members is EVERY:
             shown += [m for name, m in obj.members.items() if not name.startswith("_") and not m.is_alias]
+        elif members == INHERITED:
+            shown += [m for name, m in obj.all_members.items() if not name.startswith("_")]
         else:
             shown += [obj.members[name] for name in members]
     return shown

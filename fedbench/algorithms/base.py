@@ -12,7 +12,9 @@ does, for R ≥ 1 runs (seeds × grid points; a run alone is R = 1) and the S pa
 What crosses the network is declared, not inferred from dict keys: `downloads` (server entries every sampled client
 receives), `uploads` (entries of the local state each client sends, `Upload`: with the server entry it is a new
 value of, where it is one, so that its update is `upload − server[entry]`) and `keeps` (entries of the per-client
-state, `init_clients`, that a client takes into its round and keeps at its end). `client_init` and `client_final`
+state, `init_clients`, that a client takes into its round and keeps at its end); where a hyperparameter decides them,
+one classmethod of the hyperparameters, `routing(hp)`, which validation and the run both read. `client_init` and
+`client_final`
 default to routing these names, so an algorithm whose maths is the identity there writes neither: a client starts
 from its own copy of each download it uploads (`broadcast`) and shares the others read-only (`[R, 1, ...]`), with
 its kept rows; it sends its uploads and keeps its `keeps`. A round's communication is counted from the declared
@@ -31,10 +33,8 @@ in with them (`hp.rules.eta`). Reductions over the clients are over axis 1 (`agg
 size): `batches.D.grad(u)` is ∇f̃(u; D) for every run and client, `.loss`, `.hvp` and the problem's other oracle
 methods too (`fedbench.oracle`); a point with a singleton client axis (`[R, 1, d]`) is every client's.
 
-Randomness inside a round goes through the round: `rnd.draw(lambda gen: torch.rand(3, generator=gen))` draws on
-each run's own stream of the algorithm (`random_stream`) and stacks the runs' draws on axis 0. What a schedule does
-not define raises (`ScheduleError`): an iteration-wise program's runs are at different rounds, so its inner steps
-have no `rnd.index`, `rnd.iteration` or `rnd.step` (only `rnd.is_last_step`, False there), and draw nothing.
+Randomness inside a round goes through the round, `rnd.draw` (`fedbench.algorithms.rounds`), which raises what the
+engine's schedule does not define there (`ScheduleError`).
 
 Per run and outside the round loop, the algorithm object is one run's configuration: `self.hp` holds its
 resolved hyperparameters and derived values as Python values, which `init_server`, `init_clients`,
@@ -42,25 +42,31 @@ resolved hyperparameters and derived values as Python values, which `init_server
 without the run axis: server `[...]`, clients `[N, ...]`) read. A hyperparameter that follows a schedule has no one
 value there, nor in `derive`: reading it raises ParamError (`fedbench validate` refuses such a recipe).
 
-Beyond that shape an algorithm may declare: `requires` (capabilities the problem must provide,
-`fedbench.contract`), `participation = "all"` (every client every round instead of S sampled ones),
-`round_length` (how many local iterations a round has, e.g. a geometric number for a p-coin),
-`draws_at_round_end` (its round's last step branches in Python on `rnd.draw`, so the engine ends such rounds one
-run at a time), and `takes_uneven_steps` (whether its participants may each take their own number of local steps).
+Beyond that shape an algorithm may declare (`fedbench.algorithms.spec`, read from the class before anything is
+built): `requires` (capabilities the problem must provide, `fedbench.contract`), `participation = "all"` (every
+client every round instead of S sampled ones), and, as classmethods of the hyperparameters, what crosses the network
+(`routing`), its requirements, minibatches and metrics; and `round_length` (how many local iterations a round has,
+e.g. a geometric number for a p-coin). How the engine runs the maths (its random stream, draws that branch a round's
+end, uneven local work) is apart, in `fedbench.algorithms.hints`. `Algorithm` inherits both. The helpers of a
+round's maths (`aggregate`, `broadcast`, ...) are in `fedbench.algorithms.maths`; this module re-exports them, with
+`Round`, `Upload` and `Routing`, so that an algorithm imports what it writes from here.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from fedbench import contract
+from fedbench.algorithms.hints import EngineHints
+from fedbench.algorithms.maths import aggregate, broadcast, coin_flips_to_success, composite_step, per_client_copies
+from fedbench.algorithms.messages import MODEL, Routing, Upload
+from fedbench.algorithms.rounds import Round, ScheduleError
+from fedbench.algorithms.spec import AlgorithmSpec
 from fedbench.hparams import HParams, Param, PerRound, resolve
-from fedbench.metrics import Metric
-from fedbench.oracle import Batches, Minibatch
+from fedbench.oracle import Batches
 
 State = dict[str, Tensor]
 """A state: tensors by name. In a round's functions the server's entries are `[R, 1, ...]`, the round's local state
@@ -76,151 +82,17 @@ H_MODE = Param("h_mode", "choice", "subgradient", "treatment of h in local steps
 """How a smooth-FL baseline's local step treats h (`subgradient` or `prox`), the choice `composite_step` takes."""
 
 
-class ScheduleError(RuntimeError):
-    """An algorithm asked its round for what the engine's schedule does not define there."""
+__all__ = ["CLIENT_LR", "H_MODE", "MODEL", "SERVER_LR", "Algorithm", "MessageError", "Round", "Routing",
+           "ScheduleError", "State", "Upload", "aggregate", "broadcast", "coin_flips_to_success", "composite_step",
+           "per_client_copies", "upload_floats"]
 
 
-class Round:
-    """What the runs of a program know of their current round, the `rnd` of every round function. `clients` `[R, S]`
-    is always defined; `index` (r, from 0), `iteration` (local iterations before this round), `local_steps` (E, or
-    this round's drawn length), `step` (the local step, from 0), `is_last_step` and `client_steps` where the
-    schedule defines them, and raise `ScheduleError` where it does not; `draw` where the runs' streams are bound. Where
-    each client takes its own number of local steps (uneven local work, `fedbench.participation`), the round has no
-    one length: `local_steps`, `iteration` and `is_last_step` are not defined, and `client_steps` holds each client's.
-
-    Example:
-        Fast-FedDA's local step weighs its gradient by the global iteration t = rE + j and, as the paper's
-        Algorithm 1 (Bao et al., ICML 2022), takes no prox after a round's last step (j = E − 1):
-
-        ```python
-        def client_step(self, local, batches, rnd, hp):
-            t = rnd.iteration + rnd.step
-            g = local["g"] + self._weighted(t, batches.D.grad(local["u"]), hp)
-            if not rnd.is_last_step:
-                ...
-        ```
-    """
-
-    __slots__ = ("clients", "_index", "_iteration", "_local_steps", "_step", "_streams", "_where", "_last",
-                 "_client_steps")
-    clients: Tensor
-    """The clients of the round, `[R, S]` (indices into the problem's clients; every client, `[R, N]`, where the
-    algorithm's `participation` is "all")."""
-
-    def __init__(self, clients: Tensor, index: int | None = None, local_steps: int | None = None,
-                 iteration: int | None = None, step: int | None = None,
-                 streams: tuple[torch.Generator, ...] | None = None, where: str = "", last: bool | None = None,
-                 client_steps: Tensor | None = None):
-        self.clients, self._index, self._local_steps, self._iteration = clients, index, local_steps, iteration
-        self._step, self._streams, self._where, self._client_steps = step, streams, where, client_steps
-        # whether `step` ends the round: from the length where it is defined, else given (an iteration-wise end); no
-        # one step ends it where each client has its own count
-        self._last = None if client_steps is not None else last if last is not None else (
-            step is not None and local_steps is not None and step == local_steps - 1)
-
-    def _defined(self, name: str, value):
-        if value is None:
-            raise ScheduleError(f"rnd.{name} is not defined {self._where or 'here'}")
-        return value
-
-    @property
-    def index(self) -> int:
-        """The round r, from 0, where the runs of a program share it (not in an iteration-wise program's inner
-        steps)."""
-        return self._defined("index", self._index)
-
-    @property
-    def iteration(self) -> int:
-        """Local iterations each client of the runs has taken before this round."""
-        return self._defined("iteration", self._iteration)
-
-    @property
-    def local_steps(self) -> int:
-        """This round's local steps: the federation's E, or the length `round_length` drew."""
-        return self._defined("local_steps", self._local_steps)
-
-    @property
-    def step(self) -> int:
-        """The local step being taken in `client_step`, from 0 to `local_steps − 1`."""
-        return self._defined("step", self._step)
-
-    @property
-    def is_last_step(self) -> bool:
-        """Whether this local step ends the round (False in an iteration-wise program's inner steps)."""
-        return self._defined("is_last_step", self._last)
-
-    @property
-    def client_steps(self) -> Tensor | int:
-        """Each client's local steps this round: `[R, S, 1]` in the state's dtype (it broadcasts against the local
-        state `[R, S, d]`) where the federation gives its participants uneven local work, else `local_steps`, the same
-        for every client.
-
-        Example:
-            SCAFFOLD's control variate divides the client's progress by its own K steps:
-
-            ```python
-            c_new = c_i - c + (x - y) / (rnd.client_steps * hp.client_lr)
-            ```
-        """
-        return self.local_steps if self._client_steps is None else self._client_steps
-
-    def at(self, step: int) -> Round:
-        """This round at local step `step`."""
-        return Round(self.clients, self._index, self._local_steps, self._iteration, step, self._streams, self._where,
-                     client_steps=self._client_steps)
-
-    def draw(self, sample: Callable[[torch.Generator], Tensor]) -> Tensor:
-        """`sample(gen)` on each run's own stream of the algorithm (`random_stream`), stacked on a leading run axis
-        `[R, ...]`, so that every run draws exactly what it draws alone. The generators live on the CPU: move the
-        draw to the state's device (`.to(x.device)`).
-
-        Example:
-            A uniform [0, 1) value per run, broadcast against `[R, S, d]` state:
-
-            ```python
-            u = rnd.draw(lambda gen: torch.rand((), generator=gen)).to(x.device).view(-1, 1, 1)  # [R, 1, 1]
-            ```
-        """
-        if self._streams is None:
-            raise ScheduleError(f"rnd.draw is not allowed {self._where or 'here'}")
-        if len(self._streams) == 1:
-            return sample(self._streams[0]).unsqueeze(0)
-        return torch.stack([sample(gen) for gen in self._streams])
-
-
-@dataclass(frozen=True)
-class Upload:
-    """An entry of the local state that each client sends at a round's end (`name`), and the server entry it is a
-    new value of (`relative_to`, e.g. FedMiD's local model as a new `w`; None where the upload is itself an update or
-    has no server counterpart, e.g. SCAFFOLD's Δy). A client sends the entry's floats beyond the run and client
-    axes (`upload_floats`), which the rows' `comm_up` counts. `all_reduced`: the devices combine it by an all-reduce
-    inside the round, so that the entry is `[R, 1, ...]`, the one value every device then holds, not a message per
-    client (the uplink's transforms, `fedbench.transforms`, cannot act on it). `update_of`: the server entry an upload
-    that is an update already (a difference) moves, where the server adds it through a mean (SCAFFOLD's Δy of `w`), so
-    that the federation's server optimizer (`fedbench.server_optimizers`) may act on it as on a new value of `w`.
-
-    Example:
-        SCAFFOLD uploads two updates, Δy of the model and Δc (Karimireddy et al., ICML 2020, Algorithm 1 line 13):
-
-        ```python
-        uploads = (Upload("dy", update_of="w"), Upload("dc"))
-        ```
-    """
-
-    name: str
-    relative_to: str | None = None
-    all_reduced: bool = False
-    update_of: str | None = None
-
-
-MODEL = Upload("w", relative_to="w")
-"""A client's local model, a new value of the server's `w`: the default `uploads`."""
-
-
-class Algorithm:
+class Algorithm(AlgorithmSpec, EngineHints):
     """A federated algorithm: the maths of one round as small functions on batched state (the module's docstring
     says the shapes), and declarations of what it needs and sends. An instance is one run's configuration
-    (`Algorithm(problem, client_lr=1e-3)`); the engine calls its hooks for all the runs of a program at once.
+    (`Algorithm(problem, client_lr=1e-3)`); the engine calls its hooks for all the runs of a program at once. Its
+    declarations, read from the class before anything is built, are `AlgorithmSpec`'s (`fedbench.algorithms.spec`);
+    the engine's hints, `EngineHints`'s (`fedbench.algorithms.hints`).
 
     Each run, once: `init_server(w0)` and `init_clients(w0, N)`. Each round, on the S sampled clients of R runs:
     `client_init`, then `client_step` `rnd.local_steps` times, then `client_final`, then `server_update`. At each
@@ -247,55 +119,6 @@ class Algorithm:
         ```
     """
 
-    name: ClassVar[str]
-    """The name recipes, `fedbench list` and the registry know it by: a Python identifier, of a plugin not one a
-    built-in algorithm or another plugin has."""
-    title: ClassVar[str | None] = None
-    """The method's name as its paper writes it, for reports (None, the default: `name`)."""
-    hparams: ClassVar[tuple[Param, ...]]
-    """Its hyperparameters, a tuple of `Param` (type, default, range, help): what a recipe may set, what the engine
-    checks, and what the round functions get as `hp`."""
-    downloads: tuple[str, ...] = ("w",)
-    """Server entries every sampled client receives at a round's start, counted in `comm_down`. Default `("w",)`:
-    the model `server["w"]` alone. An instance may set its own where a choice hyperparameter decides (the same for
-    every run of a program), e.g. whether the momentum is averaged (Local Pair, FeDXL2)."""
-    uploads: tuple[Upload, ...] = (MODEL,)
-    """What each client sends at a round's end, counted in `comm_up`: the `Upload`s that `client_final`'s message
-    holds (a message with other entries is refused, `MessageError`). Default `(MODEL,)`: its local `w`, a new value
-    of the server's `w`."""
-    keeps: tuple[str, ...] = ()
-    """Per-client state (entries of `init_clients`) that the default `client_init` adds to the local state from the
-    clients' `rows` and the default `client_final` writes back. Default `()`: none."""
-    uploads_averaged: ClassVar[bool] = True
-    """True (the default): `server_update` takes each upload in only through a mean over the round's clients (with
-    `weights`, or uniform: SCAFFOLD's Σ_k Δc_k / N is (S/N) times one), so that a robust aggregation rule
-    (`federation.aggregation: median`, ..., `fedbench.robust`) may stand in for that mean. False where it uses the
-    clients' values one by one (FeDXL's pools of scores): robust rules are then refused."""
-    replicated: ClassVar[tuple[str, ...]] = ()
-    """Entries of the message beyond the uploads that every device computes itself after the round's all-reduce
-    (participation "all": the block methods' w-block), handed to `server_update` and not counted as sent. Default
-    `()`."""
-    personalized: ClassVar[bool] = False
-    """True: `personal_params` gives per-client models, evaluated by the problem's `personal_` metrics (the
-    algorithm then requires `personal_evaluation` instead of `global_evaluation`). Default False."""
-    personal_optional: ClassVar[bool] = False
-    """True (with `personalized`): the method's output is its global model and its per-client models are an
-    addition (FedProx's last local iterates), so that it also runs on a problem without `personal_evaluation`, as
-    a global method: no `personal_params` there, its rows the global metrics alone (`reports_personal`). Default
-    False."""
-    requires: ClassVar[frozenset[str]] = frozenset()
-    """Capabilities the problem must provide beyond minibatch losses and gradients (`fedbench.contract`), e.g.
-    `frozenset({"hvp"})`; any collection of names does. Default: none (`requirements` adds `global_evaluation`, or
-    `personal_evaluation` for a personalized method)."""
-    participation: ClassVar[str] = "sampled"
-    """"sampled" (the default): S clients a round, the federation's `clients_per_round`; "all": every client takes
-    part in every round (S = N)."""
-    random_stream: ClassVar[str] = "algorithm"
-    """The name of the run's random stream that `rnd.draw` and `round_length` draw from (default "algorithm")."""
-    draws_at_round_end: ClassVar[bool] = False
-    """True: a round's last step branches in Python on `rnd.draw` (ASVRCD-PFL's coins), so that the engine ends such
-    rounds one run at a time. Default False."""
-
     def __init__(self, problem, **hyperparameters: Any):
         """One run's configuration on `problem`: `hyperparameters` by name (the others take their defaults), each
         checked against its `Param` and by `check`, and the algorithm's `requirements` against what the problem
@@ -306,6 +129,8 @@ class Algorithm:
         """The problem's regularizer h (`fedbench.prox`): `self.reg.prox(v, step)`, `self.reg.subgradient(w)`."""
         declared = resolve(self.hparams, hyperparameters, self.name, per_round=True)
         self.check(declared)
+        routing = self.routing(declared)  # the declaration validation reads too: the run sees the same
+        self.downloads, self.uploads, self.keeps = routing.downloads, routing.uploads, routing.keeps
         capabilities = problem.capabilities(problem.config)
         contract.check(self.name, self.requirements(declared), problem.name, capabilities)
         self.personal = self.reports_personal(capabilities)
@@ -327,141 +152,6 @@ class Algorithm:
         """One run's hyperparameters and derived values (`derive`) as Python values, for the hooks that run outside
         the round loop (`init_server`, `round_length`, the evaluation hooks); the round functions get them per run
         as their `hp` argument."""
-
-    @classmethod
-    def check(cls, hp: Mapping[str, Any]) -> None:
-        """Refuse (ParamError) resolved hyperparameters that no run can have, by rules beyond each parameter's own
-        range (e.g. lists that must agree in length); every instance is checked so, and a recipe's validator checks
-        its configurations so before anything runs. Default: no rule.
-
-        Args:
-            hp: the resolved hyperparameters by name, as Python values.
-
-        Example:
-            MC-FedDA's per-stage lists (`fedbench/algorithms/mc_fedda.py`):
-
-            ```python
-            @classmethod
-            def check(cls, hp):
-                if len(hp["stage_lams"]) != len(hp["stage_rounds"]):
-                    raise ParamError("stage_lams", "expected one entry per stage as stage_rounds has", cls.name)
-            ```
-        """
-
-    @classmethod
-    def caveats(cls, hp: Mapping[str, Any], rounds: int) -> dict[str, str]:
-        """What a run of `rounds` rounds with these hyperparameters does that they do not say, by the hyperparameter
-        concerned: a recipe's validator warns of each (the run is valid: a shortened run is the first rounds of the
-        full one). Default: none.
-
-        Args:
-            hp: the resolved hyperparameters by name, as Python values.
-            rounds: the run's communication rounds.
-
-        Example:
-            MC-FedDA's stages that begin after the run's last round (`fedbench/algorithms/mc_fedda.py`): with
-            `stage_rounds: [250, 250, 1500]` a run of 200 rounds never leaves its first stage.
-        """
-        return {}
-
-    @classmethod
-    def requirements(cls, hp: Mapping[str, Any]) -> set[str]:
-        """The capabilities this algorithm needs with these hyperparameters. Default: `requires`, and
-        `personal_evaluation` for a personalized method, else `global_evaluation` (neither where its personal
-        models are optional, `personal_optional`: it reports those a problem evaluates).
-
-        Args:
-            hp: the resolved hyperparameters by name, as Python values.
-
-        Returns:
-            Capability names (`fedbench.contract.CAPABILITIES`).
-
-        Example:
-            SCAFFOLD's option I needs each client's full-data gradient:
-
-            ```python
-            @classmethod
-            def requirements(cls, hp):
-                return super().requirements(hp) | ({"full_data"} if hp["control"] == "I" else set())
-            ```
-        """
-        if cls.personalized and cls.personal_optional:  # either evaluation: personal models where it has them
-            return set(cls.requires)
-        return set(cls.requires) | {"personal_evaluation" if cls.personalized else "global_evaluation"}
-
-    @classmethod
-    def reports_personal(cls, capabilities: set[str]) -> bool:
-        """Whether its runs on a problem that provides `capabilities` report `personal_` metrics: a personalized
-        method's do, unless its personal models are optional (`personal_optional`) and the problem does not
-        evaluate them.
-
-        Example:
-            ```python
-            FedProx.reports_personal(Lasso.capabilities(config))    # True: lasso evaluates personal models
-            FedProx.reports_personal(Vision.capabilities(config))   # False: the global model's metrics alone
-            ```
-        """
-        return cls.personalized and (not cls.personal_optional or "personal_evaluation" in capabilities)
-
-    @classmethod
-    def draws_in_steps(cls, hp: Mapping[str, Any]) -> bool:
-        """Whether its local steps other than a round's last draw (`rnd.draw`) with these hyperparameters, which an
-        iteration-wise program does not allow (its runs' steps then run one after another). Default False.
-
-        Args:
-            hp: the resolved hyperparameters by name, as Python values.
-
-        Example:
-            ASVRCD-PFL flips a ρ-coin at every iteration unless refreshes count as communications:
-
-            ```python
-            @classmethod
-            def draws_in_steps(cls, hp):
-                return not hp["count_refresh"]
-            ```
-        """
-        return False
-
-    @classmethod
-    def takes_uneven_steps(cls, hp: Mapping[str, Any]) -> bool:
-        """Whether its rounds may give each participant its own number of local steps with these hyperparameters
-        (`federation.local_steps` as a mapping, `fedbench.participation`): its maths reads neither the round's length
-        (`rnd.local_steps`; a client's own count is `rnd.client_steps`) nor its last step (`rnd.is_last_step`) nor the
-        iterations before it (`rnd.iteration`), and its local steps change only entries with a client axis (a client
-        past its count keeps its rows of those). Default False: such a federation is refused at validation.
-
-        Args:
-            hp: the resolved hyperparameters by name, as Python values.
-
-        Example:
-            FedMiD's `yuan` server threshold is η_s·η_c·E, which has no one E then:
-
-            ```python
-            @classmethod
-            def takes_uneven_steps(cls, hp):
-                return hp["server_threshold"] != "yuan"
-            ```
-        """
-        return False
-
-    @classmethod
-    def declared_metrics(cls, hp: Mapping[str, Any]) -> tuple[Metric, ...]:
-        """Metrics the algorithm itself adds to each row (e.g. the objective it minimizes), whose values `evaluate`
-        gives. Default: none.
-
-        Args:
-            hp: the resolved hyperparameters by name, as Python values.
-
-        Example:
-            pFedFBE's forward-backward envelope:
-
-            ```python
-            @classmethod
-            def declared_metrics(cls, hp):
-                return (Metric("fbe_objective", "FBE objective F(w) (eq. 5)", "min"),)
-            ```
-        """
-        return ()
 
     def derive(self, hp: HParams) -> dict[str, Any]:
         """Values derived from one run's hyperparameters and the problem: step-size rules, couplings. The engine
@@ -507,28 +197,6 @@ class Algorithm:
             ```
         """
         return {}
-
-    @classmethod
-    def minibatches(cls, hp: Mapping[str, Any]) -> tuple[Minibatch, ...]:
-        """The minibatches each local step draws with these hyperparameters (names and sizes); `client_step` gets an
-        oracle per name (`batches.D`). Default: one batch `D` of the federation's `batch_size`.
-
-        Args:
-            hp: the resolved hyperparameters by name, as Python values.
-
-        Returns:
-            A `Minibatch` per name, each drawn on its own unless declared `same_as` another.
-
-        Example:
-            Per-FedAvg's inner and outer batches, sized by hyperparameters (`fedbench/algorithms/per_fedavg.py`):
-
-            ```python
-            @classmethod
-            def minibatches(cls, hp):
-                return (Minibatch("D", size="inner_batch"), Minibatch("D1", size="outer_batch"))
-            ```
-        """
-        return (Minibatch("D"),)
 
     def round_length(self, local_steps: int, gen: torch.Generator) -> int:
         """Local iterations of one run's next round, drawn before the round's clients and minibatches. Default: the
@@ -769,38 +437,3 @@ def upload_floats(algorithm: Algorithm, message: State) -> int:
                            + (f" and replicated {list(algorithm.replicated)}" if algorithm.replicated else "")
                            + "; declare what clients send as `uploads = (Upload(name, relative_to=...), ...)`")
     return sum(math.prod(message[upload.name].shape[2:]) for upload in algorithm.uploads)
-
-
-def broadcast(w: Tensor, rnd: Round) -> Tensor:
-    """The server entry `[R, 1, ...]` as a fresh local copy `[R, S, ...]` for the round's clients."""
-    return w.expand(-1, rnd.clients.shape[-1], *w.shape[2:]).clone()
-
-
-def aggregate(values: Tensor, weights: Tensor) -> Tensor:
-    """Σ_k π̂_k values_k over the clients: values `[R, S, ...]`, weights `[R, S]` (summing to 1) -> `[R, 1, ...]`."""
-    if values.shape[0] == 1:  # a run alone: one vector-matrix product (~10 µs less than a batched one of one)
-        return (weights[0] @ values[0].flatten(1)).view(1, 1, *values.shape[2:])
-    return torch.matmul(weights.unsqueeze(1), values.flatten(2)).view(values.shape[0], 1, *values.shape[2:])
-
-
-def composite_step(reg, h_mode: str, x: Tensor, direction: Tensor, lr) -> Tensor:
-    """x − lr·(direction + g), g ∈ ∂h(x) (`subgradient`), or prox_{lr·h}(x − lr·direction) (`prox`): how the
-    smooth-FL baselines treat the nonsmooth h (subgradients in place of gradients, as the pFedFBE paper, ICLR 2023
-    submission, §1, extends them; `prox` is an alternative of this project)."""
-    if h_mode == "prox":
-        return reg.prox(x - lr * direction, lr)
-    if not reg.lam:  # h = 0: no zero subgradient to build and add in the inner loops
-        return x - lr * direction
-    return x - lr * (direction + reg.subgradient(x))
-
-
-def coin_flips_to_success(p: float, gen: torch.Generator) -> int:
-    """Flips of a p-coin up to and including its first success (>= 1): the length of a round that ends when
-    the coin says communicate (a geometric random variable with mean 1/p)."""
-    return int(torch.empty(()).geometric_(p, generator=gen))
-
-
-def per_client_copies(w0: Tensor, num_clients: int) -> Tensor:
-    """`[N, d]` rows all equal to w0, e.g. personal models that start at the initial point."""
-    return w0.expand(num_clients, *w0.shape).clone()
-

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from fedbench.algorithms.base import CLIENT_LR, MODEL, Upload, aggregate
+from fedbench.algorithms.base import CLIENT_LR, MODEL, Routing, Upload, aggregate
 from fedbench.algorithms.xrisk import (
     BETA,
     DECAY,
@@ -55,14 +55,13 @@ class FeDXL2(StaleScores):
         DECAY_EVERY,
         DECAY,
     )
-    def __init__(self, problem, **hyperparameters):
-        super().__init__(problem, **hyperparameters)
+
+    @classmethod
+    def routing(cls, hp):
         pools, scores = ("pool_pos", "pool_u", "pool_neg"), (Upload("h_pos"), Upload("u_pos"), Upload("h_neg"))
-        if self.hp.average_momentum:  # the momentum goes down and up with the model
-            self.downloads, self.keeps = ("w", "G", *pools), ("u",)
-            self.uploads = (MODEL, Upload("G", relative_to="G"), *scores)
-        else:  # each client keeps its own
-            self.downloads, self.uploads, self.keeps = ("w", *pools), (MODEL, *scores), ("u", "G")
+        if hp["average_momentum"]:  # the momentum goes down and up with the model
+            return Routing(("w", "G", *pools), (MODEL, Upload("G", relative_to="G"), *scores), keeps=("u",))
+        return Routing(("w", *pools), (MODEL, *scores), keeps=("u", "G"))  # each client keeps its own
 
     def derive(self, hp):
         return moving_average_rates(hp)

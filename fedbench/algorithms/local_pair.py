@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from fedbench.algorithms.base import CLIENT_LR, MODEL, Algorithm, Upload, aggregate
+from fedbench.algorithms.base import CLIENT_LR, MODEL, Algorithm, Routing, Upload, aggregate
 from fedbench.algorithms.xrisk import (
     BETA,
     DECAY,
@@ -43,12 +43,12 @@ class LocalPair(Algorithm):
         DECAY_EVERY,
         DECAY,
     )
-    def __init__(self, problem, **hyperparameters):
-        super().__init__(problem, **hyperparameters)
-        if self.hp.average_momentum:  # the momentum goes down and up with the model
-            self.downloads, self.uploads, self.keeps = ("w", "G"), (MODEL, Upload("G", relative_to="G")), ("u",)
-        else:  # each client keeps its own
-            self.downloads, self.uploads, self.keeps = ("w",), (MODEL,), ("u", "G")
+
+    @classmethod
+    def routing(cls, hp):
+        if hp["average_momentum"]:  # the momentum goes down and up with the model
+            return Routing(("w", "G"), (MODEL, Upload("G", relative_to="G")), keeps=("u",))
+        return Routing(("w",), (MODEL,), keeps=("u", "G"))  # each client keeps its own
 
     def derive(self, hp):
         return moving_average_rates(hp)

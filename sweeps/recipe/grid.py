@@ -259,7 +259,8 @@ class Recipe:
         (`CURVE_VALUE_BYTES` a value of each row it logs), refused at `federation.rounds` where the curve is the
         larger part (`federation.rounds: 1e12` passed)."""
         problem, config = PROBLEMS[trial.problem], trial.problem_config
-        federation, kept = trial.federation, len(ALGORITHMS[trial.algorithm].keeps)
+        kept = len(ALGORITHMS[trial.algorithm].routing(trial.hyperparameters).keeps)
+        federation = trial.federation
 
         def estimate(config: dict[str, Any]) -> int | None:  # the run's data and state, where the problem says
             sampled = federation.clients_per_round or problem.declared_clients(config) or 0
