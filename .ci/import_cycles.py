@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("models and data", ("fedbench.models", "fedbench.module_model", "fedbench.networks", "fedbench.data")),
     ("problems and algorithms", ("fedbench.problems", "fedbench.algorithms")),
     ("round transforms", ("fedbench.transforms", "fedbench.robust", "fedbench.privacy", "fedbench.participation",
-                          "fedbench.server_optimizers")),
+                          "fedbench.server_optimizers", "fedbench.slots")),
     ("federation", ("fedbench.federation",)),
     ("run record", ("fedbench.record",)),
     ("engine", ("fedbench.compiling", "fedbench.planning", "fedbench.links", "fedbench.server_steps",
