@@ -9,9 +9,9 @@ round loop (`fedbench.round_wise`) does with them goes through this object alone
 * whose uploads the server hears (`heard`, the same mask today): their aggregation weights (`weights`: uniform or by
   samples, renormalised over the heard slots), their uploads (the others' zeros before the server's update:
   `heard_uploads`), their error-feedback vectors (`fedbench.links`: `where_heard`); a run that hears no one keeps its
-  server state (`server_state`) and its server optimizer's (`if_heard`). A rule under which a client trains but its
-  upload goes missing (a client dropout) is a mask `and`-ed into `heard` where the slots are made: every consumer
-  already reads it;
+  server state (`server_state`) and its server optimizer's (`if_heard`). A rule under which a participant trains but
+  its upload goes missing (a client dropout) narrows `heard` through `lose`, where the slots are made: every consumer
+  of the uploads reads `heard`;
 * how many local steps each slot takes under uneven local work (`counts`): a slot past its count keeps its local
   state (`stepped`), and the algorithm reads the counts as `Round.client_steps` (`client_steps`);
 * the gather of the slots' per-client state `[R, N, ...] -> [R, S, ...]` and its scatter back (`gather`, `scatter`);
@@ -68,14 +68,25 @@ class Slots:
                  everyone: bool = False):
         self.clients, self.participants, self.sizes, self.dtype = clients, participants, sizes, dtype
         self.present, self.counts, self.least, self.everyone = present, counts, least, everyone
-        self.heard = present  # the hook of a rule that loses uploads: `present & ~lost`, with `participants` its own
+        self.heard, self.heard_counts = present, participants  # whose uploads arrive (`lose`), their numbers
         self.runs, self.width = clients.shape
+
+    def lose(self, lost: Tensor, heard_counts: list[int]) -> None:
+        """The uploads of the slots `lost` `[R, S]` bool (on the device, drawn on the host) go missing: those
+        participants train and keep their per-client state, but the server hears them not (their weight zero, their
+        uploads zeros, their error-feedback vectors as they were); `heard_counts`: each run's uploads that arrive, on
+        the host. Call it before the round reads the weights."""
+        self.heard = ~lost if self.present is None else self.present & ~lost
+        self.heard_counts = heard_counts
 
     def select(self, positions: list[int], chosen: Tensor) -> Slots:
         """The slots of the runs at `positions` (`chosen` as a tensor on the device)."""
         pick = lambda value: None if value is None else value[chosen]  # noqa: E731
-        return Slots(self.clients[chosen], [self.participants[p] for p in positions], self.sizes, self.dtype,
-                     pick(self.present), pick(self.counts), self.least, self.everyone)
+        slots = Slots(self.clients[chosen], [self.participants[p] for p in positions], self.sizes, self.dtype,
+                      pick(self.present), pick(self.counts), self.least, self.everyone)
+        if self.heard is not self.present:
+            slots.lose(~pick(self.heard), [self.heard_counts[p] for p in positions])  # type: ignore[operator]
+        return slots
 
     # -- the clients' state ----------------------------------------------------------------------------------------
     @cached_property
@@ -143,7 +154,7 @@ class Slots:
     @cached_property
     def _anyone(self) -> Tensor | None:
         """`[R]` bool: whether the run hears anyone this round; None where every run does (known on the host)."""
-        if self.heard is None or min(self.participants) > 0:
+        if self.heard is None or min(self.heard_counts) > 0:
             return None
         return self.heard.any(-1)
 

@@ -484,7 +484,7 @@ def test_an_upload_whose_shape_differs_from_its_server_entry_is_refused_at_its_f
     received = links.receive(server, [0])
     with pytest.raises(ValueError, match=r"federation.uplink: fedavg's upload 'w' \[31\] is declared a new value of "
                                          r"server entry 'w' \[30\]"):
-        links.send(message, server, received, torch.zeros(1, 3, dtype=torch.long))
+        links.send(message, server, received, Slots(torch.zeros(1, 3, dtype=torch.long), [3], None, torch.float64))
 
 
 # -- recipes ------------------------------------------------------------------------------------------------------
