@@ -29,6 +29,7 @@ from fedbench.links import Links
 from fedbench.rng import generator
 from fedbench.runs import RoundProgram, programs
 from fedbench.simulate import Federation, Simulation, run_seeds
+from fedbench.slots import Slots
 from fedbench.transforms import TRANSFORMS
 from helpers import (
     FLOAT32,
