@@ -25,8 +25,8 @@ from round to round, and may be zero.
 
 How a round of a varying number of participants runs, batched (`fedbench.slots.Slots` applies the rules of this
 paragraph and the next, in one place): its clients keep a fixed axis of S slots (N with `clients_per_round: 0`), the
-participants first, then clients that do not take part, so that every slot holds a distinct client; a mask `[R, S]` says which slots hold a participant. The engine, not the algorithm,
-makes an absent slot count for nothing: the aggregation weights are zero there and renormalised over the present
+participants first, then clients that do not take part, so that every slot holds a distinct client; a mask `[R, S]`
+says which slots hold a participant. The engine, not the algorithm, makes an absent slot count for nothing: the aggregation weights are zero there and renormalised over the present
 slots (uniform: 1/S' over the S' participants; by samples: n_k over theirs), the absent slots' uploads are zeros
 before the server's update (so that a sum over the clients, SCAFFOLD's Σ Δc_k / N, is the participants' sum), their
 per-client state and their error-feedback vectors are left as they were, a run whose round has no participant keeps
