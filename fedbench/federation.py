@@ -20,6 +20,7 @@ from fedbench.problems.base import Layout, Problem
 from fedbench.rng import generator
 from fedbench.robust import KRUMS, RULES, Adversaries
 from fedbench.server_optimizers import ServerOptimizer
+from fedbench.slots import slot_weights
 from fedbench.transforms import LINKS, Gaussian, Step, chain, chain_text, check_chain
 
 if TYPE_CHECKING:
@@ -337,19 +338,13 @@ def step_oracles(problem: Problem, minibatches: tuple[Minibatch, ...], rows: dic
     return oracles
 
 
-def aggregation_weights(problem, federation, clients: Tensor, dtype: torch.dtype,
-                        present: Tensor | None = None) -> Tensor:
-    """π̂ over each run's sampled clients `clients` `[R, S]`: by samples n_k over the sampled set, else uniform 1/S
-    (a robust rule's uploads are all its aggregate, `fedbench.robust`). With `present` `[R, S]` (the slots that hold a
-    participant, `fedbench.participation`), over the participants only: zero on the other slots, all zeros for a run
-    without any."""
-    if federation.aggregation != "samples":
-        if present is None:
-            return torch.full(clients.shape, 1.0 / clients.shape[-1], dtype=dtype, device=clients.device)
-        mass = present.to(dtype)
-    else:
-        mass = problem.client_sizes[clients].to(dtype)
-        if present is None:
-            return mass / mass.sum(-1, keepdim=True)
-        mass = torch.where(present, mass, 0.0)
-    return mass / mass.sum(-1, keepdim=True).clamp_min(1.0)  # a sum of counts: ≥ 1 where anyone takes part
+def weighing_sizes(problem, federation) -> Tensor | None:
+    """The clients' n_k `[N]` where the server weighs its clients by samples, else None (uniformly; a robust rule's
+    uploads are all its aggregate, `fedbench.robust`): how `fedbench.slots.slot_weights` weighs a round's slots."""
+    return problem.client_sizes if federation.aggregation == "samples" else None
+
+
+def aggregation_weights(problem, federation, clients: Tensor, dtype: torch.dtype) -> Tensor:
+    """π̂ over each run's sampled clients `clients` `[R, S]`, every one of them taking part: by samples n_k over the
+    sampled set, else uniform 1/S (`fedbench.slots.slot_weights`; `Slots.weights` over a round's heard slots)."""
+    return slot_weights(clients, weighing_sizes(problem, federation), dtype)

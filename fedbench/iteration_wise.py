@@ -13,6 +13,7 @@ from fedbench.planning import NotBatchable, not_iteration_wise
 from fedbench.record import RunRecord
 from fedbench.round_wise import RoundProgram, of_clients
 from fedbench.run_axis import failing_alone, select_runs, write_runs
+from fedbench.slots import Slots
 
 STREAM_BYTES = 2**20  # rows of the iterations an iteration-wise program draws ahead for all its runs at a time
 
@@ -125,17 +126,16 @@ class IterationProgram(RoundProgram):
                                 self._noise(group), rnd, hp)
         message, updated = self.algorithm.client_final(local, rnd, hp)
         up = of_clients(self._uploaded_by(message), len(self.clients_all))
-        message = self.links.send(message, server, self.links.received(server, group), rnd.clients)
-        weights = self._weights(rnd.clients)
+        slots = Slots(rnd.clients, [len(self.clients_all)] * len(group), self.sizes, self.dtype, everyone=True)
+        message = self.links.send(message, server, self.links.received(server, group), slots)
         if self.server_steps:
-            message = self.server_steps.step(message, server, weights, group)
-        server = self.algorithm.server_update(server, message, weights, rnd, hp)
+            message = self.server_steps.step(message, server, slots, group)
+        server = self.algorithm.server_update(server, message, slots.weights, rnd, hp)
         write_runs(self.server, server, group, runs)
         write_runs(self.clients, updated, group, runs)
         self._commit()
         down, messages = self._downloaded()
-        down_bits = self.links.catch_up(group, self.clients_all.expand(len(group), -1), None,
-                                        [len(self.clients_all)] * len(group), messages)
+        down_bits = self.links.catch_up(group, slots, messages)
         for i, bits in zip(group, down_bits):
             self.sims[i].count_round(up, (down * len(self.clients_all), bits), self.length[i])
 

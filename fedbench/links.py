@@ -6,9 +6,9 @@ A round of the runs `ids` goes through three steps of the program (`fedbench.run
 
     received = links.receive(server, ids)         # the downloads as the clients receive them (the downlink)
     ...client_init(received, ...), local steps, client_final -> message
-    message = links.send(message, server, received, clients, present)   # each client's uploads attacked, through
-                                                  # the uplink, robustly aggregated, as updates on the server's own
-                                                  # entries (EF21-P): as the server receives them
+    message = links.send(message, server, received, slots)   # each client's uploads attacked, through the uplink,
+                                                  # robustly aggregated, as updates on the server's own entries
+                                                  # (EF21-P): as the server receives them
     ...server_update, the per-client rows written back
     links.commit()                                # the round's new link state written
 
@@ -18,9 +18,9 @@ State, kept here rather than among the algorithm's entries: each client's error-
 at `commit`, after everything that may raise, and keeps its draws until then: a round the program replays run by
 run after a failed SVD (`fedbench.runs`) finds the state as it was and draws nothing anew, so that every run gets
 exactly what it gets alone. The state is in the program's checkpoint (`state_dict`) where there are chains. Which
-clients are adversarial is each run's own (`RunRecord.adversarial`), drawn at its start. Where a round's slots do not
-all hold a participant (`present`, `fedbench.participation`), the absent slots' error-feedback vectors stay as they
-were; what they send, the engine discards.
+clients are adversarial is each run's own (`RunRecord.adversarial`), drawn at its start. Where the server does not
+hear every slot of a round (`fedbench.slots.Slots.heard`: an absent participant's), the error-feedback vectors of the
+slots it does not hear stay as they were; what they send, the engine discards.
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ from fedbench.transforms import LINKS, Transform, compiled, message_bits
 
 if TYPE_CHECKING:
     from fedbench.record import RunRecord
+    from fedbench.slots import Slots
 
 State = dict[str, Tensor]
 
@@ -109,9 +110,8 @@ class Links:
             return server
         return {**server, **{name: self.copies[name].index_select(0, self.index) for name in self.downloads}}
 
-    def send(self, message: State, server: State, received: State, clients: Tensor,
-             present: Tensor | None = None) -> State:
-        """The message of the round's clients `clients` `[R, S]` (of the runs `receive` or `received` began it for) as
+    def send(self, message: State, server: State, received: State, slots: Slots) -> State:
+        """The message of the round's clients in `slots` `[R, S]` (of the runs `receive` or `received` began it for) as
         the server receives it, from the server's entries `server` (those runs' rows, before its update). Each declared
         upload that is a new value of a server entry (`relative_to`) is the client's update x = upload −
         received[relative_to] from what it started from, which the server adds to its own entry: server[relative_to]
@@ -119,8 +119,7 @@ class Links:
         Richtárik 2023, Algorithm 1): the server's w is never replaced by the clients' copy ŵ, and the compression
         error w − ŵ stays for the next broadcast. y: the adversarial clients' attacked, then every client's through
         the uplink; then the robust rule's aggregate of the S clients' values in place of each (`fedbench.robust`).
-        `present` `[R, S]`: the slots that hold a participant (None: all), the only ones whose error-feedback vectors
-        change."""
+        Only the heard slots' error-feedback vectors change (`Slots.where_heard`)."""
         if not (self.uploads or self.rebased):
             return message
         sent = dict(message)
@@ -130,9 +129,9 @@ class Links:
                 continue
             value, entry = message[upload.name], upload.relative_to
             base, own = (received[entry], server[entry]) if entry else (None, None)
-            self._check(upload, value, base, clients.shape[1], acted)
+            self._check(upload, value, base, slots.width, acted)
             if self.adversaries or self.uplink:
-                value = self._transmitted(upload.name, value, base, own, clients, present)
+                value = self._transmitted(upload.name, value, base, own, slots)
             elif entry and base is not own:  # through the downlink: ŵ is not w
                 value = server[entry] + (value - received[entry])
             if self.rule:
@@ -140,19 +139,18 @@ class Links:
             sent[upload.name] = value
         return sent
 
-    def _transmitted(self, upload: str, value: Tensor, base: Tensor | None, own: Tensor | None, clients: Tensor,
-                     present: Tensor | None) -> Tensor:
+    def _transmitted(self, upload: str, value: Tensor, base: Tensor | None, own: Tensor | None, slots: Slots) -> Tensor:
         """An upload `[R, S, ...]` as it arrives: its update x `[R, S, d]` from `base` (what the client started from)
         attacked where the client is adversarial, then through the uplink (the new error-feedback vectors of the
-        clients of the slots `present` pending until `commit`), added to the server's `own` entry."""
-        x = (value if base is None else value - base).reshape(len(self.ids), clients.shape[1], -1)
+        heard slots pending until `commit`), added to the server's `own` entry."""
+        clients = slots.clients
+        x = (value if base is None else value - base).reshape(len(self.ids), slots.width, -1)
         if self.adversaries:
             x = self._attacked(upload, x, clients)
         kept = self._kept(upload, x, clients)
         y, new = self._through(self.uplink, x, kept, f"uplink.{upload}", self.streams["uplink"])
         if new is not None:
-            if present is not None:
-                new = torch.where(present[..., None], new, kept)  # type: ignore[arg-type]  # kept: new is from it
+            new = slots.where_heard(new, kept)  # type: ignore[arg-type]  # kept: new is from it
             self.pending.append((self.kept, upload, (self.index[:, None], clients), new))
         return y.view(value.shape) if own is None else own + y.view(value.shape)
 
@@ -254,10 +252,9 @@ class Links:
                              numel * width))
         return tuple(messages)
 
-    def catch_up(self, ids: list[int], clients: Tensor, present: Tensor | None, participants: list[int],
-                 messages: tuple[tuple[str, int, int], ...]) -> list[int]:
-        """Bits each run of `ids` sends the participants of its round that has just ended (clients `[R, S]`, those of
-        the slots `present`, None: all; `participants`, their number in each run) of the downloads `messages`
+    def catch_up(self, ids: list[int], slots: Slots, messages: tuple[tuple[str, int, int], ...]) -> list[int]:
+        """Bits each run of `ids` sends the participants of its round that has just ended (those of the slots
+        `slots.present`, None: all; `slots.participants`, their number in each run) of the downloads `messages`
         (`download_messages`, at the round's start).
 
         A download through the downlink is one message a run and round to the clients' one shared copy ŵ, which every
@@ -269,10 +266,10 @@ class Links:
         Without a downlink nothing is read from the device (the clients are there: a sync on a GPU)."""
         whole_bits = sum(whole for name, _, whole in messages if name not in self.copies)
         if not self.copies:
-            return [count * whole_bits for count in participants]
-        bits = torch.tensor(participants, dtype=torch.int64) * whole_bits
-        index, clients = torch.tensor(ids), clients.cpu()
-        taking = torch.ones(clients.shape, dtype=torch.bool) if present is None else present.cpu()
+            return [count * whole_bits for count in slots.participants]
+        bits = torch.tensor(slots.participants, dtype=torch.int64) * whole_bits
+        index, clients = torch.tensor(ids), slots.clients.cpu()
+        taking = torch.ones(clients.shape, dtype=torch.bool) if slots.present is None else slots.present.cpu()
         for name, message, whole in messages:
             if name not in self.copies:
                 continue

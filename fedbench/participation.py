@@ -23,18 +23,18 @@ With `bernoulli` and `markov` a round's participants are its available clients, 
 among them where more are available; `clients_per_round: 0`: all the available ones), so that their number varies
 from round to round, and may be zero.
 
-How a round of a varying number of participants runs, batched (`fedbench.runs`): its clients keep a fixed axis of S
-slots (N with `clients_per_round: 0`), the participants first, then clients that do not take part, so that every
-slot holds a distinct client; a mask `[R, S]` says which slots hold a participant. The engine, not the algorithm,
-makes an absent slot count for nothing: the aggregation weights are zero there and renormalised over the present
-slots (uniform: 1/S' over the S' participants; by samples: n_k over theirs), the absent slots' uploads are zeros
-before the server's update (so that a sum over the clients, SCAFFOLD's Σ Δc_k / N, is the participants' sum), their
-per-client state and their error-feedback vectors are left as they were, a run whose round has no participant keeps
-its server state, and only the participants' uploads and downloads are counted. The computation of an absent slot
-is done and discarded (cheaper than a batch of another shape each round). What takes S clients a round cannot take a
-varying number and is refused at validation: the robust aggregation rules, an algorithm whose server uses each
-client's uploads (FeDXL's pools) or that takes every client every round (the block methods), and DP-FedAvg's noise,
-whose privacy is accounted for S of N clients drawn uniformly (`fedbench.privacy`).
+How a round of a varying number of participants runs, batched (`fedbench.slots.Slots` applies the rules of this
+paragraph and the next, in one place): its clients keep a fixed axis of S slots (N with `clients_per_round: 0`), the
+participants first, then clients that do not take part, so that every slot holds a distinct client; a mask `[R, S]` says
+which slots hold a participant. The engine, not the algorithm, makes an absent slot count for nothing: the aggregation
+weights are zero there and renormalised over the present slots (uniform: 1/S' over the S' participants; by samples: n_k
+over theirs), the absent slots' uploads are zeros before the server's update (so that a sum over the clients, SCAFFOLD's
+Σ Δc_k / N, is the participants' sum), their per-client state and their error-feedback vectors are left as they were, a
+run whose round has no participant keeps its server state, and only the participants' uploads and downloads are counted.
+The computation of an absent slot is done and discarded (cheaper than a batch of another shape each round). What takes S
+clients a round cannot take a varying number and is refused at validation: the robust aggregation rules, an algorithm
+whose server uses each client's uploads (FeDXL's pools) or that takes every client every round (the block methods), and
+DP-FedAvg's noise, whose privacy is accounted for S of N clients drawn uniformly (`fedbench.privacy`).
 
 Uneven local work (`federation.local_steps` a mapping instead of the integer E): each participant takes its own
 number of local steps in a round, as clients of different speed do (the heterogeneous local work of Wang, Liu,

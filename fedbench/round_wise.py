@@ -12,25 +12,23 @@ from torch import Tensor
 
 from fedbench.algorithms.base import HParams, Round, upload_floats
 from fedbench.compiling import compiled, compiles
-from fedbench.federation import aggregation_weights, step_oracles
+from fedbench.federation import step_oracles, weighing_sizes
 from fedbench.links import Links
 from fedbench.oracle import Batches, RunOracle
 from fedbench.planning import NotBatchable, step_bytes, why_not_batchable
 from fedbench.record import RunRecord
 from fedbench.run_axis import (
     RoundDraws,
-    along,
     batch_hparams,
     differs,
     failing_alone,
-    has_client_rows,
     per_run,
     rows_of,
     rows_replaced,
     stacked,
-    step_taken,
 )
 from fedbench.server_steps import ServerSteps
+from fedbench.slots import State
 
 GATHER_BUDGET = 4 * 2**20  # bytes of minibatch rows one batched local step gathers (see RoundProgram.chunk)
 UNEVEN = "in a round of uneven local work (each client's own count: rnd.client_steps)"
@@ -61,6 +59,7 @@ class RoundProgram:
         self._hp_alone: dict[int, HParams] = {}  # `_hp_of` one run
         self.scheduled = list(self.algorithm.schedules)  # hyperparameters that follow a schedule (`_at_rounds`)
         self.everyone = self.algorithm.participation == "all"
+        self.sizes = weighing_sizes(self.problem, self.federation)  # how the server weighs a round's slots (`Slots`)
         given = self.federation.local_steps
         self.local_steps = given if isinstance(given, int) else None  # E; None: each participant its own (uneven)
         self.minibatches = first.sampler.minibatches
@@ -153,11 +152,6 @@ class RoundProgram:
         return lambda rows: torch.cat([self.problem.minibatch_noise(run_rows, gen)  # type: ignore[misc]  # noisy: no None
                                        for run_rows, gen in zip(rows.view(len(gens), -1, rows.shape[-1]), gens)])
 
-    def _weights(self, clients: Tensor, present: Tensor | None = None) -> Tensor:
-        """The server's weights `[R, S]` over each run's sampled clients `clients` `[R, S]` (those of the slots
-        `present`, where only those take part)."""
-        return aggregation_weights(self.problem, self.federation, clients, self.dtype, present)
-
     def _streams(self, ids: list[int]) -> tuple[torch.Generator, ...]:
         return tuple(self.sims[i].algorithm_gen for i in ids)
 
@@ -196,7 +190,7 @@ class RoundProgram:
             given = self.local_steps
             steps = None if given is None else sim.algorithm.round_length(given, sim.algorithm_gen)
             draws.append(sim.sampler.draw_round(steps, self.everyone, sim.rounds_done))
-        return RoundDraws.of(draws, self.device)
+        return RoundDraws.of(draws, self.device, self.sizes, self.dtype, self.everyone)
 
     def run_round(self) -> list[int]:
         """One round of every live run; the runs whose round failed (an SVD of an overflowed iterate raised
@@ -212,87 +206,89 @@ class RoundProgram:
                 self._advance(draws, positions, start)
             except torch.linalg.LinAlgError:
                 failed += [self.live[p] for p in failing_alone(positions, lambda p: self._advance(draws, [p], start))]
-        down_bits = self.links.catch_up(self.live, draws.clients, draws.present, draws.participants, messages)
-        for i, taking, length, bits in zip(self.live, draws.participants, draws.lengths, down_bits):
-            self.sims[i].count_round(of_clients(self._uploaded, taking), (down * taking, bits), length)
+        self._count(draws, down, messages)
         self.rounds_done += 1
         return failed
 
-    def _advance(self, draws: RoundDraws, positions: list[int], start: tuple[dict, dict]) -> None:
+    def _advance(self, draws: RoundDraws, positions: list[int], start: tuple[State, State]) -> None:
         """The round of the live runs at `positions` (indices into `self.live`) on their draws, from their state in
-        `start` (server, clients) at the round's beginning."""
-        algorithm, count = self.algorithm, len(positions)
-        if count < len(self.live):
+        `start` (server, clients) at the round's beginning: its pipeline, the round's slots (`fedbench.slots.Slots`)
+        applying every rule of who takes part, takes a step and is heard."""
+        algorithm, ids = self.algorithm, [self.live[p] for p in positions]
+        if len(ids) < len(self.live):
             draws = draws.select(positions, self.device)
-        clients, rows, present, counts = draws.clients, draws.rows, draws.present, draws.counts
-        ids = [self.live[p] for p in positions]
-        whole = count == len(self.sims)
-        live = None if whole else torch.tensor(ids, device=self.device)
-        server = start[0] if whole else {k: v.index_select(0, live) for k, v in start[0].items()}
-        state = start[1] if whole else {k: v.index_select(0, live) for k, v in start[1].items()}
-        run_index = torch.arange(count, device=self.device)[:, None] if state and not self.everyone else None
-        gathered = state if run_index is None else {k: v[run_index, clients] for k, v in state.items()}
-        hp = self._at_rounds(self._hp_of(ids, live), ids)
-        sim = self.sims[ids[0]]
-        if counts is None:
-            rnd = Round(clients, sim.rounds_done, draws.steps, sim.iterations, streams=self._streams(ids))
+        slots, runs = draws.slots, self._runs(ids)
+        server, state = self._rows_of(start, runs)
+        hp, rnd = self._at_rounds(self._hp_of(ids, runs), ids), self._round_of(draws, ids)
+        received = self.links.receive(server, ids)  # the broadcast, through the downlink
+        gathered = slots.gather(state)
+        local = self._local_steps(algorithm.client_init(received, gathered, rnd, hp), draws, ids, rnd, hp)
+        message, updated = algorithm.client_final(local, rnd, hp)
+        self._uploaded = self._uploaded_by(message)
+        message = self.links.send(message, server, received, slots)  # attacks, the uplink, a robust rule
+        if self.server_steps:
+            message = self.server_steps.step(message, server, slots, ids)
+        new = algorithm.server_update(server, slots.heard_uploads(message), slots.weights, rnd, hp)
+        # The scatter comes last, after everything that may raise: a replayed chunk finds its rows as they were.
+        slots.scatter(state, slots.present_rows(updated, gathered))
+        self._write(runs, slots.server_state(new, server), state)
+        self._commit()
+
+    def _runs(self, ids: list[int]) -> Tensor | None:
+        """The runs `ids` as a tensor on the device; None where they are the whole batch."""
+        return None if len(ids) == len(self.sims) else torch.tensor(ids, device=self.device)
+
+    def _rows_of(self, start: tuple[State, State], runs: Tensor | None) -> tuple[State, State]:
+        """The rows of the runs `runs` (None: all) of the server and per-client state `start`."""
+        if runs is None:
+            return start
+        server, state = ({k: v.index_select(0, runs) for k, v in part.items()} for part in start)
+        return server, state
+
+    def _write(self, runs: Tensor | None, server: State, state: State) -> None:
+        """The new server and per-client rows of the runs `runs` (None: all) written into the program's state."""
+        if runs is None:
+            self.server, self.clients = server, state
         else:
-            rnd = Round(clients, sim.rounds_done, streams=self._streams(ids), where=UNEVEN,
-                        client_steps=counts.to(self.dtype).unsqueeze(-1))
-        received = self.links.receive(server, ids)
-        local = algorithm.client_init(received, gathered, rnd, hp)
-        names, noise, sampled = list(rows), self._noise(ids), clients.shape[1]
+            self.server = {k: rows_replaced(self.server[k], runs, v) for k, v in server.items()}
+            self.clients = {k: rows_replaced(self.clients[k], runs, v) for k, v in state.items()}
+
+    def _round_of(self, draws: RoundDraws, ids: list[int]) -> Round:
+        """The round of the runs `ids` as the algorithm's functions see it: its length, or each slot's own count."""
+        sim, slots = self.sims[ids[0]], draws.slots
+        client_steps = slots.client_steps()
+        if client_steps is None:
+            return Round(slots.clients, sim.rounds_done, draws.steps, sim.iterations, streams=self._streams(ids))
+        return Round(slots.clients, sim.rounds_done, streams=self._streams(ids), where=UNEVEN,
+                     client_steps=client_steps)
+
+    def _local_steps(self, local: State, draws: RoundDraws, ids: list[int], rnd: Round, hp: HParams) -> State:
+        """The round's local steps of the runs `ids` from their local state `local`, each on its rows of `draws`; a
+        slot past its own count keeps its state (`Slots.stepped`)."""
+        slots, rows = draws.slots, self._layout(draws.rows)
+        names, noise, count = list(rows), self._noise(ids), len(ids)
         # each step's rows `[R, S, b]` (or `[R·S, b]`, `_layout`), sliced in one call per minibatch. A step's
         # oracles are freed as the step ends, before the next step gathers its minibatch: the allocator then hands
         # the next gather the block still in cache (a Lasso step at p = 1024 gathers 800 KB; its gathers took ~10%
         # longer otherwise)
-        for step, step_rows in enumerate(zip(*[v.unbind(0) for v in self._layout(rows).values()])):
-            stepped = self.local_step(local, dict(zip(names, step_rows)), count, sampled, noise, rnd.at(step), hp)
-            local = stepped if counts is None or step < draws.least else step_taken(local, stepped, counts > step)
-        message, updated = algorithm.client_final(local, rnd, hp)
-        self._uploaded = self._uploaded_by(message)
-        message = self.links.send(message, server, received, clients, present)
-        weights = self._weights(clients, present)
-        if self.server_steps:
-            message = self.server_steps.step(message, server, weights, ids, present)
-        if present is None:
-            server = algorithm.server_update(server, message, weights, rnd, hp)
-        else:
-            server = self._update_present(server, message, weights, rnd, hp, draws)
-            updated = {k: torch.where(along(present, v), v, gathered[k]) for k, v in updated.items()}
-        # The scatter comes last, after everything that may raise: a replayed chunk finds its rows as they were.
-        for key, value in updated.items():
-            if self.everyone:
-                state[key] = value
-            else:
-                state[key][run_index, clients] = value
-        if live is None:  # whole
-            self.server, self.clients = server, state
-        else:
-            self.server = {k: rows_replaced(self.server[k], live, v) for k, v in server.items()}
-            self.clients = {k: rows_replaced(self.clients[k], live, v) for k, v in state.items()}
-        self._commit()
+        for step, step_rows in enumerate(zip(*[v.unbind(0) for v in rows.values()])):
+            stepped = self.local_step(local, dict(zip(names, step_rows)), count, slots.width, noise, rnd.at(step), hp)
+            local = slots.stepped(local, stepped, step)
+        return local
+
+    def _count(self, draws: RoundDraws, down: int, messages: tuple[tuple[str, int, int], ...]) -> None:
+        """Each live run's round counted on its record: its participants' uploads and downloads (floats, bits) and its
+        local steps."""
+        slots = draws.slots
+        down_bits = self.links.catch_up(self.live, slots, messages)
+        for i, taking, length, bits in zip(self.live, slots.participants, draws.lengths, down_bits):
+            self.sims[i].count_round(of_clients(self._uploaded, taking), (down * taking, bits), length)
 
     def _commit(self) -> None:
         """The round of the runs in progress has succeeded: the links' and the server optimizer's new state written."""
         self.links.commit()
         if self.server_steps:
             self.server_steps.commit()
-
-    def _update_present(self, server: dict[str, Tensor], message: dict[str, Tensor], weights: Tensor, rnd: Round,
-                        hp: HParams, draws: RoundDraws) -> dict[str, Tensor]:
-        """The server's update from the participants of the slots `draws.present` alone: the other slots' uploads are
-        zeros and their weights zero (`weights`, `aggregation_weights`), and a run without participants keeps its
-        state."""
-        present = draws.present
-        assert present is not None  # a round of a varying number of participants
-        message = {k: torch.where(along(present, v), v, 0.0) if has_client_rows(v, present) else v
-                   for k, v in message.items()}
-        updated = self.algorithm.server_update(server, message, weights, rnd, hp)
-        if min(draws.participants) > 0:
-            return updated
-        anyone = present.any(-1).view(-1, 1)  # [R, 1]
-        return {k: torch.where(along(anyone, v), v, server[k]) for k, v in updated.items()}
 
     # -- checkpoints ----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -1,9 +1,8 @@
 """The run axis of a program (`fedbench.runs`): how R runs' values lie along it and how rows of it are taken. Float
 hyperparameters and derived values are `[R, 1, 1]` (`batch_hparams`, `per_run`; `[1, 1, 1]` where every run has the
 same), state entries `[R, ...]` (the rows of some runs: `select_runs`, written back by `write_runs` and
-`rows_replaced`), a round's draws stacked on the axis (`RoundDraws`), masks `[R, S]` of the slots that take part or
-take a step (`along`, `step_taken`), and the replay of a batch's computation run by run after it failed
-(`failing_alone`)."""
+`rows_replaced`), a round's draws stacked on the axis (`RoundDraws`, its slots a `fedbench.slots.Slots`), and the
+replay of a batch's computation run by run after it failed (`failing_alone`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,6 +15,7 @@ from fedbench.algorithms.base import HParams
 from fedbench.federation import Draw
 from fedbench.planning import NotBatchable
 from fedbench.record import RunRecord
+from fedbench.slots import Slots
 
 HP_RANK = 3  # float hyperparameters are [R, 1, 1]: they broadcast against [R, 1, d] and [R, S, d]
 
@@ -109,39 +109,20 @@ def stacked(tensors: list[Tensor], dim: int = 0) -> Tensor:
     return tensors[0].unsqueeze(dim) if len(tensors) == 1 else torch.stack(tensors, dim)
 
 
-def along(mask: Tensor, value: Tensor) -> Tensor:
-    """A mask `[R, S]` viewed to broadcast against `value` `[R, S, ...]`."""
-    return mask.view(*mask.shape, *[1] * (value.dim() - mask.dim()))
-
-
-def has_client_rows(value: Tensor, mask: Tensor) -> bool:
-    """Whether `value` has the run and client axes of `mask` `[R, S]` (a client's entry, not a shared `[R, 1, ...]`)."""
-    return value.shape[:2] == mask.shape
-
-
-def step_taken(local: dict[str, Tensor], stepped: dict[str, Tensor], active: Tensor) -> dict[str, Tensor]:
-    """The local state after a step that only the clients within their count (`active` `[R, S]`) take: each entry with
-    a client axis keeps the other clients' rows of `local`."""
-    return {key: torch.where(along(active, value), value, local[key])
-            if key in local and has_client_rows(value, active) and local[key].shape == value.shape else value
-            for key, value in stepped.items()}
-
-
 @dataclasses.dataclass
 class RoundDraws:
-    """The live runs' draws of one round, batched (`RoundProgram._draw`): their `Draw`s stacked on a run axis."""
+    """The live runs' draws of one round, batched (`RoundProgram._draw`): their `Draw`s stacked on a run axis, their
+    clients as the round's slots (`fedbench.slots.Slots`)."""
 
-    clients: Tensor  # [R, S], on the device
+    slots: Slots  # [R, S]: the clients, which of them take part, each one's local steps
     rows: dict[str, Tensor]  # [steps, R, S, b] per drawn minibatch
     steps: int  # the local steps the round runs: the longest of its runs'
     lengths: list[int]  # each run's own (its iterations grow by it)
-    participants: list[int]  # each run's participants, on the host (S where every slot takes part)
-    present: Tensor | None = None  # [R, S] bool on the device: the slots that hold a participant (None: all)
-    counts: Tensor | None = None  # [R, S] on the device: each slot's local steps under uneven local work
-    least: int = 0  # the fewest local steps of any slot: every client takes the steps before it
 
     @classmethod
-    def of(cls, draws: list[Draw], device) -> RoundDraws:
+    def of(cls, draws: list[Draw], device, sizes: Tensor | None, dtype: torch.dtype, everyone: bool) -> RoundDraws:
+        """The runs' draws stacked, their slots weighed by `sizes` (`Slots`) in `dtype`, every client in each
+        (`everyone`) where the algorithm takes them all."""
         lengths = [draw.steps for draw in draws]
         steps = max(lengths)
         if draws[0].counts is None and min(lengths) != steps:
@@ -151,17 +132,16 @@ class RoundDraws:
         participants = [len(draws[0].clients)] * len(draws) if present is None else present.sum(-1).tolist()
         if counts is not None:
             least = int(counts.min())
-        return cls(stacked([draw.clients for draw in draws]), rows, steps, lengths, participants,
-                   None if present is None else present.to(device), None if counts is None else counts.to(device),
-                   least)
+        slots = Slots(stacked([draw.clients for draw in draws]), participants, sizes, dtype,
+                      None if present is None else present.to(device), None if counts is None else counts.to(device),
+                      least, everyone)
+        return cls(slots, rows, steps, lengths)
 
     def select(self, positions: list[int], device) -> RoundDraws:
         """The draws of the runs at `positions` (indices into the batch's runs)."""
         chosen = torch.tensor(positions, device=device)
-        pick = lambda value: None if value is None else value[chosen]  # noqa: E731
-        return RoundDraws(self.clients[chosen], {k: v[:, chosen] for k, v in self.rows.items()}, self.steps,
-                          [self.lengths[p] for p in positions], [self.participants[p] for p in positions],
-                          pick(self.present), pick(self.counts), self.least)
+        return RoundDraws(self.slots.select(positions, chosen), {k: v[:, chosen] for k, v in self.rows.items()},
+                          self.steps, [self.lengths[p] for p in positions])
 
 
 def _stacked_masks(draws: list[Draw], name: str) -> Tensor | None:

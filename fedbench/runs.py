@@ -41,7 +41,8 @@ advance as one program; a run alone is R = 1 through the same code:
   server state; no host sync: the mask is drawn on the host). Where each participant takes its own number of local
   steps, the round runs the longest count of its runs, and a client past its own keeps its local state
   (`torch.where` on every entry with a client axis); each run draws the rows of its own longest count, and the batch
-  pads a shorter run's with its last step's, which its clients never use.
+  pads a shorter run's with its last step's, which its clients never use. One object applies all of these rules,
+  the round's slots (`fedbench.slots.Slots`): the round loop itself reads as its pipeline (`RoundProgram._advance`).
 
 Why explicit and not `torch.func.vmap` over runs (tried first): on this CPU vmap costs ~2x per elementwise op and
 ~30x per gather (index_select with a batched index: 380 µs against 12 µs), where the runs of Hanzely et al.'s

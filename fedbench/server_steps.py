@@ -3,7 +3,7 @@ algorithms take it): its state batched over the runs, and its step between the l
 `server_update` (`fedbench.runs`)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -12,6 +12,9 @@ from fedbench.algorithms.base import aggregate
 from fedbench.hparams import PerRound
 from fedbench.record import RunRecord
 from fedbench.server_optimizers import ADAPTIVE, FLOATS, updates_of_w
+
+if TYPE_CHECKING:
+    from fedbench.slots import Slots
 
 
 class ServerSteps:
@@ -46,26 +49,24 @@ class ServerSteps:
         self.pending: dict[str, Tensor] = {}
         self.index = torch.zeros(0, dtype=torch.long)
 
-    def step(self, message: dict[str, Tensor], server: dict[str, Tensor], weights: Tensor, ids: list[int],
-             present: Tensor | None = None) -> dict[str, Tensor]:
+    def step(self, message: dict[str, Tensor], server: dict[str, Tensor], slots: Slots, ids: list[int]
+             ) -> dict[str, Tensor]:
         """The message of the runs `ids`' round with every client's update of `w` replaced by the optimizer's step on
-        their mean (weights `[R, S]`; `present` `[R, S]`, the slots that hold a participant, None: all, a run without
-        any keeping its state); the new state pending until `commit`."""
+        their mean (over the heard slots of `slots`, by their weights; a run that hears no one keeping its state,
+        `Slots.if_heard`); the new state pending until `commit`."""
         self.index = torch.tensor(ids, device=self.device)
         name, w = self.upload.name, server["w"]
         sent = message[name]
         update = sent if self.upload.update_of else sent - w
-        delta = aggregate(update, weights).flatten(2)  # Δ_t [R, 1, D]
+        delta = aggregate(update, slots.weights).flatten(2)  # Δ_t [R, 1, D]
         hp = {k: v.index_select(0, self.index) if v.shape[0] > 1 else v for k, v in self.hp.items()}
         if self.scheduled:  # each run's lr at its round, on the host as a scheduled hyperparameter's
             hp["lr"] = self._per_run([lr.value(self.sims[i].rounds_done, self.rounds) if isinstance(lr, PerRound)
                                       else lr for i, lr in ((i, self.lrs[i]) for i in ids)])
         state = {k: v.index_select(0, self.index) for k, v in self.state.items()}
         new, step = self._rule(delta, state, hp)
-        if present is not None:  # a run without participants: its state as it was, no step
-            anyone = present.any(-1)
-            new = {k: torch.where(anyone.view(-1, *[1] * (v.dim() - 1)), v, state[k]) for k, v in new.items()}
-            step = torch.where(anyone.view(-1, 1, 1), step, 0.0)
+        new = {k: slots.if_heard(v, state[k]) for k, v in new.items()}  # a run that hears no one: as it was, no step
+        step = slots.if_heard(step, 0.0)
         self.pending = new
         step = step.view(w.shape)
         return {**message, name: (step if self.upload.update_of else w + step).expand_as(sent)}

@@ -35,6 +35,7 @@ from fedbench.participation import LocalSteps, Participants, Participation
 from fedbench.rng import generator
 from fedbench.runs import programs
 from fedbench.simulate import Federation, Simulation
+from fedbench.slots import Slots
 from helpers import SEEDS, build, initial_point, interrupted, invoke, np_local, refused, rows_by_run, rows_of
 from small_problems import small_lasso
 from sweeps.recipe import assigned, load
@@ -196,9 +197,9 @@ def test_the_weights_are_renormalised_over_the_participants():
     problem = SimpleNamespace(client_sizes=torch.tensor([10, 20, 30, 40, 50]))
     clients = torch.tensor([[4, 1, 2], [0, 3, 1], [2, 0, 4]])
     present = torch.tensor([[True, True, False], [False, True, False], [False, False, False]])
-    uniform = aggregation_weights(problem, Federation(), clients, torch.float64, present)
+    uniform = Slots(clients, [2, 1, 0], None, torch.float64, present).weights
     assert uniform.tolist() == [[0.5, 0.5, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
-    samples = aggregation_weights(problem, Federation(aggregation="samples"), clients, torch.float64, present)
+    samples = Slots(clients, [2, 1, 0], problem.client_sizes, torch.float64, present).weights
     assert samples.tolist() == [[50 / 70, 20 / 70, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
     assert aggregation_weights(problem, Federation(aggregation="samples"), clients, torch.float64).tolist()[0] == [
         50 / 100, 20 / 100, 30 / 100]

@@ -29,6 +29,7 @@ from fedbench.links import Links
 from fedbench.rng import generator
 from fedbench.runs import RoundProgram, programs
 from fedbench.simulate import Federation, Simulation, run_seeds
+from fedbench.slots import Slots
 from fedbench.transforms import TRANSFORMS
 from helpers import (
     FLOAT32,
@@ -484,7 +485,7 @@ def test_an_upload_whose_shape_differs_from_its_server_entry_is_refused_at_its_f
     received = links.receive(server, [0])
     with pytest.raises(ValueError, match=r"federation.uplink: fedavg's upload 'w' \[31\] is declared a new value of "
                                          r"server entry 'w' \[30\]"):
-        links.send(message, server, received, torch.zeros(1, 3, dtype=torch.long))
+        links.send(message, server, received, Slots(torch.zeros(1, 3, dtype=torch.long), [3], None, torch.float64))
 
 
 # -- recipes ------------------------------------------------------------------------------------------------------
