@@ -5,10 +5,10 @@
 - `tracking_uri`: a real MLflow SQLite store in tmp_path, copied from one migrated at the start of the
   session (creating a fresh store runs ~8 s of schema migrations).
 - `ray_local`: one real local Ray instance shared by a module's tests.
-- Markers are explicit, on the tests and modules themselves (pyproject.toml lists them), never given by a test's
-  name: `ray` on a test that starts Ray or a multi-process store race, `browser` on one that drives Chromium,
-  `heavy` on a single test of 4 s or more (measured on 2 busy cores as the smaller of its wall time and its CPU
-  time, its own and its subprocesses'; a `ray` test need not be `heavy` too); `make test-fast` leaves those out.
+- Markers (pyproject.toml lists them), never given by a test's name: `ray` on a test that starts Ray or a
+  multi-process store race, `browser` on one that drives Chromium, both explicit on the tests and modules
+  themselves; `heavy` given at collection to a test whose recorded duration is 4 s or more (tests/durations.json,
+  written by `make durations`: tests/durations.py); `make test-fast` leaves those out.
   Two guards keep `ray` from drifting: collection stops when a test uses a fixture that starts Ray (one that
   requests `starts_ray`) without the marker, and a test without it that starts Ray in this process (`ray.init`)
   fails, naming itself. A test that starts Ray only in a subprocess (`fedbench sweep` as a command) is marked by
@@ -29,7 +29,8 @@ from pathlib import Path
 import pytest
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-pytest_plugins = ["servers"]  # fixtures of a PostgreSQL-backed MLflow tracking server (tests/servers.py)
+# fixtures of a PostgreSQL-backed MLflow tracking server (tests/servers.py); `heavy` from tests/durations.json
+pytest_plugins = ["servers", "durations"]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -10,8 +10,7 @@ import torch
 from helpers import CASES, SEEDS, build, interrupted, rows_of
 
 
-@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.heavy) if name.startswith("acd_pfl") else name
-                                  for name in sorted(CASES)])  # ACD-PFL's two cases: 16 s of CPU each
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_a_resumed_batch_gives_the_rows_of_one_never_stopped(name):
     make, federation, hp, _ = CASES[name]
     problem, algorithm = make(), name.partition(":")[0]
@@ -62,7 +61,6 @@ checkpoints: {every_seconds: 0, every_rounds: 1000}
 """
 
 
-@pytest.mark.heavy  # 18 s of CPU
 def test_run_killed_then_resumed_gives_the_rows_of_one_never_stopped(tmp_path):
     """`fedbench run` of three seeds as one program, killed (SIGKILL) once it has saved a checkpoint, then run again
     with --resume: the rows written are those of the run never stopped; without --resume a run starts anew."""

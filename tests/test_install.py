@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.heavy  # the module's venv: a pip install of the checkout's copy, ~5 s of CPU
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("pyproject.toml", "README.md", "cli.py", "fedbench", "sweeps", "recipes")
 # bao2022_lasso shortened: 20 rounds, one seed, mc_fedda's three stages within them (five runs of a few seconds)
