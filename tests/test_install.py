@@ -4,8 +4,8 @@ project's), the shipped recipes are package data that `fedbench recipes` lists a
 name, its Ray workers importing the installed package.
 
 The venv reuses this interpreter's installed dependencies through a .pth file (no network); the repository is
-copied first, so that building it leaves nothing in the checkout. Left out by `make test-fast`: each test builds
-the venv when run alone (`heavy`), and the sweep starts Ray (`ray`).
+copied first, so that building it leaves nothing in the checkout. The sweep starts Ray (`ray`); the first test
+builds the venv, which its recorded duration counts (`heavy`: tests/durations.json).
 """
 from __future__ import annotations
 
