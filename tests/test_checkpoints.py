@@ -52,11 +52,11 @@ def test_a_checkpoint_from_before_the_bit_counters_resumes_with_the_bits_its_flo
 RUN_RECIPE = """\
 name: resumable
 problem: {name: lasso, clients: 8, samples_per_client: 40, dim: 60, support: 10, lam: 0.05, data_seed: 0}
-federation: {rounds: 10000, clients_per_round: 4, local_steps: 5, batch_size: 5}
+federation: {rounds: 4000, clients_per_round: 4, local_steps: 5, batch_size: 5}
 algorithms:
   fedmid: {client_lr: 1.0e-2}
 seeds: 3
-eval_every: 500
+eval_every: 200
 checkpoints: {every_seconds: 0, every_rounds: 1000}
 """
 
@@ -92,7 +92,7 @@ def test_run_killed_then_resumed_gives_the_rows_of_one_never_stopped(tmp_path):
     killed.send_signal(signal.SIGKILL)
     killed.wait()
     checkpoint = torch.load(next(folder.glob("*.pt")), weights_only=True)
-    assert 0 < checkpoint["program"]["rounds_done"] < 10000
+    assert 0 < checkpoint["program"]["rounds_done"] < 4000  # killed between its first checkpoint and its end
     run("--resume", "--json", str(tmp_path / "resumed.json"))
     assert json.loads((tmp_path / "resumed.json").read_text()) == json.loads((tmp_path / "clean.json").read_text())
     assert not list(folder.glob("*.pt"))  # the program ended: its checkpoint removed
