@@ -17,12 +17,11 @@ from mlflow.tracking import MlflowClient
 
 pytestmark = pytest.mark.ray  # every test sweeps on a local Ray
 ROOT = Path(__file__).resolve().parents[1]
-# Three programs of three seeds (the data fixed, `data_seed`), each ~6 s of rounds here (~12 s of the sweep on 2
-# slots), checkpointed every 0.5 s.
+# Three programs of three seeds (the data fixed, `data_seed`), each ~12 s of rounds here, checkpointed every 0.5 s.
 BATCHED = """\
 name: longruns
 problem: {name: lasso, clients: 8, samples_per_client: 40, dim: 60, support: 10, lam: 0.05, data_seed: 0}
-federation: {rounds: 10000, clients_per_round: 4, local_steps: 5, batch_size: 5}
+federation: {rounds: 20000, clients_per_round: 4, local_steps: 5, batch_size: 5}
 algorithms:
   fedmid: {client_lr: [1.0e-2, 2.0e-2, 3.0e-2]}
 seeds: 3
@@ -123,9 +122,7 @@ def killed_and_resumed(tmp_path: Path, recipe: str, kills: int, total: int, seed
 
 
 def test_killed_sweep_resumes_batched_runs_from_checkpoints(tmp_path):
-    # two kills (the second attempt resumes what the first saved) of at most 4 s of rounds each: the sweep's ~12 s
-    # keep a third of their length for the last attempt, as 3 kills of 6 s did of 20,000 rounds
-    killed_and_resumed(tmp_path, BATCHED, kills=2, total=9, seed=0, window=(0.5, 4.0))
+    killed_and_resumed(tmp_path, BATCHED, kills=3, total=9, seed=0, window=(0.5, 6.0))
 
 
 @pytest.mark.slow
