@@ -1,7 +1,8 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   install, then sweep a shipped paper recipe (Bao et al. 2022, Lasso: 5 methods x 3 seeds) on a
 #               local Ray into ./mlflow.db, write its report and print the command that opens the runs
-#   make test   install, then run the test suite (paper-size runs: make test-slow; no Ray, no browser: make test-fast)
+#   make test   install, then run the test suite (paper-size runs: make test-slow; no Ray, no browser, no test of
+#               4 s or more: make test-fast; the times that decide those: make durations)
 # make docs builds the documentation site (docs/, mkdocs.yml) into site/, strictly: a warning fails it.
 # make lint runs ruff and mypy as pyproject.toml configures them ([tool.ruff], [tool.mypy]); both must pass.
 VENV ?= .venv
@@ -30,6 +31,12 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q -m 'not slow and not ray and not browser and not heavy'
 
+# Each test's time into tests/durations.json (commit it): a test recorded at 4 s or more is `heavy`, which
+# test-fast leaves out (tests/durations.py). The same two runs as make test.
+durations: install
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 -m 'not slow and not ray and not browser' --record-durations
+	$(PY) -m pytest -q -m 'not slow and (ray or browser)' --record-durations
+
 # Strict: a broken link, a missing anchor or a page outside the nav fails the build; the reference pages are written
 # from the code by docs/hooks/reference.py. NO_MKDOCS_2_WARNING quiets Material's notice about its successor.
 docs: install
@@ -51,4 +58,4 @@ bench: install
 	$(PY) bench/privacy_rows.py
 	FEDBENCH_DATA=$${FEDBENCH_DATA:-../shared/data} $(PY) bench/per_fedavg_round.py
 
-.PHONY: install demo test test-fast test-slow docs lint bench
+.PHONY: install demo test test-fast durations test-slow docs lint bench

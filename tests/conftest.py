@@ -4,11 +4,11 @@
   (MLFLOW_TRACKING_URI in tmp_path), so tests never touch ~/.cache/fedbench or ./mlflow.db.
 - `tracking_uri`: a real MLflow SQLite store in tmp_path, copied from one migrated at the start of the
   session (creating a fresh store runs ~8 s of schema migrations).
-- `ray_local`: one real local Ray instance shared by a module's tests.
-- Markers are explicit, on the tests and modules themselves (pyproject.toml lists them), never given by a test's
-  name: `ray` on a test that starts Ray or a multi-process store race, `browser` on one that drives Chromium,
-  `heavy` on a single test of 4 s or more (measured on 2 busy cores as the smaller of its wall time and its CPU
-  time, its own and its subprocesses'; a `ray` test need not be `heavy` too); `make test-fast` leaves those out.
+- `ray_local`: one real local Ray instance shared by the tests and modules that ask for it.
+- Markers (pyproject.toml lists them), never given by a test's name: `ray` on a test that starts Ray or a
+  multi-process store race, `browser` on one that drives Chromium, both explicit on the tests and modules
+  themselves; `heavy` given at collection to a test whose recorded duration is 4 s or more (tests/durations.json,
+  written by `make durations`: tests/durations.py); `make test-fast` leaves those out.
   Two guards keep `ray` from drifting: collection stops when a test uses a fixture that starts Ray (one that
   requests `starts_ray`) without the marker, and a test without it that starts Ray in this process (`ray.init`)
   fails, naming itself. A test that starts Ray only in a subprocess (`fedbench sweep` as a command) is marked by
@@ -29,7 +29,8 @@ from pathlib import Path
 import pytest
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-pytest_plugins = ["servers"]  # fixtures of a PostgreSQL-backed MLflow tracking server (tests/servers.py)
+# fixtures of a PostgreSQL-backed MLflow tracking server (tests/servers.py); `heavy` from tests/durations.json
+pytest_plugins = ["servers", "durations"]
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -75,12 +76,20 @@ def tracking_uri(tmp_path, _migrated_store) -> str:
 
 
 def start_ray(tmp_path_factory, **resources):
-    """A local Ray whose workers use a cache of their own (they inherit the environment at start)."""
+    """A local Ray whose workers use a cache of their own (they inherit the environment at start); the shared one
+    (`ray_local`) is stopped first, for a test that needs a Ray of its own."""
     import ray
 
+    ray.shutdown()
     os.environ["FEDBENCH_CACHE"] = str(tmp_path_factory.mktemp("ray-worker-cache"))
     ray.init(address="local", include_dashboard=False, log_to_driver=False, **resources)
     return ray
+
+
+def stop_shared_ray() -> None:
+    """For a test that starts or joins a cluster of its own: a sweep joins the Ray this process has joined."""
+    if "ray" in sys.modules:
+        sys.modules["ray"].shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -91,9 +100,18 @@ def starts_ray():
 
 @pytest.fixture(scope="module")
 def ray_local(tmp_path_factory, starts_ray):
-    ray = start_ray(tmp_path_factory, num_cpus=2)
-    yield ray
-    ray.shutdown()
+    """One local Ray of 2 CPUs shared by the modules that ask for it (starting one costs 5-20 s on 2 busy cores): started
+    at the first, left running for the next, stopped at the end of the session or by a test that needs a Ray of
+    its own (`start_ray`, `stop_shared_ray`), and started again by the next module that asks."""
+    import ray
+
+    if not ray.is_initialized():
+        start_ray(tmp_path_factory, num_cpus=2)
+    return ray
+
+
+def pytest_sessionfinish(session):
+    stop_shared_ray()
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: a test-fast run must see the tests it would keep

@@ -52,7 +52,6 @@ def test_users_hold_their_pattern_in_disjoint_shards(heterogeneity):
     assert len(torch.unique(images, dim=0)) == len(images)
 
 
-@pytest.mark.heavy  # 4 s of CPU
 def test_batched_adaptation_equals_a_per_user_loop():
     problem = digits_problem(adapt_step=0.5)
     w = problem.init_params(generator(0, "init"))
@@ -74,7 +73,6 @@ def test_batched_adaptation_equals_a_per_user_loop():
     assert torch.equal(x, again) and x.shape[:2] == (problem.num_clients, 40)
 
 
-@pytest.mark.heavy  # 5 s of CPU
 def test_standardized_inputs_use_the_training_splits_statistics():
     """`input_scaling: standardized`: the same users and rows as raw, the pixels shifted and scaled by the training
     split's mean and standard deviation (the training split then has mean 0 and deviation 1; the test split is

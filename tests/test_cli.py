@@ -126,7 +126,6 @@ def test_run_logs_its_trial_to_mlflow(recipe, tmp_path, tracking_uri):
     assert [(m.step, m.value) for m in history] == [(row["round"], row["objective_gap"]) for row in rows]
 
 
-@pytest.mark.heavy  # a new store (~7 s of migrations) and an MLflow server: ~20 s of CPU
 def test_ui_prints_its_pages_once_served_and_leaves_nothing_beside_the_store(recipe, tmp_path, free_tcp_port):
     """Issue 47 item 6: `ui` printed the runs' page ~28 s before the server answered, left `mlflow-ui.log` and
     `mlflow.db.lock` in the researcher's folder, and nothing said why MLflow counts one run more than the sweep ran

@@ -26,7 +26,6 @@ from fedbench.simulate import Federation, Simulation, run_batch
 from helpers import how_to_problem, invoke
 from small_problems import small_lasso
 
-pytestmark = pytest.mark.heavy  # each case compiles (seconds of CPU)
 RTOL = 1e-9
 
 

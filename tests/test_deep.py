@@ -46,8 +46,7 @@ def lr_of(layout):
     return 0.03 if layout.startswith("emnist_cnn") else 0.1
 
 
-LAYOUTS = ["loop", "vmap", pytest.param("emnist_cnn-loop", marks=pytest.mark.heavy),
-           pytest.param("emnist_cnn-vmap", marks=pytest.mark.heavy)]
+LAYOUTS = ["loop", "vmap", "emnist_cnn-loop", "emnist_cnn-vmap"]
 
 
 @pytest.fixture(scope="module")
@@ -528,8 +527,7 @@ def test_the_exported_model_loads_into_the_module_and_gives_the_runs_last_test_a
 
 
 @pytest.mark.parametrize("config, shape, classes", [
-    pytest.param({"data": "cifar10", "clients": 4, "train_size": 80, "test_size": 20}, (3, 32, 32), 10,
-                 marks=pytest.mark.heavy),  # reading CIFAR-10's batches: 3-7 s
+    ({"data": "cifar10", "clients": 4, "train_size": 80, "test_size": 20}, (3, 32, 32), 10),
     ({"data": "femnist", "partition": "writers", "clients": 4}, (1, 28, 28), 62)])
 def test_cifar10_and_femnist_writers_train(config, shape, classes):
     problem = fedbench.make_problem("vision", seed=0, **config)

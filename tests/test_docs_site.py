@@ -413,7 +413,6 @@ READABILITY = """() => {
 
 
 @pytest.mark.browser
-@pytest.mark.heavy  # 5-7 s a width on 2 busy cores
 @pytest.mark.parametrize("width", [1280, 1400, 1600])
 def test_the_site_is_readable_at_desktop_widths(served, browser_page, width, tmp_path):
     """Issue 59 item 12, in Chromium at 1280, 1400 and 1600 × 1000 px, on pages of long code, figures and a deep

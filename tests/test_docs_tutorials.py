@@ -137,7 +137,6 @@ def test_bring_your_own_network_runs_as_shown(tmp_path, tracking_uri):
     assert all(run.data.params["code.model"] == digest and run.info.status == "FINISHED" for run in runs)
 
 
-@pytest.mark.heavy  # ~5 s: two runs of the page's problem
 def test_write_a_problem_runs_as_shown(tmp_path):
     run_page(HOW_TO / "write-a-problem.md", tmp_path)
     curves = json.loads((tmp_path / "scaffold.json").read_text())  # two seeds of the page's own problem

@@ -294,7 +294,6 @@ def test_full_file_keeps_all_3597_writers_each_with_its_own_split(shipped_sample
     assert (int(clients.train_sizes.sum()), int(clients.test_sizes.sum())) == (736_119, 81_732)  # SOURCE.md
 
 
-@pytest.mark.heavy  # 6 s of CPU
 def test_full_file_loads_and_one_round_runs_with_36_writers(shipped_sample):
     """The full 3597-writer file as EMNIST-10 (3580 writers with digits; ~1.2 GB peak RSS measured)."""
     if not (shipped_sample.parent / "femnist_full.npz").is_file():

@@ -12,7 +12,6 @@ import pytest
 
 from fingerprint_runs import FINGERPRINTS, RTOL, RUNS, rows_of
 
-pytestmark = pytest.mark.heavy  # every recorded run at its recipe's size: 10 s to 70 s of CPU each
 NEW_COLUMNS = {"iterations", "support_accuracy", "comm_up_bits", "comm_down_bits"}
 
 

@@ -4,8 +4,8 @@ project's), the shipped recipes are package data that `fedbench recipes` lists a
 name, its Ray workers importing the installed package.
 
 The venv reuses this interpreter's installed dependencies through a .pth file (no network); the repository is
-copied first, so that building it leaves nothing in the checkout. Left out by `make test-fast`: each test builds
-the venv when run alone (`heavy`), and the sweep starts Ray (`ray`).
+copied first, so that building it leaves nothing in the checkout. The sweep starts Ray (`ray`); the first test
+builds the venv, which its recorded duration counts (`heavy`: tests/durations.json).
 """
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.heavy  # the module's venv: a pip install of the checkout's copy, ~5 s of CPU
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("pyproject.toml", "README.md", "cli.py", "fedbench", "sweeps", "recipes")
 # bao2022_lasso shortened: 20 rounds, one seed, mc_fedda's three stages within them (five runs of a few seconds)

@@ -41,7 +41,6 @@ def faults(mode: str) -> int:
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator only")
-@pytest.mark.heavy  # 14 s of CPU
 def test_the_buffers_a_step_frees_are_reused_not_faulted_in_again():
     """With it, the processes reuse the first steps' pages (0 faults measured, now and then the pages of one or two
     more buffers: the heap grows once more). Without it, it depends on where the process's heap top falls: 0–1

@@ -131,7 +131,6 @@ def reference_fedxl2(problem, fed, seed, lr, beta, gamma, history):
     return w, G, u, pool_pos, pool_u
 
 
-@pytest.mark.heavy
 @pytest.mark.parametrize("layout", ["loop", "vmap"])
 def test_fedxl2_rounds_on_cifar10_equal_a_torch_nn_transcription(problems, layout):
     problem = problems[layout]

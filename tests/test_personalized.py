@@ -124,7 +124,6 @@ def test_last_local_personal_point_uses_each_clients_last_iterate():
 
 # -- pFedMe -------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.heavy  # 10 s of CPU
 def test_pfedme_inner_loop_converges_to_the_moreau_prox_of_a_quadratic():
     """With h = 0, θ ← θ − η_p(∇f(θ) + λ(θ − w)) on full data solves (H + λI)θ = Hw* ... in closed form."""
     problem = small_lowrank(lam=0.0)

@@ -196,9 +196,9 @@ def replay_asvrcd(problem, preset, rounds, seed, rho, count_refresh, accelerated
 
 
 @pytest.mark.parametrize("problem, preset, rho, count_refresh, rounds, seed", [
-    pytest.param("s1", "s1", 0.05, True, 6, 3, marks=pytest.mark.heavy),  # 5 s of CPU
+    ("s1", "s1", 0.05, True, 6, 3),
     ("s1", "s1", 0.05, False, 3, 1),
-    pytest.param("s2", "s2", 0.1, True, 8, 0, marks=pytest.mark.heavy),  # 4 s of CPU
+    ("s2", "s2", 0.1, True, 8, 0),
     ("s2", "s2", 0.1, False, 6, 2),
 ], indirect=["problem"])
 def test_asvrcd_matches_algorithm_4(problem, preset, rho, count_refresh, rounds, seed):

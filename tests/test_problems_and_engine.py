@@ -108,7 +108,6 @@ def test_fbe_personalized_truths():
     assert torch.equal(initial_server_point(problem), torch.zeros(1025, dtype=torch.float64))  # w and b
 
 
-@pytest.mark.heavy  # 10 s of CPU
 def test_fbe_iid_truth_and_init():
     problem = fedbench.make_problem("lasso", preset="fbe_iid", seed=0)
     expected = np.r_[np.ones(992), np.zeros(32)]

@@ -417,7 +417,6 @@ def other_program():
     server.server_close()
 
 
-@pytest.mark.heavy  # 5 s of CPU
 def test_ui_on_a_port_in_use_is_refused(tracking_uri, other_program):
     done = subprocess.run([sys.executable, "cli.py", "ui", "--tracking-uri", tracking_uri, "--port",
                            str(other_program)], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -427,7 +426,6 @@ def test_ui_on_a_port_in_use_is_refused(tracking_uri, other_program):
                                    "choose another with --port"), done.stderr
 
 
-@pytest.mark.heavy  # an MLflow server: 9 s of CPU
 def test_ui_without_port_moves_past_the_default_port_in_use(tracking_uri):
     """No --port and the default one (5000) taken: the first free port after it, said so, in the printed links."""
     with socket.socket() as taken:

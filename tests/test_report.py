@@ -472,7 +472,6 @@ def test_uniform_participation_is_labelled_uniform():
                                             "federation.participation=uniform"]
 
 
-@pytest.mark.heavy  # ~6 s: two runs and two reports
 def test_a_reports_figures_say_the_set_options_that_made_its_runs(tmp_path, tracking_uri):
     """Issue 59 item 10: the figure of a sweep shortened by --set was titled as the recipe's own. Its titles (the
     drawn one and the PNG's Title) and the page say the --set options: here of `fedbench run`'s runs (tag

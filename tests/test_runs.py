@@ -33,8 +33,7 @@ from sweeps.driving import drive_batch
 ENGINE = ("round", *(column.name for column in ENGINE_COLUMNS))  # the columns that stay finite in a diverged row
 
 
-@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.heavy) if name.startswith("acd_pfl") else name
-                                  for name in sorted(CASES)])  # ACD-PFL's two cases: 13 s and 20 s of CPU
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_a_batch_of_seeds_gives_each_run_its_curve_alone(name):
     make, federation, hp, tolerance = CASES[name]
     problem, name = make(), name.partition(":")[0]

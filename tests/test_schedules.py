@@ -218,7 +218,6 @@ def problem():
     return pfl()  # the synthetic problem of Hanzely et al., shared by the iteration-wise tests
 
 
-@pytest.mark.heavy  # the problem's reference solution at the first evaluation: ~6 s of CPU
 def test_an_iteration_wise_program_gives_each_run_its_own_rounds_values(problem):
     """The runs of an iteration-wise program are at different rounds: each takes its own schedule's value at its own
     round (against each run alone, round by round), at a round's opening, its steps and its end."""
@@ -232,7 +231,6 @@ def test_an_iteration_wise_program_gives_each_run_its_own_rounds_values(problem)
     assert alone[0][-1]["objective"] != constant[-1]["objective"]  # the schedule mattered
 
 
-@pytest.mark.heavy  # as above, where it runs alone
 def test_an_iteration_wise_constant_schedule_is_the_plain_float_and_resumes(problem):
     plain = rows_by_run(programs(scaled_runs(problem, [(0.8, 0), (0.8, 4)]))[0][1], 2)
     scheduled = rows_by_run(programs(scaled_runs(problem, [(Constant(init=0.8), 0), (Constant(init=0.8), 4)]))[0][1], 2)

@@ -392,7 +392,6 @@ class CoinFedAvg(Algorithm):
         return per_client_copies(server["w"], self.problem.num_clients)
 
 
-@pytest.mark.heavy  # ~5 s: the pFL problem's certified optimum (the reference of its metrics), solved once
 def test_runs_of_an_iteration_wise_program_step_as_alone():
     problem = pfl()
     federation = Federation(8, 0, 1, 5, server_optimizer={"name": "yogi", "lr": 0.05})

@@ -178,7 +178,6 @@ OPEN = "import sys; from sweeps.store import Store; print('imported', flush=True
 
 
 @pytest.mark.parametrize("after", [0.5, 2.0, 4.0])
-@pytest.mark.heavy  # two commands: ~5 s of CPU
 def test_a_kill_while_a_new_store_is_made_leaves_a_store_the_next_command_opens(tmp_path, after):
     """SIGKILL `after` seconds into a new store's creation (~7 s of MLflow's migrations): the next command opens it
     (made complete, or made again), never a half-made store nor a hot journal it cannot recover."""
@@ -249,7 +248,6 @@ def test_a_damaged_store_is_refused_in_one_line_before_anything_runs(tmp_path, t
     assert "round" not in result.stdout  # nothing computed: refused first
 
 
-@pytest.mark.heavy  # a command: ~5 s of CPU
 def test_a_store_whose_check_answers_in_two_lines_is_refused_in_one(tmp_path, tracking_uri):
     """Issue 59 item 6: a b-tree page's header overwritten, SQLite's quick_check answers '*** in database main ***'
     and the page on a second line, which the refusal printed as is: two lines."""
@@ -322,7 +320,6 @@ def refused_in_one_line(result: subprocess.CompletedProcess, *phrases: str) -> N
         assert phrase in lines[0], lines[0]
 
 
-@pytest.mark.heavy  # 7 s of CPU
 def test_a_full_disk_is_refused_in_one_line_before_anything_runs(tmp_path, small_disk):
     with contextlib.suppress(OSError), open(small_disk / "filler", "wb") as filler:
         while True:
@@ -427,7 +424,6 @@ def test_a_store_of_an_older_mlflow_schema_is_upgraded_keeping_a_backup(tmp_path
 
 
 @pytest.mark.parametrize("after", [0.3, 0.8, 1.3])
-@pytest.mark.heavy  # two commands: ~5 s of CPU
 def test_a_kill_while_a_store_is_upgraded_leaves_a_store_the_next_command_opens(tmp_path, after):
     """SIGKILL `after` seconds into the upgrade of a store of MLflow's first schema (its ~67 migrations, ~1 s here):
     the store is the old one or the upgraded one, never half-migrated, and the next command upgrades and opens it."""
@@ -446,7 +442,6 @@ def test_a_kill_while_a_store_is_upgraded_leaves_a_store_the_next_command_opens(
     assert MlflowClient(f"sqlite:///{path}").get_experiment_by_name("kept") is not None
 
 
-@pytest.mark.heavy  # 9 s
 def test_an_older_store_opened_to_read_and_a_newer_store_are_refused_in_one_line(tmp_path, tracking_uri):
     from sweeps.database import StoreError, sqlite_path
 
@@ -491,7 +486,6 @@ def test_a_store_grows_by_what_the_sizing_rule_allows_a_metric_value(tmp_path, t
     assert stored_values([trial]) == trial.rows_logged() * (len(keys) + 1) + 3  # and the 3 summary metrics
 
 
-@pytest.mark.heavy  # a command: ~5 s of CPU
 def test_runs_whose_curves_the_disk_cannot_hold_are_refused_before_they_run(tmp_path, small_disk):
     """The disk check wanted a fixed 8 MiB: a run of 3000 rows of 16 values (~12 MiB in the store) started on a disk
     of ~11 MiB free, to fill it. It is refused in one line, what it needs said, before anything runs."""

@@ -63,6 +63,9 @@ def two_nodes(tmp_path_factory, starts_ray):
     own); their workers use a cache of their own (they inherit the environment at start)."""
     from ray.cluster_utils import Cluster
 
+    from conftest import stop_shared_ray
+
+    stop_shared_ray()  # else the sweeps would join it, not the cluster
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("FEDBENCH_CACHE", str(tmp_path_factory.mktemp("cluster-worker-cache")))
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})

@@ -196,7 +196,6 @@ def test_a_postgresql_uri_without_any_driver_is_refused_in_one_line_with_the_fix
     assert "\n" not in message and "pip install psycopg2-binary" in message and "secret" not in message
 
 
-@pytest.mark.heavy  # the session's PostgreSQL and its migrated template database: ~10 s the first time
 def test_a_postgresql_uri_opens_the_store_with_psycopg2_and_says_so(postgres, tmp_path):
     """`postgresql://` failed at the first query (`No module named 'psycopg'`: SQLAlchemy 2.1's default driver, not
     installed); it now opens the store through psycopg2, and the command line says so, without the URI."""
