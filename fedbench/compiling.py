@@ -12,7 +12,7 @@ measured on the shipped recipes' programs says they win (`auto_compiles`); `on` 
 
 Compiled steps give eager's results up to rounding (Inductor fuses and reorders floating-point operations: after 3
 rounds, the table's programs' server states agree with eager's to 5e-15 relative in float64 and 2e-6 in float32;
-`tests/test_compiling.py`); `off` is the eager engine bit for bit. Each program compiles its own copy of its step
+`tests/engine/test_compiling.py`); `off` is the eager engine bit for bit. Each program compiles its own copy of its step
 (`compiled`), at its first steps, and again where a step's shapes or a Python value it reads change (Fast-FedDA's
 step index t once it changes, a run leaving the batch): that time is part of its training seconds.
 """

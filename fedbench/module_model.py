@@ -12,7 +12,7 @@ passes: C clients' points `w` `[C, d]` on their inputs `x` `[C, b, ...]` give `[
 * `loop`: a Python loop over the C clients inside the one program, `functional_call(module, unflatten(w[k]),
   x[k])` each; the caller sums the losses and takes one backward pass (client k's loss depends on row k of w only).
 
-Both give the same outputs and gradients to float32 rounding (`tests/test_deep.py`). Which is faster depends on
+Both give the same outputs and gradients to float32 rounding (`tests/network/test_deep.py`). Which is faster depends on
 the model and the device: `bench/deep_layouts.py` measures it, `choose_layout` reads its table. Measured on this
 project's 2-core CPU under load (one thread, S = 10, 5 local steps): a FedAvg round of the `vision` problem's small
 CNN took 0.81-1.82x the time of a plain `torch.nn` + `torch.optim.SGD` loop over the same clients in `vmap` and

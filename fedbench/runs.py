@@ -48,7 +48,7 @@ Why explicit and not `torch.func.vmap` over runs (tried first): on this CPU vmap
 ~30x per gather (index_select with a batched index: 380 µs against 12 µs), where the runs of Hanzely et al.'s
 problems are streams of ~10 µs ops; the explicit layout's ops on `[R, S, d]` cost about what `[S, d]` costs.
 Identity of a run in a batch with the run alone: bit for bit where the batched kernels reduce in the same order,
-else within 1e-12 relative; `tests/test_runs.py` per algorithm.
+else within 1e-12 relative; `tests/engine/test_runs.py` per algorithm.
 """
 from __future__ import annotations
 

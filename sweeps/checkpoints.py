@@ -4,7 +4,7 @@ running or `every_rounds` rounds, whichever comes first, at a safe point between
 
 A checkpoint belongs to one program, named by its runs, (config hash, seed) each: a sweep run again resumes the
 program from it (the planner keeps a checkpointed program's runs together, `saved_programs`), and the rest of its
-curve is bit for bit the never-stopped one's (`tests/test_checkpoints.py`). A program that ends removes its file.
+curve is bit for bit the never-stopped one's (`tests/sweeps/test_checkpoints.py`). A program that ends removes its file.
 Files are written whole and renamed into place, so a kill leaves the previous checkpoint or the new one, never half
 of one. They live in `checkpoints/<experiment>/` beside the tracking store (`Store.folder`); on a cluster, that
 folder must be one the nodes share, else a run resumes only on the node that saved it.

@@ -433,7 +433,7 @@ class Store:
         """Runs' metrics, as `log_batch` would store them: into a SQL store (SQLite by default) in one statement for
         all of them (`mlflow_fast`, ~6× faster); elsewhere (a tracking server), with an MLflow whose internals the
         fast path does not know, or if the database refuses the statement, `log_batch` per run in chunks of
-        `BATCH`. `tests/test_tracking.py` holds the paths to the same stored history."""
+        `BATCH`. `tests/sweeps/test_tracking.py` holds the paths to the same stored history."""
         def public() -> None:
             for run_id, metrics in by_run.items():
                 for part in chunks(metrics, BATCH):

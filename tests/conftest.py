@@ -185,7 +185,7 @@ def pytest_runtest_makereport(item, call):
 def _plugin_registry():
     """Each test's plugins registered for that test only (algorithms, problems, their origins, the modules of
     their files): the registries are one per process, as in a command, where two files giving one name are
-    refused (tests/test_plugins.py)."""
+    refused (tests/cli/test_plugins.py)."""
     from fedbench import plugins
 
     saved = [(registry, dict(registry)) for registry in (*plugins.REGISTRIES.values(), plugins.ORIGINS)]

@@ -1,6 +1,6 @@
 """The runs whose every metric row is kept in `tests/fingerprints/*.json` (issue 12: the engine's interface
 changed, its numbers did not; every later change of the engine is checked against them too). `python tests/fingerprint_runs.py` records them;
-`tests/test_fingerprints.py` compares.
+`tests/engine/test_fingerprints.py` compares.
 
 The guo2023_pauc_synthetic record was made again once, after the linear scorer moved to the shared model
 module (`fedbench.models`): its bias is now added after the matrix product, as in every layer of the shared

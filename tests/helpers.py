@@ -3,13 +3,13 @@ collected, not imported). `small_problems.py` (small instances of the shipped pr
 (the recorded runs) and `servers.py` (a PostgreSQL-backed MLflow server) are helper modules of their own.
 
 - The run axis: `CASES`, every algorithm written for it with a small problem, a federation, hyperparameters and
-  the tolerance of its batched curves against its runs alone (`tests/test_runs.py`, `test_checkpoints.py`,
+  the tolerance of its batched curves against its runs alone (`tests/engine/test_runs.py`, `test_checkpoints.py`,
   `test_gpu.py`); `curves_alone`, `rows_by_run`, `assert_same`.
-- Refusals: `refused`, a command's one-line refusal (`tests/test_refusals.py`, `test_schedules.py`).
+- Refusals: `refused`, a command's one-line refusal (`tests/cli/test_refusals.py`, `test_schedules.py`).
 - Checkpoints: `build` (a program of seeds), `rows_of` (its rows by run), `interrupted` (its rows when stopped at a
-  safe point and resumed from the state saved there: `tests/test_checkpoints.py`, `test_schedules.py`,
+  safe point and resumed from the state saved there: `tests/sweeps/test_checkpoints.py`, `test_schedules.py`,
   `test_transforms.py`).
-- numpy transcriptions of the lasso/low-rank problems' data, gradient and prox (`tests/test_algorithms.py`,
+- numpy transcriptions of the lasso/low-rank problems' data, gradient and prox (`tests/algorithms/test_algorithms.py`,
   `test_fastfedda.py`), and of FedAvg's and FedMiD's rounds on a Lasso (`test_transforms.py`, `test_robust.py`).
 - Data files written out: an EMNIST npz in the shipped format (`write_npz`, `npz_problem`) and an MNIST-format
   IDX folder (`write_folder`).
@@ -241,7 +241,7 @@ def np_prox(problem, v, step):
 
 def np_local(problem, name, start, rows, hp):
     """FedAvg's (plain gradient steps) or FedMiD's (proximal steps) local iterate on a Lasso from `start` on rows
-    `[E, b]` (`tests/test_transforms.py`, `test_robust.py`)."""
+    `[E, b]` (`tests/engine/test_transforms.py`, `test_robust.py`)."""
     features, labels = problem.features.numpy(), problem.labels.numpy()
     u, lr = start.copy(), hp["client_lr"]
     for step_rows in rows:

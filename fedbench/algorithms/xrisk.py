@@ -9,7 +9,7 @@ For F(w) = mean_{z∈S1} f(mean_{z'∈S2} ℓ(h(w,z), h(w,z'))):
   and c = ∇f(u) constants: c1 from the updated u of the local positives, c2 from the stored u paired
   with ha.
 * Local Pair's (SOX on local pairs) is the gradient of mean_p c_p · mean_q ℓ(a_p, b_q), through both.
-With ha = a, hb = b (no staleness) the two gradients coincide (tests/test_fedxl.py).
+With ha = a, hb = b (no staleness) the two gradients coincide (tests/algorithms/test_fedxl.py).
 """
 from __future__ import annotations
 
