@@ -38,3 +38,18 @@ def test_type_only_and_function_level_imports_close_cycles_and_go_up_layers(tmp_
     assert "  fedbench.simulate -> fedbench.rng (module-level)" in lines
     assert "upward import: fedbench.rng (foundations) -> fedbench.simulate (engine), typing-level" in lines
     assert "upward import: fedbench.saved (engine) -> sweeps.store (orchestration), function-level" in lines
+
+
+def test_no_module_over_500_lines_and_no_function_over_60_in_the_package():
+    """Issue 61's size rule over fedbench/, sweeps/ and cli.py: a module does one job, a function reads at once."""
+    import ast
+
+    sizes, long_functions = {}, []
+    for path in sorted([*(ROOT / "fedbench").rglob("*.py"), *(ROOT / "sweeps").rglob("*.py"), ROOT / "cli.py"]):
+        text, name = path.read_text(), str(path.relative_to(ROOT))
+        sizes[name] = len(text.splitlines())
+        long_functions += [f"{name}:{node.name}" for node in ast.walk(ast.parse(text))
+                           if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                           and node.end_lineno - node.lineno + 1 > 60]
+    assert {name: lines for name, lines in sizes.items() if lines > 500} == {}
+    assert long_functions == []

@@ -4,7 +4,6 @@ instance's own hooks; the seven names of `CONTRACT` are what a problem writes, e
 how-to's write them, and a plugin that lacks one is refused at validate."""
 from __future__ import annotations
 
-import ast
 import importlib.util
 import inspect
 import re
@@ -78,15 +77,3 @@ def test_a_problem_plugin_without_a_hook_of_the_contract_is_refused_in_one_line(
     result = invoke("validate", recipe)
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
     assert f"plugins[0]: plugin my_problem.py: problem drifting_lsq does not define {hook}" in result.output
-
-
-def test_the_problem_modules_stay_small():
-    sizes, long_functions = {}, []
-    for path in sorted((ROOT / "fedbench" / "problems").glob("*.py")):
-        text = path.read_text()
-        sizes[path.name] = len(text.splitlines())
-        long_functions += [f"{path.name}:{node.name}" for node in ast.walk(ast.parse(text))
-                           if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-                           and node.end_lineno - node.lineno + 1 > 60]
-    assert {name: lines for name, lines in sizes.items() if lines > 500} == {}
-    assert long_functions == []
