@@ -26,7 +26,9 @@ round, plain 21.2 s, Flower 1.42.0 24.8 s (means); medians of the paired ratios:
 Flower 1.12x it and 0.96x fedbench.
 Before the loop layout left a client past its epoch out of the gathers (and dropout's seeding and FedAvg's zero
 subgradient at h = 0 were cut), fedbench took 1.31x and 1.23x the plain loop (two runs, 6 paired rounds, no Flower);
-1.19x and 1.16x after.
+1.19x and 1.16x after. After a local step came to run only the clients still within their epoch
+(`RoundProgram._uneven_steps`), `--blocks 2 --rounds 3 --flower` (6 paired rounds, load average 8-13): fedbench
+1.14x the plain loop, Flower 1.20x it and 1.02x fedbench (still a tie within the noise).
 
 Usage: OMP_NUM_THREADS=1 FEDBENCH_DATA=... python bench/emnist_round.py [--layouts loop vmap] [--rounds 4]
        [--blocks 3] [--flower [PYTHON]] [--path femnist/femnist_full.npz]

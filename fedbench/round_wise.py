@@ -14,6 +14,7 @@ from fedbench.algorithms.base import HParams, Round, upload_floats
 from fedbench.compiling import compiled, compiles
 from fedbench.federation import step_oracles, weighing_sizes
 from fedbench.links import Links
+from fedbench.narrowed_steps import NarrowedSteps, no_noise
 from fedbench.oracle import Batches, RunOracle
 from fedbench.planning import NotBatchable, step_bytes, why_not_batchable
 from fedbench.record import RunRecord
@@ -35,11 +36,7 @@ UNEVEN = "in a round of uneven local work (each client's own count: rnd.client_s
 Counted = TypeVar("Counted")  # what `RoundProgram._counted` remembers
 
 
-def _no_noise(rows: Tensor) -> None:
-    return None
-
-
-class RoundProgram:
+class RoundProgram(NarrowedSteps):
     """The round-wise schedule: every live run through one round at a time, rounds of the federation's length (or,
     for one run, of its drawn length)."""
 
@@ -65,6 +62,10 @@ class RoundProgram:
         self.minibatches = first.sampler.minibatches
         self.compiled = compiles(sims)  # whether its local steps run compiled (`fedbench.compiling`)
         self.local_step = compiled(self._local_step) if self.compiled else self._local_step
+        # uneven local work on the CPU, uncompiled, of steps that draw nothing: a step runs the slots still taking it
+        # alone (`_uneven_steps`)
+        self.narrows_steps = self.device.type == "cpu" and not self.compiled and not any(
+            type(sim.algorithm).draws_in_steps(sim.algorithm.declared) for sim in sims)
         self.resume_from_runs()
         self.links = Links(sims, self.server)
         self.server_steps = ServerSteps(sims, self.server) if self.federation.server_optimizer else None
@@ -145,7 +146,7 @@ class RoundProgram:
         """The minibatch noise of the runs `ids`' rows (`_layout`), each run's on its own stream, one entry per row
         in the rows' order (`Problem.minibatch_noise`)."""
         if not self.problem.noisy_minibatches:
-            return _no_noise
+            return no_noise
         gens = [self.sims[i].sampler.noise_gen for i in ids]
         if len(gens) == 1:
             return lambda rows: self.problem.minibatch_noise(rows, gens[0])
@@ -271,6 +272,11 @@ class RoundProgram:
         # oracles are freed as the step ends, before the next step gathers its minibatch: the allocator then hands
         # the next gather the block still in cache (a Lasso step at p = 1024 gathers 800 KB; its gathers took ~10%
         # longer otherwise)
+        if slots.counts is not None and self.narrows_steps:
+            sim = self.sims[ids[0]]
+            return self._uneven_steps(local, draws.rows, slots.counts, noise, hp, lambda taking: Round(
+                slots.clients[:, taking], sim.rounds_done, streams=self._streams(ids), where=UNEVEN,
+                client_steps=slots.counts[:, taking].to(self.dtype).unsqueeze(-1)))  # type: ignore[index]
         for step, step_rows in enumerate(zip(*[v.unbind(0) for v in rows.values()])):
             stepped = self.local_step(local, dict(zip(names, step_rows)), count, slots.width, noise, rnd.at(step), hp)
             local = slots.stepped(local, stepped, step)
