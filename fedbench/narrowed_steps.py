@@ -32,9 +32,9 @@ class NarrowedSteps:
                       hp: HParams, round_of: Callable[[Tensor], Round]) -> dict[str, Tensor]:
         """The local steps of a round of uneven local work (`counts` `[R, S]`, each slot's own number of steps), each
         run by the slots (client columns) that some run still takes it in, alone: the state of the others is neither
-        computed on nor copied (a step over every slot, the finished ones' rows then put back by `Slots.stepped`: 7.8% of
-        a profiled FedAvg round of the EMNIST CNN on FEMNIST's writers, where most slots finish long before the
-        round's longest). The slots taking a step only shrink from step to step: a slot's rows are
+        computed on nor copied (a step over every slot, the finished ones' rows then put back by `Slots.stepped`:
+        7.8% of a profiled FedAvg round of the EMNIST CNN on FEMNIST's writers, where most slots finish long before
+        the round's longest). The slots taking a step only shrink from step to step: a slot's rows are
         written back into the whole state once, as it leaves them. The same numbers as stepping every slot: each
         client's step reads its own rows and its own minibatch noise (drawn, as before, for every slot's rows) alone,
         and `round_of(slots)`, the round of those slots, gives their clients and counts."""
