@@ -50,17 +50,25 @@ def runs_of(trials: list[Trial]) -> list[list]:
     return [[trial.config_hash, trial.seed] for trial in trials]
 
 
-def saved_programs(folder: str | Path | None) -> list[list[tuple[str, int]]]:
-    """The runs of every program with a checkpoint in `folder`, (config hash, seed) each."""
+def _indexes(folder: str | Path | None) -> list[tuple[Path, list[tuple[str, int]], int | None]]:
+    """Every checkpoint index in `folder`: its path, its program's runs ((config hash, seed) each) and the round it
+    had reached (None where the index predates the count)."""
     if folder is None or not Path(folder).is_dir():
         return []
     found = []
     for index in sorted(Path(folder).glob("*.json")):
         try:
-            found.append([(config_hash, int(seed)) for config_hash, seed in json.loads(index.read_text())["runs"]])
+            saved = json.loads(index.read_text())
+            found.append((index, [(config_hash, int(seed)) for config_hash, seed in saved["runs"]],
+                          saved.get("rounds")))
         except (ValueError, KeyError, OSError):  # a file being replaced, or not ours
             continue
     return found
+
+
+def saved_programs(folder: str | Path | None) -> list[list[tuple[str, int]]]:
+    """The runs of every program with a checkpoint in `folder`, (config hash, seed) each."""
+    return [runs for _, runs, _ in _indexes(folder)]
 
 
 def interrupted(policy: Policy, trials: list[Trial]) -> list[tuple[Path, int | None]]:
@@ -69,16 +77,8 @@ def interrupted(policy: Policy, trials: list[Trial]) -> list[tuple[Path, int | N
     if not policy.active:
         return []
     ours = {(config_hash, seed) for config_hash, seed in runs_of(trials)}
-    found = []
-    for index in sorted(Path(policy.folder).glob("*.json")):  # type: ignore[arg-type]  # active: a folder
-        try:
-            saved = json.loads(index.read_text())
-            runs = {(config_hash, int(seed)) for config_hash, seed in saved["runs"]}
-        except (ValueError, KeyError, OSError):  # a file being replaced, or not ours
-            continue
-        if runs & ours and index.with_suffix(".pt").is_file():
-            found.append((index.with_suffix(".pt"), saved.get("rounds")))
-    return found
+    return [(index.with_suffix(".pt"), rounds) for index, runs, rounds in _indexes(policy.folder)
+            if ours.intersection(runs) and index.with_suffix(".pt").is_file()]
 
 
 class Checkpoint:
