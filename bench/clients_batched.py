@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 
 import fedbench
+from fedbench.engine.simulate import Federation, Simulation
 from fedbench.memory import keep_freed_memory
-from fedbench.simulate import Federation, Simulation
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the loop implementation is a test oracle
 from loop_reference import loop_round  # noqa: E402

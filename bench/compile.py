@@ -1,8 +1,8 @@
-"""Local steps compiled with torch.compile (`fedbench.compiling`) against eager, for the programs of the shipped
+"""Local steps compiled with torch.compile (`fedbench.engine.compiling`) against eager, for the programs of the shipped
 recipes, and the table `compile: auto` decides by.
 
 For each shipped recipe (or those named) and each of its algorithms (default: its first; `--algorithms all`: every
-one), the first program a sweep of the recipe plans for that algorithm (`fedbench.planning.plan`: its first
+one), the first program a sweep of the recipe plans for that algorithm (`fedbench.engine.planning.plan`: its first
 configuration, the seeds that share one program, or a run alone) is built twice, one copy eager and one compiled, on
 the device and with the PyTorch threads of one of the recipe's trials (`resources.cpus_per_trial`). Timed: the
 seconds of a round (an iteration-wise program: a round's worth of iterations, per run), eager and compiled
@@ -11,12 +11,12 @@ off): the compiled copy's first rounds less as many compiled rounds. Programs al
 algorithm, hyperparameters, clients, batch size, local steps and runs) are measured once.
 
 The machine is shared, so only the ratios mean anything (on the CPU, of CPU seconds: another process's load drops
-out). `--write PATH` writes the table (`fedbench.compiling.TABLE` is fedbench/compile_table.json): its rows of the
-device type measured, with the command that measured them, in place of those the file held (another device type's
-are kept); `auto` compiles where rows of a program's problem, algorithm and device type, at about its size, say that
-compiled steps win and the run is long enough to pay the compilation back.
-Usage: FEDBENCH_DATA=../shared/data python bench/compile.py [--recipes papers/bao2022_lasso ...]
-       [--algorithms all] [--repeats 5] [--device cpu] [--write fedbench/compile_table.json]
+out). `--write PATH` writes the table (`fedbench.engine.compiling.TABLE` is fedbench/engine/compile_table.json): its
+rows of the device type measured, with the command that measured them, in place of those the file held (another device
+type's are kept); `auto` compiles where rows of a program's problem, algorithm and device type, at about its size, say
+that compiled steps win and the run is long enough to pay the compilation back. Usage: FEDBENCH_DATA=../shared/data
+python bench/compile.py [--recipes papers/bao2022_lasso ...]
+       [--algorithms all] [--repeats 5] [--device cpu] [--write fedbench/engine/compile_table.json]
 """
 from __future__ import annotations
 
@@ -35,10 +35,10 @@ from pathlib import Path
 
 import torch
 
-from fedbench.compiling import Measured, step_work
+from fedbench.engine.compiling import Measured, step_work
+from fedbench.engine.planning import plan
+from fedbench.engine.runs import IterationProgram, RoundProgram, programs
 from fedbench.memory import keep_freed_memory
-from fedbench.planning import plan
-from fedbench.runs import IterationProgram, RoundProgram, programs
 from sweeps import shipped
 from sweeps.driving import build_planned
 from sweeps.recipe import Trial, load
@@ -68,9 +68,9 @@ def case_key(runs: list[Trial]) -> str:
 
 
 def built(runs: list[Trial], device: str, mode: str) -> RoundProgram:
-    """The first program of these runs' simulations (`fedbench.runs.programs`), its steps eager or compiled (`mode`),
-    for as many rounds as timing takes (never evaluated, but an iteration-wise program at every round end: it advances
-    from one row to the next)."""
+    """The first program of these runs' simulations (`fedbench.engine.runs.programs`), its steps eager or compiled
+    (`mode`), for as many rounds as timing takes (never evaluated, but an iteration-wise program at every round end: it
+    advances from one row to the next)."""
     long = [dataclasses.replace(trial, federation=dataclasses.replace(trial.federation, rounds=10**6),
                                 eval_every=10**6, compile=mode) for trial in runs]
     sims = build_planned(long, device)
@@ -143,7 +143,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="interleaved timings per way; the medians compared")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--slots", type=int, default=2, help="trials a sweep runs at once (as the planner splits)")
-    parser.add_argument("--write", type=Path, help="write the table here (fedbench/compile_table.json)")
+    parser.add_argument("--write", type=Path, help="write the table here (fedbench/engine/compile_table.json)")
     args = parser.parse_args()
     # Every compilation from a fresh start, as a run's first on a machine: what `auto` must pay back
     torch._inductor.config.fx_graph_cache = False

@@ -1,5 +1,5 @@
-"""A FedAvg round of a deep network in each layout (`fedbench.module_model`: `vmap`, `loop`) against the floor, a
-plain `torch.nn` + `torch.optim.SGD` loop over the same clients: the table `layout: auto` reads.
+"""A FedAvg round of a deep network in each layout (`fedbench.networks.module_model`: `vmap`, `loop`) against the floor,
+a plain `torch.nn` + `torch.optim.SGD` loop over the same clients: the table `layout: auto` reads.
 
 For each model, data set and batch size b: the `vision` problem on a random subset of the data's training pool
 (`--train-size` images split IID over 100 clients), S = `--clients` clients a round, `--steps` local steps of b
@@ -9,13 +9,13 @@ client an `nn.Module` loaded with the server model and trained by `torch.optim.S
 uploads averaged. Rounds are timed in turn (interleaved repeats, medians: the machine is shared) and printed as
 milliseconds and as ratios to the floor measured in the same run.
 
-`--write PATH` writes the table (`fedbench.module_model.TABLE` is fedbench/deep_layouts.json): its rows of the
-device type measured, with the command that measured them, in place of those the file held (another device type's
-rows are kept). No GPU was lent where the shipped table was measured: its GPU rows are empty, so `auto` picks
+`--write PATH` writes the table (`fedbench.networks.module_model.TABLE` is fedbench/networks/deep_layouts.json): its
+rows of the device type measured, with the command that measured them, in place of those the file held (another device
+type's rows are kept). No GPU was lent where the shipped table was measured: its GPU rows are empty, so `auto` picks
 `module_model.DEFAULT_LAYOUT` (vmap) on CUDA until `--device cuda` fills them (bench/gpu_session.sh).
 
 Usage: OMP_NUM_THREADS=1 FEDBENCH_DATA=... python bench/deep_layouts.py [--device cpu] [--repeats 5]
-       [--batch-sizes 20 50] [--write fedbench/deep_layouts.json]
+       [--batch-sizes 20 50] [--write fedbench/networks/deep_layouts.json]
 """
 from __future__ import annotations
 
@@ -32,11 +32,11 @@ import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from fedbench.algorithms import ALGORITHMS
-from fedbench.federation import aggregation_weights
+from fedbench.engine.federation import aggregation_weights
+from fedbench.engine.simulate import Federation, Simulation
 from fedbench.memory import keep_freed_memory
-from fedbench.module_model import LAYOUTS
+from fedbench.networks.module_model import LAYOUTS
 from fedbench.problems import make_problem
-from fedbench.simulate import Federation, Simulation
 
 sys.path.insert(0, str(Path(__file__).parent))
 from round_timing import median_round_seconds  # noqa: E402
@@ -126,7 +126,7 @@ def main() -> None:
     parser.add_argument("--train-size", type=int, default=5000, help="training images kept (split over 100 clients)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds per timing")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved timings per way; the medians compared")
-    parser.add_argument("--write", type=Path, help="write the table here (fedbench/deep_layouts.json)")
+    parser.add_argument("--write", type=Path, help="write the table here (fedbench/networks/deep_layouts.json)")
     args = parser.parse_args()
     keep_freed_memory()
     print(f"FedAvg round, S = {args.clients}, {args.steps} local steps, device={args.device}, "

@@ -47,10 +47,10 @@ import torch
 
 from fedbench.algorithms import ALGORITHMS
 from fedbench.data import femnist
+from fedbench.engine.simulate import Federation, Simulation
 from fedbench.memory import keep_freed_memory
-from fedbench.module_model import LAYOUTS
+from fedbench.networks.module_model import LAYOUTS
 from fedbench.problems import make_problem
-from fedbench.simulate import Federation, Simulation
 
 sys.path.insert(0, str(Path(__file__).parent))
 from deep_layouts import PlainLoop  # noqa: E402

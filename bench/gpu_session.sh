@@ -30,7 +30,7 @@
 # papers/bao2022_lasso at full size 80, papers/bao2022_emnist62 shortened to 200 and 400 of its 75,000 rounds 140,
 # and bench/gallery.py --device cpu on the machine's cores: the Lasso sweep at full size 60; bench/deep_layouts.py
 # --device cuda on Reddi et al.'s EMNIST CNN (the shipped FEMNIST sample's writers) at S = 10 and 50, 40: 520 s in all.
-# Its table (OUT/deep_layouts.json, the repository's with the cuda rows added) replaces fedbench/deep_layouts.json
+# Its table (OUT/deep_layouts.json, the repository's with the cuda rows added) replaces fedbench/networks/deep_layouts.json
 # back here.
 set -euo pipefail
 SELF="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
@@ -203,7 +203,7 @@ session() {
   step test_gpu $((90 * scale)) "$python" -m pytest -q -p no:cacheprovider tests/test_gpu.py
   step clients_batched $((30 * scale)) "$python" bench/clients_batched.py "${device[@]}" "${sizes[@]}"
   step runs_batched $((50 * scale)) "$python" bench/runs_batched.py "${device[@]}" "${cases[@]}"
-  cp fedbench/deep_layouts.json "$out/deep_layouts.json"
+  cp fedbench/networks/deep_layouts.json "$out/deep_layouts.json"
   for clients in 10 50; do
     step deep_layouts $((20 * scale)) "$python" bench/deep_layouts.py "${device[@]}" --cases emnist_cnn-femnist \
       --batch-sizes 20 --clients "$clients" --repeats 3 --rounds 1 --write "$out/deep_layouts.json"

@@ -26,7 +26,7 @@ Then the same for the nuclear norm (svdvals, which fedbench keeps; Σ√eig of t
 an a-posteriori check; the embedding's eigenvalues) and the dual (spectral) norm (svdvals, kept, vs √ of the
 Gram matrix's largest eigenvalue), the projection onto the nuclear ball, and the subgradient's polar factor
 (fedbench keeps the SVD). The accuracy tests run the fedbench options on batches. Finally, end to
-end, `fedbench.simulate` on the bao2022 low-rank problem (recipes/papers/bao2022_lowrank.yaml's
+end, `fedbench.engine.simulate` on the bao2022 low-rank problem (recipes/papers/bao2022_lowrank.yaml's
 hyperparameters) with the old SVD code monkeypatched back into `Nuclear` versus the current code, alternated
 in the same process.
 
@@ -46,8 +46,8 @@ import torch
 
 import fedbench
 import fedbench.prox as prox
+from fedbench.engine.simulate import Federation, simulate
 from fedbench.prox import Nuclear, project_l1_ball
-from fedbench.simulate import Federation, simulate
 
 D = torch.float64
 EPS = torch.finfo(D).eps
@@ -409,7 +409,7 @@ def old_project(self, x, radius):
 
 
 def e2e_section(device, repeats, rounds):
-    print(f"\n== end to end: fedbench.simulate, lowrank bao2022, Federation({rounds}, 10, 10, 10), eval_every 10 ==")
+    print(f"\n== end to end: simulate, lowrank bao2022, Federation({rounds}, 10, 10, 10), eval_every 10 ==")
     problem = fedbench.make_problem("lowrank", preset="bao2022", seed=0, device=device)
     new = (Nuclear._prox, Nuclear._project_norm_ball)
     old = (old_prox, old_project)

@@ -15,8 +15,8 @@ import argparse
 import torch
 
 import fedbench
+from fedbench.engine.simulate import Federation, Simulation
 from fedbench.memory import keep_freed_memory
-from fedbench.simulate import Federation, Simulation
 from round_timing import median_round_seconds
 
 WAYS = {"fedavg": ("fedavg", {}), "per_fedavg fo": ("per_fedavg", {"variant": "fo"}),

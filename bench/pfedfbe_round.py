@@ -15,7 +15,7 @@ import argparse
 import torch
 
 import fedbench
-from fedbench.simulate import Federation, Simulation
+from fedbench.engine.simulate import Federation, Simulation
 from round_timing import median_round_seconds
 
 WAYS = {

@@ -41,11 +41,11 @@ from torch.func import grad as func_grad, vmap
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from fedbench.algorithms import ALGORITHMS
+from fedbench.engine.simulate import Federation, Simulation
 from fedbench.problems import traces
 from fedbench.problems.base import Problem
 from fedbench.problems.traces import trace
 from fedbench.rng import generator
-from fedbench.simulate import Federation, Simulation
 
 sys.path.insert(0, str(Path(__file__).parent))
 from round_timing import median_round_seconds  # noqa: E402

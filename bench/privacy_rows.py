@@ -1,4 +1,4 @@
-"""What logging ε in every row costs (`fedbench.privacy`): a DP-FedAvg program of 8 seeds on a small Lasso, a row
+"""What logging ε in every row costs (`fedbench.axes.privacy`): a DP-FedAvg program of 8 seeds on a small Lasso, a row
 every round (the worst case: eval_every 1), run without δ and with it, alternately in the same process. Printed:
 the median ratio of wall times to the run without δ, and, robust to a loaded machine, the median share of each run's
 wall time spent getting ε (timed around `Accountant.epsilon` within the run), for
@@ -26,8 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fedbench  # noqa: E402
-from fedbench import privacy  # noqa: E402
-from fedbench.simulate import Federation, Simulation, run_batch  # noqa: E402
+from fedbench.axes import privacy  # noqa: E402
+from fedbench.engine.simulate import Federation, Simulation, run_batch  # noqa: E402
 
 SEEDS = range(8)
 

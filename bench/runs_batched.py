@@ -1,4 +1,4 @@
-"""Many runs as one program (`fedbench.runs`): for R = 1, 4, 16, 64 seeds of one configuration, the time of the R
+"""Many runs as one program (`fedbench.engine.runs`): for R = 1, 4, 16, 64 seeds of one configuration, the time of the R
 runs one after another (each a `Simulation`, as `fedbench sweep` ran them before the run axis) over the time of
 the R runs as one program (`run_batch`), measured in the same process, with evaluation on the usual schedule:
 
@@ -7,7 +7,7 @@ the R runs as one program (`run_batch`), measured in the same process, with eval
              rounds, metrics every 10;
   fedmid     FedMiD on Bao et al.'s Lasso (ICML 2022, §4, Fig. 1: p = 1024, 64 clients, S = 10, E = 10, b = 10), the
              data fixed (`data_seed: 0`) so that the seeds share them; 60 rounds, metrics every 10. Its steps gather
-             800 KB a run, beyond `fedbench.planning.MEMORY_BOUND_RUN_BYTES`: memory-bound on the CPU, so there
+             800 KB a run, beyond `fedbench.engine.planning.MEMORY_BOUND_RUN_BYTES`: memory-bound on the CPU, so there
              `run_batch` runs them one after another (a round-synchronous program measured 0.91-1.05x here, whatever
              its chunking); on a GPU they form one program (2.5-3.4x on an H200);
   fedavg     FedAvg on recipes/papers/niid_bench_fmnist.yaml's problem (NIID-Bench's CNN on 6,000 Fashion-MNIST
@@ -36,9 +36,9 @@ import time
 import torch
 
 import fedbench
+from fedbench.engine.planning import why_not_batchable
+from fedbench.engine.simulate import Federation, Simulation, run_batch
 from fedbench.memory import keep_freed_memory
-from fedbench.planning import why_not_batchable
-from fedbench.simulate import Federation, Simulation, run_batch
 
 CASES = {
     "ascd_pfl": (lambda device: fedbench.make_problem("pfl_synthetic", preset="s1", sigma_h=1.0, device=device),

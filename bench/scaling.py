@@ -31,8 +31,8 @@ def one(point: dict) -> dict:
     import torch
 
     import fedbench
-    from fedbench.runs import program
-    from fedbench.simulate import Federation, Simulation
+    from fedbench.engine.runs import program
+    from fedbench.engine.simulate import Federation, Simulation
 
     torch.set_num_threads(1)
     problem = fedbench.make_problem("lasso", clients=point["clients"], samples_per_client=SAMPLES, dim=point["dim"],

@@ -18,11 +18,11 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from fedbench.algorithms import ALGORITHMS, Algorithm
-from fedbench.participation import LocalSteps, Participation
+from fedbench.axes.participation import LocalSteps, Participation
+from fedbench.axes.server_optimizers import ServerOptimizer
+from fedbench.engine.saved import load_model, problem_of
+from fedbench.engine.simulate import Federation, Result, Simulation, run_batch, run_seeds, simulate
 from fedbench.problems import PROBLEMS, Problem, make_problem
-from fedbench.saved import load_model, problem_of
-from fedbench.server_optimizers import ServerOptimizer
-from fedbench.simulate import Federation, Result, Simulation, run_batch, run_seeds, simulate
 
 
 def make_algorithm(name: str, problem: Problem, **hyperparameters: Any) -> Algorithm:
@@ -46,10 +46,10 @@ def run(algorithm: str, problem: Problem, rounds: int = 100, clients_per_round: 
     """One run of the registered algorithm `algorithm` on `problem`, in this process: `Federation(rounds,
     clients_per_round, local_steps, batch_size, aggregation, uplink, downlink, participation=participation,
     server_optimizer=server_optimizer)` (the chains of transforms, the participation model, uneven local steps and the
-    server optimizer as a recipe writes them, `fedbench.transforms`, `fedbench.participation`,
-    `fedbench.server_optimizers`), the run's random streams from `seed` (default: the problem's),
+    server optimizer as a recipe writes them, `fedbench.axes.transforms`, `fedbench.axes.participation`,
+    `fedbench.axes.server_optimizers`), the run's random streams from `seed` (default: the problem's),
     a metrics row every `eval_every` rounds, its local steps compiled or not (`compile`: auto, on or off,
-    `fedbench.compiling`), and the algorithm's `hyperparameters` (by name; the others at their defaults).
+    `fedbench.engine.compiling`), and the algorithm's `hyperparameters` (by name; the others at their defaults).
 
     Returns:
         The run's `Result`: its rows, status, final global model (and personal models).

@@ -81,15 +81,15 @@ ENGINE_COLUMNS = (
     Metric("comm_up", "floats sent to the server"),
     Metric("comm_down", "floats sent to clients"),
     Metric("iterations", "local iterations per client"),
-    Metric("comm_up_bits", "bits sent to the server"),  # as the uplink encodes them (`fedbench.transforms`)
+    Metric("comm_up_bits", "bits sent to the server"),  # as the uplink encodes them (`fedbench.axes.transforms`)
     # as the downlink encodes them; with one, what keeps each participant's copy in sync: the messages it missed too
-    # (`fedbench.links.Links.catch_up`)
+    # (`fedbench.engine.links.Links.catch_up`)
     Metric("comm_down_bits", "bits sent to clients"),
 )
-EPSILON = "epsilon"  # the rows' key of ε, where a run's uplink adds DP-FedAvg's noise (`fedbench.privacy`)
+EPSILON = "epsilon"  # the rows' key of ε, where a run's uplink adds DP-FedAvg's noise (`fedbench.axes.privacy`)
 
 
 def epsilon_metric(delta: float | None = None) -> Metric:
-    """The rows' `epsilon` (`fedbench.privacy`), labelled with its δ (without one where the recipe is not at hand);
+    """The rows' `epsilon` (`fedbench.axes.privacy`), labelled with its δ (without one where the recipe is not at hand);
     lower is better."""
     return Metric(EPSILON, "ε" if delta is None else f"ε (δ = {delta:g})", "min")

@@ -31,8 +31,8 @@ def _float_if_one(value):
     as a Python float, read without a device synchronisation, so that a run alone takes the float path: the ℓ1
     prox's clamp without the negation kernel a tensor bound needs. Float64 arithmetic on it then rounds as the
     tensor's would, so that the results are the same bits; other tensors are kept (float32: Python's double
-    arithmetic would round differently), and so is every tensor in a compiled step (`fedbench.compiling`), whose graph
-    would otherwise break at the read and be compiled again for each new value."""
+    arithmetic would round differently), and so is every tensor in a compiled step (`fedbench.engine.compiling`), whose
+    graph would otherwise break at the read and be compiled again for each new value."""
     if (isinstance(value, Tensor) and value.is_cpu and value.dtype is torch.float64 and value.numel() == 1
             and not torch.compiler.is_compiling()):
         return value.item()

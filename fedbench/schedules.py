@@ -19,15 +19,14 @@ round W), then its kind's decay over the rounds after it, at k = r − W of H = 
 The cosine's `final` is reached at round T, one round after the last (as PyTorch's CosineAnnealingLR with
 T_max = T rounds): every round takes a value above it.
 
-The engine (`fedbench.runs`) evaluates each run's schedules at the start of each of its rounds and hands the round's
-functions their values as it hands a float's, `[R, 1, 1]` per run, so that algorithms need no change and runs with
-different schedules share one program. A value is computed on the host in double precision, from the run's own
-schedule and round counter (both on the host: nothing is read back from the device), and handed in the problem's
-dtype; so a run's values are the same bits alone and in a batch (on the CPU a batched cos or pow takes SIMD kernels
-whose last bit may differ from the scalar kernel of one value). An algorithm that derives values from a scheduled
-hyperparameter (`Algorithm.derive`) or reads it outside its rounds (`self.hp`) is refused: those hold one value for
-the whole run. An algorithm whose own step-size rule uses the round index (FedDA's elapsed time η·r·K) computes it
-with the round's value.
+The engine (`fedbench.engine.runs`) evaluates each run's schedules at the start of each of its rounds and hands the
+round's functions their values as it hands a float's, `[R, 1, 1]` per run, so that algorithms need no change and runs
+with different schedules share one program. A value is computed on the host in double precision, from the run's own
+schedule and round counter (both on the host: nothing is read back from the device), and handed in the problem's dtype;
+so a run's values are the same bits alone and in a batch (on the CPU a batched cos or pow takes SIMD kernels whose last
+bit may differ from the scalar kernel of one value). An algorithm that derives values from a scheduled hyperparameter
+(`Algorithm.derive`) or reads it outside its rounds (`self.hp`) is refused: those hold one value for the whole run. An
+algorithm whose own step-size rule uses the round index (FedDA's elapsed time η·r·K) computes it with the round's value.
 """
 from __future__ import annotations
 

@@ -90,12 +90,12 @@ def contract_lines(kind: str, cls) -> list[str]:
 def entries() -> list[Entry]:
     """Everything `fedbench list` knows, in the order it prints it (plugins as registered now)."""
     from fedbench.algorithms import ALGORITHMS
-    from fedbench.axes import AXES
+    from fedbench.axes.registry import AXES
+    from fedbench.axes.transforms import TRANSFORMS
     from fedbench.contract import CAPABILITIES
     from fedbench.networks import NETWORKS
     from fedbench.problems import PROBLEMS
     from fedbench.schedules import KINDS
-    from fedbench.transforms import TRANSFORMS
     from .recipe import FEDERATION_PARAMS
 
     found = []

@@ -1,5 +1,5 @@
-"""Mid-run checkpoints: a program's whole state (`fedbench.runs.RoundProgram.state_dict`: its state, each run's record
-with its random streams' states, the schedule's own) and the rows it has yielded, saved every `every_seconds` of
+"""Mid-run checkpoints: a program's whole state (`fedbench.engine.runs.RoundProgram.state_dict`: its state, each run's
+record with its random streams' states, the schedule's own) and the rows it has yielded, saved every `every_seconds` of
 running or `every_rounds` rounds, whichever comes first, at a safe point between two rounds.
 
 A checkpoint belongs to one program, named by its runs, (config hash, seed) each: a sweep run again resumes the
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from fedbench.runs import RoundProgram
+from fedbench.engine.runs import RoundProgram
 from .recipe import Recipe, Trial, stable_hash
 
 

@@ -321,7 +321,7 @@ def show(
 @app.command()
 def export(
     run_id: str = typer.Argument(..., metavar="RUN_ID", help="An MLflow run id (a run of a sweep or of fedbench run)"),
-    path: Path = typer.Argument(..., metavar="PATH", help="The file to write (torch's format, see fedbench.saved)"),
+    path: Path = typer.Argument(..., metavar="PATH", help="The file to write (torch's format: fedbench.engine.saved)"),
     round_: Optional[int] = typer.Option(None, "--round", min=1, help="The model of this round (saved with the "
                                          "recipe's tracking.models_every), not the final one"),
     tracking_uri: Optional[str] = TrackingOption,
@@ -329,7 +329,7 @@ def export(
     """Write a run's final model to PATH: the global model, in the problem's own shapes too, and each client's
     model for a personalized method; `fedbench.load_model(PATH)` reads it back (`fedbench.load_model(RUN_ID)`
     straight from the store)."""
-    from fedbench.saved import load_model
+    from fedbench.engine.saved import load_model
     from .database import StoreError
 
     store = open_store(tracking_uri, write=False)

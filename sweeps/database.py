@@ -86,7 +86,7 @@ def store_folder(uri: str | None) -> Path:
     return path.resolve().parent if path is not None else Path.cwd()
 
 
-MODEL_FOLDER, MODEL_FILE = "model", "final.pt"  # a run's saved final model (`fedbench.saved`), an artifact
+MODEL_FOLDER, MODEL_FILE = "model", "final.pt"  # a run's saved final model (`fedbench.engine.saved`), an artifact
 
 
 class StoreError(ValueError):

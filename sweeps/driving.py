@@ -1,5 +1,5 @@
 """In-process driving: a trial's simulation built (`build_simulation`; the seeds of one configuration on one problem
-instance, `build_batch`) and run to its end in its programs (`drive_batch`, as `fedbench.planning` groups them),
+instance, `build_batch`) and run to its end in its programs (`drive_batch`, as `fedbench.engine.planning` groups them),
 each run's rows handed over as they come and its `Outcome` returned. `fedbench run` drives in its own process
 (`build_runs`, `drive_runs`), a Ray trial in its worker (`sweeps.worker`)."""
 from __future__ import annotations
@@ -12,11 +12,11 @@ import torch
 
 from fedbench import networks, plugins
 from fedbench.algorithms import ALGORITHMS
-from fedbench.planning import plan
+from fedbench.engine.planning import plan
+from fedbench.engine.runs import RoundProgram, programs
+from fedbench.engine.saved import model_bytes
+from fedbench.engine.simulate import Simulation
 from fedbench.problems import PROBLEMS
-from fedbench.runs import RoundProgram, programs
-from fedbench.saved import model_bytes
-from fedbench.simulate import Simulation
 from .checkpoints import Checkpoint, Policy, policy_of
 from .recipe import Recipe, Trial
 
@@ -44,7 +44,7 @@ def build_simulation(trial: Trial, device: str | None = None, problem=None) -> S
 
 
 def build_batch(trials: list[Trial], device: str | None = None) -> list[Simulation]:
-    """The simulations of the runs of one planned program (`fedbench.planning.plan`) on one problem instance, for
+    """The simulations of the runs of one planned program (`fedbench.engine.planning.plan`) on one problem instance, for
     `drive_batch`."""
     first = trials[0]
     plugins.ensure(first.plugins)
@@ -60,9 +60,9 @@ def build_planned(trials: list[Trial], device: str | None = None) -> list[Simula
 
 
 def build_runs(trials: list[Trial], device: str | None = None) -> tuple[bool, list[Simulation]]:
-    """The simulations of `fedbench run`'s runs, and whether the planner (`fedbench.planning.plan`) lets them form one
-    program: then on one problem instance (`build_batch`). What needs the built data raises ValueError (pfedfbe's λ
-    above the clients' smoothness, or no CUDA)."""
+    """The simulations of `fedbench run`'s runs, and whether the planner (`fedbench.engine.planning.plan`) lets them
+    form one program: then on one problem instance (`build_batch`). What needs the built data raises ValueError
+    (pfedfbe's λ above the clients' smoothness, or no CUDA)."""
     together = bool(plan(list(enumerate(trials)), cap=len(trials)).programs)
     return together, (build_batch(trials, device) if together
                       else [build_simulation(trial, device) for trial in trials])
@@ -81,17 +81,17 @@ class Outcome:
     error: str | None = None
     end_time: float = field(default_factory=time.time)  # epoch seconds, where the run ran
     runs_in_batch: int = 1  # runs of the program it ran in (1: alone, or one after another)
-    compiled: bool = False  # whether its program's local steps ran compiled (`fedbench.compiling`)
+    compiled: bool = False  # whether its program's local steps ran compiled (`fedbench.engine.compiling`)
     choices: dict[str, str] = field(default_factory=dict)  # what its problem chose to run it (`Problem.choices`)
-    model: bytes | None = None  # its final model's file (`fedbench.saved`), stored as the artifact model/final.pt
+    model: bytes | None = None  # its final model's file (`fedbench.engine.saved`), the artifact model/final.pt
     # its models by round (`tracking.models_every`) where its driver keeps them for the end (`fedbench run`; a Ray
     # trial sends each as it is made)
     models: dict[int, bytes] = field(default_factory=dict)
 
 
 OnRow = Callable[[int, dict[str, float], float], None]  # (run index, row, the run's training seconds by then)
-OnModel = Callable[[int, int, bytes], None]  # (run index, round, the file of the run's model then: `fedbench.saved`)
-Programs = list[tuple[list[int], RoundProgram]]  # `fedbench.runs.programs`: each program with the indices of its runs
+OnModel = Callable[[int, int, bytes], None]  # (run index, round, the file of its model then: `fedbench.engine.saved`)
+Programs = list[tuple[list[int], RoundProgram]]  # `fedbench.engine.runs.programs`: each program, its runs' indices
 
 
 def drive(simulation: Simulation, on_row: Callable[[dict[str, float]], None] | None = None) -> Outcome:
@@ -103,12 +103,13 @@ def drive_batch(sims: list[Simulation], on_row: OnRow | None = None, checkpoints
                 trials: list[Trial] | None = None, tick: Callable[[], None] | None = None,
                 planned: Programs | None = None, on_model: OnModel | None = None) -> list[Outcome]:
     """Run simulations (a run alone, or the runs of one planned program from `build_batch`) in their programs
-    (`planned`, default `fedbench.runs.programs(sims)`: one where they can share one and are not memory-bound, else one
-    after another); each run's outcome as `drive` gives it alone (its training seconds: its share of its program's).
-    With a `checkpoints` policy (and the runs' `trials`, which name each program's checkpoint), a program resumes from
-    its checkpoint, whose rows go to `on_row` again first, and saves checkpoints by the policy (`sweeps.checkpoints`).
-    `tick()` is called between rounds (a row stream's timer, `sweeps.events.RowStream`). Where the runs' trials
-    ask for it (`models_every`), `on_model` gets each run's model at every row of a round that is a multiple of it."""
+    (`planned`, default `fedbench.engine.runs.programs(sims)`: one where they can share one and are not memory-bound,
+    else one after another); each run's outcome as `drive` gives it alone (its training seconds: its share of its
+    program's). With a `checkpoints` policy (and the runs' `trials`, which name each program's checkpoint), a program
+    resumes from its checkpoint, whose rows go to `on_row` again first, and saves checkpoints by the policy
+    (`sweeps.checkpoints`). `tick()` is called between rounds (a row stream's timer, `sweeps.events.RowStream`). Where
+    the runs' trials ask for it (`models_every`), `on_model` gets each run's model at every row of a round that is a
+    multiple of it."""
     start = time.perf_counter()
     rows: list[list[dict[str, float]]] = [[] for _ in sims]
     seconds: list[list[float]] = [[] for _ in sims]
@@ -161,9 +162,9 @@ def between_rounds(checkpoint: Checkpoint | None, tick: Callable[[], None] | Non
 
 def drive_runs(recipe: Recipe, trials: list[Trial], sims: list[Simulation], tracking_uri: str | None, resume: bool,
                on_row: OnRow, note: Callable[[str], None]) -> list[Outcome]:
-    """`fedbench run`'s runs driven in their programs, built once (`fedbench.runs.programs`); each program resumes
-    from its checkpoint with `resume` (`note` says so where there is none), else starts at round 0. Each run's models
-    by round (`tracking.models_every`) are kept on its outcome."""
+    """`fedbench run`'s runs driven in their programs, built once (`fedbench.engine.runs.programs`); each program
+    resumes from its checkpoint with `resume` (`note` says so where there is none), else starts at round 0. Each run's
+    models by round (`tracking.models_every`) are kept on its outcome."""
     policy = policy_of(recipe, tracking_uri)
     planned = programs(sims)
     saved = [Checkpoint(policy, [trials[i] for i in runs]) for runs, _ in planned]

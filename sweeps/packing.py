@@ -1,13 +1,13 @@
 """A sweep's runs packed into Ray trials. Ray Tune costs ~0.35 s per trial even with actors reused, as long as a small
-federated run, so the runs that the planner (`fedbench.planning.plan`) leaves alone are packed into Ray trials of one
-algorithm each (`resources.pack`, by default enough packs to keep every slot busy about PACKS_PER_SLOT times over),
+federated run, so the runs that the planner (`fedbench.engine.planning.plan`) leaves alone are packed into Ray trials of
+one algorithm each (`resources.pack`, by default enough packs to keep every slot busy about PACKS_PER_SLOT times over),
 and each program it plans (at most `resources.batch_runs` runs) is a Ray trial of its own."""
 from __future__ import annotations
 
 import math
 from typing import Sequence
 
-from fedbench.planning import plan
+from fedbench.engine.planning import plan
 from .recipe import Trial
 from .worker import Program
 

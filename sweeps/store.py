@@ -76,7 +76,7 @@ VIEW = {"searchFilter": "tags.role != 'sweep' and tags.role != 'tune'",
 SETTLE_SECONDS = 1.0
 HEADLINE_TAG = "fedbench.headline"  # the metrics the view charts first (json list), for `fedbench ui` to keep them
 
-MODEL_FOLDER, MODEL_FILE = "model", "final.pt"  # a run's saved final model (`fedbench.saved`), an artifact
+MODEL_FOLDER, MODEL_FILE = "model", "final.pt"  # a run's saved final model (`fedbench.engine.saved`), an artifact
 # A metric value's cost in a SQLite store (a row of MLflow's `metrics` and its indexes): measured 257 B a value, the
 # file's growth over 16,000 and 64,000 values of Lasso runs' curves (16 a round, names of 6-16 characters, `log_rows`);
 # rounded up for longer names (`personal_...`). What the runs of a command will write is checked against it
@@ -263,8 +263,8 @@ class Store:
             return Path(self.client.download_artifacts(run_id, path, scratch)).read_bytes()
 
     def log_models(self, models: dict[str, bytes], name: str = MODEL_FILE) -> None:
-        """Each run's model (the bytes of its file, `fedbench.saved`) as its artifact `model/<name>`: the final one
-        `model/final.pt`, that of round r `model/round_<r>.pt` (`tracking.models_every`)."""
+        """Each run's model (the bytes of its file, `fedbench.engine.saved`) as its artifact `model/<name>`: the final
+        one `model/final.pt`, that of round r `model/round_<r>.pt` (`tracking.models_every`)."""
         with tempfile.TemporaryDirectory() as scratch:
             path = Path(scratch) / name
             for run_id, data in models.items():
@@ -473,10 +473,10 @@ class Store:
 
 
 def load_run_model(run_id: str, uri: str | None = None, round_: int | None = None) -> dict[str, Any]:
-    """A stored run's final model (or that of round `round_`, `tracking.models_every`), in `fedbench.saved`'s format,
-    read from the store at `uri` (default as the CLI's: `MLFLOW_TRACKING_URI`, else `./mlflow.db`): what
+    """A stored run's final model (or that of round `round_`, `tracking.models_every`), in `fedbench.engine.saved`'s
+    format, read from the store at `uri` (default as the CLI's: `MLFLOW_TRACKING_URI`, else `./mlflow.db`): what
     `fedbench.load_model(run_id, uri, round_)` reads."""
-    from fedbench.saved import load_model
+    from fedbench.engine.saved import load_model
 
     return load_model(run_id, uri, round_)
 

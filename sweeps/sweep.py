@@ -1,7 +1,7 @@
 """The driver of a sweep (`fedbench sweep`): every (config, seed) of a recipe not yet finished in the store, claimed
-(`sweeps.claims`), planned into programs (`fedbench.planning`) and packed into Ray trials (`sweeps.packing`), run on
-Ray Tune (`sweeps.worker.run_pack`); the trials' events (`sweeps.events`) become MLflow runs through one writer thread
-(`writer.SweepLog`) and a live progress display. Resume is content-addressed: a (config hash, seed) that finished
+(`sweeps.claims`), planned into programs (`fedbench.engine.planning`) and packed into Ray trials (`sweeps.packing`), run
+on Ray Tune (`sweeps.worker.run_pack`); the trials' events (`sweeps.events`) become MLflow runs through one writer
+thread (`writer.SweepLog`) and a live progress display. Resume is content-addressed: a (config hash, seed) that finished
 in the recipe's experiment is skipped, and a program that saved a checkpoint resumes from it."""
 from __future__ import annotations
 

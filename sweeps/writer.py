@@ -58,7 +58,7 @@ def new_run(trial: Trial, parent_id: str | None, start_time: float, tags: dict[s
     run_tags = {"role": role, "problem": trial.problem, "algorithm": trial.algorithm, "seed": str(trial.seed),
                 "config_hash": trial.config_hash, "configuration": configuration, "status": "running", **tags}
     if trial.delta is not None:
-        run_tags["accountant"] = trial.accountant  # what computed its rows' ε (`fedbench.privacy`)
+        run_tags["accountant"] = trial.accountant  # what computed its rows' ε (`fedbench.axes.privacy`)
     if trial.plugins:
         run_tags["plugin_sha256"] = " ".join(source.sha256 for source in trial.plugins)
     if trial.code:

@@ -3,7 +3,7 @@ changed, its numbers did not; every later change of the engine is checked agains
 `tests/engine/test_fingerprints.py` compares.
 
 The guo2023_pauc_synthetic record was made again once, after the linear scorer moved to the shared model
-module (`fedbench.models`): its bias is now added after the matrix product, as in every layer of the shared
+module (`fedbench.networks.mlp`): its bias is now added after the matrix product, as in every layer of the shared
 MLP, instead of inside torch.baddbmm, which rounds differently in float32 (metrics moved by ~1e-7 relative
 over 320 iterations). The bao2022_lowrank record was made again once, when the nuclear prox of a batch of
 matrices moved from the SVD to the eigendecomposition of the Gram matrix (`fedbench.prox`; metrics moved by at

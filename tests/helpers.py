@@ -32,9 +32,9 @@ import torch
 
 import fedbench
 from fedbench.data import femnist, idx
+from fedbench.engine.runs import programs
+from fedbench.engine.simulate import Federation, Simulation
 from fedbench.rng import generator
-from fedbench.runs import programs
-from fedbench.simulate import Federation, Simulation
 from small_problems import small_lasso, small_lowrank
 from sweeps.deviations import DEVIATIONS
 
@@ -241,7 +241,7 @@ def np_prox(problem, v, step):
 
 def np_local(problem, name, start, rows, hp):
     """FedAvg's (plain gradient steps) or FedMiD's (proximal steps) local iterate on a Lasso from `start` on rows
-    `[E, b]` (`tests/engine/test_transforms.py`, `test_robust.py`)."""
+    `[E, b]` (`tests/axes/test_transforms.py`, `test_robust.py`)."""
     features, labels = problem.features.numpy(), problem.labels.numpy()
     u, lr = start.copy(), hp["client_lr"]
     for step_rows in rows:

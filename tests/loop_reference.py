@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fedbench.federation import Federation, RoundSampler
+from fedbench.engine.federation import Federation, RoundSampler
 from fedbench.rng import generator
 
 

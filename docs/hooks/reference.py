@@ -13,10 +13,10 @@ What is read, and from where:
 - the recipe: the pydantic models of `SECTIONS` (each field's type, default and constraints; the rule a field
   validator enforces, read from the message it gives a value it refuses; the comment beside the field in the
   source); the federation's parameters and axes as `fedbench list` catalogues them (`sweeps.catalogue.entries`, the
-  one catalogue both read): the adversaries and robust rules of `fedbench.robust`, the participation models and
-  uneven local steps of `fedbench.participation`, the server optimizer of `fedbench.server_optimizers`, any other
-  axis of the registry `fedbench.axes.AXES`, and the transforms of `fedbench.transforms` (parameters, help, the module's
-  docstring), and the kinds of schedule; the tune space's distributions and samplers;
+  one catalogue both read): the adversaries and robust rules of `fedbench.axes.robust`, the participation models and
+  uneven local steps of `fedbench.axes.participation`, the server optimizer of `fedbench.axes.server_optimizers`, any
+  other axis of the registry `fedbench.axes.registry.AXES`, and the transforms of `fedbench.axes.transforms`
+  (parameters, help, the module's docstring), and the kinds of schedule; the tune space's distributions and samplers;
 - the shipped networks (`fedbench.networks.NETWORKS`): each one's parameter count, input, classes and source;
 - the CLI: the Typer app as Click sees it (every command, argument and option with its help and default);
 - the gallery's tables of shipped recipes: a page's `<!-- shipped-recipes: PREFIX -->` becomes the table of the
@@ -314,8 +314,8 @@ def recipe_page() -> str:
 
 def federation_sections(listed: dict) -> list[str]:
     """A section per axis of the federation that `fedbench list` catalogues (`listed`, by path): its mappings
-    (`fedbench.axes.AXES`: the adversaries, participation with uneven local steps, the server optimizer, and any
-    other, `mapping_section`), then the transforms of its links."""
+    (`fedbench.axes.registry.AXES`: the adversaries, participation with uneven local steps, the server optimizer, and
+    any other, `mapping_section`), then the transforms of its links."""
     written = {"federation.adversaries": robust_section, "federation.participation": participation_section,
                "federation.server_optimizer": server_optimizer_section}
     lines = []
@@ -339,7 +339,7 @@ def robust_section(listed: dict) -> list[str]:
     return ["## Robust aggregation and `federation.adversaries`", "",
             "`aggregation: median | trimmed_mean | krum | multi_krum` puts a robust rule in place of the server's mean "
             "(with `trim` β and `byzantine` f above); `adversaries` is a mapping of the parameters below (generated "
-            "from `fedbench.robust.Adversaries`), each a grid axis where it is a list, e.g. "
+            "from `fedbench.axes.robust.Adversaries`), each a grid axis where it is a list, e.g. "
             "`adversaries: {fraction: [0.1, 0.3], attack: sign_flip, scale: 10}` or "
             "`--set federation.adversaries.attack=[sign_flip,gaussian]`.", "",
             *param_table(adversaries.params), "", module_doc(adversaries.declared), ""]
@@ -350,16 +350,18 @@ def participation_section(listed: dict) -> list[str]:
     docstring (each model's draws and paper, how the engine runs a varying number of participants and uneven work)."""
     participation, local_steps = listed["federation.participation"], listed["federation.local_steps"]
     return ["## `federation.participation` and uneven `federation.local_steps`", "",
-            "`participation` is a mapping of the fields below (generated from `fedbench.participation.Participation`), "
-            "only those its `model` reads, each a grid axis where it is a list, e.g. "
-            "`participation: {model: bernoulli, p: [0.1, 0.5]}` or `--set federation.participation.p=[0.1,0.5]`; a "
+            "`participation` is a mapping of the fields below (generated from "
+            "`fedbench.axes.participation.Participation`), only those its `model` reads, each a grid axis where it "
+            "is a list, e.g. `participation: {model: bernoulli, p: [0.1, 0.5]}` or "
+            "`--set federation.participation.p=[0.1,0.5]`; a "
             "list of such mappings is a grid axis over them; `tune.space` searches a field the model reads, "
             "`federation.participation.p: {uniform: [0.05, 0.5]}`.", "",
             *param_table(participation.params), "",
             "`local_steps` may be a mapping in place of E, uneven local work: `{distribution: uniform, low: 1, high: "
             "10}`, `{counts: [...]}` (one per client) or `{file: steps.npy}` (generated from "
-            "`fedbench.participation.LocalSteps`); `--set federation.local_steps.high=[5,10]` is a grid axis inside, "
-            "`local_steps: [10, {distribution: uniform, low: 1, high: 10}]` one of E beside uneven work, and "
+            "`fedbench.axes.participation.LocalSteps`); `--set federation.local_steps.high=[5,10]` is a grid "
+            "axis inside, `local_steps: [10, {distribution: uniform, low: 1, high: 10}]` one of E beside uneven "
+            "work, and "
             "`tune.space` searches `federation.local_steps.low` or `.high` of a drawn count.",
             "", *param_table(local_steps.params), "", module_doc(participation.declared), ""]
 
@@ -370,8 +372,8 @@ def server_optimizer_section(listed: dict) -> list[str]:
     server_optimizer = listed["federation.server_optimizer"]
     return ["## `federation.server_optimizer`", "",
             "`server_optimizer` is a mapping of the fields below (generated from "
-            "`fedbench.server_optimizers.ServerOptimizer`), only those its `name` reads, each a grid axis where it is "
-            "a list, e.g. `server_optimizer: {name: adam, lr: [0.01, 0.1]}` or "
+            "`fedbench.axes.server_optimizers.ServerOptimizer`), only those its `name` reads, each a grid "
+            "axis where it is a list, e.g. `server_optimizer: {name: adam, lr: [0.01, 0.1]}` or "
             "`--set federation.server_optimizer.lr=[0.01,0.1]`; a list of such mappings is a grid axis over rules "
             "(`[{name: sgd}, {name: yogi}]`: `sgd` at lr 1 is the algorithm's own server step); the lr may be a "
             "schedule (`lr: {schedule: cosine, init: 0.03, final: 1.0e-3}`, see schedules below); `tune.space` "
@@ -381,12 +383,13 @@ def server_optimizer_section(listed: dict) -> list[str]:
 
 def transforms_section(transforms: list) -> list[str]:
     """`federation.uplink` and `federation.downlink`: the transforms (`fedbench list`'s entries of
-    `fedbench.transforms.TRANSFORMS`), each with its parameters, then the module's docstring (what a chain does, each
-    transform's paper, its encoding in bits)."""
+    `fedbench.axes.transforms.TRANSFORMS`), each with its parameters, then the module's docstring (what a chain does,
+    each transform's paper, its encoding in bits)."""
     lines = ["## `federation.uplink` and `federation.downlink`", "",
              "Lists of transforms of each client's uploads and of the server's broadcast (generated from "
-             "`fedbench.transforms.TRANSFORMS`). An entry is a transform's name (its defaults), `{name: value}` (its "
-             "first parameter) or `{name: {parameter: value}}`; a list as a parameter's value is a grid axis, e.g. "
+             "`fedbench.axes.transforms.TRANSFORMS`). An entry is a transform's name (its defaults), "
+             "`{name: value}` (its first parameter) or `{name: {parameter: value}}`; a list as a parameter's value "
+             "is a grid axis, e.g. "
              "`uplink: [{top_k: [0.01, 0.05]}, {error_feedback: ef21}]`, or "
              "`--set federation.uplink.0.top_k=[0.01,0.05,0.1]`; a list of such lists is a grid axis over chains "
              "(`[[], [{top_k: 0.01}]]`: none, then top-k), and `tune.space` searches a step's parameter as "
@@ -400,7 +403,7 @@ def transforms_section(transforms: list) -> list[str]:
                            f"{p.help}" for p in transform.params) or "none"
         links = "uplink, downlink" if transform.on_downlink else "uplink"
         lines.append(f"| {code(name)} | {links} | {cell(params)} | {cell(transform.help)} |")
-    top_k = next(entry.declared for entry in transforms if entry.name == "top_k")  # of the module fedbench.transforms
+    top_k = next(entry.declared for entry in transforms if entry.name == "top_k")  # of fedbench.axes.transforms
     return [*lines, "", module_doc(top_k), ""]
 
 
@@ -545,39 +548,44 @@ API_PAGES = {
         "program, `Result`, `Federation`, `Simulation` and the run's record it holds (`RunRecord`), saved models",
         "fedbench",
         {"fedbench.run": (), "fedbench.problems.make_problem": (), "fedbench.make_algorithm": (),
-         "fedbench.simulate.simulate": (), "fedbench.simulate.run_seeds": (), "fedbench.simulate.run_batch": (),
-         "fedbench.simulate.Result": EVERY, "fedbench.federation.Federation": ("check",),
-         "fedbench.simulate.Simulation": ("run_round",),
-         "fedbench.record.RunRecord": ("server", "clients", "status", "rounds_done", "seed", "accountant", "streams",
-                                       "state_dict", "load_state_dict"),
-         "fedbench.saved.load_model": (), "fedbench.saved.problem_of": (), "fedbench.algorithms.ALGORITHMS": (),
+         "fedbench.engine.simulate.simulate": (), "fedbench.engine.simulate.run_seeds": (),
+         "fedbench.engine.simulate.run_batch": (),
+         "fedbench.engine.simulate.Result": EVERY, "fedbench.engine.federation.Federation": ("check",),
+         "fedbench.engine.simulate.Simulation": ("run_round",),
+         "fedbench.engine.record.RunRecord": ("server", "clients", "status", "rounds_done", "seed", "accountant",
+                                              "streams", "state_dict", "load_state_dict"),
+         "fedbench.engine.saved.load_model": (), "fedbench.engine.saved.problem_of": (),
+         "fedbench.algorithms.ALGORITHMS": (),
          "fedbench.problems.PROBLEMS": ()}),
     "privacy": ApiPage(
         "Privacy accounting", "ε of DP-FedAvg's Gaussian uplink at a δ: the mechanism the engine runs (sampling, "
-        "adjacency, sensitivity) and dp-accounting's accountants (PLD by default, RDP)", "fedbench.privacy",
-        {"fedbench.privacy.Accountant": ("epsilon",), "fedbench.privacy.Mechanism": ("of", "noise_multiplier", "event"),
-         "fedbench.privacy.check": (), "fedbench.metrics.epsilon_metric": ()}),
+        "adjacency, sensitivity) and dp-accounting's accountants (PLD by default, RDP)", "fedbench.axes.privacy",
+        {"fedbench.axes.privacy.Accountant": ("epsilon",), "fedbench.axes.privacy.Mechanism": ("of",
+         "noise_multiplier", "event"),
+         "fedbench.axes.privacy.check": (), "fedbench.metrics.epsilon_metric": ()}),
     "participation": ApiPage(
         "Participation and uneven local work", "who takes part in a round (`Participation`: uniform, cyclic, "
         "bernoulli, markov) and each participant's local steps (`LocalSteps`), how the engine batches them, and what "
         "an algorithm must declare to take them (`Algorithm.takes_uneven_steps`, `rnd.client_steps`)",
-        "fedbench.participation",
-        {"fedbench.participation.Participation": ("varying", "check"), "fedbench.participation.LocalSteps": ("check",),
-         "fedbench.participation.check_algorithm": (), "fedbench.participation.sample_clients": ()}),
+        "fedbench.axes.participation",
+        {"fedbench.axes.participation.Participation": ("varying", "check"),
+         "fedbench.axes.participation.LocalSteps": ("check",),
+         "fedbench.axes.participation.check_algorithm": (), "fedbench.axes.participation.sample_clients": ()}),
     "server_optimizers": ApiPage(
         "Server optimizer", "the server's step on the round's mean update of `w`, for any algorithm that uploads one "
         "(`ServerOptimizer`: sgd, momentum, adagrad, adam, yogi, Reddi et al.'s form or optax's), how the engine "
-        "applies it, and the rule of which algorithms take it", "fedbench.server_optimizers",
-        {"fedbench.server_optimizers.ServerOptimizer": ("values", "check"),
-         "fedbench.server_optimizers.check_algorithm": (), "fedbench.server_optimizers.updates_of_w": (),
-         "fedbench.server_steps.ServerSteps": ("step", "commit")}),
+        "applies it, and the rule of which algorithms take it", "fedbench.axes.server_optimizers",
+        {"fedbench.axes.server_optimizers.ServerOptimizer": ("values", "check"),
+         "fedbench.axes.server_optimizers.check_algorithm": (), "fedbench.axes.server_optimizers.updates_of_w": (),
+         "fedbench.engine.server_steps.ServerSteps": ("step", "commit")}),
     "transforms": ApiPage(
         "Round transforms", "the uplink and downlink chains: `Transform` (parameters, `apply`, `bits`), the "
-        "registry, a chain's steps, how one is read and checked, the bits of a message", "fedbench.transforms",
-        {"fedbench.transforms.Transform": EVERY, "fedbench.transforms.Compressor": ("compress",),
-         "fedbench.transforms.Step": (),
-         "fedbench.transforms.TRANSFORMS": (), "fedbench.transforms.chain": (), "fedbench.transforms.check_chain": (),
-         "fedbench.transforms.compiled": (), "fedbench.transforms.message_bits": ()}),
+        "registry, a chain's steps, how one is read and checked, the bits of a message", "fedbench.axes.transforms",
+        {"fedbench.axes.transforms.Transform": EVERY, "fedbench.axes.transforms.Compressor": ("compress",),
+         "fedbench.axes.transforms.Step": (),
+         "fedbench.axes.transforms.TRANSFORMS": (), "fedbench.axes.transforms.chain": (),
+         "fedbench.axes.transforms.check_chain": (),
+         "fedbench.axes.transforms.compiled": (), "fedbench.axes.transforms.message_bits": ()}),
     "partitions": ApiPage(
         "Partitions", "splits of a pooled data set over clients: `split` (iid, Dirichlet label skew, label quantity "
         "#C = k, shards), `Partition` with the string a run records, `fingerprint`", "fedbench.data.partitions",

@@ -1,6 +1,6 @@
 """The shape every federated algorithm takes: small functions on batched state, hyperparameters as inputs.
 
-The engine (`fedbench.runs`) owns client sampling, minibatch draws, gathering and scattering of per-client state,
+The engine (`fedbench.engine.runs`) owns client sampling, minibatch draws, gathering and scattering of per-client state,
 each run's random streams, evaluation, communication accounting and divergence. An algorithm says what one round
 does, for R ≥ 1 runs (seeds × grid points; a run alone is R = 1) and the S participating clients of each at once:
 

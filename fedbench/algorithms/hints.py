@@ -40,10 +40,10 @@ class EngineHints:
     @classmethod
     def takes_uneven_steps(cls, hp: Mapping[str, Any]) -> bool:
         """Whether its rounds may give each participant its own number of local steps with these hyperparameters
-        (`federation.local_steps` as a mapping, `fedbench.participation`): its maths reads neither the round's length
-        (`rnd.local_steps`; a client's own count is `rnd.client_steps`) nor its last step (`rnd.is_last_step`) nor the
-        iterations before it (`rnd.iteration`), and its local steps change only entries with a client axis (a client
-        past its count keeps its rows of those). Default False: such a federation is refused at validation.
+        (`federation.local_steps` as a mapping, `fedbench.axes.participation`): its maths reads neither the round's
+        length (`rnd.local_steps`; a client's own count is `rnd.client_steps`) nor its last step (`rnd.is_last_step`)
+        nor the iterations before it (`rnd.iteration`), and its local steps change only entries with a client axis (a
+        client past its count keeps its rows of those). Default False: such a federation is refused at validation.
 
         Args:
             hp: the resolved hyperparameters by name, as Python values.

@@ -63,8 +63,8 @@ class MCFedDA(CFedDA):
 
     @staticmethod
     def _stage(round_index: int, hp) -> int:
-        # the stages begun by round r, counted: `bisect` is C code, which a compiled step (`fedbench.compiling`) cannot
-        # trace
+        # the stages begun by round r, counted: `bisect` is C code, which a compiled step (`fedbench.engine.compiling`)
+        # cannot trace
         return sum(start <= round_index for start in hp.stage_starts) - 1
 
     def stage_round(self, round_index, hp):

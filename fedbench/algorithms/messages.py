@@ -14,9 +14,10 @@ class Upload:
     has no server counterpart, e.g. SCAFFOLD's Δy). A client sends the entry's floats beyond the run and client
     axes (`upload_floats`), which the rows' `comm_up` counts. `all_reduced`: the devices combine it by an all-reduce
     inside the round, so that the entry is `[R, 1, ...]`, the one value every device then holds, not a message per
-    client (the uplink's transforms, `fedbench.transforms`, cannot act on it). `update_of`: the server entry an upload
-    that is an update already (a difference) moves, where the server adds it through a mean (SCAFFOLD's Δy of `w`), so
-    that the federation's server optimizer (`fedbench.server_optimizers`) may act on it as on a new value of `w`.
+    client (the uplink's transforms, `fedbench.axes.transforms`, cannot act on it). `update_of`: the server entry an
+    upload that is an update already (a difference) moves, where the server adds it through a mean (SCAFFOLD's Δy of
+    `w`), so that the federation's server optimizer (`fedbench.axes.server_optimizers`) may act on it as on a new value
+    of `w`.
 
     Example:
         SCAFFOLD uploads two updates, Δy of the model and Δc (Karimireddy et al., ICML 2020, Algorithm 1 line 13):

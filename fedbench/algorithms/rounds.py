@@ -5,7 +5,7 @@ Randomness inside a round goes through the round: `rnd.draw(lambda gen: torch.ra
 each run's own stream of the algorithm (`Algorithm.random_stream`) and stacks the runs' draws on axis 0. What a
 schedule does not define raises (`ScheduleError`): an iteration-wise program's runs are at different rounds, so its
 inner steps have no `rnd.index`, `rnd.iteration` or `rnd.step` (only `rnd.is_last_step`, False there), and draw
-nothing; a round of uneven local work (`fedbench.participation`) has no one length, last step or iteration count.
+nothing; a round of uneven local work (`fedbench.axes.participation`) has no one length, last step or iteration count.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ class Round:
     is always defined; `index` (r, from 0), `iteration` (local iterations before this round), `local_steps` (E, or
     this round's drawn length), `step` (the local step, from 0), `is_last_step` and `client_steps` where the
     schedule defines them, and raise `ScheduleError` where it does not; `draw` where the runs' streams are bound. Where
-    each client takes its own number of local steps (uneven local work, `fedbench.participation`), the round has no
+    each client takes its own number of local steps (uneven local work, `fedbench.axes.participation`), the round has no
     one length: `local_steps`, `iteration` and `is_last_step` are not defined, and `client_steps` holds each client's.
 
     Example:

@@ -13,7 +13,7 @@ g_i is the minibatch gradient of the smooth part; ∂h a subgradient of the regu
 paper's setting; `subgradient: false` drops it as FedAvg's flag does). π̂ is the federation's aggregation (the
 paper's plain mean 1/|S| is `uniform`, the default). The control variates start at 0 (c = 0, c_i = 0); c_i is
 per-client state `[N, d]`, so SCAFFOLD keeps one model-sized vector per client. Where clients take uneven local work
-(`fedbench.participation`), K in option II is each client's own number of steps K_i.
+(`fedbench.axes.participation`), K in option II is each client's own number of steps K_i.
 """
 from __future__ import annotations
 

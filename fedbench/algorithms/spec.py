@@ -40,7 +40,7 @@ class AlgorithmSpec:
     uploads_averaged: ClassVar[bool] = True
     """True (the default): `server_update` takes each upload in only through a mean over the round's clients (with
     `weights`, or uniform: SCAFFOLD's Σ_k Δc_k / N is (S/N) times one), so that a robust aggregation rule
-    (`federation.aggregation: median`, ..., `fedbench.robust`) may stand in for that mean. False where it uses the
+    (`federation.aggregation: median`, ..., `fedbench.axes.robust`) may stand in for that mean. False where it uses the
     clients' values one by one (FeDXL's pools of scores): robust rules are then refused."""
     replicated: ClassVar[tuple[str, ...]] = ()
     """Entries of the message beyond the uploads that every device computes itself after the round's all-reduce

@@ -9,7 +9,7 @@ test shards from the same pool for `digits` (the FEMNIST digits of every writer,
 inverted to MNIST's polarity); from the official training and test splits for `cifar10` (`fedbench.data.cifar10`).
 Pixels in [0, 1].
 
-Model (§5): the MLP input → 80 → ELU → 60 → ELU → 10 (`fedbench.models.MLP`, PyTorch's default initialisation,
+Model (§5): the MLP input → 80 → ELU → 60 → ELU → 10 (`fedbench.networks.mlp.MLP`, PyTorch's default initialisation,
 float32), mean softmax cross-entropy of a user's minibatch.
 
 Metrics of the global model w (§5): every user adapts it by one SGD step of size `adapt_step` (α) on a batch of
@@ -31,7 +31,7 @@ from torch import Tensor
 from fedbench.data import cifar10, pfl_images
 from fedbench.hparams import Param, ParamError
 from fedbench.metrics import Metric
-from fedbench.models import MLP
+from fedbench.networks.mlp import MLP
 from fedbench.problems.base import Layout
 from fedbench.problems.classification import ImageClassification
 from fedbench.prox import NoRegularizer

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 from torch.func import vmap
 
-from fedbench.models import MLP
+from fedbench.networks.mlp import MLP
 from fedbench.oracle import Oracle
 from fedbench.problems.full_data import FULL_DATA_CHUNK, FullDataOracles
 from fedbench.problems.sampling import ClientRows, padded_rows
@@ -342,7 +342,7 @@ class Problem(ProblemSpec, ClientRows, FullDataOracles):
 
     def evaluate_runs(self, ws: Tensor, personals: Tensor | None = None) -> list[dict[str, float]]:
         """The metrics of K runs' models (`ws` `[K, d]`, `personals` `[K, N, d]`), e.g. the runs of a batch
-        (`fedbench.runs`). Default: one `evaluate` each; a problem overrides it to evaluate all runs in one pass
+        (`fedbench.engine.runs`). Default: one `evaluate` each; a problem overrides it to evaluate all runs in one pass
         over its data.
 
         Example:
@@ -375,8 +375,8 @@ class Problem(ProblemSpec, ClientRows, FullDataOracles):
         raise NotImplementedError(f"{self.name} does not evaluate personal models")
     def parameters(self, w: Tensor) -> dict[str, Tensor]:
         """A model `[d]` in the problem's own shapes, by name (views of `w`; a saved model's `parameters`,
-        `fedbench.saved`): the layers of its MLP (`layer1.weight` `[in, out]`, `layer1.bias` `[out]`, ...) where it
-        has one, else the vector itself as `w`.
+        `fedbench.engine.saved`): the layers of its MLP (`layer1.weight` `[in, out]`, `layer1.bias` `[out]`, ...) where
+        it has one, else the vector itself as `w`.
 
         Example:
             A problem whose model is one matrix, without an intercept:

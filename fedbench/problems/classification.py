@@ -1,4 +1,4 @@
-"""What the image-classification problems share (`digits`, `ab_users`): an MLP (`fedbench.models.MLP`) on flat
+"""What the image-classification problems share (`digits`, `ab_users`): an MLP (`fedbench.networks.mlp.MLP`) on flat
 parameters, clients whose training rows are contiguous in `x_train` `[n, pixels]` / `y_train`, test rows in
 `x_test` / `y_test` with each row's client in `train_owner` / `test_owner`; minibatches with padding rows −1
 (zero weight) for clients that cap them at n_k; the mean softmax cross-entropy of a client's batch, its
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedbench.models import MLP, own_data_scores
+from fedbench.networks.mlp import MLP, own_data_scores
 from fedbench.problems.base import Problem, padded_rows
 
 EVAL_CHUNK = 8192  # samples per evaluation pass: ~26 MB of float32 MNIST-size features, whatever the data size

@@ -43,7 +43,7 @@ The standardised features are stored as float32 (26 MB per 10,000 images; ≤ 22
 measured against uint8 pixels standardised per use, a gathered batch costs the same (~0.1 ms for S·b = 200
 rows) and an evaluation chunk of 8192 rows ~4 ms less.
 
-Model and loss (§4.3): the MLP 784 → `hidden` (100) → 10 with ReLU (`fedbench.models.MLP`, PyTorch's
+Model and loss (§4.3): the MLP 784 → `hidden` (100) → 10 with ReLU (`fedbench.networks.mlp.MLP`, PyTorch's
 default initialisation), mean softmax cross-entropy of a client's minibatch; h = `lam` Σ_g ‖W_g‖₂
 (`fedbench.prox.GroupL2`; the paper's "ℓ2 norm function on the weights" leaves the groups and the weight open)
 over one group per weight matrix (`scope: per_tensor`) or one group of all weight entries (`global`); biases
@@ -73,7 +73,7 @@ from torch import Tensor
 from fedbench.data import femnist
 from fedbench.hparams import Param, ParamError
 from fedbench.metrics import Metric
-from fedbench.models import MLP
+from fedbench.networks.mlp import MLP
 from fedbench.problems.base import Layout
 from fedbench.problems.classification import EVAL_CHUNK, ImageClassification
 from fedbench.prox import GroupL2

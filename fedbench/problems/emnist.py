@@ -35,7 +35,7 @@ from torch import Tensor
 from fedbench.data import femnist
 from fedbench.hparams import Param, ParamError
 from fedbench.metrics import Metric
-from fedbench.models import MLP, own_data_scores
+from fedbench.networks.mlp import MLP, own_data_scores
 from fedbench.problems.base import Layout, Problem, padded_rows
 from fedbench.prox import L1
 

@@ -44,7 +44,7 @@ Model: a score h = σ(s(w, x)) ∈ [0, 1] (the sigmoid output of the released co
 or an MLP d → hidden → 1 (ReLU) on feature vectors; on CIFAR-10 images a deep network with one output
 (`model`: a shipped network such as `niid_cnn_cifar` or `resnet18_gn`, the paper's ResNet-18 with GroupNorm in
 place of BatchNorm, built for one class, or `file.py:Class`), run on flat parameter vectors by
-`fedbench.module_model.ModuleModel` in the `layout` `auto` picks from the measured table (`vmap` or `loop`, the
+`fedbench.networks.module_model.ModuleModel` in the `layout` `auto` picks from the measured table (`vmap` or `loop`, the
 same numbers to float32 rounding). A network with dropout is refused (no masks are drawn here), and so is one
 with BatchNorm (`fedbench.networks.check_module`). Parameters are one flat vector, evaluated for all sampled
 clients at once.
@@ -78,8 +78,8 @@ from torch import Tensor
 
 from fedbench.data import images
 from fedbench.metrics import partial_auc
-from fedbench.models import MLP
-from fedbench.module_model import ModuleModel, choose_layout
+from fedbench.networks.mlp import MLP
+from fedbench.networks.module_model import ModuleModel, choose_layout
 from fedbench.oracle import RunAxisOracle
 from fedbench.problems import pauc_data
 from fedbench.problems.base import Problem
@@ -147,7 +147,7 @@ class PartialAUC(PartialAUCSpec, Problem):
         self.regularizer = NoRegularizer()
 
     def choices(self) -> dict[str, str]:
-        """A network's layout over the clients (`fedbench.module_model`), `auto`'s choice marked so."""
+        """A network's layout over the clients (`fedbench.networks.module_model`), `auto`'s choice marked so."""
         if self.config["model"] in FEATURE_MODELS:
             return {}
         return {"layout": self.layout_name + (" (auto)" if self.config["layout"] == "auto" else "")}

@@ -10,8 +10,8 @@ import torch
 from fedbench.data import cifar10, femnist
 from fedbench.hparams import Param, ParamError
 from fedbench.metrics import Metric
-from fedbench.module_model import LAYOUTS, ModuleModel
 from fedbench.networks import check_module, refused
+from fedbench.networks.module_model import LAYOUTS, ModuleModel
 from fedbench.problems import pauc_data
 from fedbench.problems.spec import Layout, ProblemSpec
 from fedbench.problems.vision import AUGMENTATIONS, model_factory, network_code_hashes, network_sources
@@ -67,7 +67,7 @@ class PartialAUCSpec(ProblemSpec):
               "module:Class"),
         Param("hidden", "int", 64, "hidden units of the MLP", low=1),
         Param("layout", "choice", "auto", "a network's clients' forward passes: vmap, a loop inside the program, or "
-              "auto (the measured table, fedbench.module_model)", choices=("auto", *LAYOUTS)),
+              "auto (the measured table, fedbench.networks.module_model)", choices=("auto", *LAYOUTS)),
         Param("augment", "choice", "none", "cifar10: crop_flip, each training image of a step padded by 4, cropped "
               "back at a random offset and mirrored with probability 1/2; none: as stored", choices=AUGMENTATIONS),
         Param("task", "choice", "pauc", "objective: pauc (KL-OPAUC, f = λ log) or auc (symmetric PSM loss, f linear)",

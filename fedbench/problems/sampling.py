@@ -81,7 +81,7 @@ class ClientRows:
 
     def draw_epochs(self, clients: Tensor, epochs: int, steps: int, batch_size: int, gen: torch.Generator) -> Tensor:
         """Row indices of `epochs` passes over each sampled client's samples (`federation.local_steps: {epochs: E}`,
-        `fedbench.participation`): client k's E·n_k picks are its passes one after another, each pass a fresh
+        `fedbench.axes.participation`): client k's E·n_k picks are its passes one after another, each pass a fresh
         uniform permutation of its samples, cut into consecutive batches of b; its last batch is short and its steps
         past ⌈E·n_k / b⌉ are all padding (row −1, weighing nothing in `gather`).
 

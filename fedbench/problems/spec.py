@@ -58,7 +58,7 @@ class ProblemSpec:
     compute_bound_steps: ClassVar[bool] = False
     """True: a local step computes many operations per byte of the rows it gathers (a deep network's convolutions),
     so that on the CPU its runs form one program however large the gather. False (the default): a step reads each
-    gathered row about once (a linear model), and beyond `fedbench.planning.MEMORY_BOUND_RUN_BYTES` a run's steps
+    gathered row about once (a linear model), and beyond `fedbench.engine.planning.MEMORY_BOUND_RUN_BYTES` a run's steps
     are bound by memory traffic, which a batch does not reduce: on the CPU its runs go one after another."""
     size_params: ClassVar[tuple[str, ...]] = ()
     """Config fields a run's memory grows with (`run_bytes`); default none."""
@@ -263,8 +263,8 @@ class ProblemSpec:
     @classmethod
     def shared_by_seeds(cls, config: dict[str, Any]) -> bool:
         """Whether one instance serves every trial seed with this config, so that runs of several seeds can
-        share it (`fedbench.runs`): the data do not follow the seed, and nothing else in the problem does. Default:
-        where the config sets a `data_seed`.
+        share it (`fedbench.engine.runs`): the data do not follow the seed, and nothing else in the problem does.
+        Default: where the config sets a `data_seed`.
 
         Example:
             A problem whose evaluation draws on the trial seed is never shared:

@@ -1,4 +1,4 @@
-"""Federated image classification with a deep network: any torch `nn.Module` (`fedbench.module_model`) on
+"""Federated image classification with a deep network: any torch `nn.Module` (`fedbench.networks.module_model`) on
 Fashion-MNIST, CIFAR-10 or FEMNIST, the clients still one batch of the engine.
 
 Data (from the data root, `FEDBENCH_DATA`, or `path`): Fashion-MNIST's IDX files (`fashion-mnist/`, 60,000 training
@@ -29,7 +29,7 @@ that is not installed is shipped with the Ray job, as a module plugin is), built
 data's shape by its own code. Loss: the mean softmax cross-entropy of a client's minibatch; h = 0; π_k ∝ n_k.
 Initial point: the module's own initialisation, drawn with the run's "init" stream.
 
-Layout (`fedbench.module_model`): `vmap` or `loop`, the same numbers to float32 rounding; `auto` picks by the
+Layout (`fedbench.networks.module_model`): `vmap` or `loop`, the same numbers to float32 rounding; `auto` picks by the
 table `bench/deep_layouts.py` measured for the model (or one of about its size) on the device type. The chosen
 layout is printed when a run starts and tagged on it (`choices`).
 
@@ -58,8 +58,8 @@ from fedbench.data import cifar10, femnist, idx, images
 from fedbench.data.partitions import SCHEMES, Partition
 from fedbench.hparams import Param, ParamError
 from fedbench.metrics import Metric
-from fedbench.module_model import LAYOUTS, ModuleModel, choose_layout
 from fedbench.networks import NETWORKS, check_module, load_network
+from fedbench.networks.module_model import LAYOUTS, ModuleModel, choose_layout
 from fedbench.oracle import Oracle
 from fedbench.problems.base import Layout, Problem, padded_rows
 from fedbench.prox import NoRegularizer

@@ -11,16 +11,18 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any, Optional
 
-from fedbench import axes, checks, plugins, privacy
+from fedbench import plugins
 from fedbench.algorithms import ALGORITHMS
-from fedbench.federation import Federation
+from fedbench.axes import privacy, registry
+from fedbench.axes.participation import LocalSteps
+from fedbench.axes.transforms import LINKS, chain_text
+from fedbench.engine import checks
+from fedbench.engine.federation import Federation
+from fedbench.engine.simulate import Simulation
 from fedbench.hparams import ParamError, PerRound, resolve
 from fedbench.metrics import Metric
-from fedbench.participation import LocalSteps
 from fedbench.problems import PROBLEMS
-from fedbench.simulate import Simulation
 from fedbench.sources import Source
-from fedbench.transforms import LINKS, chain_text
 from .loading import RecipeError, closest, in_bytes
 from .schema import Checkpoints, Dimension, ReportSpec, Resources, TuneSpec, is_seed
 from .trials import Trial, metrics_of, stable_hash
@@ -55,8 +57,8 @@ class Recipe:
     max_runs: int = 2000  # the most runs `fedbench sweep` starts without --yes
     models_every: int = 0  # `tracking.models_every`: a run's model stored every this many rounds (0: the final only)
     delta: Optional[float] = None  # `privacy.delta`: the δ of the rows' ε in runs with DP-FedAvg's noise
-    compile: str = "auto"  # whether runs' local steps are compiled (`fedbench.compiling`)
-    accountant: str = privacy.ACCOUNTANTS[0]  # `privacy.accountant`: what computes the rows' ε (`fedbench.privacy`)
+    compile: str = "auto"  # whether runs' local steps are compiled (`fedbench.engine.compiling`)
+    accountant: str = privacy.ACCOUNTANTS[0]  # `privacy.accountant`: what computes the rows' ε (`axes.privacy`)
 
     @property
     def recipe_hash(self) -> str:
@@ -109,7 +111,7 @@ class Recipe:
                     found, pick = values, key
                     if section == "federation" and key in LINKS:  # a step's value picks one: uplink.0.top_k
                         found, pick = [chain_text(v) for v in values], f"{key}.N.NAME"
-                    elif section == "federation" and key in axes.AXES and not all(
+                    elif section == "federation" and key in registry.AXES and not all(
                             isinstance(v, int) for v in values):  # a field of the mapping, or one of a list whole
                         listed = isinstance(self.document.get("federation", {}).get(key), list)
                         found, pick = [str(v) for v in values], key if listed else f"{key}.NAME"
@@ -160,7 +162,7 @@ class Recipe:
                 raise RecipeError(self.source, "federation.iterations", f"found {iterations} with local_steps "
                                   f"{steps}; expected a multiple of local_steps")
             federation_values["rounds"] = iterations // steps
-        own, held = axes.held_axes(federation_values)
+        own, held = registry.held_axes(federation_values)
         federation = Federation(**own, axes=held)
         problem_config = PROBLEMS[self.problem].resolve_config(problem_values)
         trial = Trial(self.name, self.problem, problem_config, algorithm,
@@ -174,9 +176,9 @@ class Recipe:
 
     def check(self, trial: Trial, read_data: bool = False) -> None:
         """Refuse (RecipeError, naming the recipe field) a trial whose run building would refuse, by the rules the
-        engine applies then (`fedbench.checks.check_run`: the problem's and the algorithm's own, the contract between
-        them, and the federation against the algorithm and the problem's clients as the config declares them, and
-        with `read_data` as the index of the data does), this machine's memory (`check_memory`) and the privacy
+        engine applies then (`fedbench.engine.checks.check_run`: the problem's and the algorithm's own, the contract
+        between them, and the federation against the algorithm and the problem's clients as the config declares them,
+        and with `read_data` as the index of the data does), this machine's memory (`check_memory`) and the privacy
         section (`check_privacy`)."""
         try:
             checks.check_run(PROBLEMS[trial.problem], trial.problem_config, ALGORITHMS[trial.algorithm],
@@ -195,7 +197,7 @@ class Recipe:
 
     def check_privacy(self, trial: Trial) -> None:
         """Refuse a trial whose uplink adds DP-FedAvg's noise without the recipe's `privacy` section, or whose ε cannot
-        be accounted (`fedbench.privacy.check`), at the step's field."""
+        be accounted (`fedbench.axes.privacy.check`), at the step's field."""
         at = privacy.gaussian_step(trial.federation.uplink)
         if at is None:
             return

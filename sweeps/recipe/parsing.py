@@ -13,13 +13,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from fedbench import participation, plugins, privacy, schedules, transforms
+from fedbench import plugins, schedules
 from fedbench.algorithms import ALGORITHMS
-from fedbench.axes import AXES
+from fedbench.axes import participation, privacy, transforms
+from fedbench.axes.registry import AXES
+from fedbench.axes.transforms import LINKS, Step
 from fedbench.hparams import LIST_KINDS, Param, ParamError
 from fedbench.problems import PROBLEMS
 from fedbench.schedules import Schedule
-from fedbench.transforms import LINKS, Step
 from .grid import MAX_RUNS, Recipe, grid_points
 from .loading import RecipeError, apply_overrides, closest, in_words, read_yaml, set_field, shown, unknown
 from .metrics import check_metrics, default_modes
@@ -125,12 +126,11 @@ def _holds_mapping(value: Any) -> bool:
 
 
 def _check_mapping(source: str, path: str, name: str, spec: Any) -> list[Any]:
-    """What a federation's axis `name` (`fedbench.axes.AXES`: adversaries, participation, uneven local steps, ...)
-    makes from its mapping (or, where the axis is `scalar`, its first parameter's value alone,
-    `client_dropout: 0.1`): one, or where a field is given a list (a grid axis, `{fraction: [0.1, 0.2]}`), one for
-    each point of the product of those lists; a list of mappings is a grid axis of them (`[{model: uniform}, {model:
-    cyclic, groups: 4}]`; of `local_steps`, integers E among them; of a scalar axis, its values).
-    Each value is checked at its field's path
+    """What a federation's axis `name` (`fedbench.axes.registry.AXES`: adversaries, participation, uneven local steps,
+    ...) makes from its mapping (or, where the axis is `scalar`, its first parameter's value alone, `client_dropout:
+    0.1`): one, or where a field is given a list (a grid axis, `{fraction: [0.1, 0.2]}`), one for each point of the
+    product of those lists; a list of mappings is a grid axis of them (`[{model: uniform}, {model: cyclic, groups: 4}]`;
+    of `local_steps`, integers E among them; of a scalar axis, its values). Each value is checked at its field's path
     (`federation.adversaries.fraction[1]`, `federation.participation[1].groups`), what they must be together with the
     trial's federation by `Federation.check`."""
     cls, example, scalar = AXES[name].made, AXES[name].example, AXES[name].scalar

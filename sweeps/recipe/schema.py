@@ -11,8 +11,8 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from fedbench.compiling import MODES as COMPILE_MODES
-from fedbench.federation import DIVERGENCE_FACTOR
+from fedbench.engine.compiling import MODES as COMPILE_MODES
+from fedbench.engine.federation import DIVERGENCE_FACTOR
 from .loading import RecipeError, closest, shown, unknown
 
 
@@ -27,7 +27,7 @@ class Resources(StrictModel):
     max_concurrent: Optional[int] = Field(None, ge=1)  # most trials at once (default: as many as the slots hold)
     # (config, seed) runs one Ray trial goes through one after another; auto: enough to keep every slot busy
     pack: Any = "auto"
-    batch_runs: int = Field(64, ge=1)  # most seeds of one configuration run as one program (fedbench.runs); 1: off
+    batch_runs: int = Field(64, ge=1)  # most seeds of one configuration in one program (fedbench.engine.runs); 1: off
 
     @field_validator("gpus_per_trial")
     @classmethod
@@ -200,7 +200,7 @@ class Privacy(StrictModel):
     """Privacy accounting of DP-FedAvg's noise (a `gaussian` step of `federation.uplink`, after a clip): every row of
     such a run has `epsilon`, ε at `delta` after the row's rounds, user-level with one client's data replaced, for the
     fixed number of clients each round draws without replacement (or all of them), by dp-accounting's `accountant`
-    (`fedbench.privacy`). Required where a run adds the noise, refused where none does."""
+    (`fedbench.axes.privacy`). Required where a run adds the noise, refused where none does."""
     delta: float = Field(gt=0, lt=1)  # the δ of (ε, δ)-DP, e.g. 1.0e-5 (below 1/N, the clients' number, by custom)
     # pld: the privacy-loss distribution of the mechanism's dominating pair (tight); rdp: the Rényi DP bound (looser)
     accountant: Literal["pld", "rdp"] = "pld"

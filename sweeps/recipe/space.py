@@ -11,13 +11,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fedbench.algorithms import ALGORITHMS
+from fedbench.axes.participation import READS, LocalSteps, Participation
+from fedbench.axes.robust import Adversaries
+from fedbench.axes.server_optimizers import FORMS, RULES, ServerOptimizer
+from fedbench.axes.transforms import LINKS, TRANSFORMS
 from fedbench.hparams import Param
-from fedbench.participation import READS, LocalSteps, Participation
 from fedbench.problems import PROBLEMS
-from fedbench.robust import Adversaries
 from fedbench.schedules import FIELDS, Schedule
-from fedbench.server_optimizers import FORMS, RULES, ServerOptimizer
-from fedbench.transforms import LINKS, TRANSFORMS
 from .loading import RecipeError, closest, unknown
 from .schema import DISTRIBUTIONS, Dimension
 from .trials import FEDERATION_PARAMS

@@ -11,14 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from fedbench.algorithms import ALGORITHMS
-from fedbench.axes import AXES
-from fedbench.federation import DIVERGENCE_FACTOR, Federation
+from fedbench.axes.privacy import ACCOUNTANTS
+from fedbench.axes.registry import AXES
+from fedbench.axes.transforms import LINKS
+from fedbench.engine.federation import DIVERGENCE_FACTOR, Federation
 from fedbench.hparams import Param, PerRound
 from fedbench.metrics import ENGINE_COLUMNS, Metric, epsilon_metric
 from fedbench.plugins import Source, is_file
-from fedbench.privacy import ACCOUNTANTS
 from fedbench.problems import PROBLEMS
-from fedbench.transforms import LINKS
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Trial:
     # changes what is stored, not the run)
     # the recipe's `privacy.delta` where its uplink adds DP-FedAvg's noise (its rows' `epsilon` is ε at it), else None
     delta: float | None = None
-    compile: str = "auto"  # whether its local steps run compiled (`fedbench.compiling`; not in its config: as the
+    compile: str = "auto"  # whether its local steps run compiled (`engine.compiling`; not in its config: as the
     # device, it changes how the run is computed, its numbers only by rounding)
     accountant: str = ACCOUNTANTS[0]  # the recipe's `privacy.accountant`: what computes its rows' ε (with a δ only)
     # code its problem's config names, carried to the worker (a network file: `Problem.carried_code`); its sha256 is
@@ -130,5 +130,5 @@ def stable_hash(value: Any) -> str:
 # so that a grid over local_steps compares methods at equal work (the FeDXL paper's K ablation).
 FEDERATION_PARAMS = (*Federation.params, Param("iterations", "int", None, "instead of rounds: local iterations per "
                                                "client, rounds = iterations / local_steps", low=1))
-# and the chains, and the axes of the registry (`fedbench.axes.AXES`)
+# and the chains, and the axes of the registry (`fedbench.axes.registry.AXES`)
 FEDERATION_NAMES = {p.name for p in FEDERATION_PARAMS} | {*LINKS, *AXES}

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import fedbench
-from fedbench.simulate import Federation, Simulation, simulate
+from fedbench.engine.simulate import Federation, Simulation, simulate
 from helpers import client_data, full_gradient, initial_point, np_prox
 from loop_reference import loop_simulate
 from small_problems import small_lasso, small_lowrank

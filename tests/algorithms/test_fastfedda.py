@@ -20,8 +20,8 @@ from scipy.optimize import minimize
 
 import fedbench
 from fedbench.algorithms.dual_averaging import cumulative_alpha, dual_averaging_prox
+from fedbench.engine.simulate import Federation, simulate
 from fedbench.prox import L1, Nuclear
-from fedbench.simulate import Federation, simulate
 from helpers import client_data, full_gradient, initial_point, np_prox
 from small_problems import small_lasso, small_lowrank
 
@@ -285,7 +285,7 @@ def test_mc_fedda_restarts_each_stage_at_the_last_iterate():
     problem = small_lasso()
     algorithm = fedbench.make_algorithm("mc_fedda", problem, mu=0.1, gamma=30.0, stage_rounds=[3, 4],
                                         stage_lams=[0.2, 0.05], stage_radii=[50.0, 20.0])
-    from fedbench.simulate import Simulation
+    from fedbench.engine.simulate import Simulation
 
     sim = Simulation(problem, algorithm, Federation(5, 3, 2, 5), seed=0)
     for _ in range(3):

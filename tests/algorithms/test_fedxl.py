@@ -8,9 +8,9 @@ import torch
 import fedbench
 from fedbench.algorithms import ALGORITHMS
 from fedbench.algorithms.xrisk import fedxl2_surrogate, local_pair_surrogate, pair_means, scatter_last
-from fedbench.federation import RoundSampler
+from fedbench.engine.federation import RoundSampler
+from fedbench.engine.simulate import Federation, Simulation
 from fedbench.rng import generator
-from fedbench.simulate import Federation, Simulation
 from sweeps.driving import build_simulation
 from sweeps.recipe import parse
 

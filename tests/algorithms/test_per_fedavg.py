@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from fedbench.algorithms import ALGORITHMS
-from fedbench.federation import RoundSampler
+from fedbench.engine.federation import RoundSampler
+from fedbench.engine.simulate import Federation, simulate
 from fedbench.oracle import Batches
 from fedbench.problems import make_problem
 from fedbench.rng import generator
-from fedbench.simulate import Federation, simulate
 
 CLIENTS, SAMPLES = 3, 20
 ALPHA, BETA = 0.05, 0.1

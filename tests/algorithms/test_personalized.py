@@ -10,8 +10,8 @@ import torch
 
 import fedbench
 from fedbench.algorithms.base import per_client_copies
+from fedbench.engine.simulate import Federation, Simulation, simulate
 from fedbench.rng import generator
-from fedbench.simulate import Federation, Simulation, simulate
 from small_problems import small_lasso, small_lowrank
 
 

@@ -40,9 +40,9 @@ import torch
 import fedbench.reference
 from fedbench.algorithms import ALGORITHMS
 from fedbench.algorithms.pfl_rules import rules
+from fedbench.engine.simulate import Federation, Simulation, simulate
 from fedbench.problems import make_problem
 from fedbench.rng import generator
-from fedbench.simulate import Federation, Simulation, simulate
 
 DEVICES, SAMPLES = 20, 1000
 F_STAR_S1 = 0.280405  # F* of (11) at σ_h = 1.0: L-BFGS on the authors' data, their code's λ = 1e-2/σ_h

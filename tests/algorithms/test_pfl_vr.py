@@ -26,12 +26,12 @@ from scipy.special import expit
 
 from fedbench.algorithms import ALGORITHMS
 from fedbench.algorithms.base import Round
+from fedbench.engine.run_axis import batch_hparams
+from fedbench.engine.simulate import Federation, Simulation, simulate
 from fedbench.oracle import Batches, RunOracle
 from fedbench.problems import make_problem
 from fedbench.reference import solve
 from fedbench.rng import generator
-from fedbench.run_axis import batch_hparams
-from fedbench.simulate import Federation, Simulation, simulate
 
 RTOL = 1e-10
 

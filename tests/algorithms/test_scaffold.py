@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import fedbench
-from fedbench.runs import RoundProgram
-from fedbench.simulate import Federation, Simulation
+from fedbench.engine.runs import RoundProgram
+from fedbench.engine.simulate import Federation, Simulation
 from helpers import assert_same, rows_by_run
 from small_problems import small_lasso
 

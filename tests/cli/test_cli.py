@@ -477,8 +477,8 @@ def words(text: str) -> str:
 
 def test_list_without_a_name_is_an_overview_of_every_entry_by_name():
     from fedbench.algorithms import ALGORITHMS
+    from fedbench.axes.transforms import TRANSFORMS
     from fedbench.problems import PROBLEMS
-    from fedbench.transforms import TRANSFORMS
 
     overview = at_80("list")
     assert overview.exit_code == 0, overview.output

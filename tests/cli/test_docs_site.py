@@ -179,9 +179,9 @@ def test_a_param_added_in_code_appears_on_the_site_with_no_page_edited(tmp_path,
 
 def test_a_federation_axis_the_catalogue_gains_is_in_fedbench_list_and_on_the_schema_page(hook, monkeypatch):
     """`fedbench list` and the reference's recipe page read one catalogue (`sweeps.catalogue.entries`): a mapping
-    registered in `fedbench.axes.AXES`, as a new axis of the federation would be, is listed and documented, with its
+    registered in `fedbench.axes.registry.AXES`, as a new axis of the federation would be, is listed and documented, with its
     fields, with no page edited (issue 61: the hook wrote its own list of the axes)."""
-    from fedbench.axes import AXES, Mapped
+    from fedbench.axes.registry import AXES, Mapped
     from fedbench_sweeps.catalogue import listing
 
     class Probe:

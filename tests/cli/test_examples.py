@@ -27,8 +27,8 @@ from typer.testing import CliRunner
 
 from cli import app
 from fedbench.algorithms import ALGORITHMS
+from fedbench.engine.simulate import Federation, Simulation, run_batch
 from fedbench.problems import PROBLEMS
-from fedbench.simulate import Federation, Simulation, run_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "fedbench-fedopt"

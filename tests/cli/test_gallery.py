@@ -21,7 +21,7 @@ Budget = gallery.Budget
 
 
 def evaluations(rounds: int, eval_every: int) -> int:
-    """The engine's schedule (fedbench.runs): round 0, every `eval_every` rounds, and the last."""
+    """The engine's schedule (fedbench.engine.runs): round 0, every `eval_every` rounds, and the last."""
     return 1 + rounds // eval_every + (rounds % eval_every != 0)
 
 

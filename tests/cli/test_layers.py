@@ -24,9 +24,9 @@ def test_the_project_has_no_import_cycle_and_no_import_up_a_layer():
 def test_type_only_and_function_level_imports_close_cycles_and_go_up_layers(tmp_path):
     files = {"fedbench/__init__.py": "",
              "fedbench/rng.py": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
-                                "    from fedbench.simulate import Simulation\n",
-             "fedbench/simulate.py": "from fedbench import rng\n",
-             "fedbench/saved.py": "def load():\n    from fedbench_sweeps.store import Store\n",
+                                "    from fedbench.engine.simulate import Simulation\n",
+             "fedbench/engine/simulate.py": "from fedbench import rng\n",
+             "fedbench/engine/saved.py": "def load():\n    from fedbench_sweeps.store import Store\n",
              "sweeps/__init__.py": "", "sweeps/store.py": ""}
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(exist_ok=True)
@@ -34,10 +34,10 @@ def test_type_only_and_function_level_imports_close_cycles_and_go_up_layers(tmp_
     done = check(tmp_path)
     assert done.returncode == 1
     lines = done.stdout.splitlines()
-    assert "  fedbench.rng -> fedbench.simulate (typing-level)" in lines
-    assert "  fedbench.simulate -> fedbench.rng (module-level)" in lines
-    assert "upward import: fedbench.rng (foundations) -> fedbench.simulate (engine), typing-level" in lines
-    assert "upward import: fedbench.saved (engine) -> sweeps.store (orchestration), function-level" in lines
+    assert "  fedbench.rng -> fedbench.engine.simulate (typing-level)" in lines
+    assert "  fedbench.engine.simulate -> fedbench.rng (module-level)" in lines
+    assert "upward import: fedbench.rng (foundations) -> fedbench.engine.simulate (engine), typing-level" in lines
+    assert "upward import: fedbench.engine.saved (engine) -> sweeps.store (orchestration), function-level" in lines
 
 
 def test_no_module_over_500_lines_and_no_function_over_60_in_the_package():

@@ -391,8 +391,8 @@ def test_what_crosses_the_network_by_a_hyperparameter_is_what_validate_and_the_r
     chain on the upload the hyperparameters make all-reduced, as building the run refuses it, and accepts the other."""
     import fedbench
     from fedbench import plugins
+    from fedbench.engine.simulate import Federation, Simulation
     from fedbench.hparams import ParamError
-    from fedbench.simulate import Federation, Simulation
 
     (tmp_path / "reducing.py").write_text(REDUCING)
     chained = PROBLEM.replace("batch_size: 5}", "batch_size: 5, uplink: [sign]}")

@@ -112,7 +112,7 @@ REFUSALS = {
 }
 
 
-# -- uplink and downlink chains (fedbench.transforms): each refused at the field that holds what is wrong --------
+# -- uplink and downlink chains (fedbench.axes.transforms): each refused at the field that holds what is wrong --------
 
 FEDAVG = "algorithms: {fedavg: {}}\n"
 CHAINS = {  # id: (recipe, the field path, a phrase of the line)
@@ -157,7 +157,7 @@ def test_a_chain_is_refused_on_an_upload_it_cannot_take_and_in_an_algorithms_own
     assert invoke("validate", write(tmp_path, fine)).exit_code == 0
 
 
-# -- robust aggregation and adversaries (fedbench.robust): each refused at its field -------------------------------
+# -- robust aggregation and adversaries (fedbench.axes.robust): each refused at its field -------------------------------
 
 ROBUST = {  # id: (federation fields, the field path, a phrase of the line)
     "unknown rule": ("aggregation: medain", "federation.aggregation", "found 'medain'"),
@@ -206,7 +206,7 @@ def test_a_rule_is_refused_where_the_server_takes_no_mean_of_messages_per_client
     assert invoke("validate", write(tmp_path, fine)).exit_code == 0
 
 
-# -- participation models and uneven local work (fedbench.participation): each refused at its field ---------------
+# -- participation models and uneven local work (fedbench.axes.participation): each refused at its field ---------------
 
 PARTICIPATION = {  # id: (federation fields after batch_size, or local_steps in place of E; the field path; a phrase)
     "cyclic without groups": ("participation: {model: cyclic}", "federation.participation.groups",

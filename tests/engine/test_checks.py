@@ -1,18 +1,18 @@
-"""`fedbench.checks`: the build-time rules listed once. A run's record (the engine) and a recipe's validator refuse
+"""`fedbench.engine.checks`: the build-time rules listed once. A run's record (the engine) and a recipe's validator refuse
 the same faults with the same message at the same field path (`Refusal.path`), for rules of each kind: the federation
 against the algorithm's uploads, its participation, the server optimizer, a registered axis's own rule
-(`fedbench.axes`), the federation's fields against the problem's clients, and a minibatch size an algorithm's
+(`fedbench.axes.registry`), the federation's fields against the problem's clients, and a minibatch size an algorithm's
 hyperparameter sets (at the algorithm's field)."""
 from __future__ import annotations
 
 import pytest
 
 import fedbench
-from fedbench.checks import Refusal, check_run
-from fedbench.client_dropout import ClientDropout
+from fedbench.axes.client_dropout import ClientDropout
+from fedbench.engine.checks import Refusal, check_run
+from fedbench.engine.simulate import Federation, Simulation
 from fedbench.hparams import resolve
 from fedbench.problems import PROBLEMS
-from fedbench.simulate import Federation, Simulation
 from helpers import invoke, refused
 from small_problems import small_lasso
 

@@ -1,4 +1,4 @@
-"""Local steps compiled with torch.compile (`fedbench.compiling`, the recipe field `compile`): the same rows as eager
+"""Local steps compiled with torch.compile (`fedbench.engine.compiling`, the recipe field `compile`): the same rows as eager
 up to rounding, for algorithms whose steps read the round's Python values (Fast-FedDA's t, MC-FedDA's stage), a step
 size scheduled by round, a batch of runs with per-run step sizes, a run leaving its batch, an iteration-wise program
 and a personalized method; `auto`
@@ -17,12 +17,13 @@ import json
 import pytest
 
 import fedbench
-from fedbench import compiling, schedules
-from fedbench.compiling import Measured
-from fedbench.planning import why_not_batchable
+from fedbench import schedules
+from fedbench.engine import compiling
+from fedbench.engine.compiling import Measured
+from fedbench.engine.planning import why_not_batchable
+from fedbench.engine.runs import IterationProgram, programs
+from fedbench.engine.simulate import Federation, Simulation, run_batch
 from fedbench.problems.traces import SLOT
-from fedbench.runs import IterationProgram, programs
-from fedbench.simulate import Federation, Simulation, run_batch
 from helpers import how_to_problem, invoke
 from small_problems import small_lasso
 

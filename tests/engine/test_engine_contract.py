@@ -19,13 +19,13 @@ from fedbench.algorithms import ALGORITHMS
 from fedbench.algorithms.base import coin_flips_to_success
 from fedbench.algorithms.fedavg import FedAvg
 from fedbench.contract import CAPABILITIES, IncompatibleError
+from fedbench.engine.simulate import Federation, Simulation, simulate
 from fedbench.hparams import Param
 from fedbench.oracle import Minibatch, RunOracle
 from fedbench.problems import PROBLEMS, traces
 from fedbench.problems.base import Problem
 from fedbench.problems.traces import SLOT
 from fedbench.rng import generator
-from fedbench.simulate import Federation, Simulation, simulate
 from helpers import how_to_problem, npz_problem, write_npz
 from small_problems import small_lasso, small_lowrank
 from sweeps.driving import build_simulation
@@ -451,7 +451,7 @@ PROBLEM_CASES = {
 @pytest.mark.parametrize("case, intercept", [*((case, False) for case in PROBLEM_CASES), ("lasso", True),
                                              ("lowrank", True)])
 def test_a_models_named_parameters_are_its_coordinates_each_once(case, intercept, tmp_path):
-    """`Problem.parameters` (what a saved model holds by name, `fedbench.saved`) views every coordinate of w once, in
+    """`Problem.parameters` (what a saved model holds by name, `fedbench.engine.saved`) views every coordinate of w once, in
     order: a sweep saves every run's model this way, and a view that misses the intercept failed every run of the
     pFedFBE matrix-completion recipe."""
     config = PROBLEM_CASES[case](tmp_path)

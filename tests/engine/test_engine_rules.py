@@ -1,4 +1,4 @@
-"""The rules the engine enforces instead of documenting them (`fedbench.algorithms.base`, `fedbench.runs`):
+"""The rules the engine enforces instead of documenting them (`fedbench.algorithms.base`, `fedbench.engine.runs`):
 randomness inside a round goes through `rnd.draw`, bound to each run's stream; a round refuses what its schedule
 does not define (no placeholder values); every oracle method of a problem is lifted over the run axis without
 being listed anywhere; hyperparameters arrive as inputs, shaped to broadcast."""
@@ -11,9 +11,9 @@ import fedbench
 from fedbench.algorithms.base import HParams, Round, ScheduleError
 from fedbench.algorithms.fedavg import FedAvg
 from fedbench.algorithms.scd_pfl import SCDPFL
+from fedbench.engine.runs import IterationProgram, RoundProgram
+from fedbench.engine.simulate import Federation, Simulation
 from fedbench.oracle import Oracle, RunOracle
-from fedbench.runs import IterationProgram, RoundProgram
-from fedbench.simulate import Federation, Simulation
 from helpers import SEEDS, curves_alone, pfl, rows_by_run
 from small_problems import small_lasso
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import fedbench
+from fedbench.engine.simulate import Federation, Simulation, run_batch, run_seeds
 from fedbench.reference import minimize
-from fedbench.simulate import Federation, Simulation, run_batch, run_seeds
 from helpers import CASES, FLOAT32, SEEDS, assert_same, curves_alone, rows_by_run
 from small_problems import small_lasso
 from sweeps.driving import drive_batch
@@ -47,7 +47,7 @@ def test_memory_bound_runs_on_the_gpu_still_form_one_program(monkeypatch):
     that size is bound by kernel launches, which the batch shares (FedMiD on Bao et al.'s Lasso, R = 16: see
     docs/how-to/gpu.md). So the runs form one program, each with its curve alone."""
     problem, federation = small_lasso(device="cuda"), Federation(6, 3, 2, 5)
-    monkeypatch.setattr(fedbench.planning, "MEMORY_BOUND_RUN_BYTES", 0)  # every step "memory-bound"
+    monkeypatch.setattr(fedbench.engine.planning, "MEMORY_BOUND_RUN_BYTES", 0)  # every step "memory-bound"
 
     def sims():
         return [Simulation(problem, fedbench.make_algorithm("fedmid", problem), federation, seed, 2) for seed in SEEDS]
@@ -57,7 +57,7 @@ def test_memory_bound_runs_on_the_gpu_still_form_one_program(monkeypatch):
                 rows_by_run(run_batch(sims()), len(SEEDS)), CASES["fedmid"][3])
 
 
-ROBUST = {  # robust rules and attacks (`fedbench.robust`) on the device: the gaussian attack's draws made on the host
+ROBUST = {  # robust rules and attacks (`fedbench.axes.robust`) on the device: the gaussian attack's draws made on the host
     "median, gaussian": Federation(9, 5, 3, 5, aggregation="median", adversaries={"fraction": 0.25,
                                                                                   "attack": "gaussian"}),
     "krum, sign_flip": Federation(9, 5, 3, 5, aggregation="krum", adversaries={"fraction": 0.25, "scale": 4.0}),
@@ -72,7 +72,7 @@ def test_robust_rules_and_attacks_run_on_the_gpu_as_on_the_cpu_and_batched_as_al
     assert_same(on_gpu, run_seeds(small_lasso(device="cuda"), "fedavg", federation, SEEDS, eval_every=3, **hp), 1e-12)
 
 
-PARTICIPATION = {  # participation models and uneven local work (`fedbench.participation`): masks drawn on the host
+PARTICIPATION = {  # participation models and uneven local work (`fedbench.axes.participation`): masks drawn on the host
     "scaffold, bernoulli, uneven": ("scaffold", Federation(9, 3, {"distribution": "uniform", "low": 1, "high": 4}, 5,
                                                            participation={"model": "bernoulli", "p": 0.3})),
     "fedavg, markov": ("fedavg", Federation(9, 3, 2, 5, participation={"model": "markov", "p_on": 0.3, "p_off": 0.4})),

@@ -1,4 +1,4 @@
-"""The run axis (`fedbench.runs`): R runs of one configuration with different seeds as one program give each run's
+"""The run axis (`fedbench.engine.runs`): R runs of one configuration with different seeds as one program give each run's
 curve as it is alone, and a run that diverges or fails inside a batch leaves the others' curves unchanged.
 
 Identity, per algorithm written for the run axis (`helpers.CASES`): bit for bit where every reduction of a round
@@ -22,10 +22,10 @@ import torch
 import fedbench
 from fedbench.algorithms.l2sgd_plus import L2SGDPlus
 from fedbench.algorithms.pfl_rules import rules
+from fedbench.engine.planning import NotBatchable, step_bytes, why_not_batchable
+from fedbench.engine.runs import IterationProgram, RoundProgram, programs
+from fedbench.engine.simulate import Federation, Simulation, run_batch, run_seeds
 from fedbench.metrics import ENGINE_COLUMNS
-from fedbench.planning import NotBatchable, step_bytes, why_not_batchable
-from fedbench.runs import IterationProgram, RoundProgram, programs
-from fedbench.simulate import Federation, Simulation, run_batch, run_seeds
 from helpers import CASES, FLOAT32, PAIRS, SEEDS, SMALL_BATCHES, assert_same, curves_alone, pauc, pfl, rows_by_run
 from small_problems import small_lasso, small_lowrank
 from sweeps.driving import drive_batch
@@ -48,7 +48,7 @@ def test_a_batch_run_in_chunks_gives_each_run_its_curve_alone(monkeypatch):
     """Batches beyond the gather budget go through each round in chunks of runs, every chunk from the state at the
     round's start: FeDXL2's score pools change size in its first round (every sample's score, then the last rounds'
     records), which a chunk must not read from the one before it."""
-    monkeypatch.setattr(fedbench.round_wise, "GATHER_BUDGET", 1)  # one run per chunk
+    monkeypatch.setattr(fedbench.engine.round_wise, "GATHER_BUDGET", 1)  # one run per chunk
     problem = pauc()
     alone = curves_alone(problem, "fedxl2", PAIRS, {"client_lr": 0.5}, SEEDS)
     batch = RoundProgram([Simulation(problem, fedbench.make_algorithm("fedxl2", problem, client_lr=0.5), PAIRS, seed, 3)
@@ -63,7 +63,7 @@ def test_memory_bound_runs_go_one_after_another(monkeypatch):
     problem, federation = small_lasso(), Federation(6, 3, 2, 5)
     sims = [Simulation(problem, fedbench.make_algorithm("fedmid", problem), federation, seed, 2) for seed in SEEDS]
     assert step_bytes(sims[0]) == 3 * 5 * 30 * 8  # S·b rows of p = 30 float64 features
-    monkeypatch.setattr(fedbench.planning, "MEMORY_BOUND_RUN_BYTES", 3 * 5 * 30 * 8 - 1)
+    monkeypatch.setattr(fedbench.engine.planning, "MEMORY_BOUND_RUN_BYTES", 3 * 5 * 30 * 8 - 1)
     order = [i for i, _ in run_batch(sims)]
     assert order == sorted(order)  # run 0 to its end, then run 1, ...
     assert [sim.status for sim in sims] == ["finished"] * len(SEEDS)
@@ -420,7 +420,7 @@ def test_rows_drawn_ahead_a_few_iterations_at_a_time(monkeypatch, name):
     """An iteration-wise program draws its runs' rows ahead, here 7 iterations at a time: the draws that fall in the
     middle of rounds still give every run its rows alone."""
     problem, federation = pfl(), Federation(6, 0, 1, 1)
-    monkeypatch.setattr(fedbench.iteration_wise, "STREAM_BYTES", 8 * problem.num_clients * len(SEEDS) * 7)
+    monkeypatch.setattr(fedbench.engine.iteration_wise, "STREAM_BYTES", 8 * problem.num_clients * len(SEEDS) * 7)
     sims = [Simulation(problem, fedbench.make_algorithm(name, problem), federation, seed, 2) for seed in SEEDS]
     [(_, batch)] = programs(sims)
     assert batch.ahead_steps == 7
@@ -432,7 +432,7 @@ def test_rows_drawn_ahead_a_few_iterations_at_a_time(monkeypatch, name):
 def test_a_step_size_grid_of_a_block_method_plans_one_program():
     """ASCD-PFL's η grid with two seeds on S1's data (which do not follow the seed): the six runs differ only in
     per-run hyperparameters, so that the sweep plans them as one program; a grid over a choice does not."""
-    from fedbench.planning import plan
+    from fedbench.engine.planning import plan
     from sweeps.recipe import parse
 
     def planned(algorithms):

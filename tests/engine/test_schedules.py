@@ -13,13 +13,13 @@ import torch
 
 import fedbench
 from fedbench.algorithms.l2sgd_plus import L2SGDPlus
-from fedbench.federation import RoundSampler
+from fedbench.engine.federation import RoundSampler
+from fedbench.engine.planning import plan, why_not_batchable
+from fedbench.engine.runs import IterationProgram, programs
+from fedbench.engine.simulate import Federation, Simulation, run_batch
 from fedbench.hparams import HParams, Param, ParamError
-from fedbench.planning import plan, why_not_batchable
 from fedbench.rng import generator
-from fedbench.runs import IterationProgram, programs
 from fedbench.schedules import BadField, Constant, Cosine, Exponential, InverseSqrt, Step, make
-from fedbench.simulate import Federation, Simulation, run_batch
 from helpers import assert_same, interrupted, invoke, np_prox, pfl, refused, rows_by_run, rows_of
 from small_problems import small_lasso
 from sweeps.recipe import assigned, load

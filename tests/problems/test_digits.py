@@ -11,11 +11,11 @@ import torch.nn.functional as F
 
 import fedbench
 from fedbench.data import femnist
+from fedbench.engine.simulate import Federation, Simulation
 from fedbench.metrics import ENGINE_COLUMNS
 from fedbench.problems.base import Problem
 from fedbench.problems.digits import CLASSES, FIRST_PER_PAIR, STD_EPS, client_labels, pfedme_counts
 from fedbench.rng import generator
-from fedbench.simulate import Federation, Simulation
 from helpers import write_npz
 
 HIDDEN = 6  # a small MLP keeps the tests fast; the default (100) is exercised on the shipped sample

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 
 import fedbench
 from fedbench.data import femnist
+from fedbench.engine.simulate import Federation, Simulation
 from fedbench.hparams import Param
-from fedbench.simulate import Federation, Simulation
 from helpers import grey_levels, npz_problem, write_npz
 
 # Labels per writer, (train, test): under the defaults (min_train 10, min_test 1) EMNIST-10 keeps w3 and w4

@@ -14,9 +14,9 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 import fedbench
+from fedbench.engine.simulate import Federation, Simulation
 from fedbench.metrics import partial_auc
 from fedbench.rng import generator
-from fedbench.simulate import Federation, Simulation
 
 
 def small(**config):

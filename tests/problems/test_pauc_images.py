@@ -12,10 +12,10 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 import fedbench
 from fedbench.data import cifar10
-from fedbench.federation import RoundSampler
+from fedbench.engine.federation import RoundSampler
+from fedbench.engine.simulate import Federation, Simulation
 from fedbench.networks import NETWORKS
 from fedbench.rng import generator
-from fedbench.simulate import Federation, Simulation
 from helpers import invoke, refused
 
 SMALL = dict(preset="guo2023_cifar10", model="niid_cnn_cifar", clients=4, train_size=1200, val_size=200,

@@ -222,8 +222,8 @@ def test_image_problem_block_gradients_and_a_few_ascd_rounds(objective):
     import torch
 
     from fedbench.algorithms import ALGORITHMS
+    from fedbench.engine.simulate import Federation, simulate
     from fedbench.problems import make_problem
-    from fedbench.simulate import Federation, simulate
 
     shipped("fashion-mnist")
     problem = make_problem("pfl_images", objective=objective, classes=2, train=10, test=20)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import fedbench
+from fedbench.engine.simulate import Federation, Simulation, simulate
 from fedbench.rng import generator, largest_keys
-from fedbench.simulate import Federation, Simulation, simulate
 from small_problems import small_lasso, small_lowrank
 
 
@@ -329,7 +329,7 @@ def test_aggregation_weights_enter_the_server_average():
     Federation(10, 3, 1, 0),
     Federation(10, 3, 0, 5),
     Federation(-1, 3, 1, 5),
-    Federation(10, 3, 1, 5, aggregation="average"),  # no such rule (median is one, fedbench.robust)
+    Federation(10, 3, 1, 5, aggregation="average"),  # no such rule (median is one, fedbench.axes.robust)
 ])
 def test_federation_check_rejects_invalid_settings(federation):
     """(clients_per_round 0 is valid: every client, see below.)"""

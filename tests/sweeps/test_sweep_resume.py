@@ -29,7 +29,7 @@ seeds: 2
 eval_every: 500
 resources: {pack: 1}
 """
-# The same with shared data: the seeds of each fedmid configuration run as one program (fedbench.runs), three
+# The same with shared data: the seeds of each fedmid configuration run as one program (fedbench.engine.runs), three
 # programs of three runs, so the kill lands while whole batches have finished and another is running.
 BATCHED = """\
 name: resume

@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
 from cli import app
-from fedbench.transforms import Step, index_bits, kept_count
+from fedbench.axes.transforms import Step, index_bits, kept_count
 from helpers import invoke, refused
 from sweeps.driving import build_simulation, drive
 from sweeps.recipe import assigned, load

@@ -1,0 +1,93 @@
+"""Client dropout (`federation.client_dropout: p`, `fedbench.axes.client_dropout`), an axis of the registry
+`fedbench.axes.registry.AXES`: p = 0 is the run without the axis bit for bit (rows, iterate, configuration); p = 1 leaves the
+server's iterate where it started; for 0 < p < 1 FedAvg's iterates equal a loop over the sampled clients in NumPy
+that drops each with the same coins (drawn from the run's "client-dropout" stream); a p outside [0, 1] is refused in
+one line at its field; `fedbench list` shows it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import fedbench
+from fedbench.axes.client_dropout import ClientDropout
+from fedbench.engine.simulate import Federation, Simulation
+from fedbench.rng import generator
+from helpers import initial_point, invoke, np_local, refused
+from small_problems import small_lasso
+from test_participation import HP, Replayed
+
+BASE = dict(rounds=6, clients_per_round=3, local_steps=2, batch_size=4)
+
+
+def fedavg_run(federation: Federation, seed: int = 3) -> Simulation:
+    problem = small_lasso()
+    return Simulation(problem, fedbench.make_algorithm("fedavg", problem, **HP), federation, seed, eval_every=2)
+
+
+def test_p_zero_is_the_run_without_the_axis_bit_for_bit():
+    without, with_zero = Federation(**BASE), Federation(**BASE, axes=(ClientDropout(0.0),))
+    plain, dropped = fedavg_run(without), fedavg_run(with_zero)
+    rows_plain, rows_zero = list(plain), list(dropped)
+    assert rows_plain == rows_zero
+    assert torch.equal(plain.server["w"], dropped.server["w"])
+    assert without.config() == with_zero.config()
+
+
+def test_p_one_leaves_the_server_iterate_unchanged_and_counts_no_upload():
+    sim = fedavg_run(Federation(**BASE, axes=(ClientDropout(1.0),)))
+    start = sim.server["w"].clone()
+    rows = list(sim)
+    assert torch.equal(sim.server["w"], start) and sim.status == "finished"
+    assert rows[-1]["comm_up"] == 0 and rows[-1]["round"] == BASE["rounds"]
+
+
+@pytest.mark.parametrize("p", [0.3, 0.7])
+def test_fedavg_with_dropout_equals_a_loop_over_the_uploading_clients_in_numpy(p):
+    problem, seed = small_lasso(), 5
+    federation = Federation(**BASE, axes=(ClientDropout(p),))
+    sim = Simulation(problem, fedbench.make_algorithm("fedavg", problem, **HP), federation, seed)
+    replayed, coins = Replayed(problem, federation, seed), generator(seed, "client-dropout")
+    w, uploads = initial_point(problem, seed), []
+    for index in range(federation.rounds):
+        chosen, _, rows = replayed.round(index)
+        kept = (torch.rand(len(chosen), generator=coins, dtype=torch.float64) >= p).tolist()
+        updates = [np_local(problem, "fedavg", w, rows[:, slot], HP) - w for slot in range(len(chosen)) if kept[slot]]
+        if updates:  # the mean over the clients that uploaded; none: w stays
+            w = w + HP["server_lr"] * np.mean(updates, axis=0)
+        uploads.append(len(updates))
+        sim.run_round()
+        np.testing.assert_allclose(sim.server["w"].numpy(), w, rtol=1e-12, atol=1e-12)
+        assert sim.comm_up == sum(uploads) * problem.dim
+    assert 0 < sum(uploads) < len(uploads) * BASE["clients_per_round"]  # some dropped, some uploaded
+
+
+def test_a_p_outside_the_unit_interval_is_refused_in_one_line_at_its_field(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("problem: {name: lasso, clients: 8, samples_per_client: 20, dim: 30, support: 10}\n"
+                      "federation: {rounds: 2, clients_per_round: 3, client_dropout: [0.2, 1.5]}\n"
+                      "algorithms: {fedavg: {client_lr: 0.01}}\n")
+    first = refused(invoke("validate", recipe), "federation.client_dropout[1]", "found 1.5")
+    assert first == f"error: {recipe}: federation.client_dropout[1]: expected float in [0, 1], found 1.5"
+
+
+def test_a_robust_rule_with_dropout_is_refused_at_its_field(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("problem: {name: lasso, clients: 8, samples_per_client: 20, dim: 30, support: 10}\n"
+                      "federation: {rounds: 2, clients_per_round: 3, aggregation: median, client_dropout: 0.2}\n"
+                      "algorithms: {fedavg: {client_lr: 0.01}}\n")
+    refused(invoke("validate", recipe), "federation.client_dropout", "found 0.2 with aggregation median")
+
+
+def test_a_recipe_grid_over_p_makes_one_run_each_and_fedbench_list_shows_it(tmp_path):
+    from fedbench_sweeps.recipe import load
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("problem: {name: lasso, clients: 8, samples_per_client: 20, dim: 30, support: 10}\n"
+                      "federation: {rounds: 2, clients_per_round: 3, client_dropout: [0.0, 0.25]}\n"
+                      "algorithms: {fedavg: {client_lr: 0.01}}\nseeds: 1\n")
+    trials = load(recipe).trials()
+    assert [trial.federation.axes for trial in trials] == [(ClientDropout(0.0),), (ClientDropout(0.25),)]
+    assert "client_dropout" not in trials[0].config()["federation"]  # p = 0: recorded as the run without it
+    assert trials[1].config()["federation"]["client_dropout"] == 0.25
+    listed = invoke("list", "federation.client_dropout")
+    assert listed.exit_code == 0 and "p: float = 0.0" in listed.output, listed.output
