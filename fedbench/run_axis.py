@@ -135,6 +135,10 @@ class RoundDraws:
         slots = Slots(stacked([draw.clients for draw in draws]), participants, sizes, dtype,
                       None if present is None else present.to(device), None if counts is None else counts.to(device),
                       least, everyone)
+        lost = _stacked_lost(draws)
+        if lost is not None:  # uploads that go missing (a client dropout): whose the server hears, by run on the host
+            heard = ~lost if present is None else present & ~lost
+            slots.lose(lost.to(device), heard.sum(-1).tolist())
         return cls(slots, rows, steps, lengths)
 
     def select(self, positions: list[int], device) -> RoundDraws:
@@ -148,6 +152,15 @@ def _stacked_masks(draws: list[Draw], name: str) -> Tensor | None:
     """The runs' `present` or `counts` `[R, S]` on the host (None where the draws have none)."""
     values = [getattr(draw, name) for draw in draws]
     return None if values[0] is None else stacked(values)
+
+
+def _stacked_lost(draws: list[Draw]) -> Tensor | None:
+    """The runs' lost uploads `[R, S]` on the host (`Draw.lost`; a run that loses none: no slot), None where none
+    does."""
+    if all(draw.lost is None for draw in draws):
+        return None
+    return stacked([torch.zeros(len(draw.clients), dtype=torch.bool) if draw.lost is None else draw.lost
+                    for draw in draws])
 
 
 def _padded(rows: Tensor, steps: int) -> Tensor:
