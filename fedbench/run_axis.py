@@ -12,30 +12,11 @@ import torch
 from torch import Tensor
 
 from fedbench.algorithms.base import HParams
+from fedbench.algorithms.maths import per_run
 from fedbench.federation import Draw
 from fedbench.planning import NotBatchable
 from fedbench.record import RunRecord
 from fedbench.slots import Slots
-
-HP_RANK = 3  # float hyperparameters are [R, 1, 1]: they broadcast against [R, 1, d] and [R, S, d]
-
-
-def _is_float(value: Any) -> bool:
-    return isinstance(value, float)
-
-
-def per_run(values: list, dtype: torch.dtype, device) -> Any:
-    """The runs' values of one hyperparameter or derived value: floats as a `[R, 1, 1]` tensor (`[1, 1, 1]` where
-    every run has the same value: it broadcasts alike, and selecting runs then costs nothing), a dataclass of floats
-    as the dataclass of such tensors, anything else the first run's (the runs share it, `why_not_batchable`)."""
-    first = values[0]
-    if dataclasses.is_dataclass(first) and not isinstance(first, type):
-        return dataclasses.replace(first, **{f.name: per_run([getattr(v, f.name) for v in values], dtype, device)
-                                             for f in dataclasses.fields(first)})
-    if _is_float(first):
-        return torch.tensor(values if len(set(values)) > 1 else values[:1], dtype=dtype,
-                            device=device).view(-1, *[1] * (HP_RANK - 1))
-    return first
 
 
 def batch_hparams(sims: list[RunRecord], dtype: torch.dtype, device) -> HParams:
