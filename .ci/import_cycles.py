@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                           "fedbench.server_optimizers", "fedbench.client_dropout", "fedbench.axes",
                           "fedbench.slots")),
     ("federation", ("fedbench.federation",)),
-    ("build-time rules", ("fedbench.checks",)),
+    ("build-time rules", ("fedbench.checks", "fedbench.dry_round")),
     ("run record", ("fedbench.record",)),
     ("engine", ("fedbench.compiling", "fedbench.planning", "fedbench.links", "fedbench.server_steps",
                 "fedbench.narrowed_steps", "fedbench.run_axis", "fedbench.round_wise", "fedbench.iteration_wise",
