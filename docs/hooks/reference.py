@@ -560,10 +560,11 @@ API_PAGES = {
     "participation": ApiPage(
         "Participation and uneven local work", "who takes part in a round (`Participation`: uniform, cyclic, "
         "bernoulli, markov) and each participant's local steps (`LocalSteps`), how the engine batches them, and what "
-        "an algorithm must declare to take them (`Algorithm.takes_uneven_steps`, `rnd.client_steps`)",
+        "what lets an algorithm take them (its dry round, `fedbench.dry_round.takes_uneven_steps`; `rnd.client_steps`)",
         "fedbench.participation",
         {"fedbench.participation.Participation": ("varying", "check"), "fedbench.participation.LocalSteps": ("check",),
-         "fedbench.participation.check_algorithm": (), "fedbench.participation.sample_clients": ()}),
+         "fedbench.participation.check_algorithm": (), "fedbench.participation.sample_clients": (),
+         "fedbench.dry_round.takes_uneven_steps": ()}),
     "server_optimizers": ApiPage(
         "Server optimizer", "the server's step on the round's mean update of `w`, for any algorithm that uploads one "
         "(`ServerOptimizer`: sgd, momentum, adagrad, adam, yogi, Reddi et al.'s form or optax's), how the engine "
