@@ -13,10 +13,11 @@ import torch
 import fedbench
 from fedbench.client_dropout import ClientDropout
 from fedbench.rng import generator
+from fedbench.runs import programs
 from fedbench.simulate import Federation, Simulation
-from helpers import initial_point, invoke, np_local, refused
+from helpers import initial_point, invoke, np_local, refused, rows_by_run
 from small_problems import small_lasso
-from test_participation import HP, Replayed
+from test_participation import HP, UNEVEN, Replayed, simulations
 
 BASE = dict(rounds=6, clients_per_round=3, local_steps=2, batch_size=4)
 
@@ -105,6 +106,17 @@ def test_a_dropped_scaffold_client_trains_and_keeps_its_control_variate_the_serv
         assert sim.comm_up == uploads * 2 * dim  # Δy and Δc of the heard clients
         assert sim.comm_down == (index + 1) * BASE["clients_per_round"] * 2 * dim  # x and c to every sampled client
     assert dropped_moved > 0 and 0 < uploads < federation.rounds * BASE["clients_per_round"]
+
+
+def test_a_program_of_runs_with_dropout_gives_each_run_its_rows_alone_bit_for_bit():
+    """SCAFFOLD under a bernoulli model, uneven local work and dropout: the runs' lost uploads stacked on the run axis
+    (`RoundDraws.of`) and their slots selected (`Slots.select`) as each run alone loses them."""
+    problem = small_lasso()
+    federation = Federation(6, 3, UNEVEN, 5, participation={"model": "bernoulli", "p": 0.6},
+                            axes=(ClientDropout(0.4),))
+    [(runs, program)] = programs(simulations(problem, "scaffold", federation))
+    alone = [list(sim) for sim in simulations(problem, "scaffold", federation)]
+    assert rows_by_run(program, len(runs)) == alone and len(runs) > 1
 
 
 def test_a_p_outside_the_unit_interval_is_refused_in_one_line_at_its_field(tmp_path):
