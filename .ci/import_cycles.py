@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("problems and algorithms", ("fedbench.problems", "fedbench.algorithms")),
     ("round transforms", ("fedbench.axes",)),
     ("federation", ("fedbench.engine.federation",)),
-    ("build-time rules", ("fedbench.engine.checks",)),
+    ("build-time rules", ("fedbench.engine.checks", "fedbench.engine.dry_round")),
     ("run record", ("fedbench.engine.record",)),
     ("engine", ("fedbench.engine",)),
     ("engine API", ("fedbench", "fedbench.plugins")),

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from fedbench import plugins
+from fedbench.engine.dry_round import takes_uneven_steps
 from fedbench.hparams import Param, resolve
 
 TRANSFORM_VALUE = "value its first parameter, or {parameter: value}"  # how a chain's step is written
@@ -54,14 +55,14 @@ def summary_of(cls) -> str:
 
 
 def takes_uneven(cls) -> tuple[bool, list[str]]:
-    """Whether an algorithm takes uneven local work with its default hyperparameters
-    (`Algorithm.takes_uneven_steps`), and the choices that change that (`server_threshold: yuan`)."""
+    """Whether an algorithm takes uneven local work with its default hyperparameters (as its dry round finds it,
+    `fedbench.engine.dry_round.takes_uneven_steps`), and the choices that change that (`server_threshold: yuan`)."""
     defaults = resolve(cls.hparams, {}, cls.name)
-    takes = bool(cls.takes_uneven_steps(defaults))
+    takes = takes_uneven_steps(cls, defaults)
     changed = []
     for p in cls.hparams:
         for value in p.choices if p.kind == "choice" else (True, False) if p.kind == "bool" else ():
-            if value != defaults[p.name] and bool(cls.takes_uneven_steps({**defaults, p.name: value})) != takes:
+            if value != defaults[p.name] and takes_uneven_steps(cls, {**defaults, p.name: value}) != takes:
                 changed.append(f"{p.name}: {str(value).lower() if isinstance(value, bool) else value}")
     return takes, changed
 

@@ -351,17 +351,17 @@ def participation_section(listed: dict) -> list[str]:
     participation, local_steps = listed["federation.participation"], listed["federation.local_steps"]
     return ["## `federation.participation` and uneven `federation.local_steps`", "",
             "`participation` is a mapping of the fields below (generated from "
-            "`fedbench.axes.participation.Participation`), only those its `model` reads, each a grid axis where it "
-            "is a list, e.g. `participation: {model: bernoulli, p: [0.1, 0.5]}` or "
-            "`--set federation.participation.p=[0.1,0.5]`; a "
+            "`fedbench.axes.participation.Participation`), "
+            "only those its `model` reads, each a grid axis where it is a list, e.g. "
+            "`participation: {model: bernoulli, p: [0.1, 0.5]}` or `--set federation.participation.p=[0.1,0.5]`; a "
             "list of such mappings is a grid axis over them; `tune.space` searches a field the model reads, "
             "`federation.participation.p: {uniform: [0.05, 0.5]}`.", "",
             *param_table(participation.params), "",
             "`local_steps` may be a mapping in place of E, uneven local work: `{distribution: uniform, low: 1, high: "
             "10}`, `{counts: [...]}` (one per client) or `{file: steps.npy}` (generated from "
-            "`fedbench.axes.participation.LocalSteps`); `--set federation.local_steps.high=[5,10]` is a grid "
-            "axis inside, `local_steps: [10, {distribution: uniform, low: 1, high: 10}]` one of E beside uneven "
-            "work, and "
+            "`fedbench.axes.participation.LocalSteps`); `--set federation.local_steps.high=[5,10]` is a grid axis "
+            "inside, "
+            "`local_steps: [10, {distribution: uniform, low: 1, high: 10}]` one of E beside uneven work, and "
             "`tune.space` searches `federation.local_steps.low` or `.high` of a drawn count.",
             "", *param_table(local_steps.params), "", module_doc(participation.declared), ""]
 
@@ -372,8 +372,9 @@ def server_optimizer_section(listed: dict) -> list[str]:
     server_optimizer = listed["federation.server_optimizer"]
     return ["## `federation.server_optimizer`", "",
             "`server_optimizer` is a mapping of the fields below (generated from "
-            "`fedbench.axes.server_optimizers.ServerOptimizer`), only those its `name` reads, each a grid "
-            "axis where it is a list, e.g. `server_optimizer: {name: adam, lr: [0.01, 0.1]}` or "
+            "`fedbench.axes.server_optimizers.ServerOptimizer`), only those its `name` reads, each a grid axis where "
+            "it is "
+            "a list, e.g. `server_optimizer: {name: adam, lr: [0.01, 0.1]}` or "
             "`--set federation.server_optimizer.lr=[0.01,0.1]`; a list of such mappings is a grid axis over rules "
             "(`[{name: sgd}, {name: yogi}]`: `sgd` at lr 1 is the algorithm's own server step); the lr may be a "
             "schedule (`lr: {schedule: cosine, init: 0.03, final: 1.0e-3}`, see schedules below); `tune.space` "
@@ -387,9 +388,9 @@ def transforms_section(transforms: list) -> list[str]:
     each transform's paper, its encoding in bits)."""
     lines = ["## `federation.uplink` and `federation.downlink`", "",
              "Lists of transforms of each client's uploads and of the server's broadcast (generated from "
-             "`fedbench.axes.transforms.TRANSFORMS`). An entry is a transform's name (its defaults), "
-             "`{name: value}` (its first parameter) or `{name: {parameter: value}}`; a list as a parameter's value "
-             "is a grid axis, e.g. "
+             "`fedbench.axes.transforms.TRANSFORMS`). An entry is a transform's name (its defaults), `{name: value}` "
+             "(its "
+             "first parameter) or `{name: {parameter: value}}`; a list as a parameter's value is a grid axis, e.g. "
              "`uplink: [{top_k: [0.01, 0.05]}, {error_feedback: ef21}]`, or "
              "`--set federation.uplink.0.top_k=[0.01,0.05,0.1]`; a list of such lists is a grid axis over chains "
              "(`[[], [{top_k: 0.01}]]`: none, then top-k), and `tune.space` searches a step's parameter as "
@@ -560,17 +561,19 @@ API_PAGES = {
     "privacy": ApiPage(
         "Privacy accounting", "ε of DP-FedAvg's Gaussian uplink at a δ: the mechanism the engine runs (sampling, "
         "adjacency, sensitivity) and dp-accounting's accountants (PLD by default, RDP)", "fedbench.axes.privacy",
-        {"fedbench.axes.privacy.Accountant": ("epsilon",), "fedbench.axes.privacy.Mechanism": ("of",
-         "noise_multiplier", "event"),
+        {"fedbench.axes.privacy.Accountant": ("epsilon",),
+         "fedbench.axes.privacy.Mechanism": ("of", "noise_multiplier", "event"),
          "fedbench.axes.privacy.check": (), "fedbench.metrics.epsilon_metric": ()}),
     "participation": ApiPage(
         "Participation and uneven local work", "who takes part in a round (`Participation`: uniform, cyclic, "
-        "bernoulli, markov) and each participant's local steps (`LocalSteps`), how the engine batches them, and what "
-        "an algorithm must declare to take them (`Algorithm.takes_uneven_steps`, `rnd.client_steps`)",
+        "bernoulli, markov) and each participant's local steps (`LocalSteps`), how the engine batches them, and "
+        "what lets an algorithm take them (its dry round, `fedbench.engine.dry_round.takes_uneven_steps`; "
+        "`rnd.client_steps`)",
         "fedbench.axes.participation",
         {"fedbench.axes.participation.Participation": ("varying", "check"),
          "fedbench.axes.participation.LocalSteps": ("check",),
-         "fedbench.axes.participation.check_algorithm": (), "fedbench.axes.participation.sample_clients": ()}),
+         "fedbench.axes.participation.check_algorithm": (), "fedbench.axes.participation.sample_clients": (),
+         "fedbench.engine.dry_round.takes_uneven_steps": ()}),
     "server_optimizers": ApiPage(
         "Server optimizer", "the server's step on the round's mean update of `w`, for any algorithm that uploads one "
         "(`ServerOptimizer`: sgd, momentum, adagrad, adam, yogi, Reddi et al.'s form or optax's), how the engine "

@@ -44,10 +44,6 @@ class Ditto(Algorithm):
         H_MODE,
     )
 
-    @classmethod
-    def takes_uneven_steps(cls, hp):
-        return True  # its steps read no round length: a client past its count keeps its u and v
-
     def derive(self, hp):
         return {"personal_step": hp.client_lr if hp.personal_lr is None else hp.personal_lr}  # η_p
 

@@ -23,10 +23,6 @@ class FedAvg(Algorithm):
 
     # downloads w, uploads its own u = w after the local steps (the defaults: `Algorithm.uploads`)
 
-    @classmethod
-    def takes_uneven_steps(cls, hp):
-        return True  # its steps read no round length: a client past its count keeps its u
-
     def client_step(self, local, batches, rnd, hp):
         u = local["w"]
         direction = batches.D.grad(u)

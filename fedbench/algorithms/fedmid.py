@@ -29,10 +29,6 @@ class FedMiD(Algorithm):
 
     # downloads w, uploads its own u = w after the local steps (the defaults: `Algorithm.uploads`)
 
-    @classmethod
-    def takes_uneven_steps(cls, hp):
-        return hp["server_threshold"] != "yuan"  # yuan's η_s·η_c·E has no one E where clients take their own
-
     def client_step(self, local, batches, rnd, hp):
         u = local["w"]
         return {"w": self.reg.prox(u - hp.client_lr * batches.D.grad(u), hp.client_lr)}

@@ -30,10 +30,6 @@ class FedProx(Algorithm):
         H_MODE,
     )
 
-    @classmethod
-    def takes_uneven_steps(cls, hp):
-        return True  # the variable local work FedProx allows (Li et al. 2020): its steps read no round length
-
     def init_clients(self, w0, num_clients):
         if not self.personal:  # the global method: N copies of the model would go unread
             return {}

@@ -1,7 +1,8 @@
 """What an algorithm tells the engine about how to run its maths, apart from the maths: which random stream it
-draws on, whether its draws branch the round's end or fall in its local steps (how the engine batches its runs), and
-whether its participants may each take their own number of local steps. `Algorithm` inherits these with their
-defaults; an algorithm sets one only where its maths needs it.
+draws on, and whether its draws branch the round's end or fall in its local steps (how the engine batches its runs).
+`Algorithm` inherits these with their defaults; an algorithm sets one only where its maths needs it. Whether its
+participants may each take their own number of local steps is not declared: a dry round finds it
+(`fedbench.engine.dry_round`).
 """
 from __future__ import annotations
 
@@ -33,28 +34,6 @@ class EngineHints:
             @classmethod
             def draws_in_steps(cls, hp):
                 return not hp["count_refresh"]
-            ```
-        """
-        return False
-
-    @classmethod
-    def takes_uneven_steps(cls, hp: Mapping[str, Any]) -> bool:
-        """Whether its rounds may give each participant its own number of local steps with these hyperparameters
-        (`federation.local_steps` as a mapping, `fedbench.axes.participation`): its maths reads neither the round's
-        length (`rnd.local_steps`; a client's own count is `rnd.client_steps`) nor its last step (`rnd.is_last_step`)
-        nor the iterations before it (`rnd.iteration`), and its local steps change only entries with a client axis (a
-        client past its count keeps its rows of those). Default False: such a federation is refused at validation.
-
-        Args:
-            hp: the resolved hyperparameters by name, as Python values.
-
-        Example:
-            FedMiD's `yuan` server threshold is η_s·η_c·E, which has no one E then:
-
-            ```python
-            @classmethod
-            def takes_uneven_steps(cls, hp):
-                return hp["server_threshold"] != "yuan"
             ```
         """
         return False

@@ -16,10 +16,6 @@ class LocalSGDCE(FedAvg):
     title = "Local SGD (CE)"
     hparams = (CLIENT_LR, DECAY_EVERY, DECAY)
 
-    @classmethod
-    def takes_uneven_steps(cls, hp):
-        return False  # its step size decays with the iterations before the round (`rnd.iteration`)
-
     def client_step(self, local, batches, rnd, hp):
         lr = step_size(hp.client_lr, hp.decay, hp.decay_every, rnd)
         return {"w": local["w"] - lr * batches.D.grad(local["w"])}

@@ -1,8 +1,12 @@
 """The helpers of a round's maths that algorithms share: a client's copy of a server entry (`broadcast`), the weighted
 mean over the clients (`aggregate`), the smooth-FL baselines' treatment of h (`composite_step`), a p-coin's round
-length (`coin_flips_to_success`) and per-client copies of the initial point (`per_client_copies`).
+length (`coin_flips_to_success`), per-client copies of the initial point (`per_client_copies`), and the runs'
+values of a hyperparameter as a round's functions read them (`per_run`).
 """
 from __future__ import annotations
+
+import dataclasses
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -43,3 +47,23 @@ def per_client_copies(w0: Tensor, num_clients: int) -> Tensor:
     """`[N, d]` rows all equal to w0, e.g. personal models that start at the initial point."""
     return w0.expand(num_clients, *w0.shape).clone()
 
+
+HP_RANK = 3  # float hyperparameters are [R, 1, 1]: they broadcast against [R, 1, d] and [R, S, d]
+
+
+def _is_float(value: Any) -> bool:
+    return isinstance(value, float)
+
+
+def per_run(values: list, dtype: torch.dtype, device) -> Any:
+    """The runs' values of one hyperparameter or derived value: floats as a `[R, 1, 1]` tensor (`[1, 1, 1]` where
+    every run has the same value: it broadcasts alike, and selecting runs then costs nothing), a dataclass of floats
+    as the dataclass of such tensors, anything else the first run's (the runs share it, `why_not_batchable`)."""
+    first = values[0]
+    if dataclasses.is_dataclass(first) and not isinstance(first, type):
+        return dataclasses.replace(first, **{f.name: per_run([getattr(v, f.name) for v in values], dtype, device)
+                                             for f in dataclasses.fields(first)})
+    if _is_float(first):
+        return torch.tensor(values if len(set(values)) > 1 else values[:1], dtype=dtype,
+                            device=device).view(-1, *[1] * (HP_RANK - 1))
+    return first

@@ -41,10 +41,6 @@ class PerFedAvg(Algorithm):
     def requirements(cls, hp):
         return super().requirements(hp) | ({"hvp"} if hp["variant"] == "exact" else set())
 
-    @classmethod
-    def takes_uneven_steps(cls, hp):
-        return True  # its steps read no round length: a client past its count keeps its w
-
     def derive(self, hp):
         return {"hf_scale": hp.alpha / (2 * hp.delta)}  # α/(2δ), the central difference's coefficient
 

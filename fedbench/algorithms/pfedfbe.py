@@ -66,10 +66,6 @@ class PFedFBE(Algorithm):
     def declared_metrics(cls, hp):
         return (Metric("fbe_objective", "FBE objective F(w) (eq. 5)", "min"),)
 
-    @classmethod
-    def takes_uneven_steps(cls, hp):
-        return True  # its steps read no round length: a client past its count keeps its w
-
     def __init__(self, problem, **hyperparameters):
         super().__init__(problem, **hyperparameters)
         self._at_global = None  # (the server's w, forward_backward there)

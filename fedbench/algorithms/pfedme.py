@@ -79,10 +79,6 @@ class PFedMe(Algorithm):
                 | ({"mixture"} if hp["lam"] is None else set())
                 | ({"linear_model"} if hp["minibatch"] == "distinct" else set()))
 
-    @classmethod
-    def takes_uneven_steps(cls, hp):
-        return True  # its steps read no round length: a client past its count keeps its w_loc and θ
-
     def derive(self, hp):
         lam = float(self.problem.mixture_penalty) if hp.lam is None else hp.lam
         return {"moreau_lam": lam, "pull": hp.client_lr * lam}  # λ, and η λ of the local copy's step

@@ -39,10 +39,6 @@ class SCAFFOLD(Algorithm):
     def requirements(cls, hp):
         return super().requirements(hp) | ({"full_data"} if hp["control"] == "I" else set())
 
-    @classmethod
-    def takes_uneven_steps(cls, hp):
-        return True  # option II divides by each client's own K (`rnd.client_steps`)
-
     def init_server(self, w0):
         return {"w": w0.clone(), "c": w0.new_zeros(w0.shape)}
 

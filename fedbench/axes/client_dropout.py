@@ -1,15 +1,16 @@
 """Client dropout (`federation.client_dropout: p`): each client sampled in a round trains, then fails to upload with
 probability p, independently of the others and of the rounds before; its upload is missing from the aggregate.
 
-A dropped client is a slot of the round that holds no participant, as `fedbench.axes.participation` describes them: the
-server's mean is over the clients that uploaded (weights renormalised over them), a round where none uploads leaves
-the server state unchanged, a dropped client's per-client state (and error-feedback vector) stays as it was before
-the round (the server never learns it trained), and only the uploading clients' uploads and downloads are counted.
-The coins are drawn on the run's own stream "client-dropout" after the round's participants, so that every other
-draw is the same with and without dropout; with p = 0 nothing is drawn and the run is the run without the axis. What
-cannot take a varying number of uploads is refused, as for a varying participation model: a robust aggregation rule,
-an algorithm whose server uses each client's uploads or that takes every client every round, and DP-FedAvg's noise
-(accounted for S of N clients drawn uniformly).
+A dropped client is a participant whose upload is lost (`fedbench.axes.slots.Slots.lose`): it downloads the server's
+state, takes its local steps and keeps its per-client state as its algorithm defines it (SCAFFOLD's control variate c_i,
+Ditto's personal model), but the server hears nothing from it: the server's mean is over the clients that uploaded
+(weights renormalised over them), a round where none uploads leaves the server state unchanged, a dropped client's
+error-feedback vector stays as it was (its message never arrived), and its download is counted but not its upload. The
+coins are drawn on the run's own stream "client-dropout" after the round's participants, so that every other draw is the
+same with and without dropout; with p = 0 nothing is drawn and the run is the run without the axis. What cannot take a
+varying number of uploads is refused, as for a varying participation model: a robust aggregation rule, an algorithm
+whose server uses each client's uploads or that takes every client every round, and DP-FedAvg's noise (accounted for S
+of N clients drawn uniformly).
 """
 from __future__ import annotations
 
@@ -63,9 +64,11 @@ class ClientDropout:
     def config(self) -> float | None:
         return self.p or None
 
-    def mask(self, present: Tensor | None, slots: int, generator: torch.Generator | None) -> Tensor | None:
+    def lost(self, present: Tensor | None, slots: int, generator: torch.Generator | None) -> Tensor | None:
+        """The slots `[S]` bool whose uploads go missing this round, among those that take part (`present`, None:
+        every slot); None where p = 0 (nothing drawn)."""
         if self.p == 0:
-            return present
+            return None
         assert generator is not None  # the run's "client-dropout" stream (`stream`)
-        uploads = torch.rand(slots, generator=generator, dtype=torch.float64) >= self.p  # p = 1: none
-        return uploads if present is None else present & uploads
+        lost = torch.rand(slots, generator=generator, dtype=torch.float64) < self.p  # p = 1: all
+        return lost if present is None else present & lost

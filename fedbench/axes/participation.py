@@ -53,10 +53,10 @@ Optimization"):
 
 The round runs as many steps as its longest count, batched; a client past its count keeps its local state (every
 entry with a client axis, `torch.where`), and an algorithm's maths that needs a client's count reads `rnd.client_steps`
-(`[R, S, 1]`; SCAFFOLD's control variate divides by it). An algorithm takes uneven local work where it declares so
-(`Algorithm.takes_uneven_steps`): its maths reads neither the round's length nor its last step (FedDA's and
-Fast-FedDA's weights and prox, FedMiD's `yuan` threshold, CODASCA's averages read them), else it is refused at
-validation. A run counts its rounds' lengths (its longest count each round) in its `iterations`.
+(`[R, S, 1]`; SCAFFOLD's control variate divides by it). An algorithm takes uneven local work where its maths reads
+neither the round's length nor its last step nor the iterations before it (FedDA's and Fast-FedDA's weights and prox,
+FedMiD's `yuan` threshold, CODASCA's averages read them), as a dry round of it finds (`fedbench.engine.dry_round`), else
+it is refused at validation. A run counts its rounds' lengths (its longest count each round) in its `iterations`.
 
 Streams (`fedbench.rng`): the participation model draws on the run's "clients" stream, its one-time draws (the
 groups, the p_k of [p_low, p_high], the chains' start) first; the counts of `distribution: uniform` on its own stream
@@ -461,12 +461,11 @@ class StepCounts:
         return torch.randint(*self.span, (len(clients),), generator=self.gen)
 
 
-def check_algorithm(participation: Participation, local_steps: int | LocalSteps, algorithm: type[Algorithm],
-                    hp: Mapping[str, Any]) -> None:
-    """Refuse (ParamError at the federation's field) a federation's `participation` model or uneven `local_steps` the
-    algorithm, with the hyperparameters `hp`, cannot take: any model but uniform where it takes every client every
-    round; a varying number of participants where its server uses each client's uploads (not only their mean); uneven
-    local work where it does not declare it takes it (`Algorithm.takes_uneven_steps`)."""
+def check_algorithm(participation: Participation, algorithm: type[Algorithm]) -> None:
+    """Refuse (ParamError at the federation's field) a federation's `participation` model the algorithm cannot take:
+    any model but uniform where it takes every client every round; a varying number of participants where its server
+    uses each client's uploads (not only their mean). Uneven local work is `fedbench.engine.checks.check_uneven_work`'s
+    (it runs a dry round of the algorithm)."""
     name, model = algorithm.name, participation.model
     if model != "uniform" and algorithm.participation == "all":
         raise ParamError("participation.model", f"found {model} for {name}, which takes every client every round; "
@@ -475,6 +474,3 @@ def check_algorithm(participation: Participation, local_steps: int | LocalSteps,
         raise ParamError("participation.model", f"found {model} for {name}, whose server uses each client's uploads "
                          "(not only their mean), for a varying number of participants; expected uniform or cyclic",
                          "federation")
-    if isinstance(local_steps, LocalSteps) and not algorithm.takes_uneven_steps(hp):
-        raise ParamError("local_steps", f"found {local_steps} for {name}, whose rounds take one number of "
-                         "local steps for all its clients; expected one integer E", "federation")

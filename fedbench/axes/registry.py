@@ -45,8 +45,10 @@ class Axis(Protocol):
     def config(self) -> Any:
         """As a run's configuration records it; None where it acts as no axis (left out of the record and hash)."""
 
-    def mask(self, present: Tensor | None, generator: torch.Generator | None) -> Tensor | None:
-        """The round's slots that upload `[S]` bool, from those that take part (`present`, None: every slot)."""
+    def lost(self, present: Tensor | None, slots: int, generator: torch.Generator | None) -> Tensor | None:
+        """The round's participants whose uploads go missing `[S]` bool (`fedbench.axes.slots.Slots.lose`: they train
+        and keep their state, the server hears them not), from those that take part (`present`, None: every slot) of the
+        `slots`; None: none."""
 
 
 @dataclass(frozen=True)

@@ -6,16 +6,17 @@ round loop (`fedbench.engine.round_wise`) does with them goes through this objec
 
 * which slots hold a participant (`present`, `[R, S]` bool; None: every slot): an absent slot's computation is done
   and discarded, its per-client state written back as it was (`present_rows`);
-* whose uploads the server hears (`heard`, the same mask today): their aggregation weights (`weights`: uniform or by
-  samples, renormalised over the heard slots), their uploads (the others' zeros before the server's update:
-  `heard_uploads`), their error-feedback vectors (`fedbench.engine.links`: `where_heard`); a run that hears no one keeps
-  its server state (`server_state`) and its server optimizer's (`if_heard`). A rule under which a participant trains but
-  its upload goes missing (a client dropout) narrows `heard` through `lose`, where the slots are made: every consumer of
-  the uploads reads `heard`;
+* whose uploads the server hears (`heard`: `present`, narrowed by `lose`): their aggregation weights (`weights`:
+  uniform or by samples, renormalised over the heard slots), their uploads (the others' zeros before the server's
+  update: `heard_uploads`), their error-feedback vectors (`fedbench.engine.links`: `where_heard`); a run that hears no
+  one keeps its server state (`server_state`) and its server optimizer's (`if_heard`). A rule under which a participant
+  trains but its upload goes missing (a client dropout) narrows `heard` through `lose`, where the slots are made: every
+  consumer of the uploads reads `heard`;
 * how many local steps each slot takes under uneven local work (`counts`): a slot past its count keeps its local
   state (`stepped`), and the algorithm reads the counts as `Round.client_steps` (`client_steps`);
 * the gather of the slots' per-client state `[R, N, ...] -> [R, S, ...]` and its scatter back (`gather`, `scatter`);
-* the participants' numbers on the host (`participants`), what the round's communication is counted for.
+* the participants' numbers on the host (`participants`, whose downloads the round counts) and the heard ones
+  (`heard_counts`, whose uploads it counts).
 
 Every mask is drawn on the host and moved to the device once, where the slots are made; nothing here reads the
 device back (a run's host-side counts decide what the host decides, e.g. whether any run heard no one)."""

@@ -15,8 +15,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar
 
 from fedbench import contract
-from fedbench.axes.participation import check_algorithm as check_participation
+from fedbench.axes.participation import LocalSteps, check_algorithm as check_participation
 from fedbench.axes.server_optimizers import check_algorithm as check_server_optimizer
+from fedbench.engine.dry_round import takes_uneven_steps
 from fedbench.engine.federation import Federation, check_uploads, minibatch_sizes
 from fedbench.hparams import ParamError
 from fedbench.problems.base import Layout
@@ -72,7 +73,7 @@ def check_federation(federation: Federation, algorithm: type[Algorithm] | Algori
                      layout: Layout) -> None:
     """Refuse (`Refusal`) a `federation` that cannot run `algorithm` (its class with `hp`, or a configured
     instance) on clients laid out as `layout`: what acts on its uploads (`check_uploads`), its participation model
-    and uneven local work (`fedbench.axes.participation.check_algorithm`), the server optimizer
+    (`fedbench.axes.participation.check_algorithm`) and uneven local work (`check_uneven_work`), the server optimizer
     (`fedbench.axes.server_optimizers.check_algorithm`), each registered axis's rule (`fedbench.axes.registry.AXES`),
     then the federation's fields and the algorithm's minibatch sizes against the problem's clients (`Federation.check`;
     a size set by a hyperparameter refused at the algorithm's field)."""
@@ -80,7 +81,8 @@ def check_federation(federation: Federation, algorithm: type[Algorithm] | Algori
 
     def with_algorithm() -> None:
         check_uploads(federation, cls, hp, layout.clients)
-        check_participation(federation.participation, federation.local_steps, cls, hp)
+        check_participation(federation.participation, cls)
+        check_uneven_work(federation.local_steps, cls, hp)
         check_server_optimizer(federation.server_optimizer, cls, hp)
         for axis in federation.axes:
             axis.check(federation, algorithm, layout)
@@ -92,3 +94,12 @@ def check_federation(federation: Federation, algorithm: type[Algorithm] | Algori
     except ParamError as err:  # a federation field, or a minibatch size among the hyperparameters
         section = "federation" if err.name not in batch_sizes or err.name == "batch_size" else f"algorithms.{cls.name}"
         raise Refusal(section, err.name, err.message) from None
+
+
+def check_uneven_work(local_steps: int | LocalSteps, algorithm: type[Algorithm], hp: Mapping[str, Any]) -> None:
+    """Refuse (ParamError at `federation.local_steps`) uneven local work where the algorithm with the hyperparameters
+    `hp` does not take it: where its dry round reads the round's length, last step or iterations
+    (`fedbench.engine.dry_round.takes_uneven_steps`)."""
+    if isinstance(local_steps, LocalSteps) and not takes_uneven_steps(algorithm, hp):
+        raise ParamError("local_steps", f"found {local_steps} for {algorithm.name}, whose rounds take one number of "
+                         "local steps for all its clients; expected one integer E", "federation")

@@ -259,6 +259,9 @@ class Draw(NamedTuple):
     """Which slots hold a participant, `[S]` bool on the host, where their number varies (None: every slot)."""
     counts: Tensor | None = None
     """Each slot's local steps `[S]` (int64, on the host) under uneven local work (None: `steps` for every slot)."""
+    lost: Tensor | None = None
+    """Which participants' uploads go missing, `[S]` bool on the host (`fedbench.axes.registry.Axis.lost`; None:
+    none)."""
 
 
 class RoundSampler:
@@ -300,15 +303,18 @@ class RoundSampler:
 
     def draw_round(self, local_steps: int | None, everyone: bool = False, index: int = 0) -> Draw:
         """Round `index`'s draws: its clients (all of them with `everyone`, else the participation model's, with the
-        slots that hold a participant where their number varies), each slot's local steps under uneven local work
-        (`local_steps` None), and the rows of as many local steps as the round has, `local_steps` or the most any
-        slot takes."""
+        slots that hold a participant where their number varies, those whose uploads go missing), each slot's local
+        steps under uneven local work (`local_steps` None), and the rows of as many local steps as the round has,
+        `local_steps` or the most any slot takes."""
+        lost = None
         if everyone:
             clients, present = torch.arange(self.problem.num_clients), None
         else:
             clients, present = self.participants.draw(index)
-            for axis in self.federation.axes:  # which of the slots upload (`fedbench.axes.registry.Axis.mask`)
-                present = axis.mask(present, len(clients), self.axis_streams.get(axis.stream))
+            for axis in self.federation.axes:  # whose uploads go missing (`fedbench.axes.registry.Axis.lost`)
+                losing = axis.lost(present, len(clients), self.axis_streams.get(axis.stream))
+                if losing is not None:
+                    lost = losing if lost is None else lost | losing
         counts = None if self.step_counts is None else self.step_counts.draw(clients)
         steps = int(counts.max()) if counts is not None else local_steps
         assert steps is not None  # given where the counts are not drawn
@@ -318,7 +324,7 @@ class RoundSampler:
         else:
             rows = {mb.name: self.problem.draw_minibatches(clients, steps, self.sizes[mb.name], self.batch_gen)
                     for mb in self.drawn}
-        return Draw(clients.to(self.problem.device), rows, steps, present, counts)
+        return Draw(clients.to(self.problem.device), rows, steps, present, counts, lost)
 
     def step_batches(self, rows: dict[str, Tensor], step: int) -> Batches:
         """The oracles of local step `step` of this run alone (points `[S, d]`, no run axis)."""

@@ -283,12 +283,13 @@ class RoundProgram(NarrowedSteps):
         return local
 
     def _count(self, draws: RoundDraws, down: int, messages: tuple[tuple[str, int, int], ...]) -> None:
-        """Each live run's round counted on its record: its participants' uploads and downloads (floats, bits) and its
-        local steps."""
+        """Each live run's round counted on its record: its participants' downloads and the uploads its server hears
+        (floats, bits; a lost upload is not counted) and its local steps."""
         slots = draws.slots
         down_bits = self.links.catch_up(self.live, slots, messages)
-        for i, taking, length, bits in zip(self.live, slots.participants, draws.lengths, down_bits):
-            self.sims[i].count_round(of_clients(self._uploaded, taking), (down * taking, bits), length)
+        for i, taking, heard, length, bits in zip(self.live, slots.participants, slots.heard_counts, draws.lengths,
+                                                  down_bits):
+            self.sims[i].count_round(of_clients(self._uploaded, heard), (down * taking, bits), length)
 
     def _commit(self) -> None:
         """The round of the runs in progress has succeeded: the links' and the server optimizer's new state written."""

@@ -12,30 +12,11 @@ import torch
 from torch import Tensor
 
 from fedbench.algorithms.base import HParams
+from fedbench.algorithms.maths import per_run
 from fedbench.axes.slots import Slots
 from fedbench.engine.federation import Draw
 from fedbench.engine.planning import NotBatchable
 from fedbench.engine.record import RunRecord
-
-HP_RANK = 3  # float hyperparameters are [R, 1, 1]: they broadcast against [R, 1, d] and [R, S, d]
-
-
-def _is_float(value: Any) -> bool:
-    return isinstance(value, float)
-
-
-def per_run(values: list, dtype: torch.dtype, device) -> Any:
-    """The runs' values of one hyperparameter or derived value: floats as a `[R, 1, 1]` tensor (`[1, 1, 1]` where
-    every run has the same value: it broadcasts alike, and selecting runs then costs nothing), a dataclass of floats
-    as the dataclass of such tensors, anything else the first run's (the runs share it, `why_not_batchable`)."""
-    first = values[0]
-    if dataclasses.is_dataclass(first) and not isinstance(first, type):
-        return dataclasses.replace(first, **{f.name: per_run([getattr(v, f.name) for v in values], dtype, device)
-                                             for f in dataclasses.fields(first)})
-    if _is_float(first):
-        return torch.tensor(values if len(set(values)) > 1 else values[:1], dtype=dtype,
-                            device=device).view(-1, *[1] * (HP_RANK - 1))
-    return first
 
 
 def batch_hparams(sims: list[RunRecord], dtype: torch.dtype, device) -> HParams:
@@ -135,6 +116,10 @@ class RoundDraws:
         slots = Slots(stacked([draw.clients for draw in draws]), participants, sizes, dtype,
                       None if present is None else present.to(device), None if counts is None else counts.to(device),
                       least, everyone)
+        lost = _stacked_lost(draws)
+        if lost is not None:  # uploads that go missing (a client dropout): whose the server hears, by run on the host
+            heard = ~lost if present is None else present & ~lost
+            slots.lose(lost.to(device), heard.sum(-1).tolist())
         return cls(slots, rows, steps, lengths)
 
     def select(self, positions: list[int], device) -> RoundDraws:
@@ -148,6 +133,15 @@ def _stacked_masks(draws: list[Draw], name: str) -> Tensor | None:
     """The runs' `present` or `counts` `[R, S]` on the host (None where the draws have none)."""
     values = [getattr(draw, name) for draw in draws]
     return None if values[0] is None else stacked(values)
+
+
+def _stacked_lost(draws: list[Draw]) -> Tensor | None:
+    """The runs' lost uploads `[R, S]` on the host (`Draw.lost`; a run that loses none: no slot), None where none
+    does."""
+    if all(draw.lost is None for draw in draws):
+        return None
+    return stacked([torch.zeros(len(draw.clients), dtype=torch.bool) if draw.lost is None else draw.lost
+                    for draw in draws])
 
 
 def _padded(rows: Tensor, steps: int) -> Tensor:

@@ -27,7 +27,6 @@ import pytest
 import torch
 
 import fedbench
-from fedbench.algorithms.base import ScheduleError
 from fedbench.algorithms.fedavg import FedAvg
 from fedbench.axes.participation import LocalSteps, Participants, Participation
 from fedbench.axes.slots import Slots
@@ -328,25 +327,31 @@ def test_without_a_model_or_uneven_work_the_configuration_streams_and_checkpoint
     assert replace(federation, local_steps=UNEVEN).config()["local_steps"] == "uniform(low=1, high=4)"
 
 
-def test_an_algorithm_that_reads_the_rounds_length_gets_no_value_of_it_under_uneven_work():
-    """The engine enforces what `takes_uneven_steps` declares: a round of uneven local work has no one length, last
-    step or iteration count, and `rnd.client_steps` holds each client's own count."""
+def test_an_algorithm_that_reads_the_rounds_length_is_refused_uneven_work_one_that_reads_its_own_count_runs():
+    """A round of uneven local work has no one length, last step or iteration count, and `rnd.client_steps` holds
+    each client's own count: an algorithm whose functions read the length is refused such work where it is built (its
+    dry round, `fedbench.engine.dry_round`), one that reads only its own count runs."""
 
-    class Reads(FedAvg):
+    class ReadsTheLength(FedAvg):
         name = "reads_local_steps"
 
-        @classmethod
-        def takes_uneven_steps(cls, hp):
-            return True
-
         def client_final(self, local, rnd, hp):
-            assert rnd.client_steps.shape == (1, 3, 1)
             return super().client_final(local, rnd, hp) if rnd.local_steps else None
 
+    class ReadsItsCount(FedAvg):
+        name = "reads_client_steps"
+
+        def client_final(self, local, rnd, hp):
+            assert rnd.client_steps.shape[-1] == 1 and rnd.client_steps.min() >= 1
+            return super().client_final(local, rnd, hp)
+
     problem = small_lasso()
-    sim = Simulation(problem, Reads(problem), Federation(2, 3, UNEVEN, 5), 0)
-    with pytest.raises(ScheduleError, match=r"rnd\.local_steps is not defined in a round of uneven local work"):
-        sim.run_round()
+    with pytest.raises(ParamError, match=r"federation\.local_steps: found uniform\(low=1, high=4\) for "
+                                         r"reads_local_steps, whose rounds take one number of local steps"):
+        Simulation(problem, ReadsTheLength(problem), Federation(2, 3, UNEVEN, 5), 0)
+    sim = Simulation(problem, ReadsItsCount(problem), Federation(2, 3, UNEVEN, 5), 0)
+    sim.run_round()
+    assert sim.rounds_done == 1
 
 
 def test_the_engine_refuses_what_cannot_take_a_model_or_uneven_work():

@@ -64,8 +64,8 @@ def test_the_server_hears_the_present_slots_not_lost():
 
 def test_a_lost_upload_counts_for_nothing_on_the_server(monkeypatch):
     """FedAvg whose first slot's upload goes missing every round (`Slots.lose`, the hook of a client dropout): the
-    server's mean is the other participants', as a NumPy loop over them computes it; the lost upload is still
-    counted as sent."""
+    server's mean is the other participants', as a NumPy loop over them computes it; the lost upload is not counted,
+    its download is."""
     problem, federation, seed = small_lasso(), Federation(4, 3, 3, 5), 5
     made = RoundDraws.of
 
@@ -85,4 +85,4 @@ def test_a_lost_upload_counts_for_nothing_on_the_server(monkeypatch):
                                           axis=0)
         sim.run_round()
         np.testing.assert_allclose(sim.server["w"].numpy(), w, rtol=1e-12, atol=1e-12)
-    assert sim.comm_up == federation.rounds * 3 * problem.dim
+    assert sim.comm_up == federation.rounds * 2 * problem.dim and sim.comm_down == federation.rounds * 3 * problem.dim

@@ -511,13 +511,14 @@ def test_list_by_section_wraps_at_word_boundaries_and_keeps_every_word_of_every_
     assert "p_high:" not in p_low.output and "p_on" not in p_low.output  # the field named, not its neighbours
 
 
-def test_list_says_which_algorithms_take_uneven_local_work_as_they_declare():
+def test_list_says_which_algorithms_take_uneven_local_work_as_their_dry_rounds_find():
     from fedbench.algorithms import ALGORITHMS
+    from fedbench.engine.dry_round import takes_uneven_steps
     from fedbench.hparams import resolve
 
     overview = at_80("list").output.splitlines()
     marked = {line.split()[0] for line in overview if line.startswith("  ") and line.split()[1:2] == ["*"]}
-    taking = {name for name, cls in ALGORITHMS.items() if cls.takes_uneven_steps(resolve(cls.hparams, {}, name))}
+    taking = {name for name, cls in ALGORITHMS.items() if takes_uneven_steps(cls, resolve(cls.hparams, {}, name))}
     assert marked == taking and {"fedavg", "fedprox", "scaffold"} <= taking and "fedda" not in taking
     fedmid = words(at_80("list", "fedmid").output)
     assert "uneven local work (federation.local_steps as a mapping): taken, but not with server_threshold: " \

@@ -200,7 +200,7 @@ def test_a_federation_axis_the_catalogue_gains_is_in_fedbench_list_and_on_the_sc
 
 # What each page must show (a heading of its own, by the object's path), beyond what the hook lists
 API_NAMES = {"algorithm": ["Algorithm.client_step", "Algorithm.client_final", "Algorithm.server_update",
-                           "Algorithm.downloads", "Algorithm.requires", "Algorithm.takes_uneven_steps", "Round",
+                           "Algorithm.downloads", "Algorithm.requires", "Round",
                            "Round.draw", "Round.client_steps", "Upload"],
              "problem": ["Problem.gather", "Problem.minibatch_loss", "FullDataOracles.client_loss", "ProblemSpec.provides",
                          "ProblemSpec.check", "ClientRows.draw_minibatches", "CONTRACT"],
