@@ -77,6 +77,9 @@ import torch
 from torch import Tensor
 
 from fedbench.hparams import Param, ParamError
+from fedbench.privacy import gaussian_step
+from fedbench.problems.base import Layout
+from fedbench.robust import RULES
 
 if TYPE_CHECKING:
     from fedbench.algorithms.base import Algorithm
@@ -461,20 +464,37 @@ class StepCounts:
         return torch.randint(*self.span, (len(clients),), generator=self.gen)
 
 
-def check_algorithm(participation: Participation, local_steps: int | LocalSteps, algorithm: type[Algorithm],
-                    hp: Mapping[str, Any]) -> None:
-    """Refuse (ParamError at the federation's field) a federation's `participation` model or uneven `local_steps` the
-    algorithm, with the hyperparameters `hp`, cannot take: any model but uniform where it takes every client every
-    round; a varying number of participants where its server uses each client's uploads (not only their mean); uneven
-    local work where it does not declare it takes it (`Algorithm.takes_uneven_steps`)."""
-    name, model = algorithm.name, participation.model
-    if model != "uniform" and algorithm.participation == "all":
-        raise ParamError("participation.model", f"found {model} for {name}, which takes every client every round; "
-                         "expected uniform", "federation")
-    if participation.varying and not algorithm.uploads_averaged:
-        raise ParamError("participation.model", f"found {model} for {name}, whose server uses each client's uploads "
-                         "(not only their mean), for a varying number of participants; expected uniform or cyclic",
-                         "federation")
-    if isinstance(local_steps, LocalSteps) and not algorithm.takes_uneven_steps(hp):
-        raise ParamError("local_steps", f"found {local_steps} for {name}, whose rounds take one number of "
-                         "local steps for all its clients; expected one integer E", "federation")
+def check_participation(federation: Any, algorithm: type[Algorithm], hp: Mapping[str, Any], layout: Layout) -> None:
+    """`federation.participation`'s rules (`fedbench.axes`): the model's own (`Participation.check`); refused, any but
+    uniform for an algorithm taking every client or with DP-FedAvg's noise (accounted for S of N drawn uniformly), and
+    a varying number of participants for a server using each client's uploads (not only their mean) or a robust rule."""
+    given, aggregation, name = federation.participation, federation.aggregation, algorithm.name
+    if given.model != "uniform" and algorithm.participation == "all":
+        raise ParamError("participation.model", f"found {given.model} for {name}, which takes every client every "
+                         "round; expected uniform")
+    if given.varying and not algorithm.uploads_averaged:
+        raise ParamError("participation.model", f"found {given.model} for {name}, whose server uses each client's "
+                         "uploads (not only their mean), for a varying number of participants; expected uniform or "
+                         "cyclic")
+    given.check(layout.clients, federation.clients_per_round)
+    if given.varying and aggregation in RULES:
+        raise ParamError("participation.model", f"found {given.model} with aggregation {aggregation} (a rule of S "
+                         "uploads); expected uniform or cyclic")
+    if given.model != "uniform" and gaussian_step(federation.uplink) is not None:
+        raise ParamError("participation.model", f"found {given.model} with DP-FedAvg's noise (accounted for S of N "
+                         "drawn uniformly); expected uniform")
+
+
+def check_local_steps(federation: Any, algorithm: type[Algorithm], hp: Mapping[str, Any], layout: Layout) -> None:
+    """Uneven `federation.local_steps`' rules (`fedbench.axes`): refused for an algorithm not declaring it takes it
+    (`Algorithm.takes_uneven_steps`), by its own (`LocalSteps.check`), epochs where minibatches cannot be short."""
+    steps = federation.local_steps
+    if not isinstance(steps, LocalSteps):
+        return
+    if not algorithm.takes_uneven_steps(hp):
+        raise ParamError("local_steps", f"found {steps} for {algorithm.name}, whose rounds take one number of "
+                         "local steps for all its clients; expected one integer E")
+    steps.check(layout.clients)
+    if steps.epochs is not None and layout.smallest is not None:
+        raise ParamError("local_steps.epochs", f"found {steps.epochs} for a problem whose minibatches cannot be "
+                         "short; expected counts, file or distribution")

@@ -11,14 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from fedbench.algorithms import ALGORITHMS
-from fedbench.axes import AXES
+from fedbench.axes import in_federation
 from fedbench.federation import DIVERGENCE_FACTOR, Federation
 from fedbench.hparams import Param, PerRound
 from fedbench.metrics import ENGINE_COLUMNS, Metric, epsilon_metric
 from fedbench.plugins import Source, is_file
 from fedbench.privacy import ACCOUNTANTS
 from fedbench.problems import PROBLEMS
-from fedbench.transforms import LINKS
 
 
 @dataclass(frozen=True)
@@ -130,5 +129,5 @@ def stable_hash(value: Any) -> str:
 # so that a grid over local_steps compares methods at equal work (the FeDXL paper's K ablation).
 FEDERATION_PARAMS = (*Federation.params, Param("iterations", "int", None, "instead of rounds: local iterations per "
                                                "client, rounds = iterations / local_steps", low=1))
-# and the chains, and the axes of the registry (`fedbench.axes.AXES`)
-FEDERATION_NAMES = {p.name for p in FEDERATION_PARAMS} | {*LINKS, *AXES}
+# and the axes of the registry set under `federation:` (`fedbench.axes.AXES`: the chains, the mappings, ...)
+FEDERATION_NAMES = {p.name for p in FEDERATION_PARAMS} | {axis.key for axis in in_federation()}
