@@ -4,8 +4,7 @@ pages and the build-time checks (`fedbench.checks`) iterate: none of them names 
 Registered, in the order `fedbench list` shows them (and the parser reads them): under `federation:` the links'
 chains `uplink` and `downlink` (`Chain`: lists of `fedbench.transforms` steps), the adversaries, the participation
 model, uneven local steps, the server optimizer (`Mapped`: fields of `Federation` made from a mapping) and client
-dropout (`Held`: a class behind the
-`Axis` protocol, held in `Federation.axes`); at the recipe's top level, privacy accounting (`privacy:`) and compiled
+dropout (`Held`: a class behind the `Axis` protocol, held in `Federation.axes`); at the recipe's top level, privacy accounting (`privacy:`) and compiled
 steps (`compile:`) (`Section`: the recipe's path is the key alone). Each entry says its recipe path (`path`), its
 parameters (`params`) and recipe form (`what`, `example`), what declares it (`declared`, which the reference pages
 document) and its build-time rules (`check`): every refusal of the federation's axes is raised there, at its field's
@@ -121,11 +120,11 @@ class Chain:
 
     key: str
     what: str
+    example: str
 
     held: ClassVar[bool] = False
     plain: ClassVar[bool] = False
     params: ClassVar[tuple[Param, ...]] = ()  # each step's are its transform's (`fedbench.transforms.TRANSFORMS`)
-    example: ClassVar[str] = "[{top_k: 0.05}, {error_feedback: ef21}]"
     declared: ClassVar[Any] = transforms.TRANSFORMS
     path = property(lambda self: f"federation.{self.key}")
 
@@ -170,8 +169,8 @@ def _check_privacy(section: Any, federation: Any) -> None:
 
 FederationAxis = Mapped | Held | Chain
 AXES: dict[str, FederationAxis | Section] = {axis.key: axis for axis in (
-    Chain("uplink", "a list of transforms of each client's uploads"),
-    Chain("downlink", "a list of transforms of the server's broadcast"),
+    Chain("uplink", "a list of transforms of each client's uploads", "[{top_k: 0.05}, {error_feedback: ef21}]"),
+    Chain("downlink", "a list of transforms of the server's broadcast", "[{qsgd: 8}]"),
     Mapped("adversaries", Adversaries, "{fraction: 0.2, attack: sign_flip}", rule=robust.check_adversaries),
     Mapped("participation", Participation, "{model: bernoulli, p: 0.3}", rule=participation.check_participation,
            reads=lambda spec: participation.READS.get(spec.get("model", "uniform"), ()) if isinstance(

@@ -86,7 +86,7 @@ if TYPE_CHECKING:
 ACCOUNTANTS = ("pld", "rdp")  # the recipe's `privacy.accountant`, the default first
 PARAMS = (  # the recipe's `privacy:` (`fedbench.axes`)
     Param("delta", "float", None, "the δ of (ε, δ)-DP, e.g. 1.0e-5 (below 1/N, the clients' number, by custom); "
-          "required", low=0, low_open=True, high=1, high_open=True, log=True, nullable=True),
+          "required", low=0, low_open=True, high=1, high_open=True, nullable=True),
     Param("accountant", "choice", ACCOUNTANTS[0], "pld: the privacy-loss distribution of the mechanism's dominating "
           "pair (tight); rdp: the Rényi DP bound (looser)", choices=ACCOUNTANTS))
 TOLERANCE = 1e-3  # the PLD's ε: the relative change of one more halving of its grid at which it stops

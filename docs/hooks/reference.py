@@ -301,7 +301,7 @@ def recipe_page() -> str:
                       "hyperparameters (a list is a grid axis), or to nothing for the defaults; an entry may also "
                       "hold its own `problem:` and `federation:` overrides.", ""]
     lines += ["## `federation:`", "", "How rounds run; a list is a grid axis (generated from `FEDERATION_PARAMS`).",
-              "", *param_table(listed["federation"].params), "", *federation_sections(listed),
+              "", *param_table(listed["federation"].params), "", *axes_section(listed), *federation_sections(listed),
               "## `tune.space` distributions", "",
               "Each entry of `tune.space` maps a parameter (bare name, `problem.X`, `federation.X` or "
               "`algorithms.ALGO.X`; or a field of the schedule a hyperparameter follows, `X.FIELD` or "
@@ -313,16 +313,33 @@ def recipe_page() -> str:
 
 
 def federation_sections(listed: dict) -> list[str]:
-    """A section per axis of the federation that `fedbench list` catalogues (`listed`, by path): its mappings
-    (`fedbench.axes.AXES`: the adversaries, participation with uneven local steps, the server optimizer, and any
-    other, `mapping_section`), then the transforms of its links."""
-    written = {"federation.adversaries": robust_section, "federation.participation": participation_section,
+    """A section per axis of the federation that `fedbench list` catalogues (`listed`, by path), in the order of the
+    registry `fedbench.axes.AXES`: the links' chains with their transforms, the adversaries, participation with uneven
+    local steps, the server optimizer, and any other mapping (`mapping_section`)."""
+    written = {"federation.uplink": lambda listed: transforms_section(
+                   [entry for path, entry in listed.items() if path.startswith("transforms.")]),
+               "federation.adversaries": robust_section, "federation.participation": participation_section,
                "federation.server_optimizer": server_optimizer_section}
+    beside = ("federation.downlink", "federation.local_steps")  # with the uplink, with participation
     lines = []
     for path, entry in listed.items():
-        if path.startswith("federation.") and path != "federation.local_steps":  # with participation
+        if path.startswith("federation.") and path not in beside:
             lines += written[path](listed) if path in written else mapping_section(entry)
-    return lines + transforms_section([entry for path, entry in listed.items() if path.startswith("transforms.")])
+    return lines
+
+
+def axes_section(listed: dict) -> list[str]:
+    """Every axis of the registry `fedbench.axes.AXES` in one table: where a recipe sets it, what it is with an example
+    (its summary in `fedbench list`, `listed` by path)."""
+    from fedbench.axes import AXES
+
+    lines = ["## Axes", "", "Every axis of a run, as the registry `fedbench.axes.AXES` declares it and `fedbench list` "
+             "shows it: its field in a recipe (under `federation:`, or at the top level), what it is with an example; "
+             "each is described on this page (the top-level ones in the tables above, the federation's below).", "",
+             "| field | what it is |", "|---|---|"]
+    for axis in AXES.values():
+        lines.append(f"| {code(axis.path)} | {cell(listed[axis.path].summary)} |")
+    return [*lines, ""]
 
 
 def mapping_section(entry) -> list[str]:
