@@ -1,21 +1,26 @@
 """The run's axes, in one registry (`AXES`) that the recipe's parser, the tuning space, `fedbench list`, the reference
 pages and the build-time checks (`fedbench.checks`) iterate: none of them names an axis of its own.
 
-Registered, in the order `fedbench list` shows them (and the parser reads them): under `federation:` the links'
-chains `uplink` and `downlink` (`Chain`: lists of `fedbench.transforms` steps), the adversaries, the participation
-model, uneven local steps, the server optimizer (`Mapped`: fields of `Federation` made from a mapping) and client
-dropout (`Held`: a class behind the `Axis` protocol, held in `Federation.axes`); at the recipe's top level, privacy accounting (`privacy:`) and compiled
-steps (`compile:`) (`Section`: the recipe's path is the key alone). Each entry says its recipe path (`path`), its
-parameters (`params`) and recipe form (`what`, `example`), what declares it (`declared`, which the reference pages
-document) and its build-time rules (`check`): every refusal of the federation's axes is raised there, at its field's
-path below `federation` (`fedbench.checks.check_federation` calls each in turn; a section's by the recipe's
-validator, which alone knows the recipe's value).
+Registered, in the order `fedbench list` shows them and the parser reads them:
+- under `federation:`, the links' chains `uplink` and `downlink` (`Chain`: lists of `fedbench.transforms` steps);
+  the adversaries, the participation model, uneven local steps and the server optimizer (`Mapped`: fields of
+  `Federation` made from a mapping); client dropout (`Held`: a class behind the `Axis` protocol, held in
+  `Federation.axes`);
+- at the recipe's top level, privacy accounting (`privacy:`, `fedbench.privacy`) and compiled steps (`compile:`,
+  `fedbench.compiling`) (`Section`: its recipe path is its key).
+
+Each entry says its recipe path (`path`), its parameters (`params`), its recipe form (`what`, `example`), what
+declares it (`declared`, which the reference pages document) and its build-time rules (`check`). Every refusal of an
+axis under `federation:` is raised by its `check`, at its field's path below `federation` (`check_federation` calls
+each in turn, then `Federation.check` its own fields); a top-level axis's by the recipe's validator
+(`Recipe.check_sections`), which alone knows the recipe's value.
 
 A new axis is one module, one line here, its test and its doc section: a class behind `Axis` (its `Param`s, recipe
 form, `check`, random `stream` and round hook `mask`, as `fedbench.client_dropout.ClientDropout`) registered as
-`Held(TheClass)`; the parser reads it as a mapping (or its first parameter's value alone where `scalar`), the tuning
-space searches its parameters as `federation.KEY.NAME`, `fedbench list` and the reference show it, and
-`check_federation` applies its rules.
+`Held(TheClass)`. The parser then reads it as a mapping (or its first parameter's value alone where `scalar`), the
+tuning space searches its parameters as `federation.KEY.NAME`, `fedbench list` and the reference show it (the
+reference's section: its module's docstring), `check_federation` applies its `check` and the run draws its `stream`
+and applies its `mask` each round.
 """
 from __future__ import annotations
 

@@ -147,8 +147,8 @@ def axis_entry(axis: FederationAxis | Section) -> Entry:
     notes = ["its steps: the transforms below (fedbench list transforms)"] if isinstance(axis, Chain) else []
     if isinstance(axis, Section):  # what its module says first: the privacy accounting's mechanism, ...
         notes = [" ".join(inspect.cleandoc(sys.modules[axis.module].__doc__ or "").split("\n\n")[0].split())]
-    return Entry(axis.path, f"{axis.path}{where}: {axis.what}, e.g. {axis.example}", f"{axis.what}, e.g. {axis.example}",
-                 axis.params, notes, declared=axis.declared)
+    summary = f"{axis.what}, e.g. {axis.example}"
+    return Entry(axis.path, f"{axis.path}{where}: {summary}", summary, axis.params, notes, declared=axis.declared)
 
 
 def select(known: list[Entry], name: str) -> list[tuple[Entry, Sequence[Param]]]:
