@@ -132,20 +132,23 @@ def _checked_range(source: str, where: str, spec: Any, params: list[Param], name
 def mapping_param(recipe: Recipe, where: str, axis: Mapped | Held, name: str) -> dict[str, Param]:
     """The parameter `name` of a federation's mapping `axis` (`fedbench.axes.AXES`), by its name, where every
     algorithm's federation gives that field as one mapping that reads it (`reads`: the participation model's, uneven
-    local work's distribution, the server optimizer's rule; any field of an axis without `reads`): a search sets the
-    field in that mapping, which must then make a run. All of them where there is no such parameter (refused as
-    unknown, with the closest); refused at `where` where a federation's mapping does not read it."""
+    local work's distribution, the server optimizer's rule), or, for an axis that reads every field, as a mapping or
+    not at all: a search sets the field in that mapping, which must then make a run. All of them where there is no
+    such parameter (refused as unknown, with the closest); refused at `where` where a federation's mapping does not
+    read it."""
     params = {p.name: p for p in axis.params}
-    if name not in params or axis.reads is None:
-        return params if name not in params else {name: params[name]}
+    if name not in params:
+        return params
     for algorithm in recipe.algorithms:
         path = recipe.field(algorithm, "federation", axis.key)
         spec: Any = recipe.document
         for part in path.split("."):
             spec = spec.get(part) if isinstance(spec, dict) else None
+        if axis.reads is None and spec is None:
+            continue  # the search makes the mapping (`sweeps.recipe.assigned`)
         if not isinstance(spec, dict):
             raise RecipeError(recipe.source, where, f"found no mapping in {path}, expected one that reads {name}")
-        reads = axis.reads(spec)
+        reads = tuple(params) if axis.reads is None else axis.reads(spec)
         if name not in reads:
             raise RecipeError(recipe.source, where, f"found {path} reading {', '.join(reads) or 'none of its fields'}, "
                               f"expected one that reads {name}")
