@@ -573,20 +573,23 @@ API_PAGES = {
         "Privacy accounting", "ε of DP-FedAvg's Gaussian uplink at a δ: the mechanism the engine runs (sampling, "
         "adjacency, sensitivity) and dp-accounting's accountants (PLD by default, RDP)", "fedbench.privacy",
         {"fedbench.privacy.Accountant": ("epsilon",), "fedbench.privacy.Mechanism": ("of", "noise_multiplier", "event"),
-         "fedbench.privacy.check": (), "fedbench.metrics.epsilon_metric": ()}),
+         "fedbench.privacy.check": (), "fedbench.privacy.check_accounted": (),
+         "fedbench.metrics.epsilon_metric": ()}),
     "participation": ApiPage(
         "Participation and uneven local work", "who takes part in a round (`Participation`: uniform, cyclic, "
         "bernoulli, markov) and each participant's local steps (`LocalSteps`), how the engine batches them, and what "
         "an algorithm must declare to take them (`Algorithm.takes_uneven_steps`, `rnd.client_steps`)",
         "fedbench.participation",
         {"fedbench.participation.Participation": ("varying", "check"), "fedbench.participation.LocalSteps": ("check",),
-         "fedbench.participation.check_algorithm": (), "fedbench.participation.sample_clients": ()}),
+         "fedbench.participation.check_participation": (), "fedbench.participation.check_local_steps": (),
+         "fedbench.participation.sample_clients": ()}),
     "server_optimizers": ApiPage(
         "Server optimizer", "the server's step on the round's mean update of `w`, for any algorithm that uploads one "
         "(`ServerOptimizer`: sgd, momentum, adagrad, adam, yogi, Reddi et al.'s form or optax's), how the engine "
         "applies it, and the rule of which algorithms take it", "fedbench.server_optimizers",
         {"fedbench.server_optimizers.ServerOptimizer": ("values", "check"),
-         "fedbench.server_optimizers.check_algorithm": (), "fedbench.server_optimizers.updates_of_w": (),
+         "fedbench.server_optimizers.check_algorithm": (), "fedbench.server_optimizers.check_server_optimizer": (),
+         "fedbench.server_optimizers.updates_of_w": (),
          "fedbench.server_steps.ServerSteps": ("step", "commit")}),
     "transforms": ApiPage(
         "Round transforms", "the uplink and downlink chains: `Transform` (parameters, `apply`, `bits`), the "
