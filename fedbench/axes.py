@@ -141,8 +141,8 @@ class Chain:
 class Section:
     """An axis set at the recipe's top level (`privacy:`, `compile:`), not in `federation:`: its `params` (a mapping
     of them, or the first's value alone where `scalar`), e.g. `example`; `declared` by the module `module`; its `rule`
-    refuses (ParamError at a field below `federation`) the recipe's value of it (None where absent) with a trial's
-    built federation."""
+    refuses the recipe's value of it (None where absent) with a trial's built federation, a ParamError at the field's
+    path in the recipe (`federation.uplink.1.gaussian`, `compile`)."""
 
     key: str
     params: tuple[Param, ...]
@@ -160,12 +160,18 @@ class Section:
         self.rule(value, federation)
 
 
-COMPILE_MODES = ("auto", "on", "off")  # `compile:` (`fedbench.compiling`); auto first, the default
+# `compile:`'s modes, auto first (the default): declared here, below the engine's `fedbench.compiling`, which reads them
+COMPILE_MODES = ("auto", "on", "off")
 
 
 def _check_compile(mode: Any, federation: Any) -> None:
     if mode not in COMPILE_MODES:
         raise ParamError("compile", f"found {mode!r}, expected one of {', '.join(COMPILE_MODES)}")
+
+
+def _participation_reads(spec: dict) -> tuple[str, ...]:
+    model = spec.get("model", "uniform")
+    return participation.READS.get(model, ()) if isinstance(model, str) else ()  # a grid over models: no one field
 
 
 def _check_privacy(section: Any, federation: Any) -> None:
@@ -178,8 +184,7 @@ AXES: dict[str, FederationAxis | Section] = {axis.key: axis for axis in (
     Chain("downlink", "a list of transforms of the server's broadcast", "[{qsgd: 8}]"),
     Mapped("adversaries", Adversaries, "{fraction: 0.2, attack: sign_flip}", rule=robust.check_adversaries),
     Mapped("participation", Participation, "{model: bernoulli, p: 0.3}", rule=participation.check_participation,
-           reads=lambda spec: participation.READS.get(spec.get("model", "uniform"), ()) if isinstance(
-               spec.get("model", "uniform"), str) else ()),  # a grid over models reads no one field
+           reads=_participation_reads),
     Mapped("local_steps", LocalSteps, "{distribution: uniform, low: 1, high: 10}",
            "uneven local work, a mapping instead of E", rule=participation.check_local_steps, plain=True,
            reads=lambda spec: ("low", "high") if spec.get("distribution") is not None else ()),
