@@ -43,7 +43,7 @@ class IterationProgram(RoundProgram):
         super().__init__(sims)
         if why := not_iteration_wise(sims[0]):
             raise NotBatchable(why)
-        assert self.local_steps is not None  # no uneven local work (`participation.check_local_steps`)
+        assert self.local_steps is not None  # all take part, no uneven work (`participation.check_local_steps`)
         self.steps_given = self.local_steps  # E, which each run's `round_length` draws its rounds' lengths from
         sampler = sims[0].sampler
         self.rows_per_step = self.problem.num_clients * sampler.sizes[sampler.drawn[0].name]
