@@ -140,9 +140,10 @@ class Chain:
 @dataclass(frozen=True)
 class Section:
     """An axis set at the recipe's top level (`privacy:`, `compile:`), not in `federation:`: its `params` (a mapping
-    of them, or the first's value alone where `scalar`), e.g. `example`; `declared` by the module `module`; its `rule`
-    refuses the recipe's value of it (None where absent) with a trial's built federation, a ParamError at the field's
-    path in the recipe (`federation.uplink.1.gaussian`, `compile`)."""
+    of them, or the first's value alone where `scalar`), written as `example`; `what` it is in a line, and in full
+    (`detail`), as `fedbench list` says; `declared` by the module `module`; its `rule` refuses the recipe's value of it
+    (None where absent) with a trial's built federation, a ParamError at the field's path in the recipe
+    (`federation.uplink.1.gaussian`, `compile`)."""
 
     key: str
     params: tuple[Param, ...]
@@ -150,6 +151,7 @@ class Section:
     what: str
     module: str
     rule: Callable[[Any, Any], None]
+    detail: str = ""
     scalar: bool = False
 
     held: ClassVar[bool] = False
@@ -191,12 +193,17 @@ AXES: dict[str, FederationAxis | Section] = {axis.key: axis for axis in (
     Mapped("server_optimizer", ServerOptimizer, EXAMPLE, rule=server_optimizers.check_server_optimizer,
            schedules=True, reads=ServerOptimizer.reads_of),
     Held(ClientDropout),
-    Section("privacy", privacy.PARAMS, "{delta: 1.0e-5, accountant: pld}",
-            "ε at δ of the uplink's gaussian noise, in every row (required with a gaussian step)", "fedbench.privacy",
-            _check_privacy),
+    Section("privacy", privacy.PARAMS, "{delta: δ, accountant: pld | rdp}",
+            "ε at δ of the uplink's gaussian noise, in every row", "fedbench.privacy", _check_privacy,
+            "required with a gaussian step: each row's epsilon is ε at δ, user-level (one client's data replaced), S "
+            "of N clients drawn without replacement a round, by dp-accounting's PLD accountant on the dominating pair "
+            "(tight; the default) or its RDP bound (accountant: rdp, looser)"),
     Section("compile", (Param("compile", "choice", "auto", "local steps compiled with torch.compile: auto (where "
                               "bench/compile.py measured that they win), on or off", choices=COMPILE_MODES),),
-            "auto", "whether a run's local steps are compiled", "fedbench.compiling", _check_compile, scalar=True),
+            "auto | on | off", "whether a run's local steps are compiled", "fedbench.compiling", _check_compile,
+            "whether a run's local steps are compiled with torch.compile (their results equal eager's up to "
+            "rounding): auto where bench/compile.py measured that they win, on, or off (the eager engine bit for "
+            "bit)", scalar=True),
 )}
 """The run's axes by recipe key, in the order `fedbench list` shows them."""
 

@@ -143,12 +143,12 @@ def entries() -> list[Entry]:
 def axis_entry(axis: FederationAxis | Section) -> Entry:
     """An axis of the registry `fedbench.axes.AXES` as `fedbench list` shows it: its recipe path, what it is and an
     example, its parameters (a chain's are its transforms', listed apart), what declares it."""
-    where = " (at a recipe's top level)" if isinstance(axis, Section) else ""
+    if isinstance(axis, Section):
+        return Entry(axis.path, f"{axis.path}: {axis.example} at a recipe's top level, {axis.detail or axis.what}",
+                     f"{axis.example}: {axis.what}", axis.params, declared=axis.declared)
     notes = ["its steps: the transforms below (fedbench list transforms)"] if isinstance(axis, Chain) else []
-    if isinstance(axis, Section):  # what its module says first: the privacy accounting's mechanism, ...
-        notes = [" ".join(inspect.cleandoc(sys.modules[axis.module].__doc__ or "").split("\n\n")[0].split())]
     summary = f"{axis.what}, e.g. {axis.example}"
-    return Entry(axis.path, f"{axis.path}{where}: {summary}", summary, axis.params, notes, declared=axis.declared)
+    return Entry(axis.path, f"{axis.path}: {summary}", summary, axis.params, notes, declared=axis.declared)
 
 
 def select(known: list[Entry], name: str) -> list[tuple[Entry, Sequence[Param]]]:
