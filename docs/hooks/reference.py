@@ -314,18 +314,19 @@ def recipe_page() -> str:
 
 def federation_sections(listed: dict) -> list[str]:
     """A section per axis of the federation that `fedbench list` catalogues (`listed`, by path), in the order of the
-    registry `fedbench.axes.AXES`: the links' chains with their transforms, the adversaries, participation with uneven
-    local steps, the server optimizer, and any other mapping (`mapping_section`)."""
-    written = {"federation.uplink": lambda listed: transforms_section(
-                   [entry for path, entry in listed.items() if path.startswith("transforms.")]),
-               "federation.adversaries": robust_section, "federation.participation": participation_section,
+    registry `fedbench.axes.AXES` but for the links' chains, last with their transforms: the adversaries,
+    participation with uneven local steps, the server optimizer, any other mapping (`mapping_section`)."""
+    from fedbench.axes import AXES, Chain
+
+    written = {"federation.adversaries": robust_section, "federation.participation": participation_section,
                "federation.server_optimizer": server_optimizer_section}
-    beside = ("federation.downlink", "federation.local_steps")  # with the uplink, with participation
+    beside = ("federation.local_steps",)  # with participation
+    chains = [f"federation.{key}" for key, axis in AXES.items() if isinstance(axis, Chain)]
     lines = []
     for path, entry in listed.items():
-        if path.startswith("federation.") and path not in beside:
+        if path.startswith("federation.") and path not in (*beside, *chains):
             lines += written[path](listed) if path in written else mapping_section(entry)
-    return lines
+    return lines + transforms_section([entry for path, entry in listed.items() if path.startswith("transforms.")])
 
 
 def axes_section(listed: dict) -> list[str]:
