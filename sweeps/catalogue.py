@@ -14,13 +14,18 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from fedbench import plugins
+from fedbench.axes.registry import Chain, FederationAxis, Section, in_federation, sections
+from fedbench.axes.transforms import TRANSFORMS
 from fedbench.engine.dry_round import takes_uneven_steps
 from fedbench.hparams import Param, resolve
 
 TRANSFORM_VALUE = "value its first parameter, or {parameter: value}"  # how a chain's step is written
 UNEVEN = "federation.local_steps as a mapping"  # how a recipe gives each participant its own number of local steps
 OWN_NETWORK = "path/to/file.py:ClassName or package.module:ClassName"  # how a recipe names a researcher's own network
-SECTIONS = ("problems", "algorithms", "networks", "federation", "transforms", "privacy", "capabilities", "schedules")
+# the sections of the overview: a top-level axis of the registry (`fedbench.axes.registry.sections`: privacy, compile)
+# is one
+SECTIONS = ("problems", "algorithms", "networks", "federation", "transforms", *(axis.key for axis in sections()),
+            "capabilities", "schedules")
 # a summary's end: the first `.`, `:` or `;` before a space outside parentheses, but for an abbreviation's dot
 SENTENCE_END = re.compile(r"(?<!\bal)(?<!\bet)(?<!\be\.g)(?<!\bi\.e)(?<!\bcf)[.:;](?=\s|$)")
 
@@ -91,8 +96,6 @@ def contract_lines(kind: str, cls) -> list[str]:
 def entries() -> list[Entry]:
     """Everything `fedbench list` knows, in the order it prints it (plugins as registered now)."""
     from fedbench.algorithms import ALGORITHMS
-    from fedbench.axes.registry import AXES
-    from fedbench.axes.transforms import TRANSFORMS
     from fedbench.contract import CAPABILITIES
     from fedbench.networks import NETWORKS
     from fedbench.problems import PROBLEMS
@@ -118,19 +121,14 @@ def entries() -> list[Entry]:
                            declared=network))
     found.append(Entry("federation", "federation: how rounds run (a list is a grid axis)",
                        "rounds, clients per round, local steps, batch size, aggregation", FEDERATION_PARAMS))
-    for name, axis in AXES.items():
-        found.append(Entry(f"federation.{name}", f"federation.{name}: {axis.what}, e.g. {axis.example}",
-                           f"{axis.what}, e.g. {axis.example}", axis.made.params, declared=axis.made))
+    for axis in in_federation():
+        found.append(axis_entry(axis))
     for name, transform in TRANSFORMS.items():
         links = "uplink and downlink" if transform.on_downlink else "uplink"
         written = f"a step {{{name}: value}} of federation.{links.replace(' and ', ' or ')}"
         found.append(Entry(f"transforms.{name}", f"transform {name} ({written}: {TRANSFORM_VALUE})",
                            f"{transform.help} ({links})", transform.params, [transform.help], declared=transform))
-    found.append(Entry("privacy", "privacy: {delta: δ, accountant: pld | rdp} at a recipe's top level, required with "
-                       "a gaussian step: each row's epsilon is ε at δ, user-level (one client's data replaced), S of N "
-                       "clients drawn without replacement a round, by dp-accounting's PLD accountant on the dominating "
-                       "pair (tight; the default) or its RDP bound (accountant: rdp, looser)",
-                       "{delta: δ, accountant: pld | rdp}: ε at δ of the uplink's gaussian noise, in every row"))
+    found += [axis_entry(axis) for axis in sections()]
     found.append(Entry("capabilities", "capabilities an algorithm may require and a problem provide:",
                        ", ".join(CAPABILITIES), notes=[f"{n}: {meaning}" for n, meaning in CAPABILITIES.items()]))
     formulas = []
@@ -142,6 +140,17 @@ def entries() -> list[Entry]:
                        "`warmup_init` (default 0) to init, of H rounds after it (a list in a field is a grid axis; "
                        "[optional]):", "a value per round: " + ", ".join(KINDS), notes=formulas, declared=KINDS))
     return found
+
+
+def axis_entry(axis: FederationAxis | Section) -> Entry:
+    """An axis of the registry `fedbench.axes.registry.AXES` as `fedbench list` shows it: its recipe path, what it is
+    and an example, its parameters (a chain's are its transforms', listed apart), what declares it."""
+    if isinstance(axis, Section):
+        return Entry(axis.path, f"{axis.path}: {axis.example} at a recipe's top level, {axis.detail or axis.what}",
+                     f"{axis.example}: {axis.what}", axis.params, declared=axis.declared)
+    notes = ["its steps: the transforms below (fedbench list transforms)"] if isinstance(axis, Chain) else []
+    summary = f"{axis.what}, e.g. {axis.example}"
+    return Entry(axis.path, f"{axis.path}: {summary}", summary, axis.params, notes, declared=axis.declared)
 
 
 def select(known: list[Entry], name: str) -> list[tuple[Entry, Sequence[Param]]]:
@@ -203,7 +212,7 @@ def overview_lines(known: list[Entry], width: int, program: str) -> list[str]:
         names = [e.path if section == "federation" else e.name for e in mine]
         column = min(max(map(len, names)) + 2, 26)
         for entry, name in zip(mine, names):
-            if section in ("privacy", "capabilities", "schedules"):
+            if section not in ("problems", "algorithms", "networks", "federation", "transforms"):
                 lines += wrapped(f"{name}: {entry.summary}", width, 0, 2)
             else:
                 lines += wrapped(f"{name:<{column - 2}}  {entry.summary}", width, 2, column)

@@ -364,18 +364,20 @@ def validate(
 @app.command("list")
 def list_components(
     names: Optional[List[str]] = typer.Argument(
-        None, metavar="NAME", help="What to print in full: a section (problems, algorithms, federation, "
-        "transforms, privacy, capabilities, schedules), a name (fedavg, lasso, top_k, participation), or a recipe "
-        "field's path or its start (federation.local_steps, algorithms.fedavg.client_lr, algorithms.fedavg.client): "
-        "the entries it names, with the parameters whose names start with the path's rest; repeatable"),
+        None, metavar="NAME", help="What to print in full: a section (problems, algorithms, networks, federation, "
+        "transforms, privacy, compile, capabilities, schedules), a name (fedavg, lasso, top_k, participation), or a "
+        "recipe field's path or its start (federation.local_steps, algorithms.fedavg.client_lr, "
+        "algorithms.fedavg.client): the entries it names, with the parameters whose names start with the path's "
+        "rest; repeatable"),
     with_plugins: Optional[List[str]] = WithOption,
 ) -> None:
     """What a recipe may name and set: without NAME an overview, with NAMEs those in full.
 
-    Problems, algorithms (marked where they take uneven local work), the federation's fields (its adversaries,
-    participation model and uneven local steps), the transforms its uplink and downlink may chain, privacy
-    accounting, capabilities and schedules. Without NAME, each by name with a line about it; with NAMEs, those in
-    full: each parameter with its type, default, valid values and meaning, and where each component came from
+    Problems, algorithms (marked where they take uneven local work), networks, the federation's fields and each axis
+    of the registry `fedbench.axes.registry.AXES` (its chains, adversaries, participation model, uneven local steps,
+    server optimizer, client dropout; privacy accounting and compiled steps at the top level), the transforms its uplink
+    and downlink may chain, capabilities and schedules. Without NAME, each by name with a line about it; with NAMEs,
+    those in full: each parameter with its type, default, valid values and meaning, and where each component came from
     (built in, or a plugin: installed packages' entry points, and those given with --with)."""
     from fedbench import plugins
     from .catalogue import closest, listing

@@ -301,7 +301,7 @@ def recipe_page() -> str:
                       "hyperparameters (a list is a grid axis), or to nothing for the defaults; an entry may also "
                       "hold its own `problem:` and `federation:` overrides.", ""]
     lines += ["## `federation:`", "", "How rounds run; a list is a grid axis (generated from `FEDERATION_PARAMS`).",
-              "", *param_table(listed["federation"].params), "", *federation_sections(listed),
+              "", *param_table(listed["federation"].params), "", *axes_section(listed), *federation_sections(listed),
               "## `tune.space` distributions", "",
               "Each entry of `tune.space` maps a parameter (bare name, `problem.X`, `federation.X` or "
               "`algorithms.ALGO.X`; or a field of the schedule a hyperparameter follows, `X.FIELD` or "
@@ -313,16 +313,35 @@ def recipe_page() -> str:
 
 
 def federation_sections(listed: dict) -> list[str]:
-    """A section per axis of the federation that `fedbench list` catalogues (`listed`, by path): its mappings
-    (`fedbench.axes.registry.AXES`: the adversaries, participation with uneven local steps, the server optimizer, and
-    any other, `mapping_section`), then the transforms of its links."""
+    """A section per axis of the federation that `fedbench list` catalogues (`listed`, by path), in the order of the
+    registry `fedbench.axes.registry.AXES` but for the links' chains, last with their transforms: the adversaries,
+    participation with uneven local steps, the server optimizer, any other mapping (`mapping_section`)."""
+    from fedbench.axes.registry import AXES, Chain
+
     written = {"federation.adversaries": robust_section, "federation.participation": participation_section,
                "federation.server_optimizer": server_optimizer_section}
+    beside = ("federation.local_steps",)  # with participation
+    chains = [f"federation.{key}" for key, axis in AXES.items() if isinstance(axis, Chain)]
     lines = []
     for path, entry in listed.items():
-        if path.startswith("federation.") and path != "federation.local_steps":  # with participation
+        if path.startswith("federation.") and path not in (*beside, *chains):
             lines += written[path](listed) if path in written else mapping_section(entry)
     return lines + transforms_section([entry for path, entry in listed.items() if path.startswith("transforms.")])
+
+
+def axes_section(listed: dict) -> list[str]:
+    """Every axis of the registry `fedbench.axes.registry.AXES` in one table: where a recipe sets it, what it is with an
+    example (its summary in `fedbench list`, `listed` by path)."""
+    from fedbench.axes.registry import AXES
+
+    lines = ["## Axes", "", "Every axis of a run, as the registry `fedbench.axes.registry.AXES` declares it and "
+             "`fedbench list` shows it: its field in a recipe (under `federation:`, or at the top level), what it "
+             "is with an example; each is described on this page (the top-level ones in the tables above, the "
+             "federation's below).", "",
+             "| field | what it is |", "|---|---|"]
+    for axis in AXES.values():
+        lines.append(f"| {code(axis.path)} | {cell(listed[axis.path].summary)} |")
+    return [*lines, ""]
 
 
 def mapping_section(entry) -> list[str]:
@@ -563,7 +582,8 @@ API_PAGES = {
         "adjacency, sensitivity) and dp-accounting's accountants (PLD by default, RDP)", "fedbench.axes.privacy",
         {"fedbench.axes.privacy.Accountant": ("epsilon",),
          "fedbench.axes.privacy.Mechanism": ("of", "noise_multiplier", "event"),
-         "fedbench.axes.privacy.check": (), "fedbench.metrics.epsilon_metric": ()}),
+         "fedbench.axes.privacy.check": (), "fedbench.axes.privacy.check_accounted": (),
+         "fedbench.metrics.epsilon_metric": ()}),
     "participation": ApiPage(
         "Participation and uneven local work", "who takes part in a round (`Participation`: uniform, cyclic, "
         "bernoulli, markov) and each participant's local steps (`LocalSteps`), how the engine batches them, and "
@@ -572,14 +592,16 @@ API_PAGES = {
         "fedbench.axes.participation",
         {"fedbench.axes.participation.Participation": ("varying", "check"),
          "fedbench.axes.participation.LocalSteps": ("check",),
-         "fedbench.axes.participation.check_algorithm": (), "fedbench.axes.participation.sample_clients": (),
-         "fedbench.engine.dry_round.takes_uneven_steps": ()}),
+         "fedbench.axes.participation.check_participation": (), "fedbench.axes.participation.check_local_steps": (),
+         "fedbench.axes.participation.sample_clients": (), "fedbench.engine.dry_round.takes_uneven_steps": ()}),
     "server_optimizers": ApiPage(
         "Server optimizer", "the server's step on the round's mean update of `w`, for any algorithm that uploads one "
         "(`ServerOptimizer`: sgd, momentum, adagrad, adam, yogi, Reddi et al.'s form or optax's), how the engine "
         "applies it, and the rule of which algorithms take it", "fedbench.axes.server_optimizers",
         {"fedbench.axes.server_optimizers.ServerOptimizer": ("values", "check"),
-         "fedbench.axes.server_optimizers.check_algorithm": (), "fedbench.axes.server_optimizers.updates_of_w": (),
+         "fedbench.axes.server_optimizers.check_algorithm": (),
+         "fedbench.axes.server_optimizers.check_server_optimizer": (),
+         "fedbench.axes.server_optimizers.updates_of_w": (),
          "fedbench.engine.server_steps.ServerSteps": ("step", "commit")}),
     "transforms": ApiPage(
         "Round transforms", "the uplink and downlink chains: `Transform` (parameters, `apply`, `bits`), the "

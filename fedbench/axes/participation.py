@@ -76,7 +76,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedbench.axes.privacy import gaussian_step
+from fedbench.axes.robust import RULES
 from fedbench.hparams import Param, ParamError
+from fedbench.problems.base import Layout
 
 if TYPE_CHECKING:
     from fedbench.algorithms.base import Algorithm
@@ -461,16 +464,36 @@ class StepCounts:
         return torch.randint(*self.span, (len(clients),), generator=self.gen)
 
 
-def check_algorithm(participation: Participation, algorithm: type[Algorithm]) -> None:
-    """Refuse (ParamError at the federation's field) a federation's `participation` model the algorithm cannot take:
-    any model but uniform where it takes every client every round; a varying number of participants where its server
-    uses each client's uploads (not only their mean). Uneven local work is `fedbench.engine.checks.check_uneven_work`'s
-    (it runs a dry round of the algorithm)."""
-    name, model = algorithm.name, participation.model
-    if model != "uniform" and algorithm.participation == "all":
-        raise ParamError("participation.model", f"found {model} for {name}, which takes every client every round; "
-                         "expected uniform", "federation")
-    if participation.varying and not algorithm.uploads_averaged:
-        raise ParamError("participation.model", f"found {model} for {name}, whose server uses each client's uploads "
-                         "(not only their mean), for a varying number of participants; expected uniform or cyclic",
-                         "federation")
+def check_participation(federation: Any, algorithm: type[Algorithm], hp: Mapping[str, Any], layout: Layout) -> None:
+    """`federation.participation`'s rules (`fedbench.axes.registry`): the model's own (`Participation.check`); refused,
+    any but uniform for an algorithm taking every client or with DP-FedAvg's noise (accounted for S of N drawn
+    uniformly), and a varying number of participants for a server using each client's uploads (not only their mean) or a
+    robust rule."""
+    given, aggregation, name = federation.participation, federation.aggregation, algorithm.name
+    if given.model != "uniform" and algorithm.participation == "all":
+        raise ParamError("participation.model", f"found {given.model} for {name}, which takes every client every "
+                         "round; expected uniform")
+    if given.varying and not algorithm.uploads_averaged:
+        raise ParamError("participation.model", f"found {given.model} for {name}, whose server uses each client's "
+                         "uploads (not only their mean), for a varying number of participants; expected uniform or "
+                         "cyclic")
+    given.check(layout.clients, federation.clients_per_round)
+    if given.varying and aggregation in RULES:
+        raise ParamError("participation.model", f"found {given.model} with aggregation {aggregation} (a rule of S "
+                         "uploads); expected uniform or cyclic")
+    if given.model != "uniform" and gaussian_step(federation.uplink) is not None:
+        raise ParamError("participation.model", f"found {given.model} with DP-FedAvg's noise (accounted for S of N "
+                         "drawn uniformly); expected uniform")
+
+
+def check_local_steps(federation: Any, algorithm: type[Algorithm], hp: Mapping[str, Any], layout: Layout) -> None:
+    """Uneven `federation.local_steps`' own rules (`fedbench.axes.registry`): its own (`LocalSteps.check`), epochs where
+    minibatches cannot be short. Whether the algorithm takes uneven work at all is found by a dry round of it, above
+    the axes (`fedbench.engine.checks.check_uneven_work`)."""
+    steps = federation.local_steps
+    if not isinstance(steps, LocalSteps):
+        return
+    steps.check(layout.clients)
+    if steps.epochs is not None and layout.smallest is not None:
+        raise ParamError("local_steps.epochs", f"found {steps.epochs} for a problem whose minibatches cannot be "
+                         "short; expected counts, file or distribution")

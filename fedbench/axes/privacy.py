@@ -75,7 +75,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from fedbench.axes.transforms import TRANSFORMS, Clip, Gaussian, Step
-from fedbench.hparams import ParamError
+from fedbench.hparams import Param, ParamError
 
 if TYPE_CHECKING:
     from dp_accounting import DpEvent
@@ -84,6 +84,11 @@ if TYPE_CHECKING:
     from fedbench.algorithms.base import Algorithm
 
 ACCOUNTANTS = ("pld", "rdp")  # the recipe's `privacy.accountant`, the default first
+PARAMS = (  # the recipe's `privacy:` (`fedbench.axes.registry`)
+    Param("delta", "float", None, "the δ of (ε, δ)-DP, e.g. 1.0e-5 (below 1/N, the clients' number, by custom); "
+          "required", low=0, low_open=True, high=1, high_open=True, nullable=True),
+    Param("accountant", "choice", ACCOUNTANTS[0], "pld: the privacy-loss distribution of the mechanism's dominating "
+          "pair (tight); rdp: the Rényi DP bound (looser)", choices=ACCOUNTANTS))
 TOLERANCE = 1e-3  # the PLD's ε: the relative change of one more halving of its grid at which it stops
 
 
@@ -110,6 +115,22 @@ def check(uplink: Sequence[Step]) -> None:
             allowed = " or ".join(t.name for t in TRANSFORMS.values() if t.shortens and t is not Clip)
             raise ParamError(f"uplink.{i}.{step.name}", f"found {step.name} between the clip and the noise, expected "
                              f"only {allowed} there (the norm ≤ C): clip after it")
+
+
+def check_accounted(delta: float | None, uplink: Sequence[Step]) -> None:
+    """The recipe's `privacy:` rule (`fedbench.axes.registry`): refuse (ParamError at the recipe's path of the gaussian
+    step, `federation.uplink.2.gaussian`) an uplink that adds DP-FedAvg's noise without a δ to account ε at, or whose ε
+    cannot be accounted (`check`)."""
+    at = gaussian_step(uplink)
+    if at is None:
+        return
+    if delta is None:
+        raise ParamError(f"federation.uplink.{at}.gaussian", "found noise without a privacy section, expected "
+                         "`privacy: {delta: 1.0e-5}` at the top level (ε at that δ in every row)")
+    try:
+        check(uplink)
+    except ParamError as err:
+        raise ParamError(f"federation.{err.name}", err.message) from None
 
 
 @dataclass(frozen=True)

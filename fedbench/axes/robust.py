@@ -180,3 +180,10 @@ class Adversaries:
                 param.check(getattr(self, param.name))
             except ValueError as err:
                 raise ParamError(f"adversaries.{param.name}", str(err)) from None
+
+
+def check_adversaries(federation: Any, algorithm: Any, hp: Any, layout: Any) -> None:
+    """`federation.adversaries`' rule (`fedbench.axes.registry`): their own (`Adversaries.check`); what they ask of an
+    algorithm's uploads is `fedbench.engine.federation.check_uploads`'."""
+    if federation.adversaries is not None:
+        federation.adversaries.check()

@@ -104,6 +104,12 @@ class ServerOptimizer:
         """Whether it follows optax's formulas (`form: optax`, an adaptive rule)."""
         return self.name in ADAPTIVE and self.form == "optax"
 
+    @classmethod
+    def reads_of(cls, spec: dict) -> tuple[str, ...]:
+        """The fields a mapping as a recipe writes it reads (none where its rule or form is none of theirs)."""
+        rule, form = spec.get("name", "sgd"), spec.get("form")
+        return cls(rule, form=form).reads() if rule in RULES and form in (None, *FORMS) else ()
+
     def reads(self) -> tuple[str, ...]:
         """The fields its rule reads beside `name`."""
         if self.name == "sgd":
@@ -175,3 +181,11 @@ def check_algorithm(optimizer: ServerOptimizer | None, algorithm: type[Algorithm
     if why:
         raise ParamError("server_optimizer", f"found {optimizer.name} for {name}, {why}; expected none",
                          "federation")
+
+
+def check_server_optimizer(federation: Any, algorithm: type[Algorithm], hp: Mapping[str, Any], layout: Any) -> None:
+    """`federation.server_optimizer`'s rules (`fedbench.axes.registry`): the algorithm's (`check_algorithm`), then its
+    own (`ServerOptimizer.check`)."""
+    check_algorithm(federation.server_optimizer, algorithm, hp)
+    if federation.server_optimizer is not None:
+        federation.server_optimizer.check()

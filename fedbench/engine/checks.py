@@ -1,10 +1,11 @@
 """Every rule a run is checked by when it is built, listed once: the problem's own (`Problem.check`, and
 `Problem.declared_layout` where the data's index is read), the algorithm's own (`Algorithm.check`), the contract
 between them (`fedbench.contract`), and the federation's against both (`check_federation`: the algorithm's uploads,
-its participation and local work, the server optimizer, each registered axis's rule, `Federation.check` against the
-problem's clients and the algorithm's minibatches). A recipe's validator calls `check_run` on a trial's declared
-configuration before anything runs; a run's record calls `check_federation` on its built problem and algorithm (whose
-own rules their constructors apply), so that a rule added here is applied by both.
+each axis of the registry `fedbench.axes.registry.AXES` by its own `check`, `Federation.check` against the problem's
+clients and the algorithm's minibatches; a recipe's top-level axes, `privacy:`, by the recipe's validator). A recipe's
+validator calls `check_run` on a trial's declared configuration before anything runs; a run's record calls
+`check_federation` on its built problem and algorithm (whose own rules their constructors apply), so that a rule added
+here is applied by both.
 
 A refusal is a `Refusal`: a `ParamError` whose `path` is the field's path relative to a recipe (`problem.X`,
 `federation.X`, `algorithms.NAME.X`, or `algorithms.NAME` for the contract), which the recipe's validator reports
@@ -15,8 +16,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar
 
 from fedbench import contract
-from fedbench.axes.participation import LocalSteps, check_algorithm as check_participation
-from fedbench.axes.server_optimizers import check_algorithm as check_server_optimizer
+from fedbench.axes import registry
+from fedbench.axes.participation import LocalSteps
 from fedbench.engine.dry_round import takes_uneven_steps
 from fedbench.engine.federation import Federation, check_uploads, minibatch_sizes
 from fedbench.hparams import ParamError
@@ -72,20 +73,18 @@ def check_run(problem: type[Problem], config: dict[str, Any], algorithm: type[Al
 def check_federation(federation: Federation, algorithm: type[Algorithm] | Algorithm, hp: Mapping[str, Any],
                      layout: Layout) -> None:
     """Refuse (`Refusal`) a `federation` that cannot run `algorithm` (its class with `hp`, or a configured
-    instance) on clients laid out as `layout`: what acts on its uploads (`check_uploads`), its participation model
-    (`fedbench.axes.participation.check_algorithm`) and uneven local work (`check_uneven_work`), the server optimizer
-    (`fedbench.axes.server_optimizers.check_algorithm`), each registered axis's rule (`fedbench.axes.registry.AXES`),
-    then the federation's fields and the algorithm's minibatch sizes against the problem's clients (`Federation.check`;
-    a size set by a hyperparameter refused at the algorithm's field)."""
+    instance) on clients laid out as `layout`: what acts on its uploads (`check_uploads`), each axis of the registry
+    `fedbench.axes.registry.AXES` set under `federation:` by its own rules (`check`: its chains, adversaries,
+    participation model, uneven local work, server optimizer, client dropout, ...), then the federation's own fields and
+    the algorithm's minibatch sizes against the problem's clients (`Federation.check`; a size set by a hyperparameter
+    refused at the algorithm's field)."""
     cls = algorithm if isinstance(algorithm, type) else type(algorithm)
 
     def with_algorithm() -> None:
         check_uploads(federation, cls, hp, layout.clients)
-        check_participation(federation.participation, cls)
         check_uneven_work(federation.local_steps, cls, hp)
-        check_server_optimizer(federation.server_optimizer, cls, hp)
-        for axis in federation.axes:
-            axis.check(federation, algorithm, layout)
+        for axis in registry.in_federation():
+            axis.check(federation, algorithm, hp, layout)
 
     at("federation", with_algorithm)
     _, batch_sizes = minibatch_sizes(algorithm.minibatches(hp), hp, federation.batch_size)

@@ -29,10 +29,12 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from fedbench.axes.registry import COMPILE_MODES
+
 if TYPE_CHECKING:
     from fedbench.engine.record import RunRecord
 
-MODES = ("auto", "on", "off")
+MODES = COMPILE_MODES  # a recipe's `compile:` (`fedbench.axes.registry`)
 TABLE = Path(__file__).with_name("compile_table.json")  # written by bench/compile.py (its `command` says how)
 # A measured row speaks for programs whose local step is within this factor of its size (`step_work`); beyond,
 # `auto` does not extrapolate and runs eager.

@@ -17,7 +17,7 @@ from fedbench.axes.privacy import gaussian_step
 from fedbench.axes.robust import KRUMS, RULES, Adversaries
 from fedbench.axes.server_optimizers import ServerOptimizer
 from fedbench.axes.slots import slot_weights
-from fedbench.axes.transforms import LINKS, Gaussian, Step, chain, chain_text, check_chain
+from fedbench.axes.transforms import LINKS, Step, chain, chain_text
 from fedbench.hparams import Param, ParamError
 from fedbench.oracle import Batches, Minibatch
 from fedbench.problems.base import Layout, Problem
@@ -144,45 +144,21 @@ class Federation:
         return config
 
     def check(self, layout: Layout, batch_sizes: Mapping[str, int] | None = None) -> None:
-        """Refuse (ParamError, naming the field) a federation that cannot run on clients laid out as `layout` with
-        minibatches of `batch_sizes` (by the field that sets each, `minibatch_sizes`; default: `batch_size`
-        alone): the rule of the engine on a built problem and of a recipe's validator on a problem's declared layout
-        (where a part unknown is not checked). Its chains are checked by `fedbench.axes.transforms.check_chain`, its
-        adversaries by `fedbench.axes.robust.Adversaries.check`, its participation model and uneven local steps by their
-        own `check`, its server optimizer by `ServerOptimizer.check`; a varying number of participants
-        (`Participation.varying`) is refused with a robust rule, and any model but uniform with DP-FedAvg's noise (its
-        privacy is accounted for S of N clients drawn uniformly); what depends on the algorithm too (its uploads, how
-        many clients a round it takes, what its maths reads) by `check_uploads`,
-        `fedbench.axes.participation.check_algorithm` and `fedbench.axes.server_optimizers.check_algorithm`."""
+        """Refuse (ParamError, naming the field) a federation whose own fields cannot run on clients laid out as
+        `layout` with minibatches of `batch_sizes` (by the field that sets each, `minibatch_sizes`; default:
+        `batch_size` alone): a value out of its parameter's range, more clients a round than the problem has, a
+        minibatch above the smallest client's samples (where a part of the layout is unknown, it is not checked). The
+        rules of its axes (its chains, adversaries, participation model, uneven local steps, server optimizer and
+        `axes`) are each axis's own `check` in the registry `fedbench.axes.registry.AXES`;
+        `fedbench.engine.checks.check_federation` applies them all, with what depends on the algorithm too
+        (`check_uploads`), then this."""
         for param in self.params:
             if param.name == "local_steps" and self.uneven:
-                continue  # checked as LocalSteps below
+                continue  # a LocalSteps: its axis's rule (`fedbench.axes.participation.check_local_steps`)
             try:
                 param.check(getattr(self, param.name))
             except ValueError as err:
                 raise ParamError(param.name, str(err), "federation") from None
-        try:
-            for link in LINKS:
-                check_chain(getattr(self, link), link, self.aggregation)
-            if self.adversaries is not None:
-                self.adversaries.check()
-            self.participation.check(layout.clients, self.clients_per_round)
-            if isinstance(self.local_steps, LocalSteps):
-                self.local_steps.check(layout.clients)
-                if self.local_steps.epochs is not None and layout.smallest is not None:
-                    raise ParamError("local_steps.epochs", f"found {self.local_steps.epochs} for a problem whose "
-                                     "minibatches cannot be short; expected counts, file or distribution")
-            if self.server_optimizer is not None:
-                self.server_optimizer.check()
-        except ParamError as err:
-            raise ParamError(err.name, err.message, "federation") from None
-        model = self.participation.model
-        if self.participation.varying and self.aggregation in RULES:
-            raise ParamError("participation.model", f"found {model} with aggregation {self.aggregation} (a rule of S "
-                             "uploads); expected uniform or cyclic", "federation")
-        if model != "uniform" and any(step.name == Gaussian.name for step in self.uplink):
-            raise ParamError("participation.model", f"found {model} with DP-FedAvg's noise (accounted for S of N "
-                             "drawn uniformly); expected uniform", "federation")
         if layout.clients is not None and self.clients_per_round > layout.clients:
             raise ParamError("clients_per_round", f"found {self.clients_per_round}, expected at most the problem's "
                              f"{layout.clients} clients (or 0: all)", "federation")

@@ -15,7 +15,7 @@ from fedbench import plugins
 from fedbench.algorithms import ALGORITHMS
 from fedbench.axes import privacy, registry
 from fedbench.axes.participation import LocalSteps
-from fedbench.axes.transforms import LINKS, chain_text
+from fedbench.axes.transforms import chain_text
 from fedbench.engine import checks
 from fedbench.engine.federation import Federation
 from fedbench.engine.simulate import Simulation
@@ -56,9 +56,26 @@ class Recipe:
     checkpoints: Checkpoints = field(default_factory=Checkpoints)
     max_runs: int = 2000  # the most runs `fedbench sweep` starts without --yes
     models_every: int = 0  # `tracking.models_every`: a run's model stored every this many rounds (0: the final only)
-    delta: Optional[float] = None  # `privacy.delta`: the δ of the rows' ε in runs with DP-FedAvg's noise
-    compile: str = "auto"  # whether runs' local steps are compiled (`fedbench.engine.compiling`)
-    accountant: str = privacy.ACCOUNTANTS[0]  # `privacy.accountant`: what computes the rows' ε (`axes.privacy`)
+    # the top-level axes' values as validated, by key (`fedbench.axes.registry.sections`: `privacy`, `compile`); absent:
+    # default
+    sections: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def delta(self) -> Optional[float]:
+        """`privacy.delta`: the δ of the rows' ε in runs with DP-FedAvg's noise (None: no privacy section)."""
+        section = self.sections.get("privacy")
+        return None if section is None else section.delta
+
+    @property
+    def accountant(self) -> str:
+        """`privacy.accountant`: what computes the rows' ε (`fedbench.axes.privacy`)."""
+        section = self.sections.get("privacy")
+        return privacy.ACCOUNTANTS[0] if section is None else section.accountant
+
+    @property
+    def compile(self) -> str:
+        """`compile`: whether runs' local steps are compiled (`fedbench.engine.compiling`)."""
+        return self.sections.get("compile", registry.COMPILE_MODES[0])
 
     @property
     def recipe_hash(self) -> str:
@@ -109,7 +126,7 @@ class Recipe:
             for key, values in grid.items():
                 if f"{section}.{key}" not in fixed and len(values) != 1:
                     found, pick = values, key
-                    if section == "federation" and key in LINKS:  # a step's value picks one: uplink.0.top_k
+                    if section == "federation" and isinstance(registry.AXES.get(key), registry.Chain):  # uplink.0.top_k
                         found, pick = [chain_text(v) for v in values], f"{key}.N.NAME"
                     elif section == "federation" and key in registry.AXES and not all(
                             isinstance(v, int) for v in values):  # a field of the mapping, or one of a list whole
@@ -178,15 +195,15 @@ class Recipe:
         """Refuse (RecipeError, naming the recipe field) a trial whose run building would refuse, by the rules the
         engine applies then (`fedbench.engine.checks.check_run`: the problem's and the algorithm's own, the contract
         between them, and the federation against the algorithm and the problem's clients as the config declares them,
-        and with `read_data` as the index of the data does), this machine's memory (`check_memory`) and the privacy
-        section (`check_privacy`)."""
+        and with `read_data` as the index of the data does), this machine's memory (`check_memory`) and the rules of the
+        recipe's top-level axes (`check_sections`)."""
         try:
             checks.check_run(PROBLEMS[trial.problem], trial.problem_config, ALGORITHMS[trial.algorithm],
                              trial.hyperparameters, trial.federation, read_data)
         except checks.Refusal as err:
             raise RecipeError(self.source, self.path(trial.algorithm, err), err.message, err.detail) from None
         self.check_memory(trial)
-        self.check_privacy(trial)
+        self.check_sections(trial)
 
     def path(self, algorithm: str, refusal: checks.Refusal) -> str:
         """A refusal's field in the runs of `algorithm`: a problem's or federation's field in its own entry if it has
@@ -195,20 +212,17 @@ class Recipe:
             return self.field(algorithm, refusal.section, refusal.name)
         return refusal.path
 
-    def check_privacy(self, trial: Trial) -> None:
-        """Refuse a trial whose uplink adds DP-FedAvg's noise without the recipe's `privacy` section, or whose ε cannot
-        be accounted (`fedbench.axes.privacy.check`), at the step's field."""
-        at = privacy.gaussian_step(trial.federation.uplink)
-        if at is None:
-            return
-        if self.delta is None:
-            raise RecipeError(self.source, self.field(trial.algorithm, "federation", f"uplink.{at}.gaussian"),
-                              "found noise without a privacy section, expected `privacy: {delta: 1.0e-5}` at the "
-                              "top level (ε at that δ in every row)")
-        try:
-            privacy.check(trial.federation.uplink)
-        except ParamError as err:
-            raise RecipeError(self.source, self.field(trial.algorithm, "federation", err.name), err.message) from None
+    def check_sections(self, trial: Trial) -> None:
+        """Refuse a trial that the rules of the recipe's top-level axes (`fedbench.axes.registry.sections`: privacy
+        accounting where the uplink adds DP-FedAvg's noise, the compile mode) refuse with its federation, at the field
+        they name (a field of the federation in the algorithm's own entry where it has one, `field`)."""
+        for axis in registry.sections():
+            try:
+                axis.check(self.sections.get(axis.key), trial.federation)
+            except ParamError as err:
+                section, _, name = err.name.partition(".")
+                path = self.field(trial.algorithm, section, name) if section == "federation" else err.name
+                raise RecipeError(self.source, path, err.message) from None
 
     def check_builds(self, trials: list[Trial] | None = None) -> None:
         """`check` every distinct configuration of `trials` (default: the recipe's) with the index of its data

@@ -15,9 +15,8 @@ from pydantic import ValidationError
 
 from fedbench import plugins, schedules
 from fedbench.algorithms import ALGORITHMS
-from fedbench.axes import participation, privacy, transforms
-from fedbench.axes.registry import AXES
-from fedbench.axes.transforms import LINKS, Step
+from fedbench.axes import participation, registry, transforms
+from fedbench.axes.transforms import Step
 from fedbench.hparams import LIST_KINDS, Param, ParamError
 from fedbench.problems import PROBLEMS
 from fedbench.schedules import Schedule
@@ -28,7 +27,7 @@ from .schema import NAME_RULE, SECTIONS, RecipeModel, ReportSpec, schema_error
 from .space import check_space
 from .trials import FEDERATION_PARAMS, metrics_of
 
-FEDERATION_STEPS = next(p for p in FEDERATION_PARAMS if p.name == "local_steps")  # E
+FEDERATION_BY_NAME = {p.name: p for p in FEDERATION_PARAMS}
 
 
 def _check_values(source: str, path: str, param: Param, value: Any, per_round: bool) -> list[Any]:
@@ -109,15 +108,16 @@ def _check_params(source, path, declared, given: dict, per_round: bool = False) 
 
 
 def _check_federation(source: str, path: str, given: dict) -> dict[str, list[Any]]:
-    """The federation's grid (a section at `path`): its parameters' values (a list is a grid axis), then the chains
-    each link's steps make (`_check_chain`) and what its mappings make (`_check_mapping`: the adversaries, the
-    participation model, and uneven local steps where `local_steps` holds a mapping)."""
+    """The federation's grid (a section at `path`): its parameters' values (a list is a grid axis), then what each
+    axis of the registry `fedbench.axes.registry.AXES` set there makes: a link's chains (`_check_chain`) or a mapping's
+    values (`_check_mapping`: the adversaries, the participation model, uneven local steps where `local_steps` holds a
+    mapping, ...)."""
     given = dict(given)
-    nested: dict[str, list[Any]] = {link: _check_chain(source, f"{path}.{link}", link, given.pop(link))
-                                    for link in LINKS if link in given}
-    for name in AXES:
-        if name in given and (name != "local_steps" or _holds_mapping(given[name])):
-            nested[name] = _check_mapping(source, f"{path}.{name}", name, given.pop(name))
+    nested: dict[str, list[Any]] = {}
+    for axis in registry.in_federation():
+        if axis.key in given and (not axis.plain or _holds_mapping(given[axis.key])):
+            read = _check_chain if isinstance(axis, registry.Chain) else _check_mapping
+            nested[axis.key] = read(source, f"{path}.{axis.key}", axis.key, given.pop(axis.key))
     return {**_check_params(source, path, FEDERATION_PARAMS, given), **nested}
 
 
@@ -132,22 +132,24 @@ def _check_mapping(source: str, path: str, name: str, spec: Any) -> list[Any]:
     product of those lists; a list of mappings is a grid axis of them (`[{model: uniform}, {model: cyclic, groups: 4}]`;
     of `local_steps`, integers E among them; of a scalar axis, its values). Each value is checked at its field's path
     (`federation.adversaries.fraction[1]`, `federation.participation[1].groups`), what they must be together with the
-    trial's federation by `Federation.check`."""
-    cls, example, scalar = AXES[name].made, AXES[name].example, AXES[name].scalar
+    trial's federation by the axis's `check` (`fedbench.engine.checks.check_federation`)."""
+    axis = registry.AXES[name]
+    assert isinstance(axis, (registry.Mapped, registry.Held))  # `_check_federation` reads a chain by `_check_chain`
+    cls, example, scalar = axis.made, axis.example, axis.scalar
     if isinstance(spec, list) and not spec:
         raise RecipeError(source, path, "found an empty list, expected at least one value")
     made: list[Any] = []
     for i, item in enumerate(spec if isinstance(spec, list) else [spec]):
         where = f"{path}[{i}]" if isinstance(spec, list) else path
-        if name == "local_steps" and not isinstance(item, dict):  # E among uneven local work
-            made += _check_values(source, where, FEDERATION_STEPS, item, per_round=False)
+        if axis.plain and not isinstance(item, dict):  # the federation's own value among the mappings: E
+            made += _check_values(source, where, FEDERATION_BY_NAME[name], item, per_round=False)
             continue
         if scalar and not isinstance(item, dict):  # its first parameter's value alone
             made += [cls(value) for value in _check_values(source, where, cls.params[0], item, per_round=False)]
             continue
         if not isinstance(item, dict):
             raise RecipeError(source, where, f"found {in_words(item)}, expected a mapping, e.g. {example}")
-        grid = _check_params(source, where, cls.params, item, per_round=name == "server_optimizer")  # its lr
+        grid = _check_params(source, where, cls.params, item, per_round=axis.schedules)  # an lr
         for field in participation.FILES:  # a file of per-client values, as a plugin's, by the recipe's folder
             if field in grid:
                 grid[field] = [value if value is None else str(Path(source).parent / Path(value).expanduser())
@@ -230,7 +232,7 @@ def nested_fields(raw: dict[str, Any]) -> dict[str, list[str]]:
     problem, algorithms = raw.get("problem"), raw.get("algorithms")
     if isinstance(problem, dict) and isinstance(problem.get("name"), str) and problem["name"] in PROBLEMS:
         add("problem", [p.name for p in PROBLEMS[problem["name"]].params])
-    add("federation", [p.name for p in FEDERATION_PARAMS] + list(LINKS) + [*AXES])
+    add("federation", [p.name for p in FEDERATION_PARAMS] + [axis.key for axis in registry.in_federation()])
     for algorithm in algorithms if isinstance(algorithms, dict) else ():
         if isinstance(algorithm, str) and algorithm in ALGORITHMS:
             add(f"algorithms.{algorithm}", [p.name for p in ALGORITHMS[algorithm].hparams])
@@ -268,8 +270,7 @@ def parse(raw: dict[str, Any], source: str) -> Recipe:
                     model.eval_every, model.device, model.divergence_factor, model.resources, model.tune, raw,
                     report=model.report or ReportSpec(), overrides=overrides, checkpoints=model.checkpoints,
                     max_runs=model.max_runs, models_every=model.tracking.models_every,
-                    delta=model.privacy.delta if model.privacy else None, compile=model.compile,
-                    accountant=model.privacy.accountant if model.privacy else privacy.ACCOUNTANTS[0])
+                    sections={axis.key: getattr(model, axis.key) for axis in registry.sections()})
     if model.tune:  # its space read against the grids as validated: a chain's steps, an algorithm's own entries
         recipe.dimensions = check_space(recipe)
     _check_runs(recipe)

@@ -2,19 +2,17 @@
 federation and the recipe's algorithms declare, and resolved into a `Dimension` (which algorithms it varies,
 its distribution and range). A float hyperparameter is searched as itself, or, where the recipe gives it a schedule,
 by a field of that schedule (`client_lr.init`). Inside the federation, the space takes the paths a grid takes
-(`--set federation.uplink.0.top_k=[...]`): the parameter of a chain's step (`federation.uplink.0.top_k`), the
-adversaries' (`federation.adversaries.fraction`), the participation model's (`federation.participation.p`), uneven
-local work's (`federation.local_steps.high`) and the server optimizer's (`federation.server_optimizer.lr`).
+(`--set federation.uplink.0.top_k=[...]`): each axis of the registry `fedbench.axes.registry.AXES` set there: the
+parameter of a chain's step (`federation.uplink.0.top_k`), a mapping's (`federation.adversaries.fraction`,
+`federation.participation.p`, `federation.local_steps.high`, `federation.server_optimizer.lr`, ...).
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from fedbench.algorithms import ALGORITHMS
-from fedbench.axes.participation import READS, LocalSteps, Participation
-from fedbench.axes.robust import Adversaries
-from fedbench.axes.server_optimizers import FORMS, RULES, ServerOptimizer
-from fedbench.axes.transforms import LINKS, TRANSFORMS
+from fedbench.axes.registry import AXES, Chain, Held, Mapped, in_federation
+from fedbench.axes.transforms import TRANSFORMS
 from fedbench.hparams import Param
 from fedbench.problems import PROBLEMS
 from fedbench.schedules import FIELDS, Schedule
@@ -29,11 +27,10 @@ if TYPE_CHECKING:
 def check_space(recipe: Recipe) -> tuple[Dimension, ...]:
     """Each entry of the recipe's `tune.space` names a declared parameter and a valid range of it:
     `problem.X`, `federation.X`, `algorithms.A.X`, or a bare `X` for every algorithm declaring X; `X.FIELD` (bare
-    or of `algorithms.A`) a field of the schedule that the recipe gives X; `federation.LINK.I.T` the parameter of
-    the step T at index I of every algorithm's chain LINK (`federation.uplink.0.top_k`); `federation.adversaries.X`
-    a parameter of the adversaries; `federation.participation.X`, `federation.local_steps.X` and
-    `federation.server_optimizer.X` a parameter that every algorithm's participation model, uneven local work or
-    server optimizer reads (`mapping_param`)."""
+    or of `algorithms.A`) a field of the schedule that the recipe gives X; for an axis of the registry
+    `fedbench.axes.registry.AXES`, `federation.LINK.I.T` the parameter of the step T at index I of every algorithm's
+    chain LINK (`federation.uplink.0.top_k`), `federation.KEY.X` a parameter of a mapping's that every algorithm's
+    mapping reads (`mapping_param`: `federation.participation.p`)."""
     assert recipe.tune is not None  # called for a recipe with a tune block
     dimensions = []
     for key, spec in recipe.tune.space.items():
@@ -66,12 +63,12 @@ def _owners(recipe: Recipe, where: str, section: str, name: str) -> dict[str | N
     if section in ("problem", "federation"):
         declared = PROBLEMS[recipe.problem].params if section == "problem" else FEDERATION_PARAMS
         return {None: {p.name: p for p in declared}}
-    if section == "federation.adversaries":
-        return {None: {p.name: p for p in Adversaries.params}}
-    if section in ("federation.participation", "federation.local_steps", "federation.server_optimizer"):
-        return {None: mapping_param(recipe, where, section.removeprefix("federation."), name)}
-    if section.split(".")[:2] in [["federation", link] for link in LINKS] and section.count(".") == 2:
+    key = section.removeprefix("federation.").split(".")[0]
+    axis = AXES.get(key) if section.startswith("federation.") else None
+    if isinstance(axis, Chain) and section.count(".") == 2:
         return {None: {name: step_param(recipe, where, section.removeprefix("federation."), name)}}
+    if isinstance(axis, (Mapped, Held)) and section.count(".") == 1:
+        return {None: mapping_param(recipe, where, axis, name)}
     if section.startswith("algorithms.") and section.count(".") == 1:
         algorithm = section.split(".")[1]
         if algorithm not in algorithms:
@@ -80,11 +77,9 @@ def _owners(recipe: Recipe, where: str, section: str, name: str) -> dict[str | N
         return {algorithm: {p.name: p for p in ALGORITHMS[algorithm].hparams}}
     if not section:
         return {a: {p.name: p for p in ALGORITHMS[a].hparams} for a in algorithms}
-    raise RecipeError(source, where, "expected problem.NAME, federation.NAME, federation.uplink.I.TRANSFORM, "
-                      "federation.downlink.I.TRANSFORM, federation.adversaries.NAME, "
-                      "federation.participation.NAME, federation.local_steps.NAME, "
-                      "federation.server_optimizer.NAME, algorithms.ALGO.NAME or "
-                      "a hyperparameter name")
+    paths = [f"{axis.path}.I.TRANSFORM" if isinstance(axis, Chain) else f"{axis.path}.NAME" for axis in in_federation()]
+    raise RecipeError(source, where, f"expected problem.NAME, federation.NAME, {', '.join(paths)}, "
+                      "algorithms.ALGO.NAME or a hyperparameter name")
 
 
 def _schedule_fields(recipe: Recipe, where: str, owners: dict[str | None, dict[str, Param]], name: str, field: str,
@@ -134,31 +129,26 @@ def _checked_range(source: str, where: str, spec: Any, params: list[Param], name
     return distribution, bounds
 
 
-def mapping_param(recipe: Recipe, where: str, field: str, name: str) -> dict[str, Param]:
-    """The parameter `name` of the federation's `participation`, uneven `local_steps` or `server_optimizer` (`field`),
-    by its name, where every algorithm's federation gives that field as one mapping whose model (whose distribution
-    of the counts, whose rule) reads it: a search sets the field in that mapping, which must then make a run. All of
-    them where there is no such parameter (refused as unknown, with the closest); refused at `where` where a
-    federation's mapping does not read it."""
-    made: Any = {"participation": Participation, "local_steps": LocalSteps, "server_optimizer": ServerOptimizer}[field]
-    params = {p.name: p for p in made.params}
+def mapping_param(recipe: Recipe, where: str, axis: Mapped | Held, name: str) -> dict[str, Param]:
+    """The parameter `name` of a federation's mapping `axis` (`fedbench.axes.registry.AXES`), by its name, where every
+    algorithm's federation gives that field as one mapping that reads it (`reads`: the participation model's, uneven
+    local work's distribution, the server optimizer's rule), or, for an axis that reads every field, as a mapping or
+    not at all: a search sets the field in that mapping, which must then make a run. All of them where there is no
+    such parameter (refused as unknown, with the closest); refused at `where` where a federation's mapping does not
+    read it."""
+    params = {p.name: p for p in axis.params}
     if name not in params:
         return params
     for algorithm in recipe.algorithms:
-        path = recipe.field(algorithm, "federation", field)
+        path = recipe.field(algorithm, "federation", axis.key)
         spec: Any = recipe.document
         for part in path.split("."):
             spec = spec.get(part) if isinstance(spec, dict) else None
+        if axis.reads is None and spec is None:
+            continue  # the search makes the mapping (`sweeps.recipe.assigned`)
         if not isinstance(spec, dict):
             raise RecipeError(recipe.source, where, f"found no mapping in {path}, expected one that reads {name}")
-        if field == "participation":
-            model = spec.get("model", "uniform")
-            reads = READS.get(model, ()) if isinstance(model, str) else ()  # a grid over models reads no one field
-        elif field == "server_optimizer":
-            rule, form = spec.get("name", "sgd"), spec.get("form")
-            reads = ServerOptimizer(rule, form=form).reads() if rule in RULES and form in (None, *FORMS) else ()
-        else:
-            reads = ("low", "high") if spec.get("distribution") is not None else ()
+        reads = tuple(params) if axis.reads is None else axis.reads(spec)
         if name not in reads:
             raise RecipeError(recipe.source, where, f"found {path} reading {', '.join(reads) or 'none of its fields'}, "
                               f"expected one that reads {name}")

@@ -12,8 +12,7 @@ from typing import Any
 
 from fedbench.algorithms import ALGORITHMS
 from fedbench.axes.privacy import ACCOUNTANTS
-from fedbench.axes.registry import AXES
-from fedbench.axes.transforms import LINKS
+from fedbench.axes.registry import in_federation
 from fedbench.engine.federation import DIVERGENCE_FACTOR, Federation
 from fedbench.hparams import Param, PerRound
 from fedbench.metrics import ENGINE_COLUMNS, Metric, epsilon_metric
@@ -130,5 +129,5 @@ def stable_hash(value: Any) -> str:
 # so that a grid over local_steps compares methods at equal work (the FeDXL paper's K ablation).
 FEDERATION_PARAMS = (*Federation.params, Param("iterations", "int", None, "instead of rounds: local iterations per "
                                                "client, rounds = iterations / local_steps", low=1))
-# and the chains, and the axes of the registry (`fedbench.axes.registry.AXES`)
-FEDERATION_NAMES = {p.name for p in FEDERATION_PARAMS} | {*LINKS, *AXES}
+# and the axes of the registry set under `federation:` (`fedbench.axes.registry.AXES`: the chains, the mappings, ...)
+FEDERATION_NAMES = {p.name for p in FEDERATION_PARAMS} | {axis.key for axis in in_federation()}

@@ -468,8 +468,10 @@ def test_a_download_whose_shape_changed_goes_whole():
 def test_a_federation_refuses_a_chain_at_its_field():
     with pytest.raises(ParamError, match=r"federation\.uplink\.0\.top_k: expected float in \(0, 1\], found 2"):
         Federation(uplink=[{"top_k": 2}])
+    lasso = small_lasso()  # the chain's rule is its axis's (`fedbench.axes.registry`), which a run's record applies
     with pytest.raises(ParamError, match=r"federation\.uplink\.1\.gaussian: found no clip"):
-        Federation(uplink=[{"top_k": 0.1}, {"gaussian": 1.0}]).check(small_lasso().layout())
+        Simulation(lasso, fedbench.make_algorithm("fedavg", lasso), Federation(uplink=[{"top_k": 0.1}, {"gaussian": 1.0}]),
+                   0)
     problem = pfl()
     with pytest.raises(ParamError, match="federation.uplink: found a chain for l2sgd_plus, which all-reduces"):
         Simulation(problem, fedbench.make_algorithm("l2sgd_plus", problem), Federation(3, 0, 1, 1, uplink=["sign"]), 0)

@@ -210,7 +210,7 @@ API_NAMES = {"algorithm": ["Algorithm.client_step", "Algorithm.client_final", "A
              "running": ["run", "simulate", "Result.final", "Simulation.run_round", "RunRecord.accountant"],
              "privacy": ["Accountant.epsilon", "Mechanism.of", "Mechanism.event"],
              "transforms": ["Transform.apply", "Transform.bits", "Compressor.compress", "chain"],
-             "participation": ["Participation", "LocalSteps", "check_algorithm", "sample_clients"],
+             "participation": ["Participation", "LocalSteps", "check_participation", "sample_clients"],
              "server_optimizers": ["ServerOptimizer", "ServerOptimizer.values", "check_algorithm", "ServerSteps.step"],
              "plugins": ["load", "discover", "PluginError"],
              "partitions": ["split", "Partition.describe", "fingerprint"],
