@@ -49,8 +49,9 @@ class NarrowedSteps:
             if not bool(staying.all()):  # slots have finished: their rows leave the working state
                 if whole is None:  # new tensors: `local` may hold the program's own state
                     whole = {key: torch.empty_like(local[key]) for key in rowed}
-                for key in rowed:
-                    whole[key][:, slots[~staying]] = local[key][:, ~staying]
+                for position in (~staying).nonzero().squeeze(1).tolist():  # a slot's rows copied as it leaves
+                    for key in rowed:
+                        whole[key][:, int(slots[position])].copy_(local[key][:, position])
                 slots = slots[staying]
                 local = {key: value[:, staying] if key in rowed else value for key, value in local.items()}
                 round_, taking = round_of(slots), taking[:, staying]
