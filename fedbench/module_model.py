@@ -12,6 +12,11 @@ passes: C clients' points `w` `[C, d]` on their inputs `x` `[C, b, ...]` give `[
 * `loop`: a Python loop over the C clients inside the one program, `functional_call(module, unflatten(w[k]),
   x[k])` each; the caller sums the losses and takes one backward pass (client k's loss depends on row k of w only).
 
+In the `loop` layout a plain gradient step (`descend`, FedAvg's local step through `Oracle.descend`) gives each
+client's parameters leaves of their own viewing `w`'s memory and writes `lr` times each gradient, then the parameter
+less it, into the new `[C, d]` rows' views: the same numbers bit for bit as `w - lr * grad`, without that path's two
+copies of each gradient (into a client's `[d]`, then into `[C, d]`) nor its `[C, d]` product.
+
 Both give the same outputs and gradients to float32 rounding (`tests/network/test_deep.py`). Which is faster depends on
 the model and the device: `bench/deep_layouts.py` measures it, `choose_layout` reads its table. Measured on this
 project's 2-core CPU under load (one thread, S = 10, 5 local steps): a FedAvg round of the `vision` problem's small
