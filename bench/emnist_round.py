@@ -28,7 +28,10 @@ Before the loop layout left a client past its epoch out of the gathers (and drop
 subgradient at h = 0 were cut), fedbench took 1.31x and 1.23x the plain loop (two runs, 6 paired rounds, no Flower);
 1.19x and 1.16x after. After a local step came to run only the clients still within their epoch
 (`RoundProgram._uneven_steps`), `--blocks 2 --rounds 3 --flower` (6 paired rounds, load average 8-13): fedbench
-1.14x the plain loop, Flower 1.20x it and 1.02x fedbench (still a tie within the noise).
+1.14x the plain loop, Flower 1.20x it and 1.02x fedbench (still a tie within the noise). After FedAvg's local step came
+to write each client's step without gathering its gradient into `[S, d]` (`ModuleModel.descend`), old and new code side
+by side, each pairing its rounds with the plain loop's in CPU seconds: 1.12x before, 1.06x after (medians of 10 paired
+rounds each; docs/design.md, with this script's wall-time ratios, alternated old and new).
 
 Usage: OMP_NUM_THREADS=1 FEDBENCH_DATA=... python bench/emnist_round.py [--layouts loop vmap] [--rounds 4]
        [--blocks 3] [--flower [PYTHON]] [--path femnist/femnist_full.npz]

@@ -25,10 +25,9 @@ class FedAvg(Algorithm):
 
     def client_step(self, local, batches, rnd, hp):
         u = local["w"]
-        direction = batches.D.grad(u)
         if hp.subgradient and self.reg.lam:  # h = 0: no zero subgradient to build and add (`composite_step`)
-            direction = direction + self.reg.subgradient(u)
-        return {"w": u - hp.client_lr * direction}
+            return {"w": u - hp.client_lr * (batches.D.grad(u) + self.reg.subgradient(u))}
+        return {"w": batches.D.descend(u, hp.client_lr)}  # u - lr·∇f(u), the problem's shortest path to it
 
     def server_update(self, server, message, weights, rnd, hp):
         w = server["w"]

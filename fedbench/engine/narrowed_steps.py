@@ -39,21 +39,22 @@ class NarrowedSteps:
         client's step reads its own rows and its own minibatch noise (drawn, as before, for every slot's rows) alone,
         and `round_of(slots)`, the round of those slots, gives their clients and counts."""
         count, sampled = counts.shape
-        whole: dict[str, Tensor] | None = None  # every slot's state, from the first step that some slot leaves
+        whole: dict[str, Tensor] | None = None  # every slot's state, its rows written as the slot leaves
         rowed = {key for key, value in local.items() if has_client_rows(value, counts)}
         slots = torch.arange(sampled, device=self.device)
         round_ = round_of(slots)
         for step, step_rows in enumerate(zip(*[v.unbind(0) for v in self._layout(rows).values()])):
             taking = counts[:, slots] > step  # [R, slots]
-            if not bool(taking.any(0).all()):  # slots have finished: their rows leave the working state
-                if whole is None:  # a copy: `local` may hold the program's own state
-                    whole = {key: local[key].clone() for key in rowed}
-                else:
+            staying = taking.any(0)
+            if not bool(staying.all()):  # slots have finished: their rows leave the working state
+                if whole is None:  # new tensors: `local` may hold the program's own state
+                    whole = {key: torch.empty_like(local[key]) for key in rowed}
+                for position in (~staying).nonzero().squeeze(1).tolist():  # a slot's rows copied as it leaves
                     for key in rowed:
-                        whole[key][:, slots] = local[key]
-                slots = slots[taking.any(0)]
-                local = {key: whole[key][:, slots] if key in rowed else value for key, value in local.items()}
-                round_, taking = round_of(slots), taking[:, taking.any(0)]
+                        whole[key][:, int(slots[position])].copy_(local[key][:, position])
+                slots = slots[staying]
+                local = {key: value[:, staying] if key in rowed else value for key, value in local.items()}
+                round_, taking = round_of(slots), taking[:, staying]
             whole_rows = dict(zip(rows, step_rows))
             slots_rows = {name: self._slots_of(value, count, sampled, slots) for name, value in whole_rows.items()}
             stepped = self.local_step(local, slots_rows, count, len(slots),

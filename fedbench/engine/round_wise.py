@@ -254,14 +254,17 @@ class RoundProgram(NarrowedSteps):
             self.server = {k: rows_replaced(self.server[k], runs, v) for k, v in server.items()}
             self.clients = {k: rows_replaced(self.clients[k], runs, v) for k, v in state.items()}
 
-    def _round_of(self, draws: RoundDraws, ids: list[int]) -> Round:
-        """The round of the runs `ids` as the algorithm's functions see it: its length, or each slot's own count."""
+    def _round_of(self, draws: RoundDraws, ids: list[int], taking: Tensor | None = None) -> Round:
+        """The round of the runs `ids` as the algorithm's functions see it: its length, or each slot's own count; of
+        the slots `taking` alone where given (`_uneven_steps` narrows a round of uneven local work to them)."""
         sim, slots = self.sims[ids[0]], draws.slots
         client_steps = slots.client_steps()
         if client_steps is None:
             return Round(slots.clients, sim.rounds_done, draws.steps, sim.iterations, streams=self._streams(ids))
-        return Round(slots.clients, sim.rounds_done, streams=self._streams(ids), where=UNEVEN,
-                     client_steps=client_steps)
+        clients = slots.clients
+        if taking is not None:
+            clients, client_steps = clients[:, taking], client_steps[:, taking]
+        return Round(clients, sim.rounds_done, streams=self._streams(ids), where=UNEVEN, client_steps=client_steps)
 
     def _local_steps(self, local: State, draws: RoundDraws, ids: list[int], rnd: Round, hp: HParams) -> State:
         """The round's local steps of the runs `ids` from their local state `local`, each on its rows of `draws`; a
@@ -273,10 +276,8 @@ class RoundProgram(NarrowedSteps):
         # the next gather the block still in cache (a Lasso step at p = 1024 gathers 800 KB; its gathers took ~10%
         # longer otherwise)
         if slots.counts is not None and self.narrows_steps:
-            sim = self.sims[ids[0]]
-            return self._uneven_steps(local, draws.rows, slots.counts, noise, hp, lambda taking: Round(
-                slots.clients[:, taking], sim.rounds_done, streams=self._streams(ids), where=UNEVEN,
-                client_steps=slots.counts[:, taking].to(self.dtype).unsqueeze(-1)))  # type: ignore[index]
+            return self._uneven_steps(local, draws.rows, slots.counts, noise, hp,
+                                      lambda taking: self._round_of(draws, ids, taking))
         for step, step_rows in enumerate(zip(*[v.unbind(0) for v in rows.values()])):
             stepped = self.local_step(local, dict(zip(names, step_rows)), count, slots.width, noise, rnd.at(step), hp)
             local = slots.stepped(local, stepped, step)

@@ -12,6 +12,11 @@ passes: C clients' points `w` `[C, d]` on their inputs `x` `[C, b, ...]` give `[
 * `loop`: a Python loop over the C clients inside the one program, `functional_call(module, unflatten(w[k]),
   x[k])` each; the caller sums the losses and takes one backward pass (client k's loss depends on row k of w only).
 
+In the `loop` layout a plain gradient step (`descend`, FedAvg's local step through `Oracle.descend`) gives each
+client's parameters leaves of their own viewing `w`'s memory and writes `lr` times each gradient, then the parameter
+less it, into the new `[C, d]` rows' views: the same numbers bit for bit as `w - lr * grad`, without that path's two
+copies of each gradient (into a client's `[d]`, then into `[C, d]`) nor its `[C, d]` product.
+
 Both give the same outputs and gradients to float32 rounding (`tests/networks/test_deep.py`). Which is faster depends on
 the model and the device: `bench/deep_layouts.py` measures it, `choose_layout` reads its table. Measured on this
 project's 2-core CPU under load (one thread, S = 10, 5 local steps): a FedAvg round of the `vision` problem's small
@@ -19,7 +24,8 @@ CNN took 0.81-1.82x the time of a plain `torch.nn` + `torch.optim.SGD` loop over
 0.96-1.09x in `loop`; of Reddi et al.'s 1.2 M-parameter EMNIST CNN (`emnist_cnn`, with its dropout) at b = 20,
 1.21x and 1.09x (1.54x and 1.07x without its dropout, in an earlier run); of that CNN on FEMNIST's writers with one
 local epoch at b = 20 (uneven local work, `bench/emnist_round.py`), 1.15-1.19x in `loop` (three runs), 1.14x once
-each local step ran only the clients still within their epoch (`RoundProgram._uneven_steps`; 6 paired rounds).
+each local step ran only the clients still within their epoch (`RoundProgram._uneven_steps`; 6 paired rounds);
+in CPU seconds, 1.12x before and 1.06x after `descend` (medians of 10 paired rounds each).
 
 Dropout: a module with dropout layers runs them in training mode in the local steps, each client's masks drawn from
 a seed of its own (`seeds` `[C]`, which the problem draws on the run's "feature-noise" stream, one per client per
@@ -31,6 +37,7 @@ buffers (BatchNorm's running statistics, `fedbench.networks.check_module`): the 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import statistics
@@ -95,26 +102,62 @@ class ModuleModel:
         docstring). In the `loop` layout, `clients` (indices into the C) runs those alone: outputs `[len(clients),
         b, ...]`, whose gradients reach their rows of `w` without a copy of them (the other rows' are zeros)."""
         self.module.train(seeds is not None)
-        if seeds is None:
-            return self._forward(w, x, layout, None, clients)
-        # the global generators (the CPU's and w's GPU's) serve the masks, and are restored
-        with torch.random.fork_rng(devices=[w.device] if w.device.type == "cuda" else []):
-            return self._forward(w, x, layout, seeds.tolist(), clients)
+        with self._masks(w.device, seeds):
+            if layout == "vmap":
+                assert clients is None, "the vmap layout runs every client"
+                if seeds is not None:
+                    _seed(w.device, int(seeds[0]))
+                call = lambda params, inputs: functional_call(self.module, params, (inputs,))  # noqa: E731
+                return vmap(call, randomness="different" if seeds is not None else "error")(self.unflatten(w), x)
+            points = w.unbind(0)
+            return self._loop({k: self.unflatten(points[k]) for k in (range(len(w)) if clients is None else clients)},
+                              x, seeds)
 
-    def _forward(self, w: Tensor, x: Tensor, layout: str, seeds: list[int] | None,
-                 clients: list[int] | None = None) -> Tensor:
-        if layout == "vmap":
-            assert clients is None, "the vmap layout runs every client"
-            if seeds is not None:
-                _seed(w.device, seeds[0])
-            call = lambda params, inputs: functional_call(self.module, params, (inputs,))  # noqa: E731
-            return vmap(call, randomness="different" if seeds is not None else "error")(self.unflatten(w), x)
-        points, inputs = w.unbind(0), x.unbind(0)
-        outputs = []
-        for k in range(len(points)) if clients is None else clients:
-            if seeds is not None:
-                _seed(w.device, seeds[k])
-            outputs.append(functional_call(self.module, self.unflatten(points[k]), (inputs[k],)))
+    def descend(self, w: Tensor, lr: Tensor | float, x: Tensor, loss: Callable[[Tensor, list[int]], Tensor],
+                seeds: Tensor | None, clients: list[int]) -> Tensor:
+        """`w - lr * ∇loss` `[C, d]`: C clients' gradient steps from their points `w` `[C, d]` on their inputs `x`
+        `[C, b, ...]` in the `loop` layout, `loss(outputs, clients)` the sum of the losses of the outputs of
+        `clients` (indices into the C, those that run; the others keep their rows), `lr` a float or one per client
+        (`[C, 1]`, or one value). The same numbers as `w - lr * grad` through `forward`, without its two copies of
+        each gradient (into a client's `[d]`, then into `[C, d]`) nor a `[C, d]` product: each client's parameters
+        are leaves of their own viewing `w`'s memory, whose gradients autograd hands over as the kernels made them,
+        and `lr` times each is written, then subtracted from the parameter, in place into the new rows' views."""
+        points = w.detach().unbind(0)
+        params = {k: {name: part.requires_grad_() for name, part in self.unflatten(points[k]).items()} for k in clients}
+        self.module.train(seeds is not None)
+        with torch.enable_grad(), self._masks(w.device, seeds):
+            total = loss(self._loop(params, x, seeds), clients)
+        grads = iter(torch.autograd.grad(total, [part for point in params.values() for part in point.values()],
+                                         materialize_grads=True))
+        new = torch.empty(w.shape, dtype=w.dtype, device=w.device)
+        rates = lr.reshape(-1) if isinstance(lr, Tensor) else None
+        with torch.no_grad():
+            for k in range(len(w)):
+                if k not in params:
+                    new[k].copy_(w[k])
+                    continue
+                rate = lr if rates is None else rates[k if len(rates) > 1 else 0]
+                for out, part in zip(self.unflatten(new[k]).values(), params[k].values()):
+                    torch.mul(next(grads), rate, out=out)
+                    torch.sub(part, out, out=out)
+        return new
+
+    def _masks(self, device: torch.device, seeds: Tensor | None) -> contextlib.AbstractContextManager:
+        """Where dropout runs (`seeds` given), the global generators (the CPU's and `device`'s GPU's) serve the masks
+        and are restored afterwards."""
+        if seeds is None:
+            return contextlib.nullcontext()
+        return torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
+
+    def _loop(self, params: dict[int, dict[str, Tensor]], x: Tensor, seeds: Tensor | None) -> Tensor:
+        """The outputs of the clients `params` (by index into x's C clients, each its parameters by name) one after
+        another, client k's dropout masks from `seeds[k]` alone."""
+        inputs = x.unbind(0)
+        outputs, seeded = [], None if seeds is None else seeds.tolist()
+        for k, point in params.items():
+            if seeded is not None:
+                _seed(x.device, seeded[k])
+            outputs.append(functional_call(self.module, point, (inputs[k],)))
         return torch.stack(outputs)
 
     def evaluate(self, w: Tensor, x: Tensor) -> Tensor:

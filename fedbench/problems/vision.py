@@ -393,11 +393,11 @@ class Vision(Problem):
         has dropout: every call on the batch (a gradient, a Hessian-vector product) runs the same masks and images.
         Evaluation and full-data oracles see the images as stored."""
         if noise is None:
-            return Oracle(self, self.gather(rows))
+            return NetworkOracle(self, self.gather(rows))
         noise = noise.view(*rows.shape, -1)
         batch = self.gather(rows, noise[..., -3:] if self.augment else None)
-        return Oracle(self, (*batch, noise[..., 0].reshape(-1, rows.shape[-1])[:, 0]) if self.model.has_dropout
-                      else batch)
+        return NetworkOracle(self, (*batch, noise[..., 0].reshape(-1, rows.shape[-1])[:, 0])
+                             if self.model.has_dropout else batch)
 
     def minibatch_loss(self, w: Tensor, batch: tuple[Tensor, Tensor, Tensor]) -> Tensor:
         """Weighted mean cross-entropy of one client's batch (dropout off)."""
@@ -416,6 +416,18 @@ class Vision(Problem):
                 part = self._weighted(logits, y[kept], weight[kept])
                 return torch.zeros(len(w), dtype=part.dtype).index_put((kept,), part)
         return self._weighted(self.model.forward(w, x, self.layout_name, seeds), y, weight)
+
+    def descend(self, w: Tensor, lr: Tensor | float, batch: tuple[Tensor, ...]) -> Tensor:
+        """`w - lr * grad(w, batch)` (`NetworkOracle.descend`); in the `loop` layout on the CPU, the module's
+        (`ModuleModel.descend`: no gradient gathered into `[S, d]`), run by the clients with a real row alone (as
+        `loss` runs them)."""
+        if (self.layout_name != "loop" or w.device.type != "cpu" or w.requires_grad or torch.compiler.is_compiling()
+                or torch._C._functorch.peek_interpreter_stack() is not None):
+            return w - lr * self.grad(w, batch)
+        x, y, weight = batch[:3]
+        kept = (weight > 0).any(-1).nonzero().squeeze(1).tolist()
+        return self.model.descend(w, lr, x, lambda logits, run: self._weighted(logits, y[run], weight[run]).sum(),
+                                  batch[3] if len(batch) > 3 else None, kept)
 
     @staticmethod
     def _weighted(logits: Tensor, y: Tensor, weight: Tensor) -> Tensor:
@@ -458,3 +470,12 @@ class Vision(Problem):
         them."""
         return self.model.unflatten(w)
 
+
+class NetworkOracle(Oracle):
+    """The `vision` problem's oracle of a step's minibatch: its gradient step takes the network's shorter path
+    (`Vision.descend`)."""
+
+    problem: Vision
+
+    def descend(self, w: Tensor, lr: Tensor | float) -> Tensor:
+        return self.problem.descend(w, lr, self.batch)

@@ -263,6 +263,29 @@ def test_the_layouts_give_the_same_losses_gradients_and_hessian_vector_products(
     torch.testing.assert_close(one.grad(w)[2], alone, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dropout", [0.0, 0.5])
+def test_the_loop_layouts_gradient_step_is_w_minus_lr_times_its_gradient_bit_for_bit(problems, dropout):
+    """`ModuleModel.descend`, the loop layout's step on the CPU (each client's gradient written into its new rows,
+    never gathered into `[S, d]`), gives `w - lr * grad(w)` bit for bit: per-client and shared step sizes, a client
+    with a short batch (padding rows) and one with none (it keeps its point), dropout's masks, and over the run axis
+    (`RunOracle`)."""
+    from fedbench.oracle import RunOracle
+
+    problem = problems["loop"] if not dropout else fedbench.make_problem("vision", seed=3, layout="loop",
+                                                                         dropout=dropout, **SMALL)
+    rows = torch.arange(40).view(4, 10) * 3
+    rows[1, 6:], rows[3] = -1, -1
+    noise = problem.minibatch_noise(rows, torch.Generator().manual_seed(1)) if dropout else None
+    w = torch.stack([problem.init_params(generator(seed, "init")) for seed in range(4)])
+    oracle = problem.step_oracle(rows, noise)
+    for lr in (torch.tensor([[0.1], [0.2], [0.3], [0.05]]), torch.tensor([[0.1]]), 0.1):
+        stepped = oracle.descend(w, lr)
+        assert torch.equal(stepped, w - lr * oracle.grad(w))
+        assert torch.equal(stepped[3], w[3]) and not torch.equal(stepped[1], w[1])
+    runs, lr = RunOracle(oracle, 2, 2), torch.tensor([0.1, 0.3]).view(2, 1, 1)
+    assert torch.equal(runs.descend(w.view(2, 2, -1), lr), w.view(2, 2, -1) - lr * runs.grad(w.view(2, 2, -1)))
+
+
 def test_batched_seeds_equal_each_seed_alone(problems):
     problem = problems["loop"]
     fed = federation(rounds=2)
