@@ -23,7 +23,8 @@ demo: install
 
 # The suite in two parts: the tests that run in this process (and the CLI commands they start), two at a time on
 # pytest-xdist's workers with one thread each; then those that start Ray or drive Chromium, one at a time, as each
-# uses every core (a sweep's trials, the server races, the browser)
+# uses every core (a sweep's trials, the server races, the browser); the `fedbench sweep` commands these start join
+# one Ray that the session shares (tests/conftest.py: ray_address), but for those killed to test what a kill leaves
 test: install
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 -m 'not slow and not ray and not browser'
 	$(PY) -m pytest -q -m 'not slow and (ray or browser)'

@@ -101,6 +101,9 @@ def tracking_driver(uri: Optional[str]) -> Optional[str]:
     return uri
 
 
+# RAY_ADDRESS as Ray itself reads it (and `ray job submit` sets it for its entrypoint): a Ray already running
+AddressOption = typer.Option(None, "--address", envvar="RAY_ADDRESS",
+                             help="Ray cluster to join (default: RAY_ADDRESS if set, else start a local Ray)")
 TrackingOption = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI", callback=tracking_driver,
                               help="MLflow store (default sqlite:///mlflow.db in this directory; postgresql:// uses "
                               "psycopg2 where psycopg 3 is not installed)")
@@ -190,7 +193,7 @@ def sweep(
                                                    "recipe's algorithms; repeat it for several"),
     sets: Optional[List[str]] = SetOption,
     with_plugins: Optional[List[str]] = WithOption,
-    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (default: start a local Ray)"),
+    address: Optional[str] = AddressOption,
     tracking_uri: Optional[str] = TrackingOption,
     max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent",
                                                  help="At most this many Ray trials at once (>= 1)"),
@@ -231,7 +234,7 @@ def tune(
     algorithm: Optional[List[str]] = typer.Option(None, "--algorithm", "-a", help="Tune only these algorithms"),
     sets: Optional[List[str]] = SetOption,
     with_plugins: Optional[List[str]] = WithOption,
-    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (default: start a local Ray)"),
+    address: Optional[str] = AddressOption,
     tracking_uri: Optional[str] = TrackingOption,
     max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent", help="At most this many Ray trials at "
                                                  "once (>= 1)"),

@@ -13,6 +13,7 @@
   requests `starts_ray`) without the marker, and a test without it that starts Ray in this process (`ray.init`)
   fails, naming itself. A test that starts Ray only in a subprocess (`fedbench sweep` as a command) is marked by
   hand.
+- `ray_address`: that Ray's address, for the `fedbench sweep` commands a test starts to join (`joined_env`).
 - FEDBENCH_DATA (the data root of real data sets, e.g. femnist/femnist_sample10.npz) defaults to the
   `shared/data` folder beside the repository, when it exists and the variable is unset.
 """
@@ -108,6 +109,21 @@ def ray_local(tmp_path_factory, starts_ray):
     if not ray.is_initialized():
         start_ray(tmp_path_factory, num_cpus=2)
     return ray
+
+
+@pytest.fixture(scope="module")
+def ray_address(ray_local) -> str:
+    """The shared Ray's address, for a `fedbench sweep`/`tune` command (or bench/gallery.py's) to join, given as
+    `--address` or RAY_ADDRESS in its environment (`joined_env`), instead of starting a Ray of its own (20-30 s with
+    its first worker on 2 busy cores; joining 0.3 s). Its workers run this checkout's venv with this session's
+    environment, so a command that needs workers of another environment (another venv, a PYTHONPATH) must not join;
+    nor a command killed to test that its own Ray dies with it."""
+    return ray_local.get_runtime_context().gcs_address
+
+
+def joined_env(address: str, **extra: str) -> dict[str, str]:
+    """This process's environment, with RAY_ADDRESS set so that the fedbench commands it starts join that Ray."""
+    return {**os.environ, "RAY_ADDRESS": address, **extra}
 
 
 def pytest_sessionfinish(session):

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-pytestmark = [pytest.mark.browser, pytest.mark.ray]  # Chromium, on the pages of a sweep on a local Ray
+pytestmark = [pytest.mark.browser, pytest.mark.ray]  # Chromium, on the pages of a sweep on Ray
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 MISSING = ("playwright is not installed (pip install -e '.[test]')" if importlib.util.find_spec("playwright") is None
@@ -33,6 +33,7 @@ if MISSING:  # CI (FEDBENCH_REQUIRE_BROWSER=1, set by .ci/run) must run these te
     pytest.skip(MISSING, allow_module_level=True)
 from playwright import sync_api  # noqa: E402
 
+from conftest import joined_env  # noqa: E402
 from sweeps.recipe import load  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,12 +50,12 @@ def store(folder: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def sweep_folder(tmp_path_factory, starts_ray) -> Path:
-    """A real sweep (local Ray, SQLite MLflow store, report) of a shipped paper recipe, shortened: 10 runs."""
+def sweep_folder(tmp_path_factory, ray_address) -> Path:
+    """A real sweep (on the session's shared Ray, SQLite MLflow store, report) of a shipped paper recipe, shortened:
+    10 runs."""
     folder = tmp_path_factory.mktemp("sweep")
     done = subprocess.run([sys.executable, str(ROOT / "cli.py"), "sweep", str(RECIPE), *SHORT, *store(folder)],
-                          cwd=folder,
-                          capture_output=True, text=True, timeout=600)
+                          cwd=folder, env=joined_env(ray_address), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     output = done.stdout + done.stderr
     # Quiet by default: no MLflow/Alembic INFO line (a new store prints two), and the command that opens the runs.

@@ -676,3 +676,17 @@ def test_no_two_shipped_recipes_share_an_experiment_name():
         assert path is not None
         experiments.setdefault(read_yaml(path).get("name") or path.stem, []).append(name)
     assert len(experiments) == len(names()) > 30, {e: n for e, n in experiments.items() if len(n) > 1}
+
+
+@pytest.mark.parametrize("command", ["sweep", "tune"])
+def test_without_address_a_sweep_joins_the_ray_that_ray_address_names(command, monkeypatch):
+    """RAY_ADDRESS, as Ray's tools read it, is the default of --address (the tests' sweeps join the session's Ray so);
+    --address wins over it, and with neither the command starts a Ray of its own (address None)."""
+    import typer
+
+    parse = typer.main.get_command(app).commands[command].make_context
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert parse(command, ["r.yaml"]).params["address"] is None
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert parse(command, ["r.yaml"]).params["address"] == "10.0.0.1:6379"
+    assert parse(command, ["r.yaml", "--address", "10.0.0.2:6379"]).params["address"] == "10.0.0.2:6379"

@@ -329,21 +329,28 @@ def served(site):
     server.server_close()
 
 
-@pytest.fixture
-def browser_page(tmp_path):
-    if BROWSER_MISSING:  # CI (FEDBENCH_REQUIRE_BROWSER=1, set by .ci/run) must run this test, not skip it
+@pytest.fixture(scope="module")
+def browser():
+    """One headless Chromium for the module's tests (a launch costs seconds on 2 busy cores); each test has its page."""
+    if BROWSER_MISSING:  # CI (FEDBENCH_REQUIRE_BROWSER=1, set by .ci/run) must run these tests, not skip them
         if os.environ.get("FEDBENCH_REQUIRE_BROWSER") == "1":
             raise RuntimeError(BROWSER_MISSING)
         pytest.skip(BROWSER_MISSING)
     from playwright import sync_api
 
     with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        view = browser.new_page(viewport={"width": 1400, "height": 1000})
-        yield view
-        view.screenshot(path=str(tmp_path / "last.png"), full_page=False)
-        print(f"screenshot: {tmp_path / 'last.png'}")
-        browser.close()
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def browser_page(browser, tmp_path):
+    view = browser.new_page(viewport={"width": 1400, "height": 1000})
+    yield view
+    view.screenshot(path=str(tmp_path / "last.png"), full_page=False)
+    print(f"screenshot: {tmp_path / 'last.png'}")
+    view.close()
 
 
 @pytest.mark.browser

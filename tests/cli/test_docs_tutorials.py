@@ -8,8 +8,9 @@ What a block is decides what the test does with it:
 - a `text` block right after a command is what the command printed, shortened: each of its lines must appear
   in that command's output, in order, where `<...>` stands for any text and a line `...` for any lines (spaces
   and line breaks are compared as one space, since the terminal's width wraps them).
-The pages shorten their runs with `--set` so that each tutorial takes about a minute (each starts a local Ray);
-the how-to starts no Ray.
+The pages shorten their runs with `--set` so that each tutorial takes about a minute; their `fedbench sweep`
+commands join the session's shared Ray (RAY_ADDRESS, which `--address` defaults to) rather than each starting one,
+as a reader's would where RAY_ADDRESS is set. The how-to starts no Ray.
 """
 from __future__ import annotations
 
@@ -64,9 +65,12 @@ def assert_printed(shown: str, output: str) -> None:
         position = match.end()
 
 
-def run_page(page: Path, folder: Path) -> list[tuple[Block, str]]:
-    """Every block of the page in `folder`; each command's block with its output."""
+def run_page(page: Path, folder: Path, ray_address: str | None = None) -> list[tuple[Block, str]]:
+    """Every block of the page in `folder` (its sweeps on the Ray at `ray_address`, if given); each command's block
+    with its output."""
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}  # the default store: ./mlflow.db
+    if ray_address:
+        env["RAY_ADDRESS"] = ray_address
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     ran, last_output = [], None
     for block in blocks(page):
@@ -98,10 +102,10 @@ def trial_runs(tracking_uri: str, experiment: str) -> list:
 
 
 @pytest.mark.ray
-def test_compare_your_own_method_runs_as_shown(tmp_path, tracking_uri):
+def test_compare_your_own_method_runs_as_shown(tmp_path, tracking_uri, ray_address):
     """The page's method file (at most 30 lines of code: one short file is the point) sweeps beside the paper's
     five methods, its grid of two step sizes included, into the paper's experiment and report."""
-    run_page(TUTORIALS / "compare-your-own-method.md", tmp_path)
+    run_page(TUTORIALS / "compare-your-own-method.md", tmp_path, ray_address)
     assert len((tmp_path / "my_method.py").read_text().strip().splitlines()) <= 30
     runs = trial_runs(tracking_uri, "bao2022-lasso")
     mine = sorted(run.data.params["algorithm.client_lr"] for run in runs if run.data.tags["algorithm"] == "my_method")
@@ -115,19 +119,19 @@ def test_compare_your_own_method_runs_as_shown(tmp_path, tracking_uri):
 
 
 @pytest.mark.ray
-def test_reproduce_a_paper_runs_as_shown(tmp_path, tracking_uri):
-    run_page(TUTORIALS / "reproduce-a-paper.md", tmp_path)
+def test_reproduce_a_paper_runs_as_shown(tmp_path, tracking_uri, ray_address):
+    run_page(TUTORIALS / "reproduce-a-paper.md", tmp_path, ray_address)
     assert len(trial_runs(tracking_uri, "bao2022-lasso")) == 10  # five methods, two seeds
     assert (tmp_path / "reports" / "bao2022-lasso" / "figure.png").stat().st_size > 10_000
     assert (tmp_path / "report-by-communication" / "figure.png").stat().st_size > 10_000
 
 
 @pytest.mark.ray
-def test_bring_your_own_network_runs_as_shown(tmp_path, tracking_uri):
+def test_bring_your_own_network_runs_as_shown(tmp_path, tracking_uri, ray_address):
     """The page's network file runs in the shipped vision recipe (FedAvg by `fedbench run`, then both methods by
     the sweep), each run carrying the file's sha256, and its exported model loads into the
     page's class with the run's last test accuracy (the page's own block asserts it)."""
-    ran = run_page(TUTORIALS / "bring-your-own-network.md", tmp_path)
+    ran = run_page(TUTORIALS / "bring-your-own-network.md", tmp_path, ray_address)
     assert any("loaded into Net" in output for _, output in ran)
     digest = hashlib.sha256((tmp_path / "my_nets.py").read_bytes()).hexdigest()
     client = MlflowClient(tracking_uri)

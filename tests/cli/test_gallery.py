@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import joined_env
 from sweeps.shipped import describe, names
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,8 +149,8 @@ def test_every_shipped_recipe_has_a_default_factor():
     assert set(gallery.FACTORS) == set(names())
 
 
-@pytest.mark.ray  # two `fedbench sweep` commands, each starting Ray
-def test_the_gallery_times_a_recipe_end_to_end_and_writes_its_header(tmp_path):
+@pytest.mark.ray  # two `fedbench sweep` commands, on the session's shared Ray (RAY_ADDRESS)
+def test_the_gallery_times_a_recipe_end_to_end_and_writes_its_header(tmp_path, ray_address):
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text("""\
 # paper: none
@@ -165,12 +166,13 @@ eval_every: 2
 """)
     table = tmp_path / "gallery.csv"
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "gallery.py"), "--only", str(recipe), "--factor", "4",
-                           "--out", str(table)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+                           "--out", str(table)], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                          env=joined_env(ray_address))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "-> 6 and 12 (factor 4; federation.rounds=12)" in done.stdout, done.stdout
     (row,) = gallery.read_table(table)
     assert (row["recipe"], row["device"], row["runs"], row["budget"]) == (str(recipe), "cpu", "2", "rounds")
-    # 48 rounds cost little beside Ray's start: under load the pair at factor 4 (or 2) can fall in the noise, and
+    # 48 rounds cost little beside Python's start: under load the pair at factor 4 (or 2) can fall in the noise, and
     # the gallery measures again, twice as long, down to full size (test_a_pair_lost_in_the_noise_...)
     lengths = {"4": ("6", "12"), "2": ("12", "24"), "1": ("", "48")}
     assert (row["short"], row["long"]) == lengths[row["factor"]] and row["full"] == "48"

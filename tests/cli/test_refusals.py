@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import joined_env
 from helpers import invoke, refused
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -383,14 +384,16 @@ def test_an_unknown_name_is_refused_with_the_closest_one_and_every_valid_name_wi
 # -- GPUs no node has --------------------------------------------------------------------------------------
 
 @pytest.mark.ray
-def test_a_gpu_request_no_node_can_hold_names_the_file_and_field(tmp_path, tracking_uri):
-    """A real local Ray on this machine; 64 GPUs a trial, more than any node here has (none on a CPU-only
-    machine): refused before any run, exit 2, one line naming the recipe and the field."""
+def test_a_gpu_request_no_node_can_hold_names_the_file_and_field(tmp_path, tracking_uri, ray_address):
+    """A real Ray on this machine (the session's, joined through RAY_ADDRESS); 64 GPUs a trial, more than any node
+    here has (none on a CPU-only machine): refused before any run, exit 2, one line naming the recipe and the
+    field."""
     (tmp_path / "recipes").mkdir()
     path = write(tmp_path / "recipes", PROBLEM + "algorithms: {fedavg: {}}\nresources: {gpus_per_trial: 64}\n",
                  "lasso_grid.yaml").relative_to(tmp_path)
     done = subprocess.run([sys.executable, str(ROOT / "cli.py"), "sweep", str(path), "--tracking-uri", tracking_uri,
-                           "--no-report"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                           "--no-report"], cwd=tmp_path, env=joined_env(ray_address), capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     (line,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]

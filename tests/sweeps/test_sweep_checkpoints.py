@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from conftest import joined_env
+
 pytestmark = pytest.mark.ray  # every test sweeps on a local Ray
 ROOT = Path(__file__).resolve().parents[2]
 # Three programs of three seeds (the data fixed, `data_seed`), each ~12 s of rounds here, checkpointed every 0.5 s.
@@ -78,14 +80,16 @@ def stored_rounds(uri: str) -> dict[str, int]:
 
 
 def killed_and_resumed(tmp_path: Path, recipe: str, kills: int, total: int, seed: int, window: tuple[float, float],
-                       watch_growth: bool = True) -> None:
+                       ray_address: str, watch_growth: bool = True) -> None:
     """`kills` attempts of the sweep, each killed at a moment drawn from `window` (seconds after a run is in flight),
-    then one to its end; with `watch_growth`, this process watches the in-flight runs' stored curves between."""
+    then one to its end; with `watch_growth`, this process watches the in-flight runs' stored curves between. The
+    sweep never killed and the last attempt join the Ray at `ray_address`; the killed ones start their own, which
+    the kill takes down with them."""
     path = tmp_path / "longruns.yaml"
     path.write_text(recipe)
     clean_uri = f"sqlite:///{tmp_path / 'clean' / 'mlflow.db'}"
     uri = f"sqlite:///{tmp_path / 'killed' / 'mlflow.db'}"
-    clean = sweep(path, clean_uri)
+    clean = sweep(path, clean_uri, env=joined_env(ray_address))
     _, err = clean.communicate(timeout=900)
     assert clean.returncode == 0, err
 
@@ -107,7 +111,7 @@ def killed_and_resumed(tmp_path: Path, recipe: str, kills: int, total: int, seed
                 os.killpg(attempt.pid, signal.SIGKILL)  # the CLI and the Ray it started, mid-write or not
             attempt.wait()
         assert attempt.returncode == -signal.SIGKILL, "the sweep ended before its kill"
-    last = sweep(path, uri)
+    last = sweep(path, uri, env=joined_env(ray_address))
     _, err = last.communicate(timeout=900)
     assert last.returncode == 0, err
 
@@ -121,13 +125,14 @@ def killed_and_resumed(tmp_path: Path, recipe: str, kills: int, total: int, seed
     assert not list((tmp_path / "killed" / "checkpoints" / "longruns").glob("*.pt"))  # ended programs clean up
 
 
-def test_killed_sweep_resumes_batched_runs_from_checkpoints(tmp_path):
-    killed_and_resumed(tmp_path, BATCHED, kills=3, total=9, seed=0, window=(0.5, 6.0))
+def test_killed_sweep_resumes_batched_runs_from_checkpoints(tmp_path, ray_address):
+    killed_and_resumed(tmp_path, BATCHED, kills=3, total=9, seed=0, window=(0.5, 6.0), ray_address=ray_address)
 
 
 @pytest.mark.slow
-def test_killed_cifar10_sweep_resumes_at_ten_random_moments(tmp_path):
+def test_killed_cifar10_sweep_resumes_at_ten_random_moments(tmp_path, ray_address):
     if not (Path(os.environ.get("FEDBENCH_DATA", ROOT.parent / "shared" / "data")) / "cifar10").is_dir():
         pytest.skip("CIFAR-10's binary batches are not under the data root")
     # kills anywhere in a run's ~30 s (the growth of a curve is watched by the test above)
-    killed_and_resumed(tmp_path, CIFAR, kills=10, total=4, seed=1, window=(1.0, 25.0), watch_growth=False)
+    killed_and_resumed(tmp_path, CIFAR, kills=10, total=4, seed=1, window=(1.0, 25.0), ray_address=ray_address,
+                       watch_growth=False)

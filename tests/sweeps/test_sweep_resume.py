@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from conftest import joined_env
+
 pytestmark = pytest.mark.ray  # every test sweeps on a local Ray
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = """\
@@ -78,7 +80,7 @@ def killed_while_running(command: list[str], tracking_uri: str) -> list | None:
 
 
 @pytest.mark.parametrize("recipe, total", [(RECIPE, 8), (BATCHED, 9)], ids=["alone", "batched"])
-def test_sigkill_then_rerun_completes_the_sweep(tmp_path, tracking_uri, recipe, total):
+def test_sigkill_then_rerun_completes_the_sweep(tmp_path, tracking_uri, ray_address, recipe, total):
     path = tmp_path / "resume.yaml"
     path.write_text(recipe)
     command = [sys.executable, "-m", "cli", "sweep", str(path), "--tracking-uri", tracking_uri]
@@ -101,7 +103,9 @@ def test_sigkill_then_rerun_completes_the_sweep(tmp_path, tracking_uri, recipe, 
     assert finished_before and running_before, "no attempt was killed while runs had finished and others were going"
     assert by_role(tracking_uri, "sweep")[0].info.status == "RUNNING"
 
-    second = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    # the rerun on the session's Ray (the killed attempts each start their own, which the kill takes down with them)
+    second = subprocess.run(command, cwd=ROOT, env=joined_env(ray_address), capture_output=True, text=True,
+                            timeout=300)
     assert second.returncode == 0, second.stdout + second.stderr
 
     trials = by_role(tracking_uri, "trial")
