@@ -31,7 +31,10 @@ subgradient at h = 0 were cut), fedbench took 1.31x and 1.23x the plain loop (tw
 1.14x the plain loop, Flower 1.20x it and 1.02x fedbench (still a tie within the noise). After FedAvg's local step came
 to write each client's step without gathering its gradient into `[S, d]` (`ModuleModel.descend`), old and new code side
 by side, each pairing its rounds with the plain loop's in CPU seconds: 1.12x before, 1.06x after (medians of 10 paired
-rounds each; docs/design.md, with this script's wall-time ratios, alternated old and new).
+rounds each; docs/design.md, with this script's wall-time ratios, alternated old and new). Then, on the machine with
+nothing else running (load average 1.3), `--blocks 2 --rounds 3 --flower` and `--blocks 3 --rounds 4 --flower`:
+fedbench 1.09x and 1.085x the plain loop (3.1 and 2.8 s a round), Flower 1.20x and 1.17x it, 1.02x and 1.07x
+fedbench (medians of 6 and 12 paired rounds).
 
 Usage: OMP_NUM_THREADS=1 FEDBENCH_DATA=... python bench/emnist_round.py [--layouts loop vmap] [--rounds 4]
        [--blocks 3] [--flower [PYTHON]] [--path femnist/femnist_full.npz]
