@@ -16,11 +16,11 @@ each in turn, then `Federation.check` its own fields); a top-level axis's by the
 (`Recipe.check_sections`), which alone knows the recipe's value.
 
 A new axis is one module, one line here, its test and its doc section: a class behind `Axis` (its `Param`s, recipe
-form, `check`, random `stream` and round hook `mask`, as `fedbench.axes.client_dropout.ClientDropout`) registered as
+form, `check`, random `stream` and round hook `lost`, as `fedbench.axes.client_dropout.ClientDropout`) registered as
 `Held(TheClass)`. The parser then reads it as a mapping (or its first parameter's value alone where `scalar`), the
 tuning space searches its parameters as `federation.KEY.NAME`, `fedbench list` and the reference show it (the
 reference's section: its module's docstring), `check_federation` applies its `check` and the run draws its `stream`
-and applies its `mask` each round.
+and applies its `lost` each round.
 """
 from __future__ import annotations
 
