@@ -25,7 +25,7 @@ import torch
 
 from fedbench.algorithms.base import Algorithm
 from fedbench.algorithms.maths import per_run
-from fedbench.algorithms.rounds import Round, ScheduleError
+from fedbench.algorithms.rounds import Round
 from fedbench.axes.participation import LocalSteps
 from fedbench.axes.slots import Slots
 from fedbench.engine.federation import Draw, Federation, RoundSampler, minibatch_sizes, step_oracles
@@ -85,9 +85,7 @@ def _runs_uneven(algorithm_type: type[Algorithm], hp: dict[str, Any], problem: P
         return False
     try:
         _round(algorithm_type, hp, problem)
-    except ScheduleError:
-        return False
-    except Exception:  # a round of uneven work it cannot take otherwise (a state without client rows)
+    except Exception:  # ScheduleError, or a round of uneven work it cannot take otherwise (a state without client rows)
         return False
     return True
 
