@@ -32,6 +32,10 @@ resources: {pack: 1}
 RUNS = 6
 
 
+# seconds after which a sweep is taken for hung: a guard, not a speed bound (one of these sweeps took over 400 s on
+# a 2-core machine at load average 9-14)
+HUNG = 1800
+
 def written(tmp_path: Path) -> tuple[Path, str]:
     """The recipe written in tmp_path under a name of the test's own (its folder's; its experiment on a server the
     session's tests share): its path and that name."""
@@ -71,7 +75,7 @@ def check_once(uri: str, name: str, outputs: list[str], database=None) -> None:
 def together(tmp_path: Path, uri: str, ray_address: str, database=None) -> None:
     path, name = written(tmp_path)
     both = [sweep(path, uri, ray_address), sweep(path, uri, ray_address)]
-    outputs = [process.communicate(timeout=400)[0] for process in both]
+    outputs = [process.communicate(timeout=HUNG)[0] for process in both]
     assert [process.returncode for process in both] == [0, 0], outputs
     check_once(uri, name, outputs, database)
 
@@ -79,12 +83,12 @@ def together(tmp_path: Path, uri: str, ray_address: str, database=None) -> None:
 def staggered(tmp_path: Path, uri: str, ray_address: str, database=None) -> None:
     path, name = written(tmp_path)
     first = sweep(path, uri, ray_address)
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + HUNG
     while not any(run.info.status == "RUNNING" for run in trials(uri, name)):  # the second starts while runs are going
         assert first.poll() is None and time.monotonic() < deadline, "the first sweep ended before the second began"
         time.sleep(0.2)
     second = sweep(path, uri, ray_address)
-    outputs = [process.communicate(timeout=400)[0] for process in (first, second)]
+    outputs = [process.communicate(timeout=HUNG)[0] for process in (first, second)]
     assert [first.returncode, second.returncode] == [0, 0], outputs
     check_once(uri, name, outputs, database)
 
@@ -143,14 +147,14 @@ def killed_then_rerun(tmp_path: Path, after: float | None, ray_address: str, uri
                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     if after is not None:
         time.sleep(after)
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + HUNG
     while after is None and not any(run.info.status == "RUNNING" for run in trials(uri, name)):
         assert first.poll() is None and time.monotonic() < deadline, "no run started"
         time.sleep(0.2)
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
     rerun = sweep(path, uri, ray_address)
-    output = rerun.communicate(timeout=400)[0]
+    output = rerun.communicate(timeout=HUNG)[0]
     assert rerun.returncode == 0, output
     check_once(uri, name, [output], database)
 
