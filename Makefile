@@ -21,19 +21,27 @@ install: $(VENV)/.installed
 demo: install
 	$(VENV)/bin/fedbench sweep recipes/papers/bao2022_lasso.yaml
 
-# The suite in two parts: the tests that run in this process (and the CLI commands they start), two at a time on
-# pytest-xdist's workers with one thread each; then those that start Ray or drive Chromium, one at a time, as each
-# uses every core (a sweep's trials, the server races, the browser); the `fedbench sweep` commands these start join
-# one Ray that the session shares (tests/conftest.py: ray_address), but for those killed to test what a kill leaves
+# The suite in two parts, side by side: the tests that start Ray or drive Chromium, one at a time (each uses every
+# core in bursts: a sweep's trials, the server races, the browser), in the background into $(SERIAL_LOG); meanwhile
+# the tests that run in this process (and the CLI commands they start), two at a time on pytest-xdist's workers,
+# which fill the cores the first part leaves idle (~30 % of its time: Ray's start, a browser's page load). The first
+# part's output follows when both have ended; either part failing fails the target. One thread per process. The
+# `fedbench sweep` commands the Ray tests start join one Ray that their session shares (tests/conftest.py:
+# ray_address), but for those killed to test what a kill leaves.
+SERIAL_LOG ?= .pytest-ray-browser.log
 test: install
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 -m 'not slow and not ray and not browser'
-	$(PY) -m pytest -q -m 'not slow and (ray or browser)'
+	@echo "the Ray and browser tests run meanwhile, one at a time; their output follows (log: $(SERIAL_LOG))"
+	@(OMP_NUM_THREADS=1 $(PY) -m pytest -q -m 'not slow and (ray or browser)' > $(SERIAL_LOG) 2>&1; \
+	  echo $$? > $(SERIAL_LOG).status) & \
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 -m 'not slow and not ray and not browser'; inprocess=$$?; \
+	wait; echo "-- the Ray and browser tests:"; cat $(SERIAL_LOG); serial=$$(cat $(SERIAL_LOG).status); \
+	rm -f $(SERIAL_LOG).status; [ $$inprocess = 0 ] && [ $$serial = 0 ]
 
 test-fast: install
 	$(PY) -m pytest -q -m 'not slow and not ray and not browser and not heavy'
 
 # Each test's time into tests/durations.json (commit it): a test recorded at 4 s or more is `heavy`, which
-# test-fast leaves out (tests/durations.py). The same two runs as make test.
+# test-fast leaves out (tests/durations.py). make test's two parts, one after the other.
 durations: install
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 -m 'not slow and not ray and not browser' --record-durations
 	$(PY) -m pytest -q -m 'not slow and (ray or browser)' --record-durations
