@@ -78,6 +78,13 @@ class Traces:
         self.enabled = True  # False once tracing changed the problem's attributes: never traced again
 
 
+def transformed() -> bool:
+    """Whether this call runs inside torch.compile's tracing or a `torch.func` transform (vmap, grad), where a
+    computation must stay functional: torch 2.13 has no public test for the latter, so this private call is the one
+    place that asks (a torch upgrade that moves it breaks here, and only here)."""
+    return torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None
+
+
 def replayed(problem: Any, function: Callable[[Tensor, Any], Tensor], w: Tensor, batch: Tensor | tuple) -> Tensor:
     """`function(w, batch)`, a function of the problem's point `w` and its batch (a tensor or a tuple of tensors,
     `gather`'s), replayed from its trace for the inputs' layout, traced once the layout's untraced calls have taken
@@ -90,7 +97,7 @@ def replayed(problem: Any, function: Callable[[Tensor, Any], Tensor], w: Tensor,
             return replayed(self, self.autograd_grad, w, batch)
         ```
     """
-    if torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None:
+    if transformed():
         return function(w, batch)
     inputs = (w, batch) if type(batch) is Tensor else (w, *batch) if type(batch) is tuple else ()
     traces = vars(problem).get(SLOT)

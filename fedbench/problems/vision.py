@@ -62,6 +62,7 @@ from fedbench.networks import NETWORKS, check_module, load_network
 from fedbench.networks.module_model import LAYOUTS, ModuleModel, choose_layout
 from fedbench.oracle import Oracle
 from fedbench.problems.base import Layout, Problem, padded_rows
+from fedbench.problems.traces import transformed
 from fedbench.prox import NoRegularizer
 from fedbench.rng import generator
 from fedbench.sources import Source
@@ -421,8 +422,7 @@ class Vision(Problem):
         """`w - lr * grad(w, batch)` (`NetworkOracle.descend`); in the `loop` layout on the CPU, the module's
         (`ModuleModel.descend`: no gradient gathered into `[S, d]`), run by the clients with a real row alone (as
         `loss` runs them)."""
-        if (self.layout_name != "loop" or w.device.type != "cpu" or w.requires_grad or torch.compiler.is_compiling()
-                or torch._C._functorch.peek_interpreter_stack() is not None):
+        if self.layout_name != "loop" or w.device.type != "cpu" or w.requires_grad or transformed():
             return w - lr * self.grad(w, batch)
         x, y, weight = batch[:3]
         kept = (weight > 0).any(-1).nonzero().squeeze(1).tolist()
