@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.metadata
+import json
 import os
 import shutil
 import subprocess
@@ -183,12 +184,36 @@ eval_every: 5
 """
 
 
+def fresh_env(pythonpath) -> dict[str, str]:
+    """This environment for a fresh process that sees `pythonpath` (and no -v)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("FEDBENCH_VERBOSE", "PYTHONPATH")}
+    return {**env, "PYTHONPATH": os.pathsep.join(map(str, pythonpath)), "COLUMNS": "200"}
+
+
 def cli(*args, cwd, pythonpath, timeout=600):
     """`python cli.py ARGS` in a fresh process that sees `pythonpath` (and no -v)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("FEDBENCH_VERBOSE", "PYTHONPATH")}
-    env.update(PYTHONPATH=os.pathsep.join(map(str, pythonpath)), COLUMNS="200")
-    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *map(str, args)], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *map(str, args)], cwd=cwd, env=fresh_env(pythonpath),
                           capture_output=True, text=True, timeout=timeout)
+
+
+# Each command's (exit code, output), as JSON on the last line: the CLI's app invoked by Typer's runner (as
+# tests/helpers.py's `invoke` does), the commands one after another in one process, as a script calling them would
+ONE_PROCESS = """\
+import json, sys
+from typer.testing import CliRunner
+from cli import app
+print(json.dumps([(result.exit_code, result.output) for result in (CliRunner().invoke(app, args)
+                                                                   for args in json.loads(sys.argv[1]))]))
+"""
+
+
+def cli_in_one_process(*commands, cwd, pythonpath) -> list[tuple[int, str]]:
+    """Each `cli.py ARGS` of `commands` in ONE fresh process that sees `pythonpath` (and no -v): its exit code and
+    output. A process per command would cost Python's start and fedbench's imports each time (~5 s of CPU)."""
+    done = subprocess.run([sys.executable, "-c", ONE_PROCESS, json.dumps([list(map(str, c)) for c in commands])],
+                          cwd=cwd, env=fresh_env([ROOT, *pythonpath]), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return [tuple(result) for result in json.loads(done.stdout.splitlines()[-1])]
 
 
 def sha256(path: Path) -> str:
@@ -213,14 +238,14 @@ def test_the_installed_package_is_listed_and_its_sweep_records_its_codes_sha256(
     assert installed.returncode == 0, installed.stdout + installed.stderr
     path = [site, ROOT]
 
-    listed = cli("list", "algorithms", "problems", cwd=tmp_path, pythonpath=path)
-    assert listed.returncode == 0, listed.stdout + listed.stderr
-    shown = " ".join(listed.stdout.split())
+    (listed_code, listed), *validated = cli_in_one_process(
+        ("list", "algorithms", "problems"),
+        *(("validate", EXAMPLE / "recipes" / recipe) for recipe in ("compare.yaml", "compare_lasso.yaml")),
+        cwd=tmp_path, pythonpath=path)
+    assert listed_code == 0, listed
+    shown = " ".join(listed.split())
     assert "problem quadratic (plugin: entry point fedbench.problems:quadratic (fedbench-fedopt))" in shown, shown
-
-    for recipe in ("compare.yaml", "compare_lasso.yaml"):  # the shipped recipes are valid
-        checked = cli("validate", EXAMPLE / "recipes" / recipe, cwd=tmp_path, pythonpath=path)
-        assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert [code for code, _ in validated] == [0, 0], validated  # the shipped recipes are valid
 
     (tmp_path / "tiny.yaml").write_text(TINY)
     swept = cli("sweep", "tiny.yaml", "--tracking-uri", tracking_uri, "--no-report", cwd=tmp_path, pythonpath=path)
