@@ -13,6 +13,7 @@ collected, not imported). `small_problems.py` (small instances of the shipped pr
   `test_fastfedda.py`), and of FedAvg's and FedMiD's rounds on a Lasso (`test_transforms.py`, `test_robust.py`).
 - Data files written out: an EMNIST npz in the shipped format (`write_npz`, `npz_problem`) and an MNIST-format
   IDX folder (`write_folder`).
+- `HUNG`: the one hang guard of the waits of the tests that run commands (sweeps, runs) as subprocesses.
 - `deviation_holds`: a paper-size test's check of a paper claim that does not reproduce, against its declaration
   in `sweeps/deviations.py`.
 """
@@ -37,6 +38,14 @@ from fedbench.engine.simulate import Federation, Simulation
 from fedbench.rng import generator
 from small_problems import small_lasso, small_lowrank
 from sweeps.deviations import DEVIATIONS
+
+# -- a hang guard -----------------------------------------------------------------------------------------------
+
+# Seconds after which a command a test runs (a sweep, a run), or a wait for what it does, is taken for hung: a guard
+# against a hang, not a speed bound, so never a wait whose length a test asserts. Generous: a sweep of
+# tests/sweeps/test_sweep_concurrency.py took over 400 s on a loaded 2-core CI machine (load average 9-14), which
+# missed guards of 120-400 s there.
+HUNG = 1800
 
 # -- the run axis ------------------------------------------------------------------------------------------------
 

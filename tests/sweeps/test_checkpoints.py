@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import CASES, SEEDS, build, interrupted, rows_of
+from helpers import CASES, HUNG, SEEDS, build, interrupted, rows_of
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -79,14 +79,14 @@ def test_run_killed_then_resumed_gives_the_rows_of_one_never_stopped(tmp_path):
             "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
 
     def run(*extra):
-        done = subprocess.run(base + list(extra), cwd=root, capture_output=True, text=True, timeout=300)
+        done = subprocess.run(base + list(extra), cwd=root, capture_output=True, text=True, timeout=HUNG)
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout
 
     run("--json", str(tmp_path / "clean.json"))
     folder = tmp_path / "checkpoints" / "resumable"
     killed = subprocess.Popen(base, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + HUNG
     while not list(folder.glob("*.pt")):
         assert killed.poll() is None and time.monotonic() < deadline, "no checkpoint saved"
         time.sleep(0.05)
@@ -96,7 +96,7 @@ def test_run_killed_then_resumed_gives_the_rows_of_one_never_stopped(tmp_path):
     checkpoint = torch.load(saved, weights_only=True)
     assert 0 < checkpoint["program"]["rounds_done"] < 4000  # killed between its first checkpoint and its end
     kept = {path: path.read_bytes() for path in folder.iterdir()}
-    refused = subprocess.run(base, cwd=root, capture_output=True, text=True, timeout=300)  # neither flag: refused
+    refused = subprocess.run(base, cwd=root, capture_output=True, text=True, timeout=HUNG)  # neither flag: refused
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert (f"an interrupted run of these runs saved a checkpoint at round {checkpoint['program']['rounds_done']:,} "
             f"({saved}); expected --resume to go on from it or --restart to start at round 0") in " ".join(
