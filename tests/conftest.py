@@ -13,8 +13,7 @@
   requests `starts_ray`) without the marker, and a test without it that starts Ray in this process (`ray.init`)
   fails, naming itself. A test that starts Ray only in a subprocess (`fedbench sweep` as a command) is marked by
   hand.
-- `ray_address`: that Ray's address, for the `fedbench sweep` commands a test starts to join (`joined_env`); one
-  killed with SIGKILL leaves workers that Ray stops soon after (`stopped_with_its_driver` waits for that).
+- `ray_address`: that Ray's address, for the `fedbench sweep` commands a test starts to join (`joined_env`).
 - FEDBENCH_DATA (the data root of real data sets, e.g. femnist/femnist_sample10.npz) defaults to the
   `shared/data` folder beside the repository, when it exists and the variable is unset.
 """
@@ -26,7 +25,6 @@ import importlib.util
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -126,32 +124,6 @@ def ray_address(ray_local) -> str:
 def joined_env(address: str, **extra: str) -> dict[str, str]:
     """This process's environment, with RAY_ADDRESS set so that the fedbench commands it starts join that Ray."""
     return {**os.environ, "RAY_ADDRESS": address, **extra}
-
-
-def stopped_with_its_driver(pid: int, timeout: float) -> None:
-    """Waits until the shared Ray has marked the job of the driver `pid` (a `fedbench sweep` that joined it, killed
-    with SIGKILL once runs were going) dead and every process of that job's actors has exited: Ray kills them once it
-    sees the driver gone, and until then they may still compute and write (checkpoints) beside a next attempt."""
-    from ray._private import state
-
-    deadline = time.monotonic() + timeout
-    while True:
-        jobs = {job["JobID"]: job["IsDead"] for job in state.jobs() if job["DriverPid"] == pid}
-        if all(jobs.values()):  # none: killed before it joined, it left nothing running
-            pids = [actor["Pid"] for actor in state.actors().values() if actor["JobID"] in jobs and actor["Pid"]]
-            if not any(_running(pid) for pid in pids):
-                return
-        assert time.monotonic() < deadline, f"the workers of the killed driver {pid} still run: {jobs}"
-        time.sleep(0.1)
-
-
-def _running(pid: int) -> bool:
-    """Whether process `pid` exists and is not a zombie (Linux's /proc)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
 def pytest_sessionfinish(session):

@@ -13,6 +13,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from conftest import joined_env
+from helpers import HUNG
 from servers import duplicated_metric_rows
 
 pytestmark = pytest.mark.ray
@@ -30,11 +31,6 @@ eval_every: 100
 resources: {pack: 1}
 """
 RUNS = 6
-
-
-# seconds after which a sweep is taken for hung: a guard, not a speed bound (one of these sweeps took over 400 s on
-# a 2-core machine at load average 9-14)
-HUNG = 1800
 
 def written(tmp_path: Path) -> tuple[Path, str]:
     """The recipe written in tmp_path under a name of the test's own (its folder's; its experiment on a server the
