@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import joined_env
 from sweeps.shipped import describe, names
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -149,8 +148,20 @@ def test_every_shipped_recipe_has_a_default_factor():
     assert set(gallery.FACTORS) == set(names())
 
 
+def run_gallery(monkeypatch, capsys, *args: str) -> str:
+    """`python bench/gallery.py ARGS` run in this process (its `main`, as the command line reaches it): its printed
+    output; its exit with an error fails the test with that output. A process of its own would only add Python's
+    start and these imports, ~2 s of CPU each time."""
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "bench" / "gallery.py"), *args])
+    try:
+        gallery.main()
+    except SystemExit as exit:
+        pytest.fail(f"bench/gallery.py {' '.join(args)} exited with {exit.code}:\n{capsys.readouterr().out}")
+    return capsys.readouterr().out
+
+
 @pytest.mark.ray  # two `fedbench sweep` commands, on the session's shared Ray (RAY_ADDRESS)
-def test_the_gallery_times_a_recipe_end_to_end_and_writes_its_header(tmp_path, ray_address):
+def test_the_gallery_times_a_recipe_end_to_end_and_writes_its_header(tmp_path, ray_address, monkeypatch, capsys):
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text("""\
 # paper: none
@@ -165,11 +176,11 @@ seeds: 2
 eval_every: 2
 """)
     table = tmp_path / "gallery.csv"
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "gallery.py"), "--only", str(recipe), "--factor", "4",
-                           "--out", str(table)], capture_output=True, text=True, cwd=tmp_path, timeout=300,
-                          env=joined_env(ray_address))
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "-> 6 and 12 (factor 4; federation.rounds=12)" in done.stdout, done.stdout
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RAY_ADDRESS", ray_address)  # its sweeps (`fedbench sweep` commands) join the shared Ray
+    printed = run_gallery(monkeypatch, capsys, "--only", str(recipe), "--factor", "4", "--out", str(table),
+                          "--timeout", "300")
+    assert "-> 6 and 12 (factor 4; federation.rounds=12)" in printed, printed
     (row,) = gallery.read_table(table)
     assert (row["recipe"], row["device"], row["runs"], row["budget"]) == (str(recipe), "cpu", "2", "rounds")
     # 48 rounds cost little beside Python's start: under load the pair at factor 4 (or 2) can fall in the noise, and
@@ -186,8 +197,7 @@ eval_every: 2
             writer = csv.DictWriter(file, gallery.COLUMNS)
             writer.writeheader()
             writer.writerow({**row, **measured})
-        subprocess.run([sys.executable, str(ROOT / "bench" / "gallery.py"), "--write-headers", "--out", str(table)],
-                       check=True, capture_output=True, text=True, cwd=tmp_path)
+        run_gallery(monkeypatch, capsys, "--write-headers", "--out", str(table))
         return describe(recipe).get("time on 2 cores")
 
     assert write_headers(cores="16", load="2.0") is None  # not 2 cores
