@@ -17,6 +17,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 import sweeps.events
+from helpers import HUNG
 from sweeps.driving import Outcome
 from sweeps.events import RowStream
 from sweeps.recipe import load
@@ -356,19 +357,19 @@ def test_a_disk_that_fills_during_a_sweep_gives_a_summary_of_what_the_store_hold
     uri = f"sqlite:///{small_disk / 'mlflow.db'}"
     sweep = subprocess.Popen([sys.executable, "-m", "cli", "sweep", str(path), "--tracking-uri", uri, "--no-report"],
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + HUNG
     while not any(run.info.status == "RUNNING" for run in runs_of(uri)):
         assert sweep.poll() is None and time.monotonic() < deadline, sweep.communicate()
         time.sleep(0.2)
     with contextlib.suppress(OSError), open(small_disk / "filler", "wb") as filler:
         while True:
             filler.write(b"\0" * 2**16)
-    out, err = sweep.communicate(timeout=300)
+    out, err = sweep.communicate(timeout=HUNG)
     assert sweep.returncode == 1 and "Traceback" not in out + err, out + err
     assert "tracking error" in err and "not in the store" in err and len(err.splitlines()) < 20, err
     (small_disk / "filler").unlink()
     again = subprocess.run([sys.executable, "-m", "cli", "sweep", str(path), "--tracking-uri", uri, "--no-report"],
-                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+                           cwd=ROOT, capture_output=True, text=True, timeout=HUNG)
     assert again.returncode == 0, again.stdout + again.stderr
     finished = [run for run in runs_of(uri) if run.info.status == "FINISHED"]
     assert sorted(run.data.tags["seed"] for run in finished) == ["0", "1", "2", "3"]

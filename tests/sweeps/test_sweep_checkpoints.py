@@ -16,6 +16,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from conftest import joined_env
+from helpers import HUNG
 
 pytestmark = pytest.mark.ray  # every test sweeps on a local Ray
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,7 +91,7 @@ def killed_and_resumed(tmp_path: Path, recipe: str, kills: int, total: int, seed
     clean_uri = f"sqlite:///{tmp_path / 'clean' / 'mlflow.db'}"
     uri = f"sqlite:///{tmp_path / 'killed' / 'mlflow.db'}"
     clean = sweep(path, clean_uri, env=joined_env(ray_address))
-    _, err = clean.communicate(timeout=900)
+    _, err = clean.communicate(timeout=HUNG)
     assert clean.returncode == 0, err
 
     moments = random.Random(seed)
@@ -98,7 +99,7 @@ def killed_and_resumed(tmp_path: Path, recipe: str, kills: int, total: int, seed
     for _ in range(kills):
         attempt = sweep(path, uri)
         try:
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + HUNG
             while not stored_rounds(uri) and attempt.poll() is None:  # a run in flight: then a random moment
                 assert time.monotonic() < deadline, "no run started"
                 time.sleep(0.2)
@@ -112,7 +113,7 @@ def killed_and_resumed(tmp_path: Path, recipe: str, kills: int, total: int, seed
             attempt.wait()
         assert attempt.returncode == -signal.SIGKILL, "the sweep ended before its kill"
     last = sweep(path, uri, env=joined_env(ray_address))
-    _, err = last.communicate(timeout=900)
+    _, err = last.communicate(timeout=HUNG)
     assert last.returncode == 0, err
 
     runs = trials(uri)

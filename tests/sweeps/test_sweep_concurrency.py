@@ -32,6 +32,7 @@ resources: {pack: 1}
 """
 RUNS = 6
 
+
 def written(tmp_path: Path) -> tuple[Path, str]:
     """The recipe written in tmp_path under a name of the test's own (its folder's; its experiment on a server the
     session's tests share): its path and that name."""

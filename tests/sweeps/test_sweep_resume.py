@@ -17,6 +17,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from conftest import joined_env
+from helpers import HUNG
 
 pytestmark = pytest.mark.ray  # every test sweeps on a local Ray
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +62,7 @@ def killed_while_running(command: list[str], tracking_uri: str) -> list | None:
     sweep ended first (on a quiet machine, the last runs can finish between two looks at the store)."""
     first = subprocess.Popen(command, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + HUNG
     try:
         while time.monotonic() < deadline:
             statuses = Counter(run.info.status for run in by_role(tracking_uri, "trial"))
@@ -105,7 +106,7 @@ def test_sigkill_then_rerun_completes_the_sweep(tmp_path, tracking_uri, ray_addr
 
     # the rerun on the session's Ray (the killed attempts each start their own, which the kill takes down with them)
     second = subprocess.run(command, cwd=ROOT, env=joined_env(ray_address), capture_output=True, text=True,
-                            timeout=300)
+                            timeout=HUNG)
     assert second.returncode == 0, second.stdout + second.stderr
 
     trials = by_role(tracking_uri, "trial")
@@ -135,7 +136,7 @@ def interrupt_while_running(tmp_path: Path, tracking_uri: str, presses: int) -> 
     """Ctrl-C (SIGINT to the sweep's process group, as a terminal sends it) `presses` times, 0.5 s apart, once runs
     are going: the sweep's output and the seconds from the first press to its exit."""
     command, sweep = started_sweep(tmp_path, tracking_uri, RECIPE)
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + HUNG
     while not any(run.info.status == "RUNNING" for run in by_role(tracking_uri, "trial")):
         assert sweep.poll() is None and time.monotonic() < deadline, "no run started"
         time.sleep(0.2)
@@ -190,7 +191,7 @@ def test_ctrl_c_while_the_store_catches_up_with_ray_stops_within_seconds(tmp_pat
     has handed over, marks the rest, prints its summary and an interrupted line within ~10 s, and the store holds a
     run once per (config, seed)."""
     _, sweep = started_sweep(tmp_path, tracking_uri, MANY)
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + HUNG
     try:
         while finished_runs(tracking_uri) < 1000:  # a query: MLflow's search of thousands of runs takes seconds
             assert sweep.poll() is None and time.monotonic() < deadline, "the sweep ended before 1,000 runs were stored"
